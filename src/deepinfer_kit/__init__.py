@@ -1,0 +1,59 @@
+"""deepinfer_kit: composable LLM-inference components behind typed Protocols.
+
+Importing the package needs neither a GPU nor Triton. The engine-level names (``LLM``,
+``Engine``, ``EngineConfig``) are imported lazily on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from deepinfer_kit.errors import (
+    CapacityError,
+    CheckpointError,
+    ConfigError,
+    DeepInferError,
+    DeviceUnavailableError,
+    InvariantError,
+    OutOfBlocksError,
+)
+from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from deepinfer_kit.request import FinishReason, Request, RequestStatus
+from deepinfer_kit.sample.params import SamplingParams
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LLM": "deepinfer_kit.engine.llm",
+    "Engine": "deepinfer_kit.engine.engine",
+    "EngineConfig": "deepinfer_kit.engine.config",
+}
+
+__all__ = [
+    "LLM",
+    "Engine",
+    "EngineConfig",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+    "RequestMetrics",
+    "Request",
+    "RequestStatus",
+    "FinishReason",
+    "DeepInferError",
+    "ConfigError",
+    "CheckpointError",
+    "CapacityError",
+    "OutOfBlocksError",
+    "InvariantError",
+    "DeviceUnavailableError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer_kit' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,48 @@
+"""Configs and records of the cache package."""
+
+from __future__ import annotations
+
+import attrs
+
+from deepinfer_kit._validators import int_at_least
+
+__all__ = ["CacheConfig", "PrefixCacheStats"]
+
+
+@attrs.frozen(slots=True)
+class CacheConfig:
+    """Shape of the block pool.
+
+    Attributes:
+        block_size: tokens per block (``P``).
+        num_blocks: physical blocks in the pool.
+        enable_prefix_caching: publish full blocks for reuse by later requests.
+    """
+
+    block_size: int = attrs.field(default=16, validator=int_at_least(1))
+    num_blocks: int = attrs.field(default=1024, validator=int_at_least(1))
+    enable_prefix_caching: bool = True
+
+
+@attrs.define(slots=True)
+class PrefixCacheStats:
+    """Counters of a prefix index, cumulative since construction (or the last reset).
+
+    Attributes:
+        queries: ``match`` calls.
+        query_blocks: full blocks asked for across all queries.
+        hit_blocks: full blocks found.
+        inserted_blocks: blocks newly published.
+        evicted_blocks: blocks whose identity was evicted.
+    """
+
+    queries: int = 0
+    query_blocks: int = 0
+    hit_blocks: int = 0
+    inserted_blocks: int = 0
+    evicted_blocks: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of queried full blocks that hit (0.0 when nothing was queried)."""
+        return self.hit_blocks / self.query_blocks if self.query_blocks else 0.0

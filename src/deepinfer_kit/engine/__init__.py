@@ -1,0 +1,1 @@
+"""engine/: the reference Engine, ModelRunner and LLM."""

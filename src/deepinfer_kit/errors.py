@@ -1,0 +1,45 @@
+"""The exception tree: every error this library raises derives from DeepInferError."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeepInferError",
+    "ConfigError",
+    "CheckpointError",
+    "CapacityError",
+    "OutOfBlocksError",
+    "InvariantError",
+    "DeviceUnavailableError",
+]
+
+
+class DeepInferError(Exception):
+    """Root of every exception raised by deepinfer_kit."""
+
+
+class ConfigError(DeepInferError, ValueError):
+    """Bad user input: a parameter, a config field, a prompt, a checkpoint.
+
+    The message always names the field and the offending value, e.g.
+    ``top_p must be in (0, 1], got 0.0``.
+    """
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint folder that cannot be loaded (names the file or tensor at fault)."""
+
+
+class CapacityError(DeepInferError):
+    """A resource (KV blocks, slots, sequence length) ran out."""
+
+
+class OutOfBlocksError(CapacityError):
+    """The block pool cannot satisfy an allocation; nothing was allocated."""
+
+
+class InvariantError(DeepInferError, RuntimeError):
+    """A caller broke a contract: double free, unknown block, releasing what was never held."""
+
+
+class DeviceUnavailableError(DeepInferError, RuntimeError):
+    """A kernel or device was asked for on a machine that does not have it."""

@@ -1,0 +1,1 @@
+"""models/: reference model definitions, checkpoint loading, paged attention."""

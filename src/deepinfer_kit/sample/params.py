@@ -1,0 +1,158 @@
+"""SamplingParams: the per-request decoding parameters, validated at construction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["SamplingParams"]
+
+_SEED_LIMIT = 2**63
+
+
+def _to_int_tuple(value: Iterable[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)):
+        raise ConfigError(f"stop_token_ids must be a sequence of ints, got {value!r}")
+    return tuple(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_int(name: str, value: Any) -> None:
+    if not _is_int(value):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+
+
+def _require_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+@attrs.frozen(slots=True)
+class SamplingParams:
+    """How to pick the tokens of one request.
+
+    Every field is validated when the object is built; a bad value raises
+    :class:`~deepinfer_kit.errors.ConfigError` naming the field and the value.
+
+    Attributes:
+        n: completions to generate for the prompt (``n > 1`` forks the request after its
+            prompt is computed; the children share the prompt's KV blocks). Needs sampling
+            (``temperature > 0``): greedy would give ``n`` identical copies.
+        temperature: logits are divided by it; ``0`` means greedy (argmax).
+        top_k: keep the ``k`` most likely tokens; ``0`` or ``-1`` disables it.
+        top_p: keep the smallest set of tokens whose probability reaches ``top_p``;
+            in ``(0, 1]``, ``1`` disables it.
+        min_p: drop tokens whose probability is below ``min_p`` times the top token's;
+            in ``[0, 1]``, ``0`` disables it.
+        presence_penalty: subtracted once from the logit of every token already generated;
+            in ``[-2, 2]``.
+        frequency_penalty: subtracted per occurrence of each generated token; in ``[-2, 2]``.
+        repetition_penalty: divides positive (multiplies negative) logits of tokens seen in
+            the prompt or the output; ``> 0``, ``1`` disables it.
+        seed: makes sampling reproducible and batch-invariant; ``None`` draws from the
+            engine's generator. In ``[0, 2**63)``.
+        max_tokens: generated tokens at most (finish reason ``length``); ``>= 1``.
+        min_tokens: EOS and stop tokens are masked until this many tokens are generated.
+        stop_token_ids: generation stops (reason ``stop``) after any of these tokens.
+        ignore_eos: keep generating past the model's EOS token.
+        logprobs: when set, return the chosen token's logprob and the top-``logprobs``
+            alternatives at each step; ``0`` returns only the chosen token's.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_int_tuple)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _require_int("n", self.n)
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+        temperature = _require_float("temperature", self.temperature)
+        if temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        _require_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise ConfigError(f"top_k must be -1, 0 (disabled) or >= 1, got {self.top_k}")
+        top_p = _require_float("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        min_p = _require_float("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _require_float(name, getattr(self, name))
+            if not -2.0 <= value <= 2.0:
+                raise ConfigError(f"{name} must be in [-2, 2], got {value}")
+        repetition = _require_float("repetition_penalty", self.repetition_penalty)
+        if repetition <= 0:
+            raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+            if not 0 <= self.seed < _SEED_LIMIT:
+                raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
+        _require_int("max_tokens", self.max_tokens)
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        _require_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise ConfigError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        for token in self.stop_token_ids:
+            if not _is_int(token) or token < 0:
+                raise ConfigError(f"stop_token_ids must hold token ids >= 0, got {token!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _require_int("logprobs", self.logprobs)
+            if self.logprobs < 0:
+                raise ConfigError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.n > 1 and self.is_greedy:
+            raise ConfigError(
+                f"n must be 1 with greedy sampling (temperature 0 or top_k 1), got n={self.n}"
+            )
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the token is the argmax (temperature 0, or top_k 1)."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def uses_top_k(self) -> bool:
+        """True when top-k filtering is active (``top_k >= 1``)."""
+        return self.top_k >= 1
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any of the three penalties changes the logits."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )

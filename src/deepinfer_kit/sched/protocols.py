@@ -1,0 +1,66 @@
+"""Contract of the sched package: the Scheduler."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.request import Request
+from deepinfer_kit.sched.records import SchedulePlan, StepResult
+
+__all__ = ["Scheduler"]
+
+
+class Scheduler(Protocol):
+    """Decides, each round, which requests run and how many tokens each computes.
+
+    The engine calls ``schedule()`` then, once the round has executed, ``commit`` with
+    the plan and its result. Under overlap a second ``schedule()`` may come before the
+    first plan is committed; requests scheduled in a plan still in flight get
+    placeholder tokens.
+    """
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests added and not yet reported finished (waiting, running, preempted)."""
+        ...
+
+    def add(self, request: Request) -> None:
+        """Queue a new request (status WAITING).
+
+        A request that can never run (prompt plus ``max_tokens`` beyond ``max_model_len``
+        or the whole pool) is not queued silently forever: it is finished with reason
+        ``error`` (or ``length``) and reported by the next ``commit``.
+
+        Raises:
+            ConfigError: the request id is already live.
+        """
+        ...
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request with reason ``abort`` in any state; its blocks are freed
+        (after the in-flight step that reads them completes). Returns False for an
+        unknown or already finished id. The output is reported by the next ``commit``."""
+        ...
+
+    def schedule(self) -> SchedulePlan:
+        """Plan one round within the token budget and ``max_num_seqs``.
+
+        Mutates the queues, allocates blocks (preempting by recompute when they run out)
+        and advances ``num_computed_tokens`` of the scheduled requests.
+        """
+        ...
+
+    def commit(self, plan: SchedulePlan, result: StepResult) -> list[RequestOutput]:
+        """Apply a round's sampled tokens: append them, check stop conditions, finish and
+        free requests, publish newly full blocks to the prefix cache.
+
+        Returns a :class:`RequestOutput` for each sequence that finished in this round (or
+        was aborted / rejected since the last commit). Plans must be committed in the
+        order they were scheduled.
+        """
+        ...
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting, running or preempted."""
+        ...

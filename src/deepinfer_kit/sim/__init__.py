@@ -1,0 +1,1 @@
+"""sim/: cost-model runner and virtual clock driving the real components."""

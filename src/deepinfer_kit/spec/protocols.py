@@ -1,0 +1,69 @@
+"""Contracts of the spec package: Drafter, VerifyPlanner, DraftVerifier."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.records import SamplingBatch
+from deepinfer_kit.spec.records import DraftProposal, VerifyResult
+
+__all__ = ["Drafter", "VerifyPlanner", "DraftVerifier"]
+
+
+class Drafter(Protocol):
+    """Proposes cheap guesses of a request's next tokens."""
+
+    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+        """Draft up to ``num_draft`` (γ) tokens after each request's current tokens.
+
+        Called once per round before the verify forward; reads ``all_token_ids`` and
+        mutates only the drafter's own state (e.g. a draft model's KV).
+        """
+        ...
+
+
+class VerifyPlanner(Protocol):
+    """Chooses how many drafts each request verifies this round (``ℓ_r``)."""
+
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
+        """Verification lengths for ``R`` requests.
+
+        Args:
+            confidence: ``[R][γ]`` per-position acceptance estimates in ``[0, 1]``.
+            max_lengths: ``[R]`` drafts available per request (``<= γ``).
+
+        Returns:
+            ``[R]`` lengths, each in ``[0, max_lengths[r]]``. Pure host logic.
+        """
+        ...
+
+
+class DraftVerifier(Protocol):
+    """Accepts a prefix of each draft against the target model's logits."""
+
+    def verify(
+        self,
+        proposal: DraftProposal,
+        lengths: Sequence[int],
+        target_logits: torch.Tensor,
+        batch: SamplingBatch,
+    ) -> VerifyResult:
+        """Verify the first ``lengths[r]`` drafts of each request.
+
+        Args:
+            proposal: the drafts (``[R, γ]``).
+            lengths: ``[R]`` drafts to verify, in ``[0, num_drafted[r]]``.
+            target_logits: ``[R, γ + 1, V]``; row ``j`` is the target's logits for the token
+                after draft ``j - 1`` (row 0: after the last accepted token). Rows beyond
+                ``lengths[r]`` are ignored.
+            batch: ``R`` rows of sampling parameters (position of the first draft).
+
+        Returns:
+            Accepted drafts plus one recovered / bonus token per request. Greedy rows
+            equal plain greedy decoding; sampled rows preserve the target distribution.
+        """
+        ...

@@ -1,0 +1,32 @@
+"""Conformance suites, one per Protocol, for any implementation (yours included).
+
+Each suite is a :class:`Suite` of named checks taking a factory; run them from your own
+pytest with ``pytest.mark.parametrize("check", SUITE, ids=SUITE.ids)`` or call
+``SUITE.run(factory)``.
+"""
+
+from deepinfer_kit.testing.cache import BLOCK_ALLOCATOR_SUITE, PREFIX_INDEX_SUITE
+from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
+from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
+from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
+from deepinfer_kit.testing.sample import SAMPLER_SUITE
+from deepinfer_kit.testing.sched import SCHEDULER_SUITE
+from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
+from deepinfer_kit.testing.suite import Check, ConformanceError, Suite, expect
+
+__all__ = [
+    "Suite",
+    "Check",
+    "ConformanceError",
+    "expect",
+    "BLOCK_ALLOCATOR_SUITE",
+    "PREFIX_INDEX_SUITE",
+    "SCHEDULER_SUITE",
+    "SAMPLER_SUITE",
+    "VERIFY_PLANNER_SUITE",
+    "DRAFT_VERIFIER_SUITE",
+    "OVERLAP_EXECUTOR_SUITE",
+    "ROUTER_SUITE",
+    "DISPATCHER_SUITE",
+    "PLACEMENT_POLICY_SUITE",
+]
