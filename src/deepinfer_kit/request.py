@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 
 import attrs
 
 from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["FinishReason", "RequestStatus", "Request"]
+__all__ = ["FinishReason", "RequestStatus", "Request", "fork_seed"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def fork_seed(seed: int | None, index: int) -> int | None:
+    """The seed of completion ``index`` of a request seeded with ``seed``.
+
+    Completion 0 keeps ``seed``; the others get distinct seeds mixed by splitmix64, so
+    ``n`` seeded completions differ from each other yet are reproducible. ``None`` stays
+    ``None`` (unseeded).
+    """
+    if seed is None or index == 0:
+        return seed
+    z = (seed + index * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
 
 
 class FinishReason(str, enum.Enum):
@@ -63,6 +81,8 @@ class Request:
         num_cached_tokens: prompt tokens served from the prefix cache at the last admission.
         block_table: physical block ids; token ``t`` lives in ``block_table[t // P]``.
         prefix_state: opaque per-request state of the KV cache manager (e.g. block hashes).
+        cache_context: what makes equal tokens mean different KV (adapter id, cache salt,
+            multimodal hash); part of every prefix-cache key. ``None`` for plain text.
         num_preemptions: how many times this request was preempted.
         cumulative_logprob, logprobs: filled when ``params.logprobs`` is set.
         metrics: the timings reported in :class:`RequestOutput`.
@@ -88,6 +108,7 @@ class Request:
     num_cached_tokens: int = 0
     block_table: list[int] = attrs.field(factory=list)
     prefix_state: object | None = None
+    cache_context: Hashable = None
     num_preemptions: int = 0
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, Logprob]] | None = None
