@@ -2,5 +2,7 @@
 
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
+from deepinfer_kit.overlap.sync import SyncExecutor
+from deepinfer_kit.overlap.threaded import ThreadExecutor
 
-__all__ = ["OverlapExecutor", "PendingStep"]
+__all__ = ["OverlapExecutor", "PendingStep", "SyncExecutor", "ThreadExecutor"]
