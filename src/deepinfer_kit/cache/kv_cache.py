@@ -1,0 +1,202 @@
+"""PagedKVCache: the per-layer K/V tensors of the block pool, written by slot mapping.
+
+Token position ``t`` of a request with block table ``table`` lives at slot
+``table[t // P] * P + t % P``; slot ``s`` is row ``s % P`` of block ``s // P``. The pool
+is one tensor ``[L, 2, NB, P, Hkv, D]``; layer ``l``'s K and V are contiguous views of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+
+from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+
+__all__ = ["PagedKVCache", "Impl"]
+
+Impl = Literal["auto", "ref", "triton"]
+_WriteOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+_CopyOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def _check_positive(**fields: int) -> None:
+    for name, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
+class PagedKVCache:
+    """K/V storage for every layer, addressed by physical block and offset.
+
+    Allocated zero-filled at construction (so never-written slots hold finite values);
+    afterwards it is mutated only by :meth:`write` and :meth:`copy_blocks`. The
+    implementation of both (torch reference or Triton kernels) is chosen once here:
+    ``impl="auto"`` picks Triton on a CUDA device, the reference elsewhere.
+
+    Raises:
+        ConfigError: a size is not a positive int, ``dtype`` is not floating point, or
+            ``impl`` is unknown.
+        DeviceUnavailableError: ``device`` is CUDA on a machine without it, or
+            ``impl="triton"`` without CUDA and without ``TRITON_INTERPRET=1`` (or without
+            Triton installed).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        impl: Impl = "auto",
+    ) -> None:
+        _check_positive(
+            num_layers=num_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+        )
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise DeviceUnavailableError(f"device {str(dev)!r} asked for, but CUDA is not available")
+        self._write_op, self._copy_op, self._impl = _select_ops(impl, dev)
+        self._kv = torch.zeros(
+            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim), dtype=dtype, device=dev
+        )
+
+    @property
+    def num_layers(self) -> int:
+        """``L``."""
+        return self._kv.shape[0]
+
+    @property
+    def num_blocks(self) -> int:
+        """``NB``, blocks in the pool."""
+        return self._kv.shape[2]
+
+    @property
+    def block_size(self) -> int:
+        """``P``, token slots per block."""
+        return self._kv.shape[3]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """``Hkv``."""
+        return self._kv.shape[4]
+
+    @property
+    def head_dim(self) -> int:
+        """``D``."""
+        return self._kv.shape[5]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element type of the stored K/V."""
+        return self._kv.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the pool lives."""
+        return self._kv.device
+
+    @property
+    def impl(self) -> Literal["ref", "triton"]:
+        """The implementation chosen at construction."""
+        return self._impl
+
+    def key_cache(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s keys, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
+        return self._kv[layer, 0]
+
+    def value_cache(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s values, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
+        return self._kv[layer, 1]
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store the new tokens' K/V of one layer; called by the model before attention.
+
+        Args:
+            layer: in ``[0, L)``.
+            key, value: ``[T, Hkv, D]`` on the pool's device; cast to the pool dtype.
+            slot_mapping: ``[T]`` int64 distinct slots in ``[0, NB * P)`` (not checked on
+                the device: an out-of-range slot is a caller bug).
+
+        Raises:
+            InvariantError: shapes disagree with the pool or with each other.
+        """
+        t = slot_mapping.shape[0]
+        expected = (t, self.num_kv_heads, self.head_dim)
+        if key.shape != expected or value.shape != expected or slot_mapping.dim() != 1:
+            raise InvariantError(
+                f"write expects key/value of shape {list(expected)} and slot_mapping [T]; got "
+                f"key {list(key.shape)}, value {list(value.shape)}, "
+                f"slot_mapping {list(slot_mapping.shape)}"
+            )
+        if t:
+            self._write_op(self._kv[layer, 0], self._kv[layer, 1], key, value, slot_mapping)
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy block ``src`` onto block ``dst`` in every layer, K and V (copy-on-write).
+
+        Called by the runner before the forward whose writes go to ``dst``. Other blocks
+        are unchanged.
+
+        Raises:
+            InvariantError: a block id is out of range, a ``dst`` repeats, or a ``dst`` is
+                also a ``src`` (the copies must not depend on their order).
+        """
+        if not pairs:
+            return
+        src = [s for s, _ in pairs]
+        dst = [d for _, d in pairs]
+        n = self.num_blocks
+        if any(not 0 <= b < n for b in src + dst):
+            raise InvariantError(f"copy_blocks: block ids must be in [0, {n}), got {list(pairs)}")
+        if len(set(dst)) != len(dst) or set(dst) & set(src):
+            raise InvariantError(
+                f"copy_blocks: destinations must be distinct and not sources, got {list(pairs)}"
+            )
+        dev = self._kv.device
+        self._copy_op(
+            self._kv,
+            torch.tensor(src, dtype=torch.int64, device=dev),
+            torch.tensor(dst, dtype=torch.int64, device=dev),
+        )
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Bytes one block takes across all layers, K and V: ``2 * L * P * Hkv * D * itemsize``.
+
+        Use it to size the pool from a memory budget: ``num_blocks = budget // bytes``.
+        """
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
+def _select_ops(impl: str, device: torch.device) -> tuple[_WriteOp, _CopyOp, Literal["ref", "triton"]]:
+    if impl not in ("auto", "ref", "triton"):
+        raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
+    if impl == "ref" or (impl == "auto" and device.type != "cuda"):
+        from deepinfer_kit.cache import ref_ops
+
+        return ref_ops.write_kv, ref_ops.copy_blocks, "ref"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DeviceUnavailableError(
+            f"impl='triton' on device {str(device)!r} needs CUDA or TRITON_INTERPRET=1"
+        )
+    try:
+        import deepinfer_kit.cache.triton_ops as triton_ops
+    except ImportError as exc:
+        raise DeviceUnavailableError(f"impl='triton' needs Triton installed: {exc}") from exc
+    return triton_ops.write_kv, triton_ops.copy_blocks, "triton"

@@ -1,0 +1,145 @@
+"""PagedAttention: the attention op of every model layer, reading K/V from the block pool.
+
+Chooses the torch reference or the Triton kernels once, at construction.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+from deepinfer_kit.models.records import AttentionMetadata
+
+__all__ = ["PagedAttention", "AttentionOp"]
+
+AttentionOp = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float, "int | None"],
+    torch.Tensor,
+]
+"""``op(query, key_cache, value_cache, meta, scale, sliding_window) -> out``."""
+
+
+class PagedAttention:
+    """Causal attention of a step's new tokens over their requests' paged context.
+
+    Stateless after construction; one instance per layer or shared by all layers. The
+    model writes the new tokens' K/V to the pool (``PagedKVCache.write``) *before* calling
+    it. Handles, mixed in one batch: prefill from position 0, prefill of a chunk after a
+    cached prefix, decode (one new token) and multi-token decode (speculative verify).
+
+    Args:
+        num_heads: ``Hq`` query heads.
+        num_kv_heads: ``Hkv`` KV heads; ``Hq`` must be a multiple (GQA / MQA).
+        head_dim: ``D``.
+        scale: softmax scale, usually ``D ** -0.5``.
+        impl: ``"auto"`` (Triton when ``device`` is CUDA), ``"ref"`` or ``"triton"``.
+        sliding_window: attend only to the last ``sliding_window`` positions (the token
+            itself included); reference implementation only.
+        device: where the tensors will live; ``None`` means CUDA when available. Only
+            used to resolve ``impl="auto"``.
+
+    Raises:
+        ConfigError: a size is not a positive int, ``num_heads % num_kv_heads != 0``,
+            ``scale`` is not a positive finite number, ``impl`` is unknown, or
+            ``sliding_window`` is asked for with the Triton implementation.
+        DeviceUnavailableError: ``impl="triton"`` without CUDA and without
+            ``TRITON_INTERPRET=1``, or Triton is not installed.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        *,
+        impl: Literal["auto", "ref", "triton"] = "auto",
+        sliding_window: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        fields = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
+        if sliding_window is not None:
+            fields["sliding_window"] = sliding_window
+        for name, value in fields.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if num_heads % num_kv_heads:
+            raise ConfigError(
+                f"num_heads must be a multiple of num_kv_heads ({num_kv_heads}), got {num_heads}"
+            )
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+            math.isfinite(scale) and scale > 0
+        ):
+            raise ConfigError(f"scale must be a positive finite number, got {scale!r}")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = float(scale)
+        self.sliding_window = sliding_window
+        self._op, self.impl = _select_op(impl, device, sliding_window)
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Attend each new token to positions ``[0, its position]`` of its request.
+
+        Args:
+            query: ``[T, Hq, D]``, the new tokens of all requests flattened in
+                ``meta.query_start_loc`` order.
+            key_cache, value_cache: ``[NB, P, Hkv, D]``, this layer's pool (already holding
+                the new tokens' K/V at ``meta.slot_mapping``).
+            meta: the batch layout.
+
+        Returns:
+            ``[T, Hq, D]`` in ``query.dtype``, on ``query``'s device. Mutates nothing.
+
+        Raises:
+            InvariantError: shapes disagree with the heads / head dim given at construction.
+        """
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if (
+            query.dim() != 3
+            or query.shape[1:] != (hq, d)
+            or key_cache.dim() != 4
+            or key_cache.shape[2:] != (hkv, d)
+            or value_cache.shape != key_cache.shape
+        ):
+            raise InvariantError(
+                f"PagedAttention(Hq={hq}, Hkv={hkv}, D={d}) got query {list(query.shape)}, "
+                f"key_cache {list(key_cache.shape)}, value_cache {list(value_cache.shape)}"
+            )
+        return self._op(query, key_cache, value_cache, meta, self.scale, self.sliding_window)
+
+
+def _select_op(
+    impl: str, device: torch.device | str | None, window: int | None
+) -> tuple[AttentionOp, Literal["ref", "triton"]]:
+    if impl not in ("auto", "ref", "triton"):
+        raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
+    on_cuda = (
+        torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    )
+    if impl == "ref" or (impl == "auto" and (not on_cuda or window is not None)):
+        from deepinfer_kit.models.attention import ref_ops
+
+        return ref_ops.paged_attention, "ref"
+    if window is not None:
+        raise ConfigError(
+            f"sliding_window is not supported by impl='triton', got sliding_window={window}"
+        )
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DeviceUnavailableError("impl='triton' needs CUDA or TRITON_INTERPRET=1")
+    try:
+        import deepinfer_kit.models.attention.triton_ops as triton_ops
+    except ImportError as exc:
+        raise DeviceUnavailableError(f"impl='triton' needs Triton installed: {exc}") from exc
+    return triton_ops.paged_attention, "triton"
