@@ -1,6 +1,24 @@
 """moe/: gating, dispatch, grouped expert compute, combine, expert parallelism."""
 
+from deepinfer_kit.moe.config import MoEConfig
+from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
+from deepinfer_kit.moe.layer import MoELayer, make_router
+from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
 from deepinfer_kit.moe.protocols import Dispatcher, Router
 from deepinfer_kit.moe.records import Dispatched, Routing
+from deepinfer_kit.moe.routers import DeepSeekV3Router, SoftmaxTopKRouter
 
-__all__ = ["Router", "Dispatcher", "Routing", "Dispatched"]
+__all__ = [
+    "Router",
+    "Dispatcher",
+    "Routing",
+    "Dispatched",
+    "MoEConfig",
+    "MoELayer",
+    "make_router",
+    "SoftmaxTopKRouter",
+    "DeepSeekV3Router",
+    "LocalDispatcher",
+    "GroupedExperts",
+    "SharedExpert",
+]

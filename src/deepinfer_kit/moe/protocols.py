@@ -25,30 +25,54 @@ class Router(Protocol):
         ...
 
     def __call__(self, hidden: torch.Tensor) -> Routing:
-        """Route ``hidden`` (``[T, H]``) to experts; returns ids and weights ``[T, k]`` on the
-        same device. Pure: no state changes."""
+        """Route ``hidden`` (``[T, H]``) to experts; called once per MoE layer forward.
+
+        Returns:
+            :class:`Routing` with ids (``[T, k]`` int64, distinct per row, in ``[0, E)``)
+            and float32 weights, on the device of ``hidden``. Per-expert counts for the
+            step (what EPLB records) are ``routing.expert_counts(E)``.
+
+        Pure: mutates nothing; the same input gives the same routing. ``O(T * E)``.
+        """
         ...
 
 
 class Dispatcher(Protocol):
     """Moves token copies to their experts and their results back."""
 
-    def dispatch(self, hidden: torch.Tensor, routing: Routing) -> Dispatched:
-        """Group copies of ``hidden`` (``[T, H]``) by the experts in ``routing``.
+    @property
+    def local_experts(self) -> tuple[int, ...]:
+        """Logical expert id of each local physical expert slot (``S`` entries).
 
-        Expert-parallel dispatchers exchange the copies with the ranks holding each expert
-        (a collective call: every rank of the group must call it).
+        Slot ``s`` computes the rows of :attr:`Dispatched.expert_counts` ``[s]``; the layer
+        holds the weights of expert ``local_experts[s]`` there. ``range(E)`` on one device.
+        """
+        ...
+
+    def dispatch(self, hidden: torch.Tensor, routing: Routing) -> Dispatched:
+        """Group copies of ``hidden`` (``[T, H]``) by the expert slot that computes them.
+
+        Called once per MoE forward, before the experts. Expert-parallel dispatchers
+        exchange the copies with the ranks holding each expert (a collective call: every
+        rank of the group must call it, possibly with ``T = 0``). Mutates nothing.
+
+        Raises:
+            ConfigError: ``routing`` does not match ``hidden`` (row counts) or names an
+                expert outside ``[0, E)``.
         """
         ...
 
     def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
         """Weighted sum of each token's expert outputs: ``y = sum_e w_e E_e(x)``.
 
+        Called once after the experts ran on ``dispatched.hidden`` (collective for
+        expert-parallel dispatchers).
+
         Args:
-            expert_out: ``[M, H]`` outputs aligned with ``dispatched.hidden``.
+            expert_out: ``[M, H]`` unweighted outputs aligned with ``dispatched.hidden``.
             dispatched: what :meth:`dispatch` returned.
 
         Returns:
-            ``[T, H]`` in the dtype of ``expert_out``.
+            ``[T, H]`` in the dtype of ``expert_out``, on its device.
         """
         ...

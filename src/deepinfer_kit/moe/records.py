@@ -1,7 +1,9 @@
-"""Records of the moe package: a routing decision and tokens grouped by expert.
+"""Records of the moe package: a routing decision and token copies grouped by expert.
 
-Shape symbols: ``T`` tokens, ``H`` hidden size, ``E`` experts, ``k`` experts per token,
-``M`` routed token copies held by this rank (``T * k`` on a single device).
+Shape symbols: ``T`` tokens, ``H`` hidden size, ``E`` logical experts, ``k`` experts per
+token, ``S`` physical expert slots held by this rank (``E`` on a single device), ``M``
+routed token copies held by this rank (``T * k`` on a single device).
+The layer config, :class:`~deepinfer_kit.moe.config.MoEConfig`, lives in ``config.py``.
 """
 
 from __future__ import annotations
@@ -17,37 +19,42 @@ class Routing:
     """Which experts each token goes to, and with what combine weight.
 
     Attributes:
-        expert_ids: ``[T, k]`` int64 logical expert ids in ``[0, E)``, on the device of
-            the hidden states.
+        expert_ids: ``[T, k]`` int64 logical expert ids in ``[0, E)``, distinct per row, on
+            the device of the hidden states.
         weights: ``[T, k]`` float32 combine weights.
     """
 
-    expert_ids: torch.Tensor
-    weights: torch.Tensor
+    expert_ids: torch.Tensor  # [T, k] int64
+    weights: torch.Tensor  # [T, k] float32
 
     def expert_counts(self, num_experts: int) -> torch.Tensor:
-        """``[E]`` int64 tokens routed to each expert (what EPLB records)."""
+        """``[E]`` int64 token copies routed to each logical expert (what EPLB records).
+
+        Same device as ``expert_ids``; sums to ``T * k``.
+        """
         return torch.bincount(self.expert_ids.flatten(), minlength=num_experts)
 
 
 @attrs.define(slots=True, eq=False)
 class Dispatched:
-    """Token copies grouped contiguously by (local) expert.
+    """Token copies grouped contiguously by the (local, physical) expert that computes them.
 
     Attributes:
-        hidden: ``[M, H]`` token copies, expert 0's first.
-        expert_counts: ``[E_local]`` int64 copies per local expert (on the host, so grouped
-            compute can split without a device sync).
-        weights: ``[M]`` float32 combine weight of each copy.
-        order: ``[M]`` int64, position of each copy in the flattened ``[T * k]`` routing
-            (what ``combine`` uses to return results to their tokens).
+        hidden: ``[M, H]`` token copies, local expert slot 0's first.
+        expert_counts: ``[S]`` int64 on the host: copies per local expert slot (grouped
+            compute splits on it without a device sync). Sums to ``M``.
+        weights: ``[M]`` float32 combine weight of each copy (informative: ``combine``
+            applies the weights itself, so expert outputs are passed in unweighted).
+        order: ``[M]`` int64. Single device: position of each copy in the flattened
+            ``[T * k]`` routing. Expert-parallel: position of each copy in this rank's
+            receive buffer.
         num_tokens: ``T`` of the batch that was dispatched.
         state: dispatcher-private data needed by ``combine`` (e.g. all-to-all splits).
     """
 
-    hidden: torch.Tensor
-    expert_counts: torch.Tensor
-    weights: torch.Tensor
-    order: torch.Tensor
+    hidden: torch.Tensor  # [M, H]
+    expert_counts: torch.Tensor  # [S] int64, CPU
+    weights: torch.Tensor  # [M] float32
+    order: torch.Tensor  # [M] int64
     num_tokens: int
     state: object | None = None

@@ -1,0 +1,171 @@
+"""MoELayer: router -> dispatcher -> grouped experts -> combine (+ shared experts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from deepinfer_kit.errors import CheckpointError, ConfigError
+from deepinfer_kit.moe.config import MoEConfig
+from deepinfer_kit.moe.experts import GroupedExperts, Impl, SharedExpert
+from deepinfer_kit.moe.hf_weights import read_moe_layer
+from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
+from deepinfer_kit.moe.protocols import Dispatcher
+from deepinfer_kit.moe.routers import DeepSeekV3Router, SoftmaxTopKRouter
+
+__all__ = ["MoELayer", "make_router"]
+
+
+def make_router(
+    config: MoEConfig, *, device: torch.device | str | None = None
+) -> SoftmaxTopKRouter | DeepSeekV3Router:
+    """The router ``config.routing`` names, with zero weights (load or set them after)."""
+    if config.routing == "softmax":
+        return SoftmaxTopKRouter(
+            config.hidden_size,
+            config.num_experts,
+            config.top_k,
+            renormalize=config.norm_topk_prob,
+            device=device,
+        )
+    return DeepSeekV3Router(
+        config.hidden_size,
+        config.num_experts,
+        config.top_k,
+        n_group=config.n_group,
+        topk_group=config.topk_group,
+        renormalize=config.norm_topk_prob,
+        routed_scaling_factor=config.routed_scaling_factor,
+        device=device,
+    )
+
+
+class MoELayer(nn.Module):
+    """One MoE MLP block: ``y = sum_{e in S(x)} w_e E_e(x) + shared(x)``.
+
+    Composes a router built from ``config`` (float32 gate), a :class:`Dispatcher`
+    (a :class:`LocalDispatcher` unless one is injected; an expert-parallel one makes this
+    rank hold only ``dispatcher.local_experts``), :class:`GroupedExperts` and, when
+    ``config.num_shared_experts > 0``, a :class:`SharedExpert`. Weights start at zero:
+    call :meth:`load_hf_weights` or set them.
+
+    Args:
+        config: the layer shape and routing rule.
+        impl: grouped-GEMM implementation, ``"auto" | "ref" | "triton"`` (resolved once).
+        dtype: expert weight dtype (the router stays float32).
+        device: where weights live.
+        dispatcher: inject a dispatcher (e.g. expert-parallel); default local.
+
+    Raises:
+        ConfigError: bad ``impl``; a dispatcher whose local experts are out of range.
+        DeviceUnavailableError: ``impl="triton"`` without CUDA or the interpreter.
+
+    Attributes:
+        last_expert_counts: after each forward, ``[E]`` int64 token copies this rank routed
+            to each logical expert (on the device of the input); None before the first.
+    """
+
+    def __init__(
+        self,
+        config: MoEConfig,
+        *,
+        impl: Impl = "auto",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.dispatcher: Dispatcher = (
+            dispatcher if dispatcher is not None else LocalDispatcher(config.num_experts)
+        )
+        local = self.dispatcher.local_experts
+        if any(not 0 <= e < config.num_experts for e in local):
+            raise ConfigError(
+                f"dispatcher.local_experts must be in [0, {config.num_experts}), got {list(local)}"
+            )
+        self.gate = make_router(config, device=device)
+        self.experts = GroupedExperts(
+            len(local),
+            config.hidden_size,
+            config.intermediate_size,
+            impl=impl,
+            dtype=dtype,
+            device=device,
+        )
+        self.shared_experts: SharedExpert | None = (
+            SharedExpert(
+                config.hidden_size,
+                config.shared_intermediate_size,
+                gated=config.shared_expert_gate,
+                dtype=dtype,
+                device=device,
+            )
+            if config.num_shared_experts > 0
+            else None
+        )
+        self.last_expert_counts: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Apply the layer to ``hidden`` (``[T, H]``).
+
+        Sets :attr:`last_expert_counts`. With an expert-parallel dispatcher this is a
+        collective call (every rank calls it, ``T`` may differ or be 0).
+
+        Returns:
+            ``[T, H]`` in the dtype of ``hidden``.
+
+        Raises:
+            ConfigError: ``hidden`` is not ``[T, H]`` with ``H = config.hidden_size``.
+        """
+        if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size:
+            raise ConfigError(
+                f"hidden must be [T, {self.config.hidden_size}], got {list(hidden.shape)}"
+            )
+        routing = self.gate(hidden)
+        self.last_expert_counts = routing.expert_counts(self.config.num_experts)
+        dispatched = self.dispatcher.dispatch(hidden, routing)
+        expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
+        out = self.dispatcher.combine(expert_out, dispatched)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden)
+        return out.to(hidden.dtype)
+
+    @torch.no_grad()
+    def load_hf_weights(self, weights: Mapping[str, torch.Tensor], prefix: str) -> None:
+        """Copy this layer's tensors out of a whole Hugging Face checkpoint.
+
+        Reads the names listed in :mod:`deepinfer_kit.moe.hf_weights` under ``prefix``
+        (e.g. ``"model.layers.3.mlp."``; Mixtral files use ``"...block_sparse_moe."``),
+        per-expert or fused expert layouts alike, and only the experts this rank holds.
+        Mutates the layer's parameters in place (cast to their dtype and device).
+
+        Raises:
+            CheckpointError: a missing, mis-shaped or unexpected tensor under ``prefix``
+                (the message names it).
+        """
+        tensors = read_moe_layer(weights, prefix, self.config, self.dispatcher.local_experts)
+        if tensors.gate is None or tensors.gate_up is None or tensors.down is None:
+            raise CheckpointError(f"no router or expert tensors under {prefix!r}")
+        self.gate.weight.copy_(tensors.gate)
+        if tensors.bias is not None:
+            self.gate.get_buffer("e_score_correction_bias").copy_(tensors.bias)
+        self.experts.gate_up.copy_(tensors.gate_up)
+        self.experts.down.copy_(tensors.down)
+        shared = self.shared_experts
+        if shared is not None and tensors.shared_gate_up is not None:
+            shared.gate_up.copy_(tensors.shared_gate_up)
+            if tensors.shared_down is not None:
+                shared.down.copy_(tensors.shared_down)
+            if shared.gate is not None and tensors.shared_gate is not None:
+                shared.gate.copy_(tensors.shared_gate)
+
+    def extra_repr(self) -> str:
+        """One line of the config for ``print(layer)``."""
+        c = self.config
+        return (
+            f"E={c.num_experts}, k={c.top_k}, H={c.hidden_size}, I={c.intermediate_size}, "
+            f"routing={c.routing}, shared={c.shared_intermediate_size}, impl={self.experts.impl}"
+        )

@@ -1,0 +1,132 @@
+"""Torch reference ops of the moe package: routing rules and grouped SwiGLU experts.
+
+These are the spec: the Triton kernel in ``triton_ops.py`` has the same signature and is
+tested against them. Shape symbols: ``T`` tokens, ``H`` hidden, ``E`` experts, ``k`` top-k,
+``I`` expert intermediate size, ``M`` token copies grouped by expert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["softmax_topk", "deepseek_v3_topk", "grouped_swiglu", "swiglu"]
+
+
+def softmax_topk(
+    logits: torch.Tensor, top_k: int, *, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts, keep the ``k`` largest (Mixtral, Qwen-MoE).
+
+    Args:
+        logits: ``[T, E]`` router logits (any float dtype; computed in float32).
+        top_k: ``k``.
+        renormalize: divide the kept weights by their sum.
+
+    Returns:
+        ``(expert_ids [T, k] int64, weights [T, k] float32)``, largest weight first.
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
+def deepseek_v3_topk(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    *,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing: biased, group-limited selection; unbiased combine weights.
+
+    Scores are ``sigmoid(logits)``. Selection ranks ``scores + bias``; with ``n_group > 1``
+    each group's score is the sum of its top-2 biased scores, only the ``topk_group`` best
+    groups stay, and experts of the other groups are set to ``-inf`` (never 0: a 0 could
+    still beat negative biased scores). The combine weights are the *unbiased* scores of the
+    chosen experts, renormalized when asked, times ``scaling``.
+
+    Args:
+        logits: ``[T, E]`` router logits.
+        bias: ``[E]`` float32 selection bias (``e_score_correction_bias``).
+        top_k: ``k``.
+        n_group: expert groups (``E`` divisible by it).
+        topk_group: groups kept per token.
+        renormalize: divide the chosen scores by their sum.
+        scaling: ``routed_scaling_factor``.
+
+    Returns:
+        ``(expert_ids [T, k] int64, weights [T, k] float32)``.
+    """
+    scores = torch.sigmoid(logits.float())
+    choice = scores + bias.float()
+    if n_group > 1:
+        num_tokens, num_experts = choice.shape
+        grouped = choice.view(num_tokens, n_group, num_experts // n_group)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.topk(group_scores, topk_group, dim=-1).indices
+        masked = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
+        choice = grouped.masked_fill(masked.unsqueeze(-1), float("-inf")).view(num_tokens, -1)
+    ids = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return ids, weights * scaling
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU MLP: ``down(silu(x W_g^T) * (x W_u^T))``.
+
+    Args:
+        x: ``[N, H]``.
+        gate_up: ``[2I, H]``, gate rows first, then up rows.
+        down: ``[H, I]``.
+
+    Returns:
+        ``[N, H]`` in the dtype of ``x``.
+    """
+    inter = down.shape[1]
+    h = torch.mm(x, gate_up.t())
+    act = F.silu(h[:, :inter]).mul_(h[:, inter:])
+    return torch.mm(act, down.t())
+
+
+def grouped_swiglu(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    counts: Sequence[int],
+) -> torch.Tensor:
+    """SwiGLU experts over expert-contiguous rows: rows of expert ``e`` use its weights.
+
+    A loop over experts with rows; each runs two ``torch.mm`` on a contiguous slice, writing
+    into one preallocated output (no per-expert concatenation).
+
+    Args:
+        x: ``[M, H]`` rows grouped by expert (expert 0's ``counts[0]`` rows first).
+        gate_up: ``[E, 2I, H]`` gate and up weights of each expert.
+        down: ``[E, H, I]`` down weights.
+        counts: ``E`` host ints summing to ``M``.
+
+    Returns:
+        ``[M, H]`` expert outputs aligned with ``x`` (unweighted).
+    """
+    out = torch.empty(x.shape[0], down.shape[1], dtype=x.dtype, device=x.device)
+    inter = down.shape[2]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        end = start + count
+        h = torch.mm(x[start:end], gate_up[expert].t())
+        act = F.silu(h[:, :inter]).mul_(h[:, inter:])
+        torch.mm(act, down[expert].t(), out=out[start:end])
+        start = end
+    return out
