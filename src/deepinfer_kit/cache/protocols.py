@@ -1,4 +1,4 @@
-"""Contracts of the cache package: BlockAllocator, PrefixIndex, KVCacheManager."""
+"""Contracts of the cache package: BlockAllocator, EvictionPolicy, PrefixIndex, KVCacheManager."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from typing import Protocol
 from deepinfer_kit.cache.records import PrefixCacheStats
 from deepinfer_kit.request import Request
 
-__all__ = ["BlockAllocator", "PrefixIndex", "KVCacheManager"]
+__all__ = ["BlockAllocator", "EvictionPolicy", "PrefixIndex", "KVCacheManager"]
 
 
 class BlockAllocator(Protocol):
     """Physical KV blocks with reference counts.
 
-    A block is either *free* (on the free list, count 0) or *held* (count >= 0, off the
-    free list). A held block whose count is 0 is kept only because a prefix index caches
-    it; it returns to the free list through :meth:`free` once evicted.
+    A block is either *free* (on the free list) or *held* (off it, reference count >= 0).
+    A held block whose count is 0 is kept only because a prefix index caches it; it
+    returns to the free list through :meth:`free` once evicted. Every mutator either
+    succeeds or raises having changed nothing.
     """
 
     @property
@@ -35,7 +36,7 @@ class BlockAllocator(Protocol):
         ...
 
     def allocate(self, n: int) -> list[int]:
-        """Take ``n`` free blocks, each with reference count 1.
+        """Take ``n`` free blocks, each with reference count 1. O(n).
 
         Raises:
             OutOfBlocksError: fewer than ``n`` blocks are free; nothing is allocated.
@@ -52,7 +53,7 @@ class BlockAllocator(Protocol):
         ...
 
     def release(self, blocks: Sequence[int]) -> list[int]:
-        """Drop one reference from each block.
+        """Drop one reference from each block. O(len(blocks)).
 
         Returns the blocks whose count reached 0, in the order given. They stay held: the
         caller either passes them to :meth:`free` or keeps them cached (evictable).
@@ -63,15 +64,65 @@ class BlockAllocator(Protocol):
         ...
 
     def free(self, blocks: Sequence[int]) -> None:
-        """Return held blocks with count 0 to the free list.
+        """Return held blocks with count 0 to the free list. O(len(blocks)).
 
         Raises:
-            InvariantError: a block is referenced or already free; nothing changes.
+            InvariantError: a block is referenced, already free, or given twice; nothing
+                changes.
+        """
+        ...
+
+    def make_writable(self, block: int) -> tuple[int, int | None]:
+        """Copy-on-write: a block the caller may write into, in place of ``block``.
+
+        When the caller is the only holder (count 1) returns ``(block, None)``. When the
+        block is shared, takes a free block (count 1), drops the caller's reference to
+        ``block`` and returns ``(new, block)``: the caller must copy ``block`` into
+        ``new`` on the device before writing.
+
+        Raises:
+            OutOfBlocksError: the block is shared and no block is free; nothing changes.
+            InvariantError: ``block`` is free or unreferenced.
         """
         ...
 
     def ref_count(self, block: int) -> int:
-        """The block's reference count (0 for free or cached-unreferenced blocks)."""
+        """The block's reference count (0 for free or cached-unreferenced blocks). O(1).
+
+        Raises:
+            InvariantError: ``block`` is out of range.
+        """
+        ...
+
+
+class EvictionPolicy(Protocol):
+    """Order in which a prefix index evicts its unreferenced cached blocks.
+
+    Tracks a set of blocks; the index pushes blocks that become unreferenced, discards
+    those referenced again, touches those matched, and pops victims. LRU is the default
+    (:class:`~deepinfer_kit.cache.lru_policy.LRUEvictionPolicy`).
+    """
+
+    def __len__(self) -> int:
+        """Tracked (evictable) blocks. O(1)."""
+        ...
+
+    def push(self, blocks: Sequence[int]) -> None:
+        """Start tracking ``blocks`` (none tracked yet) as the most recently used; among
+        themselves the first given is the first victim. O(len(blocks))."""
+        ...
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """Stop tracking ``blocks``; untracked ones are ignored. O(len(blocks))."""
+        ...
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        """Mark the tracked ones among ``blocks`` as used now, like :meth:`push` (first
+        given is the first victim among them); untracked ones are ignored."""
+        ...
+
+    def pop(self, n: int) -> list[int]:
+        """Stop tracking and return up to ``n`` victims, first victim first."""
         ...
 
 
@@ -80,9 +131,15 @@ class PrefixIndex(Protocol):
 
     Identity follows the chain ``K_i = H(K_{i-1}, tokens of block i, context)``: a block
     matches only when every token before it and ``context`` (adapter id, cache salt,
-    multimodal hash) are equal. A hit must never return a block holding other tokens.
-    The index does not own reference counts: the caller tells it which cached blocks are
-    unreferenced (evictable) and which are in use again.
+    multimodal hash) are equal. A hit never returns a block holding other tokens, and
+    keys are keyed hashes a client cannot predict. The index does not own reference
+    counts: the caller tells it which cached blocks are unreferenced (evictable) and which
+    are in use again.
+
+    ``memo`` (all methods that take it): a list owned by the caller for one token
+    sequence that only grows (one request). The index appends per-block keys to it so
+    later calls on the same, longer sequence hash only the new blocks. Pass ``None`` to
+    hash afresh; never share one memo between sequences or contexts.
     """
 
     @property
@@ -100,49 +157,72 @@ class PrefixIndex(Protocol):
         """Hit / miss / insert / eviction counters."""
         ...
 
-    def match(self, tokens: Sequence[int], *, context: Hashable = None) -> list[int]:
+    def match(
+        self,
+        tokens: Sequence[int],
+        *,
+        context: Hashable = None,
+        memo: list[bytes] | None = None,
+        max_blocks: int | None = None,
+        touch: bool = True,
+    ) -> list[int]:
         """The blocks caching the longest full-block prefix of ``tokens``.
 
-        Reads only whole blocks (``len(tokens) // P`` at most). Refreshes the recency of
-        the blocks returned; changes no reference count (the caller retains them, then
-        calls :meth:`mark_used`). O(matched blocks).
+        Reads only whole blocks, at most ``len(tokens) // P`` and at most ``max_blocks``.
+        With ``touch`` it counts one query in :attr:`stats` and refreshes the recency of
+        the blocks returned (the head of the chain becomes the most recently used);
+        without it, it changes nothing. Changes no reference count (the caller retains
+        the blocks, then calls :meth:`mark_used`). O(matched blocks + new hashes).
         """
         ...
 
     def insert(
-        self, tokens: Sequence[int], blocks: Sequence[int], *, context: Hashable = None
+        self,
+        tokens: Sequence[int],
+        blocks: Sequence[int],
+        *,
+        context: Hashable = None,
+        memo: list[bytes] | None = None,
+        start: int = 0,
     ) -> list[int]:
-        """Publish ``blocks`` as holding the full blocks of ``tokens``.
+        """Publish ``blocks[start:]`` as holding the full blocks of ``tokens``.
 
         ``len(tokens) >= len(blocks) * P``; block ``i`` holds tokens
-        ``[i * P, (i + 1) * P)``. Call only once their KV is written (after the step that
-        wrote it committed). A block whose content is already cached under another block
-        is not taken. Returns the blocks newly recorded; they count as in use.
+        ``[i * P, (i + 1) * P)``, and ``blocks[:start]`` were published (or found
+        cached) by an earlier call for the same sequence. Call only once their KV is
+        written (after the step that wrote it committed). A block whose identity is
+        already cached under another block is not taken (the chain continues past it);
+        a block already cached is left as it is. Returns the blocks newly recorded; they
+        count as in use (not evictable). O(len(blocks) - start).
         """
         ...
 
     def contains(self, block: int) -> bool:
-        """True when the block holds a published identity."""
+        """True when the block holds a published identity. O(1)."""
         ...
 
-    def mark_unused(self, blocks: Sequence[int]) -> None:
-        """Cached blocks whose reference count fell to 0 become evictable.
+    def mark_unused(self, blocks: Sequence[int]) -> list[int]:
+        """Blocks whose reference count fell to 0: cached ones become evictable.
 
-        They are the most recently used evictable blocks, and among themselves are
-        evicted in the order given (pass a request's blocks tail first). Non-cached
-        blocks are ignored.
+        They become the most recently used evictable blocks; among themselves the first
+        given is evicted first (pass a request's blocks tail first). Returns the blocks
+        given that are not cached, in order: the caller frees them.
         """
         ...
 
     def mark_used(self, blocks: Sequence[int]) -> None:
-        """Cached blocks that are referenced again stop being evictable."""
+        """Cached blocks that are referenced again stop being evictable; others are
+        ignored. O(len(blocks))."""
         ...
 
     def evict(self, n: int) -> list[int]:
-        """Forget the identity of up to ``n`` evictable blocks, least recently used first.
+        """Forget the identity of up to ``n`` evictable blocks, in the policy's order
+        (least recently used first by default).
 
         Returns the blocks evicted; the caller frees them in the allocator. Never returns
-        a referenced block.
+        a referenced block. Evicting a block whose cached descendants stay (possible
+        only when a chain was published through a duplicate) leaves them unreachable
+        until an equal block is published again.
         """
         ...
 

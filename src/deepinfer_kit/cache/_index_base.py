@@ -1,0 +1,95 @@
+"""Bookkeeping shared by the prefix indexes: published blocks, eviction policy, counters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+from deepinfer_kit.cache.lru_policy import LRUEvictionPolicy
+from deepinfer_kit.cache.protocols import EvictionPolicy
+from deepinfer_kit.cache.records import PrefixCacheStats
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["PublishedBlocks"]
+
+E = TypeVar("E")
+
+
+class PublishedBlocks(Generic[E]):
+    """Which blocks hold a published identity (``block -> entry``), which of those are
+    evictable (the policy), and the counters. Subclasses add the identity structure and
+    implement :meth:`_forget`."""
+
+    __slots__ = ("_block_size", "_entries", "_policy", "_stats")
+
+    def __init__(self, block_size: int, policy: EvictionPolicy | None) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size must be an int >= 1, got {block_size!r}")
+        self._block_size = block_size
+        self._entries: dict[int, E] = {}
+        self._policy: EvictionPolicy = LRUEvictionPolicy() if policy is None else policy
+        self._stats = PrefixCacheStats()
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block (``P``)."""
+        return self._block_size
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks that are unreferenced and may be evicted. O(1)."""
+        return len(self._policy)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks holding a published identity (referenced or not). O(1)."""
+        return len(self._entries)
+
+    @property
+    def stats(self) -> PrefixCacheStats:
+        """Hit / miss / insert / eviction counters (live object, cumulative)."""
+        return self._stats
+
+    def contains(self, block: int) -> bool:
+        """True when the block holds a published identity. O(1)."""
+        return block in self._entries
+
+    def mark_unused(self, blocks: Sequence[int]) -> list[int]:
+        """Cached ones among ``blocks`` become the most recently used evictable blocks
+        (first given evicted first); returns the others, in order, for the caller to free.
+        """
+        entries = self._entries
+        cached: list[int] = []
+        rest: list[int] = []
+        for b in blocks:
+            (cached if b in entries else rest).append(b)
+        if cached:
+            self._policy.push(cached)
+        return rest
+
+    def mark_used(self, blocks: Sequence[int]) -> None:
+        """Blocks referenced again stop being evictable (others ignored)."""
+        self._policy.discard(blocks)
+
+    def evict(self, n: int) -> list[int]:
+        """Forget up to ``n`` evictable blocks in the policy's order; returns them."""
+        if n <= 0:
+            return []
+        victims = self._policy.pop(n)
+        forget = self._forget
+        for b in victims:
+            forget(b)
+        self._stats.evicted_blocks += len(victims)
+        return victims
+
+    def _touch_hits(self, hits: list[int], num_query_blocks: int) -> None:
+        stats = self._stats
+        stats.queries += 1
+        stats.query_blocks += num_query_blocks
+        stats.hit_blocks += len(hits)
+        if hits:
+            # Tail first, so the head of the chain ends up the most recently used.
+            self._policy.touch(hits[::-1])
+
+    def _forget(self, block: int) -> None:
+        raise NotImplementedError

@@ -1,0 +1,124 @@
+"""Keyed block hashing for the prefix indexes: context encoding and chained block keys.
+
+Keys are keyed BLAKE2b digests. The key is random per process unless given, so a client
+who controls prompts cannot predict a key, let alone craft two prompts with equal keys
+(Python's ``hash`` is not used anywhere: ``hash(None)`` and ``hash(int)`` are the same
+in every process, which made collisions craftable in other engines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from collections.abc import Hashable, Sequence
+
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["BlockHasher", "encode_context"]
+
+
+def _framed(tag: bytes, payload: bytes) -> bytes:
+    return tag + str(len(payload)).encode() + b":" + payload
+
+
+def encode_context(context: Hashable) -> bytes:
+    """A byte encoding of a prefix-cache ``context`` that is the same in every process.
+
+    ``None``, bools, ints, floats, strings, bytes and (nested) tuples / frozensets of them
+    get an unambiguous, length-framed encoding; any other object is encoded by its type
+    name and ``repr``. Indexes also compare contexts with ``==`` on a hit, so an
+    ambiguous encoding can only cost a miss, never a wrong hit.
+    """
+    if context is None:
+        return b"N"
+    if isinstance(context, bool):
+        return b"T" if context else b"F"
+    if isinstance(context, int):
+        return _framed(b"i", str(context).encode())
+    if isinstance(context, float):
+        return _framed(b"f", context.hex().encode())
+    if isinstance(context, str):
+        return _framed(b"s", context.encode("utf-8", "surrogatepass"))
+    if isinstance(context, (bytes, bytearray)):
+        return _framed(b"b", bytes(context))
+    if isinstance(context, tuple):
+        return _framed(b"t", b"".join(encode_context(c) for c in context))
+    if isinstance(context, frozenset):
+        return _framed(b"z", b"".join(sorted(encode_context(c) for c in context)))
+    name = f"{type(context).__module__}.{type(context).__qualname__}"
+    return _framed(b"o", name.encode() + b"|" + repr(context).encode())
+
+
+class BlockHasher:
+    """Keyed BLAKE2b over token blocks.
+
+    Args:
+        key: the hash key (at most 64 bytes). ``None`` draws 32 random bytes, so keys
+            differ between processes; pass a fixed key only to share keys across
+            processes you trust.
+        digest_size: bytes per key, 1..64. 16 (128 bits) by default; tests use 1 to force
+            collisions and prove that the indexes verify tokens on a hit.
+
+    Raises:
+        ConfigError: a key longer than 64 bytes or a digest size outside 1..64.
+    """
+
+    __slots__ = ("_base", "digest_size")
+
+    def __init__(self, key: bytes | None = None, *, digest_size: int = 16) -> None:
+        if key is None:
+            key = os.urandom(32)
+        if not isinstance(key, bytes) or len(key) > 64:
+            raise ConfigError(f"key must be bytes of length <= 64, got {key!r}")
+        if isinstance(digest_size, bool) or not isinstance(digest_size, int) or not (
+            1 <= digest_size <= 64
+        ):
+            raise ConfigError(f"digest_size must be an int in [1, 64], got {digest_size!r}")
+        self.digest_size = digest_size
+        self._base = hashlib.blake2b(key=key, digest_size=digest_size)
+
+    def root(self, context: Hashable) -> bytes:
+        """The key standing before block 0 of a sequence under ``context``."""
+        h = self._base.copy()
+        h.update(b"root|")
+        h.update(encode_context(context))
+        return h.digest()
+
+    def extend_chain(
+        self, keys: list[bytes], tokens: Sequence[int], num_blocks: int, block_size: int,
+        root: bytes,
+    ) -> None:
+        """Append chained keys ``K_i = H(K_{i-1} || tokens of block i)`` to ``keys``
+        until it holds ``num_blocks`` keys (``K_{-1}`` is ``root``). O(new blocks)."""
+        have = len(keys)
+        if have >= num_blocks:
+            return
+        stride = 8 * block_size
+        data = array("q", tokens[have * block_size : num_blocks * block_size]).tobytes()
+        prev = keys[-1] if have else root
+        base = self._base
+        append = keys.append
+        for off in range(0, len(data), stride):
+            h = base.copy()
+            h.update(prev)
+            h.update(data[off : off + stride])
+            prev = h.digest()
+            append(prev)
+
+    def extend_blocks(
+        self, keys: list[bytes], tokens: Sequence[int], num_blocks: int, block_size: int
+    ) -> None:
+        """Append unchained keys ``H(tokens of block i)`` to ``keys`` until it holds
+        ``num_blocks`` keys. O(new blocks)."""
+        have = len(keys)
+        if have >= num_blocks:
+            return
+        stride = 8 * block_size
+        data = array("q", tokens[have * block_size : num_blocks * block_size]).tobytes()
+        base = self._base
+        append = keys.append
+        for off in range(0, len(data), stride):
+            h = base.copy()
+            h.update(data[off : off + stride])
+            append(h.digest())

@@ -1,0 +1,110 @@
+"""BlockKVCacheManager: prefix hits, allocation, forks with copy-on-write, free, publish."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer_kit.cache import BlockKVCacheManager, CacheConfig
+from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
+
+P = 4
+KINDS = ["hash", "radix"]
+
+
+def make(kind: str, num_blocks: int = 16, caching: bool = True) -> BlockKVCacheManager:
+    config = CacheConfig(block_size=P, num_blocks=num_blocks, enable_prefix_caching=caching)
+    return BlockKVCacheManager.create(config, kind)  # type: ignore[arg-type]
+
+
+def req(rid: str, tokens: list[int], context: object = None) -> Request:
+    return Request(rid, list(tokens), SamplingParams(), cache_context=context)
+
+
+def prefill(m: BlockKVCacheManager, r: Request) -> int:
+    """Admit ``r`` like a scheduler: match, allocate the rest, commit, publish."""
+    cached = m.match_prefix(r)
+    m.allocate(r, r.num_tokens - cached, cached)
+    r.num_computed_tokens = r.num_tokens
+    m.cache_full_blocks(r, r.num_tokens)
+    return cached
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefix_hit_reuses_blocks_and_leaves_one_token(kind: str) -> None:
+    m = make(kind)
+    a = req("a", list(range(12)))
+    assert prefill(m, a) == 0
+    b = req("b", list(range(12)))
+    assert m.match_prefix(b) == 8  # a full-prompt hit still computes the last block
+    m.allocate(b, 4, 8)
+    assert b.block_table[:2] == a.block_table[:2]
+    assert b.block_table[2] != a.block_table[2]
+    m.check_integrity([a, b])
+    m.free(a)
+    m.free(b)
+    m.check_integrity([])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fork_copies_partial_block_on_write(kind: str) -> None:
+    m = make(kind)
+    parent = req("p", list(range(10)))
+    prefill(m, parent)
+    child = req("p#1", list(range(10)))
+    m.fork(parent, child)
+    child.num_computed_tokens = 10
+    assert child.block_table == parent.block_table
+    copies = m.allocate(child, 1)
+    assert copies == [(parent.block_table[2], child.block_table[2])]
+    assert child.block_table[:2] == parent.block_table[:2]
+    assert m.allocate(parent, 1) == []  # the parent now holds its block alone
+    m.check_integrity([parent, child])
+    m.free(parent)
+    m.free(child)
+    m.check_integrity([])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_failed_allocation_changes_nothing(kind: str) -> None:
+    m = make(kind, num_blocks=4)
+    a = req("a", list(range(12)))
+    prefill(m, a)
+    b = req("b", list(range(100, 112)))
+    before = (m.num_free_blocks, list(a.block_table))
+    assert not m.can_allocate(b, 12)
+    with pytest.raises(OutOfBlocksError):
+        m.allocate(b, 12)
+    assert (m.num_free_blocks, a.block_table, b.block_table) == (*before, [])
+    m.check_integrity([a, b])
+
+
+def test_prefix_caching_off_never_hits() -> None:
+    m = make("hash", caching=False)
+    a = req("a", list(range(12)))
+    prefill(m, a)
+    m.free(a)
+    assert m.match_prefix(req("b", list(range(12)))) == 0
+    assert m.num_free_blocks == 16
+    m.check_integrity([])
+
+
+def test_stale_cached_count_is_rejected() -> None:
+    m = make("hash", num_blocks=4)
+    a = req("a", list(range(12)))
+    prefill(m, a)
+    m.free(a)
+    b = req("b", list(range(12)))
+    cached = m.match_prefix(b)
+    assert cached == 8
+    other = req("c", list(range(200, 216)))
+    m.allocate(other, 16)  # evicts a's cached blocks
+    with pytest.raises(InvariantError):
+        m.allocate(b, 4, cached)
+    assert b.block_table == []
+
+
+def test_create_rejects_unknown_index() -> None:
+    with pytest.raises(ConfigError, match="index"):
+        BlockKVCacheManager.create(CacheConfig(), "lru")  # type: ignore[arg-type]
