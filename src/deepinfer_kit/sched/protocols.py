@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.records import SchedulePlan, StepResult
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "AdmissionPolicy", "PreemptionPolicy"]
 
 
 class Scheduler(Protocol):
@@ -63,4 +64,30 @@ class Scheduler(Protocol):
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting, running or preempted."""
+        ...
+
+
+class AdmissionPolicy(Protocol):
+    """Order of the waiting queue: requests with smaller keys are admitted first.
+
+    Called once when a request enters the waiting queue (on ``add`` and when it is
+    preempted); keys are compared as tuples, ties fall back to queue-entry order. A key
+    must not change while the request waits. O(1) expected.
+    """
+
+    def __call__(self, request: Request) -> tuple[float, ...]:
+        """The admission key of ``request`` (read-only)."""
+        ...
+
+
+class PreemptionPolicy(Protocol):
+    """Chooses which running request gives its blocks back when an allocation fails.
+
+    Called only when blocks run out (rare), so O(len(running)) is fine. The scheduler
+    frees the victim's blocks and requeues it for recomputation; the victim may be the
+    request that needed the blocks.
+    """
+
+    def __call__(self, running: Sequence[Request]) -> Request:
+        """The victim among ``running`` (non-empty, in admission order; read-only)."""
         ...

@@ -57,6 +57,9 @@ class ScheduledChunk:
             logits at ``1 + len(spec_token_ids)`` positions.
         num_placeholders: trailing known-position tokens whose values a step still in
             flight produces.
+        preemption_epoch: ``request.num_preemptions`` when the chunk was scheduled;
+            ``commit`` ignores a chunk whose request was preempted since (its KV and its
+            blocks were dropped, so its tokens are recomputed on resume).
     """
 
     request: Request
@@ -66,6 +69,7 @@ class ScheduledChunk:
     num_samples: int = 1
     spec_token_ids: list[int] = attrs.field(factory=list)
     num_placeholders: int = 0
+    preemption_epoch: int = 0
 
     @property
     def request_id(self) -> str:
@@ -92,6 +96,8 @@ class SchedulePlan:
             because they can never fit); reported by the next :meth:`Scheduler.commit`.
         num_batched_tokens: ``sum q_i`` over ``chunks``.
         token_budget: ``B_t`` of this round.
+        num_cached_tokens: prompt tokens served from the prefix cache for the requests
+            admitted (or resumed) this round; counted at this round's match, for traces.
     """
 
     step_id: int
@@ -101,6 +107,7 @@ class SchedulePlan:
     finished: list[Request] = attrs.field(factory=list)
     num_batched_tokens: int = 0
     token_budget: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:

@@ -1,0 +1,69 @@
+"""Per-sequence stop rules and token appending, shared by every scheduler's commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deepinfer_kit.outputs import Logprob
+from deepinfer_kit.request import FinishReason, Request
+
+__all__ = ["check_stop", "append_token", "append_tokens"]
+
+
+def check_stop(request: Request, token: int, max_model_len: int) -> bool:
+    """Finish ``request`` if ``token`` (just appended as its last output) ends it.
+
+    Rules, in order: an EOS (``request.eos_token_id``, unless ``ignore_eos``) or a
+    ``stop_token_ids`` token ends it with :attr:`FinishReason.STOP` (``stop_reason`` the
+    stop token id; ``None`` for EOS), but only once more than ``min_tokens`` tokens were
+    generated (the sampler masks them before; this keeps the rule even if it did not).
+    Then ``max_tokens`` outputs or ``max_model_len`` total tokens end it with
+    :attr:`FinishReason.LENGTH`. A stop token at the last allowed position counts as
+    STOP.
+
+    Mutates ``status``/``finish_reason``/``stop_reason`` when it finishes. O(len(stop ids)).
+
+    Returns:
+        True when the request finished.
+    """
+    params = request.params
+    num_out = len(request.output_token_ids)
+    if num_out > params.min_tokens:
+        if token == request.eos_token_id and not params.ignore_eos:
+            request.finish(FinishReason.STOP)
+            return True
+        if token in params.stop_token_ids:
+            request.finish(FinishReason.STOP, token)
+            return True
+    if num_out >= params.max_tokens or len(request.all_token_ids) >= max_model_len:
+        request.finish(FinishReason.LENGTH)
+        return True
+    return False
+
+
+def append_token(
+    request: Request, token: int, logprob: dict[int, Logprob] | None, max_model_len: int
+) -> bool:
+    """Append one sampled token (and its logprob map when the request asked for them),
+    then apply :func:`check_stop`. Returns True when the request finished."""
+    request.append_token(token)
+    if logprob is not None and request.logprobs is not None:
+        request.logprobs.append(logprob)
+        chosen = logprob.get(token)
+        if chosen is not None:
+            request.cumulative_logprob += chosen.logprob
+    return check_stop(request, token, max_model_len)
+
+
+def append_tokens(
+    request: Request,
+    tokens: Sequence[int],
+    logprobs: Sequence[dict[int, Logprob]] | None,
+    max_model_len: int,
+) -> int:
+    """Append ``tokens`` in order, stopping at the first that finishes the request (the
+    rest are dropped). Returns how many were appended."""
+    for i, token in enumerate(tokens):
+        if append_token(request, token, logprobs[i] if logprobs else None, max_model_len):
+            return i + 1
+    return len(tokens)
