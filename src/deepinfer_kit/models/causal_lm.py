@@ -1,0 +1,211 @@
+"""TransformerCausalLM: the one decoder definition behind every supported family.
+
+Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral and GLM-4-MoE differ only in flags read from
+:class:`ModelConfig` (projection biases, q/k norm, RoPE variant and partial rotary, sliding
+windows, which layers are sparse) and in their expert naming; the sparse MLPs come from an
+injected factory (by default ``deepinfer_kit.moe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepinfer_kit.errors import CheckpointError
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttention, RMSNorm
+from deepinfer_kit.models.protocols import CausalLM, PagedKVStore
+from deepinfer_kit.models.records import ForwardBatch
+from deepinfer_kit.models.rope import RotaryEmbedding
+from deepinfer_kit.models.weights import TrackedWeights, take
+
+__all__ = ["TransformerCausalLM", "SparseMLP", "SparseMLPFactory"]
+
+Weights = Mapping[str, torch.Tensor]
+
+
+class SparseMLP(Protocol):
+    """A mixture-of-experts MLP (``moe.MoELayer`` satisfies it)."""
+
+    @property
+    def last_expert_counts(self) -> torch.Tensor | None:
+        """``[E]`` int64 tokens per expert in the last call, ``None`` before any call."""
+        ...
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` -> ``[T, H]``."""
+        ...
+
+    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
+        """Fill the experts from Hugging Face tensor names under ``prefix``; raises
+        CheckpointError naming a missing or mis-shaped tensor."""
+        ...
+
+
+#: ``factory(config, layer, dtype=..., device=...)`` -> the sparse MLP of ``layer``.
+SparseMLPFactory = Callable[..., SparseMLP]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+
+    def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
+                 attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
+                 sparse_mlp: SparseMLP | None) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        self.self_attn = PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
+                                            dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        self.is_sparse = sparse_mlp is not None
+        self.mlp: nn.Module
+        if sparse_mlp is not None:
+            if not isinstance(sparse_mlp, nn.Module):
+                raise TypeError("the sparse MLP factory must return an nn.Module")
+            self.mlp = sparse_mlp
+            self.mlp_prefix = config.moe_weight_prefix + "."
+        else:
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
+                                dtype=dtype, device=device)
+            self.mlp_prefix = "mlp."
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: PagedKVStore, batch: ForwardBatch) -> torch.Tensor:
+        """``[T, H]`` -> ``[T, H]``."""
+        attn_in = self.input_layernorm.forward(hidden)
+        hidden = hidden + self.self_attn.forward(attn_in, cos, sin, kv_cache, batch.attn)
+        out: torch.Tensor = self.mlp(self.post_attention_layernorm.forward(hidden))
+        return hidden + out
+
+    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
+        """Load ``prefix`` (``model.layers.<i>.``) tensors. Raises CheckpointError."""
+        self.input_layernorm.load_hf_weights(weights, f"{prefix}input_layernorm.")
+        self.post_attention_layernorm.load_hf_weights(weights, f"{prefix}post_attention_layernorm.")
+        self.self_attn.load_hf_weights(weights, f"{prefix}self_attn.")
+        sparse = self.sparse_mlp
+        if sparse is not None:
+            sparse.load_hf_weights(weights, prefix + self.mlp_prefix)
+        else:
+            cast(GatedMLP, self.mlp).load_hf_weights(weights, prefix + self.mlp_prefix)
+
+    @property
+    def sparse_mlp(self) -> SparseMLP | None:
+        """The MoE MLP of this layer, ``None`` for a dense layer."""
+        return cast(SparseMLP, self.mlp) if self.is_sparse else None
+
+
+class TransformerCausalLM(nn.Module):
+    """A decoder-only model over the paged KV cache (implements :class:`CausalLM`).
+
+    Build it with ``models.loader.load_model`` (a checkpoint folder) or
+    ``build_tiny_model``; constructing it directly allocates uninitialized parameters that
+    :meth:`load_hf_weights` fills.
+
+    Args:
+        config: the architecture.
+        attention_impl: ``"auto" | "ref" | "triton"`` for every PagedAttention.
+        dtype: parameter and activation dtype.
+        device: where parameters live.
+        sparse_mlp_factory: builds the MoE MLP of each sparse layer; required when
+            ``config.is_moe``.
+    """
+
+    def __init__(self, config: ModelConfig, *, attention_impl: Impl = "auto",
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 sparse_mlp_factory: SparseMLPFactory | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device),
+            requires_grad=False)
+        self.rotary = RotaryEmbedding(config.rope, device=device)
+        sparse = set(config.sparse_layers)
+        if sparse and sparse_mlp_factory is None:
+            raise ValueError(f"{config.architecture} has sparse layers: pass sparse_mlp_factory")
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.rotary, attention_impl=attention_impl, dtype=dtype,
+                         device=device,
+                         sparse_mlp=(sparse_mlp_factory(config, i, dtype=dtype, device=device)
+                                     if i in sparse and sparse_mlp_factory else None))
+            for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.lm_head: Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False,
+                                  dtype=dtype, device=device)
+
+    def forward(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
+        """Run one step; see :meth:`CausalLM.forward`. Returns ``[N, V]`` float32 logits.
+
+        Only the ``N`` rows of ``batch.logits_indices`` go through the final norm and the
+        LM head.
+        """
+        with torch.inference_mode():
+            hidden = F.embedding(batch.input_ids, self.embed_tokens)
+            cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
+            for layer in self.decoder_layers:
+                hidden = layer.forward(hidden, cos, sin, kv_cache, batch)
+            hidden = self.norm.forward(hidden[batch.logits_indices])
+            weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
+            return F.linear(hidden, weight).float()
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The ``L`` decoder layers, typed."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def expert_counts(self) -> torch.Tensor | None:
+        """``[L_moe, E]`` int64 tokens per expert in the last forward, or ``None``."""
+        sparse = [layer.sparse_mlp for layer in self.decoder_layers if layer.is_sparse]
+        counts = [mlp.last_expert_counts for mlp in sparse if mlp is not None]
+        if not counts or any(c is None for c in counts):
+            return None
+        return torch.stack([c for c in counts if c is not None])
+
+    def load_hf_weights(self, weights: Weights) -> None:
+        """Fill every parameter from Hugging Face tensor names (``model.embed_tokens.weight``,
+        ``model.layers.<i>.…``, ``model.norm.weight``, ``lm_head.weight``).
+
+        Raises:
+            CheckpointError: naming a missing, mis-shaped or unexpected tensor.
+        """
+        tracked = TrackedWeights(weights)
+        config = self.config
+        with torch.no_grad():
+            embed = take(tracked, "model.embed_tokens.weight", tuple(self.embed_tokens.shape))
+            self.embed_tokens.copy_(embed)
+            for i, layer in enumerate(self.decoder_layers):
+                layer.load_hf_weights(tracked, f"model.layers.{i}.")
+            self.norm.load_hf_weights(tracked, "model.norm.")
+            if self.lm_head is not None:
+                self.lm_head.load_hf_weights(tracked, "lm_head.")
+        unexpected = [name for name in tracked.unread() if not _ignorable(name, config)]
+        if unexpected:
+            shown = ", ".join(repr(n) for n in unexpected[:5])
+            more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
+            raise CheckpointError(
+                f"unexpected checkpoint tensor(s) for {config.architecture}: {shown}{more}")
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    """Tensors a valid checkpoint may carry that this model does not use."""
+    if name.endswith("rotary_emb.inv_freq"):
+        return True
+    if name == "lm_head.weight" and config.tie_word_embeddings:
+        return True
+    # GLM-4-MoE ships its multi-token-prediction layers after the decoder layers.
+    if config.model_type == "glm4_moe" and name.startswith("model.layers."):
+        index = name.split(".")[2]
+        return index.isdigit() and int(index) >= config.num_layers
+    return False
+
+
+if TYPE_CHECKING:
+    _check: type[CausalLM] = TransformerCausalLM

@@ -1,0 +1,277 @@
+"""ModelConfig: the validated shape of a supported checkpoint, read from a Hugging Face config.
+
+One parser serves every family; the per-family differences (biases, q/k norm, which layers
+are sparse, expert naming) are decided here once, so the model code only reads flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.config_parts import (
+    RopeConfig,
+    as_bool,
+    as_float,
+    as_int,
+    parse_rope,
+    sparse_layer_indices,
+)
+from deepinfer_kit.moe.config import MoEConfig
+
+__all__ = ["ModelConfig", "RopeConfig", "SUPPORTED_ARCHITECTURES"]
+
+#: architecture name (``config.json`` ``architectures[0]``) -> ``model_type``.
+SUPPORTED_ARCHITECTURES: Mapping[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "Glm4MoeForCausalLM": "glm4_moe",
+}
+_BY_MODEL_TYPE = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
+
+
+@attrs.frozen(slots=True)
+class ModelConfig:
+    """What the model definitions need to know about a checkpoint.
+
+    Build it with :meth:`from_hf_config` (a ``config.json`` dict) or :meth:`from_pretrained`
+    (a folder); both validate and raise :class:`ConfigError` naming the field at fault, or
+    the architecture when it is not supported.
+
+    Attributes:
+        architecture: e.g. ``"Qwen3ForCausalLM"`` (one of :data:`SUPPORTED_ARCHITECTURES`).
+        model_type: e.g. ``"qwen3"``.
+        vocab_size: ``V``.
+        hidden_size: ``H``.
+        num_layers: ``L`` decoder layers.
+        num_heads: query heads.
+        num_kv_heads: key/value heads (divides ``num_heads``; GQA when smaller).
+        head_dim: per-head size (may differ from ``H / num_heads``, e.g. Qwen3).
+        max_position_embeddings: longest sequence the checkpoint declares.
+        eos_token_ids: ids that end a generation (``config.json`` plus
+            ``generation_config.json``), possibly empty.
+        bos_token_id: the beginning-of-sequence id, if any.
+        tie_word_embeddings: ``lm_head`` shares the embedding matrix.
+        rms_norm_eps: epsilon of every RMSNorm.
+        intermediate_size: hidden size of the dense (non-expert) MLPs.
+        rope: rotary embedding parameters.
+        qkv_bias: q/k/v projections carry a bias (Qwen2; ``attention_bias`` elsewhere).
+        o_bias: the output projection carries a bias (Llama/Qwen3 ``attention_bias``).
+        mlp_bias: dense MLP projections carry a bias (Llama ``mlp_bias``).
+        qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3, GLM option).
+        sliding_windows: per layer, the attention window in tokens or ``None`` for full
+            attention; length ``num_layers``.
+        moe: the MoE layer shape and routing (``deepinfer_kit.moe.MoEConfig``) shared by
+            every sparse layer, ``None`` for dense models.
+        sparse_layers: indices of the layers whose MLP is ``moe`` (the others are dense).
+        raw: the ``config.json`` dict as read (not compared, not printed).
+    """
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    tie_word_embeddings: bool
+    rms_norm_eps: float
+    intermediate_size: int
+    rope: RopeConfig
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_windows: tuple[int | None, ...] = ()
+    moe: MoEConfig | None = None
+    sparse_layers: tuple[int, ...] = ()
+    raw: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings", "intermediate_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_heads must be a multiple of num_kv_heads, got num_heads={self.num_heads} "
+                f"and num_kv_heads={self.num_kv_heads}"
+            )
+        if not self.rms_norm_eps > 0:
+            raise ConfigError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if len(self.sliding_windows) not in (0, self.num_layers):
+            raise ConfigError(
+                f"sliding_windows must have num_layers={self.num_layers} entries, "
+                f"got {len(self.sliding_windows)}"
+            )
+        if any(not 0 <= i < self.num_layers for i in self.sparse_layers):
+            raise ConfigError(f"sparse_layers must be in [0, {self.num_layers}), got {self.sparse_layers}")
+        if self.sparse_layers and self.moe is None:
+            raise ConfigError(f"sparse_layers {self.sparse_layers} need an moe config, got None")
+        for token in self.eos_token_ids + ((self.bos_token_id,) if self.bos_token_id is not None else ()):
+            if not 0 <= token < self.vocab_size:
+                raise ConfigError(f"special token id must be in [0, {self.vocab_size}), got {token}")
+
+    @property
+    def is_moe(self) -> bool:
+        """True when some layer is sparse (has experts)."""
+        return bool(self.sparse_layers)
+
+    @property
+    def moe_weight_prefix(self) -> str:
+        """The sparse MLP's module name in checkpoint tensor names (Mixtral's differs)."""
+        return "block_sparse_moe" if self.model_type == "mixtral" else "mlp"
+
+    def sliding_window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` in tokens, ``None`` for full causal attention."""
+        return self.sliding_windows[layer] if self.sliding_windows else None
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelConfig:
+        """Parse a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout).
+
+        Raises:
+            ConfigError: unsupported architecture (named), missing or invalid field (named),
+                an unsupported RoPE scaling type or activation.
+        """
+        architecture = _architecture(config)
+        model_type = SUPPORTED_ARCHITECTURES[architecture]
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"hidden_act must be 'silu', got {act!r}")
+        hidden = as_int(config, "hidden_size")
+        heads = as_int(config, "num_attention_heads")
+        head_dim = config.get("head_dim") or (hidden // heads if heads else 0)
+        num_layers = as_int(config, "num_hidden_layers")
+        max_pos = as_int(config, "max_position_embeddings", 2048)
+        attention_bias = as_bool(config, "attention_bias", False)
+        # Per-family attention layout (what the transformers reference builds).
+        qkv_bias = {"qwen2": True, "qwen2_moe": as_bool(config, "qkv_bias", True),
+                    "mixtral": False}.get(model_type, attention_bias)
+        o_bias = attention_bias if model_type in ("llama", "qwen3", "qwen3_moe") else False
+        qk_norm = model_type in ("qwen3", "qwen3_moe") or (
+            model_type == "glm4_moe" and as_bool(config, "use_qk_norm", False)
+        )
+        sparse = sparse_layer_indices(config, model_type, num_layers)
+        return cls(
+            architecture=architecture,
+            model_type=model_type,
+            vocab_size=as_int(config, "vocab_size"),
+            hidden_size=hidden,
+            num_layers=num_layers,
+            num_heads=heads,
+            num_kv_heads=as_int(config, "num_key_value_heads", heads),
+            head_dim=head_dim,
+            max_position_embeddings=max_pos,
+            eos_token_ids=_token_ids(config.get("eos_token_id"), "eos_token_id"),
+            bos_token_id=_optional_token(config.get("bos_token_id"), "bos_token_id"),
+            tie_word_embeddings=as_bool(config, "tie_word_embeddings", False),
+            rms_norm_eps=as_float(config, "rms_norm_eps", 1e-6),
+            intermediate_size=as_int(config, "intermediate_size"),
+            rope=parse_rope(config, model_type, head_dim, max_pos),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=model_type == "llama" and as_bool(config, "mlp_bias", False),
+            qk_norm=qk_norm,
+            sliding_windows=_sliding_windows(config, model_type, num_layers),
+            moe=MoEConfig.from_hf(config) if sparse else None,
+            sparse_layers=sparse,
+            raw=dict(config),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str]) -> ModelConfig:
+        """Read ``config.json`` (and the EOS ids of ``generation_config.json``) from a folder.
+
+        Raises:
+            CheckpointError: the folder or ``config.json`` is missing or not valid JSON.
+            ConfigError: as :meth:`from_hf_config`.
+        """
+        from deepinfer_kit.errors import CheckpointError
+
+        folder = Path(path)
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise CheckpointError(f"checkpoint folder {str(folder)!r} has no config.json")
+        try:
+            config = json.loads(config_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{str(config_file)!r} is not valid JSON: {exc}") from None
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{str(config_file)!r} must hold a JSON object")
+        generation_file = folder / "generation_config.json"
+        if generation_file.is_file():
+            try:
+                extra = json.loads(generation_file.read_text()).get("eos_token_id")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                extra = None
+            merged = list(_token_ids(config.get("eos_token_id"), "eos_token_id"))
+            for token in _token_ids(extra, "generation_config.eos_token_id"):
+                if token not in merged:
+                    merged.append(token)
+            config["eos_token_id"] = merged
+        return cls.from_hf_config(config)
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    names = config.get("architectures")
+    if isinstance(names, list) and names:
+        name = names[0]
+    elif config.get("model_type") in _BY_MODEL_TYPE:
+        name = _BY_MODEL_TYPE[config["model_type"]]
+    else:
+        name = names if names else config.get("model_type")
+    if name not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(
+            f"architecture {name!r} is not supported; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    return str(name)
+
+
+def _token_ids(value: Any, field: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+        raise ConfigError(f"{field} must be an int or a list of ints, got {value!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def _optional_token(value: Any, field: str) -> int | None:
+    ids = _token_ids(value, field)
+    return ids[0] if ids else None
+
+
+def _sliding_windows(
+    config: Mapping[str, Any], model_type: str, num_layers: int
+) -> tuple[int | None, ...]:
+    window = config.get("sliding_window")
+    if model_type == "mixtral":
+        return (as_int(config, "sliding_window"),) * num_layers if window is not None else ()
+    if model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") or not config.get("use_sliding_window"):
+        return ()
+    if window is None:
+        return ()
+    size = as_int(config, "sliding_window")
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == num_layers:
+        return tuple(size if t == "sliding_attention" else None for t in layer_types)
+    if model_type == "qwen3_moe":
+        return (size,) * num_layers
+    first = as_int(config, "max_window_layers", num_layers)
+    return tuple(size if i >= first else None for i in range(num_layers))

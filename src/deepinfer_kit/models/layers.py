@@ -1,0 +1,167 @@
+"""Building blocks of the decoder: Linear, RMSNorm, the gated MLP and paged self-attention.
+
+Parameters are allocated uninitialized (``torch.empty``) on the target device and dtype and
+filled by ``load_hf_weights(weights, prefix)``, which reads Hugging Face tensor names
+(``prefix + "q_proj.weight"``, ...) and raises :class:`CheckpointError` naming a missing or
+mis-shaped tensor. q/k/v and gate/up projections are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepinfer_kit.models.attention import PagedAttention
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.protocols import PagedKVStore
+from deepinfer_kit.models.records import AttentionMetadata
+from deepinfer_kit.models.rope import RotaryEmbedding
+from deepinfer_kit.models.weights import take
+
+__all__ = ["Linear", "RMSNorm", "GatedMLP", "PagedSelfAttention", "Impl"]
+
+Weights = Mapping[str, torch.Tensor]
+Impl = Literal["auto", "ref", "triton"]
+
+
+class Linear(nn.Module):
+    """``y = x W^T (+ b)`` with ``W`` ``[out, in]``; uninitialized until loaded."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool,
+                 dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device),
+                                   requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
+                     if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[T, in]`` -> ``[T, out]``."""
+        return F.linear(x, self.weight, self.bias)
+
+    def load_parts(self, weights: Weights, names: list[str], sizes: list[int]) -> None:
+        """Fill the rows from the tensors ``names`` (``<name>.weight`` / ``<name>.bias``),
+        stacked in order; ``sizes`` are their row counts. Raises CheckpointError."""
+        in_features = self.weight.shape[1]
+        with torch.no_grad():
+            start = 0
+            for name, size in zip(names, sizes):
+                rows = slice(start, start + size)
+                self.weight[rows].copy_(take(weights, f"{name}.weight", (size, in_features)))
+                if self.bias is not None:
+                    self.bias[rows].copy_(take(weights, f"{name}.bias", (size,)))
+                start += size
+
+    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
+        """Load ``prefix + "weight"`` (and ``"bias"``); ``prefix`` ends with a dot."""
+        self.load_parts(weights, [prefix.removesuffix(".")], [self.weight.shape[0]])
+
+
+class RMSNorm(nn.Module):
+    """``y = w * x / sqrt(mean(x^2) + eps)`` over the last dim, computed in float32."""
+
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
+        self.eps = eps
+        self.shape = (size,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., size]`` -> same shape and dtype."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.shape, self.weight, self.eps)
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        out: torch.Tensor = self.weight * xf.to(x.dtype)
+        return out
+
+    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
+        """Load ``prefix + "weight"``. Raises CheckpointError."""
+        with torch.no_grad():
+            self.weight.copy_(take(weights, f"{prefix}weight", self.shape))
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool,
+                 dtype: torch.dtype, device: str | torch.device,
+                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up = Linear(hidden_size, 2 * intermediate_size, bias=bias, dtype=dtype, device=device)
+        self.down = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype, device=device)
+        self.names = names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[T, H]`` -> ``[T, H]``."""
+        gate, up = torch.split(self.gate_up.forward(x), self.intermediate_size, dim=-1)
+        return self.down.forward(F.silu(gate) * up)
+
+    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
+        """Load ``prefix + gate_proj/up_proj/down_proj``. Raises CheckpointError."""
+        gate, up, down = self.names
+        size = self.intermediate_size
+        self.gate_up.load_parts(weights, [prefix + gate, prefix + up], [size, size])
+        self.down.load_hf_weights(weights, f"{prefix}{down}.")
+
+
+class PagedSelfAttention(nn.Module):
+    """Self-attention of one layer over the paged KV cache.
+
+    Order per step: fused q/k/v projection, optional per-head q/k RMSNorm, RoPE, write the
+    new keys/values into cache layer ``layer``, paged causal attention over each request's
+    context, output projection.
+    """
+
+    def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
+                 attention_impl: Impl, dtype: torch.dtype, device: str | torch.device) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads, config.num_kv_heads, config.head_dim)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(config.hidden_size, sum(self.sizes), bias=config.qkv_bias,
+                               dtype=dtype, device=device)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
+                                   self.head_dim**-0.5, impl=attention_impl,
+                                   sliding_window=config.sliding_window(layer), device=device)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: PagedKVStore, meta: AttentionMetadata) -> torch.Tensor:
+        """``hidden`` ``[T, H]`` -> ``[T, H]``; writes ``T`` keys/values into the cache.
+
+        ``cos``/``sin`` are :meth:`RotaryEmbedding.cos_sin` of the batch positions.
+        """
+        tokens = hidden.shape[0]
+        q, k, v = torch.split(self.qkv_proj.forward(hidden), self.sizes, dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        q = self.rotary.rotate(q, cos, sin)
+        k = self.rotary.rotate(k, cos, sin)
+        kv_cache.write(self.layer, k, v, meta.slot_mapping)
+        out = self.attn(q, kv_cache.key_cache(self.layer), kv_cache.value_cache(self.layer), meta)
+        return self.o_proj.forward(out.reshape(tokens, self.num_heads * self.head_dim))
+
+    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
+        """Load ``prefix + q_proj/k_proj/v_proj/o_proj`` (and q/k norms). Raises CheckpointError."""
+        self.qkv_proj.load_parts(weights, [f"{prefix}{p}_proj" for p in "qkv"], self.sizes)
+        self.o_proj.load_hf_weights(weights, f"{prefix}o_proj.")
+        if self.q_norm is not None and self.k_norm is not None:
+            self.q_norm.load_hf_weights(weights, f"{prefix}q_norm.")
+            self.k_norm.load_hf_weights(weights, f"{prefix}k_norm.")

@@ -1,0 +1,93 @@
+"""Contracts of the models package: CausalLM, the KV store a model writes, and Tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from deepinfer_kit.models.records import ForwardBatch
+
+if TYPE_CHECKING:
+    from deepinfer_kit.models.config import ModelConfig
+
+__all__ = ["PagedKVStore", "CausalLM", "Tokenizer"]
+
+
+class PagedKVStore(Protocol):
+    """What a model needs from the paged KV cache (``cache.kv_cache.PagedKVCache`` has it).
+
+    Layer ``l``'s keys and values are ``[NB, P, Hkv, D]`` tensors on the model's device.
+    """
+
+    def key_cache(self, layer: int, /) -> torch.Tensor:
+        """Layer ``layer``'s key blocks ``[NB, P, Hkv, D]`` (a view; not copied)."""
+        ...
+
+    def value_cache(self, layer: int, /) -> torch.Tensor:
+        """Layer ``layer``'s value blocks ``[NB, P, Hkv, D]`` (a view; not copied)."""
+        ...
+
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor,
+              slot_mapping: torch.Tensor, /) -> None:
+        """Store ``key``/``value`` ``[T, Hkv, D]`` of layer ``layer`` at slots ``[T]``
+        (mutates the cache)."""
+        ...
+
+
+class CausalLM(Protocol):
+    """A decoder-only language model over a flattened, paged batch.
+
+    Every family (Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, GLM-4-MoE) implements it through
+    ``models.causal_lm.TransformerCausalLM``.
+    """
+
+    @property
+    def config(self) -> ModelConfig:
+        """The validated checkpoint configuration."""
+        ...
+
+    def forward(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
+        """Run one step over ``batch``.
+
+        Writes the KV of every new token into ``kv_cache`` (layer ``i`` of the model uses
+        cache layer ``i``) and reads each request's cached context through its block table.
+        Runs under ``torch.inference_mode``.
+
+        Returns:
+            ``[N, V]`` float32 logits for the rows ``batch.logits_indices``.
+        """
+        ...
+
+    def expert_counts(self) -> torch.Tensor | None:
+        """``[L_moe, E]`` int64 tokens routed to each expert of each sparse layer during the
+        last :meth:`forward`; ``None`` for dense models (or before any forward)."""
+        ...
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce (including special tokens)."""
+        ...
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence id, if the tokenizer has one."""
+        ...
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The beginning-of-sequence id, if the tokenizer has one."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (with the special tokens the tokenizer adds by design)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; special tokens are skipped. Never raises on valid ids."""
+        ...

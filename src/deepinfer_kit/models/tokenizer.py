@@ -1,0 +1,158 @@
+"""Tokenizers: a built-in byte-level one, and a wrapper of ``tokenizers`` for tokenizer.json.
+
+:func:`load_tokenizer` picks the checkpoint's ``tokenizer.json`` when the optional
+``tokenizers`` package is installed, and the byte-level tokenizer otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deepinfer_kit.errors import CheckpointError, ConfigError
+from deepinfer_kit.models.protocols import Tokenizer
+
+__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer"]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids ``0..255`` plus three specials: ``<bos>`` 256, ``<eos>`` 257,
+    ``<pad>`` 258 (``vocab_size`` 259).
+
+    ``encode`` adds no special token; ``decode`` skips special ids and replaces invalid
+    UTF-8 with U+FFFD. Stateless and O(len) both ways.
+    """
+
+    BOS = 256
+    EOS = 257
+    PAD = 258
+
+    @property
+    def vocab_size(self) -> int:
+        """259."""
+        return 259
+
+    @property
+    def eos_token_id(self) -> int:
+        """257."""
+        return self.EOS
+
+    @property
+    def bos_token_id(self) -> int:
+        """256."""
+        return self.BOS
+
+    @property
+    def pad_token_id(self) -> int:
+        """258."""
+        return self.PAD
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text``."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of the byte ids in ``ids`` (special ids skipped).
+
+        Raises:
+            ConfigError: an id outside ``[0, 259)``.
+        """
+        for token in ids:
+            if not 0 <= token < 259:
+                raise ConfigError(f"token id must be in [0, 259), got {token}")
+        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` read from ``tokenizer.json``.
+
+    Args:
+        path: the ``tokenizer.json`` file.
+        eos_token_id: overrides the EOS id (the model config's first EOS id).
+        bos_token_id: overrides the BOS id.
+
+    Raises:
+        ImportError: the ``tokenizers`` package is not installed.
+        CheckpointError: the file cannot be parsed.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, eos_token_id: int | None = None,
+                 bos_token_id: int | None = None) -> None:
+        from tokenizers import Tokenizer as _Backend
+
+        try:
+            self._backend: Any = _Backend.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own exception type
+            raise CheckpointError(f"cannot read tokenizer {str(path)!r}: {exc}") from None
+        specials = _special_tokens(Path(path).parent)
+        self._eos = eos_token_id if eos_token_id is not None else self._id_of(specials.get("eos_token"))
+        self._bos = bos_token_id if bos_token_id is not None else self._id_of(specials.get("bos_token"))
+
+    def _id_of(self, token: str | None) -> int | None:
+        if token is None:
+            return None
+        found = self._backend.token_to_id(token)
+        return int(found) if found is not None else None
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids including added tokens."""
+        return int(self._backend.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """From the model config, else ``tokenizer_config.json``'s ``eos_token``."""
+        return self._eos
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """From the model config, else ``tokenizer_config.json``'s ``bos_token``."""
+        return self._bos
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``, with the specials the tokenizer's post-processor adds."""
+        return list(self._backend.encode(text).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens skipped."""
+        return str(self._backend.decode(list(ids), skip_special_tokens=True))
+
+
+def _special_tokens(folder: Path) -> dict[str, str]:
+    """``eos_token`` / ``bos_token`` strings of ``tokenizer_config.json`` (if readable)."""
+    try:
+        data = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    found: dict[str, str] = {}
+    for key in ("eos_token", "bos_token"):
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            found[key] = value
+    return found
+
+
+def load_tokenizer(folder: str | os.PathLike[str], *, eos_token_id: int | None = None,
+                   bos_token_id: int | None = None) -> Tokenizer:
+    """The tokenizer of a checkpoint folder.
+
+    ``tokenizer.json`` through :class:`HFTokenizer` when the file exists and ``tokenizers``
+    is installed; otherwise a :class:`ByteTokenizer`.
+    """
+    path = Path(folder) / "tokenizer.json"
+    if path.is_file():
+        try:
+            return HFTokenizer(path, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
+        except ImportError:
+            pass
+    return ByteTokenizer()
+
+
+if TYPE_CHECKING:
+    _byte: type[Tokenizer] = ByteTokenizer
+    _hf: type[Tokenizer] = HFTokenizer

@@ -1,0 +1,109 @@
+"""Tiny ``transformers`` models of every supported family, saved as real checkpoint folders.
+
+Weights are re-drawn from a seed with a scale that keeps logits peaked (embeddings
+unit-variance, projections ``1/sqrt(fan_in)``, norm weights and biases perturbed so a
+swapped or skipped tensor changes the output), then saved with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+COMMON: dict[str, Any] = dict(
+    vocab_size=160, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
+    pad_token_id=None,
+)
+
+
+def _configs() -> dict[str, Callable[[], Any]]:
+    import transformers as T
+
+    return {
+        "llama": lambda: T.LlamaConfig(**COMMON, intermediate_size=96),
+        # llama3 RoPE with a short original context so scaling changes the frequencies used;
+        # MQA, tied embeddings, attention and MLP biases.
+        "llama-llama3": lambda: T.LlamaConfig(
+            **(COMMON | {"num_key_value_heads": 1}), intermediate_size=96,
+            tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 16}),
+        "llama-linear": lambda: T.LlamaConfig(
+            **COMMON, intermediate_size=96,
+            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 3.0}),
+        "qwen2-yarn": lambda: T.Qwen2Config(
+            **COMMON, intermediate_size=96,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 32}),
+        "qwen3": lambda: T.Qwen3Config(**COMMON, intermediate_size=96, head_dim=32,
+                                       tie_word_embeddings=True),
+        "qwen3_moe": lambda: T.Qwen3MoeConfig(
+            **(COMMON | {"num_hidden_layers": 3}), intermediate_size=96, head_dim=16,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, mlp_only_layers=[1]),
+        "qwen2_moe": lambda: T.Qwen2MoeConfig(
+            **COMMON, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48),
+        "mixtral": lambda: T.MixtralConfig(**COMMON, intermediate_size=48, num_local_experts=4,
+                                           num_experts_per_tok=2),
+        "mixtral-sliding": lambda: T.MixtralConfig(
+            **COMMON, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=5),
+        "glm4_moe": lambda: T.Glm4MoeConfig(
+            **(COMMON | {"num_hidden_layers": 3}), intermediate_size=96, head_dim=16,
+            moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+            topk_group=1, first_k_dense_replace=1, n_shared_experts=1,
+            routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True),
+    }
+
+
+FAMILIES = tuple(_configs())
+
+
+@torch.no_grad()
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Re-draw every parameter (and the routing bias buffers) from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.ndim >= 2:
+            std = 1.0 if "embed" in name else param.shape[-1] ** -0.5
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+        elif "norm" in name:
+            param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+        else:
+            param.copy_(0.2 * torch.randn(param.shape, generator=gen))
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(0.1 * torch.randn(buf.shape, generator=gen))
+
+
+def make_checkpoint(family: str, folder: Path, *, seed: int = 0) -> Any:
+    """Build the tiny ``family`` model, save it to ``folder``; returns the HF model (eval)."""
+    import transformers as T
+
+    torch.manual_seed(seed)
+    config = _configs()[family]()
+    model = T.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model, seed)
+    model.eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@torch.no_grad()
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """``transformers`` greedy generation (its own KV cache); the new tokens only."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens,
+                         min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+@torch.no_grad()
+def hf_logits(model: Any, prompt: list[int]) -> torch.Tensor:
+    """``[len(prompt), V]`` float32 logits of one forward over ``prompt``."""
+    return model(torch.tensor([prompt])).logits[0].float()
