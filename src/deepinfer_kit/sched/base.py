@@ -66,6 +66,7 @@ class SchedulerCore:
         self._inflight: deque[SchedulePlan] = deque()  # scheduled, not yet committed
         self._deferred: dict[int, list[Request]] = {}  # step id -> freed at that commit
         self._may_share: set[Request] = set()  # forked: last block may be shared (CoW)
+        self._fork_seats = 0  # seats held for the children of running n > 1 requests
         self._drafts: dict[Request, list[int]] = {}  # speculative tokens for the next round
         self._next_step = 0
 
@@ -129,6 +130,7 @@ class SchedulerCore:
         for req in targets:
             if req.status is _RUNNING:
                 self._running.remove(req)
+                self._drop_fork_seats(req)
             else:
                 self._waiting.remove(req)
             self._finish(req, FinishReason.ABORT)
@@ -292,6 +294,23 @@ class SchedulerCore:
         """Running slots the request takes once admitted: ``n`` before it forks."""
         return request.params.n if _will_fork(request) else 1
 
+    def _has_seats(self, request: Request) -> bool:
+        """True when admitting ``request`` keeps running sequences, counting the seats
+        held for children yet to fork, within ``max_num_seqs``."""
+        used = len(self._running) + self._fork_seats
+        return used + self._seats(request) <= self.config.max_num_seqs
+
+    def _enter_running(self, request: Request) -> None:
+        """Append an admitted request to the running list, holding its children's seats."""
+        self._running.append(request)
+        if _will_fork(request):
+            self._fork_seats += request.params.n - 1
+
+    def _drop_fork_seats(self, request: Request) -> None:
+        """Give back the children's seats of a request leaving the running list unforked."""
+        if _will_fork(request):
+            self._fork_seats -= request.params.n - 1
+
     def _mark_admitted(self, request: Request, num_cached: int) -> None:
         """Record an admission that matched ``num_cached`` prefix tokens."""
         request.status = _RUNNING
@@ -371,6 +390,7 @@ class SchedulerCore:
             )
         max_len = self.config.max_model_len
         computed = chunk.start + chunk.num_tokens
+        self._fork_seats -= chunk.num_samples - 1  # the children take their seats now
         for j in range(1, chunk.num_samples):
             child = spawn_child(parent, j, computed)
             self.cache.fork(parent, child)
@@ -400,6 +420,8 @@ class SchedulerCore:
             req.num_computed_tokens = valid_end
             if valid_end < chunk.start + chunk.num_tokens:
                 self.cache.truncate(req, valid_end)
+                # The next write lands in a kept block: let allocate check it for CoW.
+                self._may_share.add(req)
         return valid_end
 
 

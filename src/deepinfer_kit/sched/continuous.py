@@ -59,12 +59,11 @@ class ContinuousBatchScheduler(RoundPlanner):
         cfg = self.config
         cache = self.cache
         waiting = self._waiting
-        running = self._running
         chunked = cfg.enable_chunked_prefill
         threshold = cfg.long_prefill_token_threshold if chunked else 0
         while waiting and budget > 0:
             req = waiting.peek()
-            if len(running) + self._seats(req) > cfg.max_num_seqs:
+            if not self._has_seats(req):
                 break
             num_cached = cache.match_prefix(req)
             num_known = req.num_tokens
@@ -85,7 +84,7 @@ class ContinuousBatchScheduler(RoundPlanner):
                 plan.block_copies.extend(copies)
             self._mark_admitted(req, num_cached)
             plan.num_cached_tokens += num_cached
-            running.append(req)
+            self._enter_running(req)
             plan.chunks.append(make_chunk(req, num_cached, n, None, 0, num_known))
             req.num_computed_tokens = num_cached + n
             budget -= n

@@ -169,6 +169,7 @@ class RoundPlanner(SchedulerCore):
     def _preempt(self, victim: Request, plan: SchedulePlan) -> None:
         """Release all of ``victim``'s blocks and requeue it to recompute from scratch."""
         self._free(victim)
+        self._drop_fork_seats(victim)
         self._drafts.pop(victim, None)
         victim.num_computed_tokens = 0
         victim.status = _PREEMPTED

@@ -56,13 +56,12 @@ class StaticBatchScheduler(RoundPlanner):
         reserved = 0
         while waiting:
             req = waiting.peek()
-            seats = self._seats(req)
-            need = seats * self._blocks_for(self._kv_limit(req))
-            if len(self._running) + seats > self.config.max_num_seqs or reserved + need > free:
+            need = self._seats(req) * self._blocks_for(self._kv_limit(req))
+            if not self._has_seats(req) or reserved + need > free:
                 break
             waiting.pop()
             req.status = RequestStatus.RUNNING
-            self._running.append(req)
+            self._enter_running(req)
             reserved += need
 
     def _never_fits(self, request: Request) -> str | None:

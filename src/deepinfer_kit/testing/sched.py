@@ -1,14 +1,28 @@
-"""Conformance suite for Scheduler."""
+"""Conformance suite for Scheduler, and the fake step loop (:class:`SchedulerDriver`) it
+drives schedulers with: random or scripted tokens, invariants checked every round."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.outputs import CompletionOutput, RequestOutput
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
-from deepinfer_kit.sched.records import SchedulerConfig, StepResult
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, SchedulerConfig, StepResult
 from deepinfer_kit.testing.suite import Suite, expect
 
-__all__ = ["SchedulerFactory", "SCHEDULER_SUITE"]
+__all__ = [
+    "SchedulerFactory",
+    "SCHEDULER_SUITE",
+    "SchedulerDriver",
+    "TokenSource",
+    "random_tokens",
+    "make_request",
+    "EOS",
+]
 
 SchedulerFactory = Callable[[SchedulerConfig, int, int], Scheduler]
 """``factory(config, num_blocks, block_size)`` -> a scheduler over a fresh KV cache of that
@@ -17,6 +31,163 @@ size."""
 SCHEDULER_SUITE: Suite[SchedulerFactory] = Suite(
     "Scheduler", "factory(config, num_blocks, block_size) -> Scheduler"
 )
+
+EOS = 0
+"""The EOS id of :func:`make_request`; :class:`SchedulerDriver`'s random tokens avoid it."""
+
+TokenSource = Callable[[ScheduledChunk], list[int]]
+"""Per sampling chunk, the ``chunk.num_samples`` tokens the fake step "samples"."""
+
+
+def random_tokens(seed: int, eos_rate: float = 0.0) -> TokenSource:
+    """Tokens uniform in ``[1, 100)``, replaced by :data:`EOS` with probability
+    ``eos_rate``; reproducible from ``seed``."""
+    rng = random.Random(seed)
+
+    def tokens(chunk: ScheduledChunk) -> list[int]:
+        return [
+            EOS if rng.random() < eos_rate else rng.randrange(1, 100)
+            for _ in range(chunk.num_samples)
+        ]
+
+    return tokens
+
+
+def make_request(
+    request_id: str,
+    prompt_len: int,
+    *,
+    prompt_seed: str | None = None,
+    priority: int = 0,
+    arrival: float = 0.0,
+    **params: object,
+) -> Request:
+    """A request with a ``prompt_len``-token prompt of ids in ``[1, 1000)`` drawn from
+    ``prompt_seed`` (default: the id, so equal seeds give equal prompts), EOS 0, and
+    ``SamplingParams(**params)`` (temperature 1 unless given)."""
+    params.setdefault("temperature", 1.0)
+    rng = random.Random(prompt_seed if prompt_seed is not None else request_id)
+    return Request(
+        request_id,
+        [rng.randrange(1, 1000) for _ in range(prompt_len)],
+        SamplingParams(**params),  # type: ignore[arg-type]
+        arrival_time=arrival,
+        eos_token_id=EOS,
+        priority=priority,
+    )
+
+
+class SchedulerDriver:
+    """A fake step loop: schedule, "run" with tokens from ``tokens``, commit.
+
+    Checks every round: ``sum q_i <= B_t`` and ``num_batched_tokens`` equals it; at most
+    ``max_num_seqs`` chunks, one per request; each chunk starts where its request's KV
+    ended after the previous round (unless it was preempted since), lies inside the
+    known tokens and ends at ``num_computed_tokens``; a sampling chunk reaches the last
+    known token. Collects every reported completion, keyed ``(request_id, index)``, and
+    fails on a completion reported twice or reported unfinished.
+
+    Args:
+        sched: the scheduler under test.
+        config: the config it was built with.
+        tokens: per sampling chunk, ``chunk.num_samples`` tokens; default random in
+            ``[1, 100)`` from ``seed`` (never EOS).
+    """
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        config: SchedulerConfig,
+        tokens: TokenSource | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.sched = sched
+        self.config = config
+        self.tokens: TokenSource = tokens or random_tokens(seed)
+        self.completions: dict[tuple[str, int], CompletionOutput] = {}
+        self.plans: list[SchedulePlan] = []
+        self._seen: dict[int, tuple[int, int]] = {}  # id(request) -> (computed, preemptions)
+
+    def schedule(self) -> SchedulePlan:
+        """``sched.schedule()`` plus the per-plan checks."""
+        plan = self.sched.schedule()
+        total = sum(c.num_tokens for c in plan.chunks)
+        cfg = self.config
+        expect(total <= cfg.max_num_batched_tokens, f"round {plan.step_id}: {total} tokens > budget")
+        expect(plan.num_batched_tokens == total, f"num_batched_tokens {plan.num_batched_tokens} != {total}")
+        expect(len(plan.chunks) <= cfg.max_num_seqs, f"{len(plan.chunks)} chunks > max_num_seqs")
+        ids = [c.request_id for c in plan.chunks]
+        expect(len(set(ids)) == len(ids), f"a request scheduled twice in one round: {ids}")
+        for c in plan.chunks:
+            req = c.request
+            seen = self._seen.get(id(req))
+            if seen is not None and seen[1] == req.num_preemptions:
+                expect(c.start == seen[0], f"{req.request_id}: chunk starts at {c.start}, KV ended at {seen[0]}")
+            expect(c.num_tokens >= 1 and c.start >= 0, f"{req.request_id}: empty chunk {c.start}+{c.num_tokens}")
+            known_end = c.start + c.num_tokens - len(c.spec_token_ids)
+            expect(known_end <= req.num_tokens + c.num_placeholders, f"{req.request_id}: chunk past its tokens")
+            expect(req.num_computed_tokens == c.start + c.num_tokens, f"{req.request_id}: computed not advanced")
+            if c.sample:
+                expect(known_end == req.num_tokens + c.num_placeholders, f"{req.request_id}: samples mid-prompt")
+        self.plans.append(plan)
+        return plan
+
+    def result(self, plan: SchedulePlan) -> StepResult:
+        """The fake step's result: ``[]`` for non-sampling chunks, else ``tokens(chunk)``."""
+        return StepResult([self.tokens(c) if c.sample else [] for c in plan.chunks])
+
+    def commit(self, plan: SchedulePlan, result: StepResult | None = None) -> list[RequestOutput]:
+        """``sched.commit`` plus output bookkeeping."""
+        outs = self.sched.commit(plan, result if result is not None else self.result(plan))
+        for c in plan.chunks:
+            self._seen[id(c.request)] = (c.request.num_computed_tokens, c.request.num_preemptions)
+        for out in outs:
+            expect(out.finished, f"{out.request_id} reported before it finished")
+            for comp in out.outputs:
+                key = (out.request_id, comp.index)
+                expect(key not in self.completions, f"completion {key} reported twice")
+                expect(comp.finish_reason in ("stop", "length", "abort", "error"), f"{key}: reason {comp.finish_reason}")
+                self.completions[key] = comp
+        return outs
+
+    def step(self) -> list[RequestOutput]:
+        """One round: schedule, fake-run, commit."""
+        return self.commit(self.schedule())
+
+    def run(self, max_rounds: int = 10_000) -> int:
+        """Step until nothing is unfinished; returns the rounds taken.
+
+        Raises:
+            ConformanceError: still unfinished after ``max_rounds`` (a hang).
+        """
+        for rounds in range(max_rounds):
+            if not self.sched.has_unfinished():
+                expect(self.sched.num_unfinished == 0, "num_unfinished != 0 with nothing unfinished")
+                return rounds
+            self.step()
+        expect(False, f"still unfinished after {max_rounds} rounds (num_unfinished={self.sched.num_unfinished})")
+        return max_rounds
+
+    def reason(self, request_id: str, index: int = 0) -> str | None:
+        """The finish reason reported for a completion (KeyError when not reported)."""
+        return self.completions[(request_id, index)].finish_reason
+
+
+def _setup(
+    factory: SchedulerFactory, num_blocks: int = 64, block_size: int = 4, **cfg: object
+) -> SchedulerDriver:
+    config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
+    return SchedulerDriver(factory(config, num_blocks, block_size), config)
+
+
+def _expect_pool_is_whole(drv: SchedulerDriver, num_blocks: int, block_size: int) -> None:
+    """Leak check through the Protocol: a request needing every block (or as many as
+    ``max_model_len`` allows) still runs."""
+    prompt = min(num_blocks * block_size, drv.config.max_model_len - 1) - 3
+    drv.sched.add(make_request("whole-pool", prompt, max_tokens=4, ignore_eos=True))
+    drv.run()
+    expect(drv.reason("whole-pool") == "length", f"whole-pool request: {drv.reason('whole-pool')} (blocks leaked?)")
+    expect(len(drv.completions[("whole-pool", 0)].token_ids) == 4, "whole-pool request lost tokens")
 
 
 @SCHEDULER_SUITE.check
@@ -27,3 +198,189 @@ def check_empty_scheduler_is_idle(factory: SchedulerFactory) -> None:
     plan = sched.schedule()
     expect(plan.is_empty, "an empty scheduler must plan an empty round")
     expect(sched.commit(plan, StepResult(token_ids=[])) == [], "committing nothing reports nothing")
+
+
+@SCHEDULER_SUITE.check
+def check_every_request_gets_its_tokens(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 64, 4, max_num_seqs=5, max_num_batched_tokens=40, max_model_len=512)
+    want = {}
+    for i in range(12):
+        want[f"r{i}"] = 1 + (i * 5) % 9
+        drv.sched.add(make_request(f"r{i}", 1 + (i * 13) % 37, max_tokens=want[f"r{i}"], ignore_eos=True))
+    expect(drv.sched.num_unfinished == 12, f"num_unfinished after 12 adds: {drv.sched.num_unfinished}")
+    drv.run()
+    for rid, n in want.items():
+        comp = drv.completions[(rid, 0)]
+        expect(comp.finish_reason == "length" and len(comp.token_ids) == n, f"{rid}: {comp}")
+    _expect_pool_is_whole(drv, 64, 4)
+
+
+@SCHEDULER_SUITE.check
+def check_chunked_prefill_fills_budget(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 256, 16, max_num_batched_tokens=1024, max_model_len=4096)
+    for i in range(3):
+        drv.sched.add(make_request(f"p{i}", 800, max_tokens=4, ignore_eos=True))
+    for _ in range(2):
+        plan = drv.schedule()
+        expect(plan.num_batched_tokens == 1024, f"round {plan.step_id} used {plan.num_batched_tokens} of 1024")
+        drv.commit(plan)
+    drv.run()
+
+
+@SCHEDULER_SUITE.check
+def check_decodes_not_starved_by_long_prefill(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 256, 4, max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    drv.sched.add(make_request("short", 4, max_tokens=30, ignore_eos=True))
+    drv.step()
+    drv.sched.add(make_request("long", 600, max_tokens=2, ignore_eos=True))
+    while ("short", 0) not in drv.completions:
+        plan = drv.schedule()
+        expect(any(c.request_id == "short" for c in plan.chunks), f"decode starved in round {plan.step_id}")
+        drv.commit(plan)
+    drv.run()
+
+
+@SCHEDULER_SUITE.check
+def check_stop_rules_are_per_request(factory: SchedulerFactory) -> None:
+    scripts = {
+        "eos": [5, 6, EOS, 7, 8],
+        "stop": [5, 42, 6, 7, 8],
+        "length": [5, 6, 7, 8, 9],
+        "ignore": [EOS, 5, EOS, 6, 7],
+        "min": [EOS, 5, 42, EOS, 6],
+    }
+    drv = _setup(factory, 64, 4, max_num_seqs=8)
+    drv.tokens = lambda c: [scripts[c.request_id][len(c.request.output_token_ids)]]
+    drv.sched.add(make_request("eos", 3, max_tokens=5))
+    drv.sched.add(make_request("stop", 6, max_tokens=5, stop_token_ids=[42]))
+    drv.sched.add(make_request("length", 9, max_tokens=4))
+    drv.sched.add(make_request("ignore", 4, max_tokens=5, ignore_eos=True))
+    drv.sched.add(make_request("min", 5, max_tokens=5, min_tokens=3, stop_token_ids=[42]))
+    drv.run()
+    got = {k[0]: (v.finish_reason, v.stop_reason, v.token_ids) for k, v in drv.completions.items()}
+    expect(got["eos"] == ("stop", None, [5, 6, EOS]), f"EOS: {got['eos']}")
+    expect(got["stop"] == ("stop", 42, [5, 42]), f"stop id: {got['stop']}")
+    expect(got["length"] == ("length", None, [5, 6, 7, 8]), f"max_tokens: {got['length']}")
+    expect(got["ignore"] == ("length", None, [EOS, 5, EOS, 6, 7]), f"ignore_eos: {got['ignore']}")
+    expect(got["min"] == ("stop", None, [EOS, 5, 42, EOS]), f"min_tokens: {got['min']}")
+
+
+@SCHEDULER_SUITE.check
+def check_never_fitting_request_is_finished(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 8, 4, max_model_len=64)
+    drv.sched.add(make_request("too-long", 64, max_tokens=1))
+    drv.sched.add(make_request("ok", 5, max_tokens=3, ignore_eos=True))
+    drv.sched.add(make_request("too-big", 30, max_tokens=4))  # 33 KV positions > 32 slots
+    drv.sched.add(make_request("exact", 29, max_tokens=4, ignore_eos=True))  # exactly 32
+    drv.step()
+    for rid in ("too-long", "too-big"):
+        expect((rid, 0) in drv.completions, f"{rid} not reported by the first commit")
+        expect(drv.reason(rid) in ("error", "length"), f"{rid}: reason {drv.reason(rid)}")
+    drv.run()
+    expect(drv.reason("ok") == "length" and drv.reason("exact") == "length", "the queue must go on")
+    expect(len(drv.completions[("exact", 0)].token_ids) == 4, "the pool-filling request lost tokens")
+
+
+@SCHEDULER_SUITE.check
+def check_abort_in_every_state(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 64, 4, max_num_seqs=2, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    sched = drv.sched
+    expect(not sched.abort("nobody"), "abort of an unknown id must return False")
+    sched.add(make_request("decoding", 3, max_tokens=50, ignore_eos=True))
+    sched.add(make_request("prefilling", 60, max_tokens=5, ignore_eos=True))
+    sched.add(make_request("waiting", 4, max_tokens=5, ignore_eos=True))
+    drv.step()
+    drv.step()
+    expect(sched.abort("prefilling") and sched.abort("waiting"), "abort of live ids must return True")
+    outs = drv.step()
+    expect({o.request_id for o in outs} >= {"prefilling", "waiting"}, "aborts not reported by the next commit")
+    plan = drv.schedule()
+    expect(sched.abort("decoding"), "abort of a scheduled request")
+    drv.commit(plan)
+    for rid in ("decoding", "prefilling", "waiting"):
+        expect(drv.reason(rid) == "abort", f"{rid}: {drv.reason(rid)}")
+    expect(not sched.abort("decoding"), "a second abort must return False")
+    drv.run()
+    for rid in ("decoding", "waiting"):  # ids are reusable
+        del drv.completions[(rid, 0)]
+        sched.add(make_request(rid, 5, max_tokens=2, ignore_eos=True))
+    drv.run()
+    expect(drv.reason("decoding") == drv.reason("waiting") == "length", "reused ids must run")
+    _expect_pool_is_whole(drv, 64, 4)
+
+
+@SCHEDULER_SUITE.check
+def check_live_id_is_rejected(factory: SchedulerFactory) -> None:
+    drv = _setup(factory)
+    drv.sched.add(make_request("a", 3, max_tokens=2))
+    try:
+        drv.sched.add(make_request("a", 3, max_tokens=2))
+    except ConfigError:
+        pass
+    else:
+        expect(False, "adding a live request_id again must raise ConfigError")
+    drv.run()
+
+
+@SCHEDULER_SUITE.check
+def check_forks_report_n_completions(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 64, 4)
+    drv.sched.add(make_request("fork", 6, n=3, max_tokens=5, ignore_eos=True))
+    drv.sched.add(make_request("solo", 2, max_tokens=3, ignore_eos=True))
+    drv.run()
+    comps = [drv.completions.get(("fork", i)) for i in range(3)]
+    expect(all(c is not None and len(c.token_ids) == 5 for c in comps), f"fork completions: {comps}")
+    seqs = {tuple(c.token_ids) for c in comps if c is not None}
+    expect(len(seqs) == 3, "completions of a fork must each get their own tokens")
+    _expect_pool_is_whole(drv, 64, 4)
+
+
+@SCHEDULER_SUITE.check
+def check_tiny_pool_finishes_everything(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 10, 4, max_num_seqs=6, max_num_batched_tokens=24)
+    for i in range(14):
+        drv.sched.add(make_request(f"t{i}", 2 + i % 9, max_tokens=3 + i % 7, n=1 + (i % 5 == 0), ignore_eos=True))
+    drv.run()
+    for i in range(14):
+        for j in range(1 + (i % 5 == 0)):
+            comp = drv.completions[(f"t{i}", j)]
+            expect(len(comp.token_ids) == 3 + i % 7, f"t{i}#{j}: {len(comp.token_ids)} tokens")
+    _expect_pool_is_whole(drv, 10, 4)
+
+
+@SCHEDULER_SUITE.check
+def check_prefix_hit_leaves_a_token_to_compute(factory: SchedulerFactory) -> None:
+    drv = _setup(factory, 64, 4)
+    drv.sched.add(make_request("first", 12, prompt_seed="same", max_tokens=2))
+    drv.run()
+    drv.sched.add(make_request("again", 12, prompt_seed="same", max_tokens=2))
+    plan = drv.schedule()
+    (chunk,) = plan.chunks
+    expect(chunk.start <= 11 and chunk.start + chunk.num_tokens == 12, f"prefix hit chunk {chunk.start}+{chunk.num_tokens}")
+    drv.commit(plan)
+    drv.run()
+
+
+@SCHEDULER_SUITE.check
+def check_random_operation_sequences(factory: SchedulerFactory) -> None:
+    for seed in range(6):
+        rng = random.Random(seed)
+        drv = _setup(factory, 12, 4, max_num_seqs=4, max_num_batched_tokens=20, max_model_len=64,
+                     long_prefill_token_threshold=rng.choice([0, 6]))
+        drv.tokens = random_tokens(seed, eos_rate=0.15)
+        live: list[str] = []
+        for k in range(120):
+            op = rng.random()
+            if op < 0.3:
+                rid = f"s{seed}-{k}"
+                drv.sched.add(make_request(rid, rng.randint(1, 20), max_tokens=rng.randint(1, 12),
+                                           n=rng.choice([1, 1, 1, 2]), min_tokens=rng.choice([0, 1])))
+                live.append(rid)
+            elif op < 0.4 and live:
+                drv.sched.abort(live.pop(rng.randrange(len(live))))
+            else:
+                drv.step()
+        drv.run()
+        expect(not drv.sched.has_unfinished(), f"seed {seed}: unfinished at the end")
+        _expect_pool_is_whole(drv, 12, 4)
+
