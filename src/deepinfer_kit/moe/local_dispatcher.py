@@ -10,7 +10,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.protocols import Dispatcher
 from deepinfer_kit.moe.records import Dispatched, Routing
 
-__all__ = ["LocalDispatcher", "check_routing", "count_experts"]
+__all__ = ["LocalDispatcher", "check_routing", "count_experts", "unpermute_and_sum"]
 
 
 def check_routing(hidden: torch.Tensor, routing: Routing) -> None:
@@ -42,12 +42,32 @@ def count_experts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts
 
 
+def unpermute_and_sum(
+    rows: torch.Tensor, order: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Put sorted copies back in routing order and take each token's weighted sum.
+
+    Args:
+        rows: ``[T * k, H]`` outputs; row ``i`` belongs to flat routing position ``order[i]``.
+        order: ``[T * k]`` int64, a permutation.
+        weights: ``[T, k]`` routing weights.
+
+    Returns:
+        ``[T, H]`` in the dtype of ``rows``: ``sum_j weights[t, j] * row(t, j)``, one batched
+        matmul (deterministic, no atomics).
+    """
+    num_tokens, top_k = weights.shape
+    unsorted = torch.empty_like(rows).index_copy_(0, order, rows)
+    w = weights.to(rows.dtype).view(num_tokens, 1, top_k)
+    hidden_size = rows.shape[1]
+    return torch.bmm(w, unsorted.view(num_tokens, top_k, hidden_size)).view(num_tokens, hidden_size)
+
+
 class LocalDispatcher:
     """Permutes token copies into expert-contiguous order on one device and back.
 
     ``dispatch`` sorts the ``T * k`` copies by expert (stable: within an expert, copies stay
-    in token order); ``combine`` scatters the expert outputs back to ``[T, k, H]`` and takes
-    the weighted sum over ``k`` as one batched matmul (deterministic, no atomics).
+    in token order); ``combine`` is :func:`unpermute_and_sum`.
 
     Args:
         num_experts: ``E``.
@@ -105,10 +125,7 @@ class LocalDispatcher:
         weights = dispatched.state
         if not isinstance(weights, torch.Tensor):
             raise ConfigError("dispatched was not produced by LocalDispatcher.dispatch")
-        num_tokens, top_k = weights.shape
-        unsorted = torch.empty_like(expert_out).index_copy_(0, dispatched.order, expert_out)
-        w = weights.to(expert_out.dtype).view(num_tokens, 1, top_k)
-        return torch.bmm(w, unsorted.view(num_tokens, top_k, -1)).view(num_tokens, -1)
+        return unpermute_and_sum(expert_out, dispatched.order, weights)
 
 
 if TYPE_CHECKING:

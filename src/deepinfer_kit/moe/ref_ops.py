@@ -73,7 +73,7 @@ def deepseek_v3_topk(
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = torch.topk(group_scores, topk_group, dim=-1).indices
         masked = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
-        choice = grouped.masked_fill(masked.unsqueeze(-1), float("-inf")).view(num_tokens, -1)
+        choice = grouped.masked_fill(masked.unsqueeze(-1), float("-inf")).view(num_tokens, num_experts)
     ids = torch.topk(choice, top_k, dim=-1).indices
     weights = scores.gather(1, ids)
     if renormalize:

@@ -1,0 +1,177 @@
+"""ExpertParallelDispatcher: token copies to the rank holding their expert, over all-to-all.
+
+The ``P`` physical expert slots of a layer are split evenly over the ``W`` ranks of a
+process group (rank ``r`` holds slots ``[r*S, (r+1)*S)``, ``S = P / W``); ``phy2log`` says
+which logical expert each slot holds, so an expert may have several replicas (EPLB's
+placement). Each copy picks one replica of its expert: replica
+``(flat position + rank) % replicas``, which spreads a hot expert's copies over its
+replicas deterministically.
+
+One dispatch = an all-to-all of per-slot counts, then of the copies and their weights
+(``all_to_all_single`` with variable split sizes); combine returns the outputs the same way
+and takes the weighted sum on the token's own rank. Works on gloo (CPU tensors) and NCCL
+(CUDA tensors): every exchanged tensor lives on the device of the hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.local_dispatcher import check_routing, count_experts, unpermute_and_sum
+from deepinfer_kit.moe.protocols import Dispatcher
+from deepinfer_kit.moe.records import Dispatched, Routing
+
+if TYPE_CHECKING:
+    from deepinfer_kit.eplb.records import Placement
+
+__all__ = ["ExpertParallelDispatcher"]
+
+
+@attrs.define(slots=True, eq=False)
+class _EPState:
+    """What combine needs to send results home (private to this module)."""
+
+    send_order: torch.Tensor  # [T*k] int64: flat routing position of each sent row
+    send_splits: list[int]  # [W] rows sent to each rank
+    recv_splits: list[int]  # [W] rows received from each rank
+    weights: torch.Tensor  # [T, k] float32 routing weights of this rank's tokens
+
+
+class ExpertParallelDispatcher:
+    """Dispatch over a ``torch.distributed`` group, with a logical -> physical replica map.
+
+    Args:
+        num_experts: ``E`` logical experts.
+        phy2log: ``P`` ints, the logical expert in each physical slot (every expert at
+            least once; ``P`` divisible by the group size). ``list(range(E))`` is the plain
+            layout without replicas.
+        group: the process group (default: the world group). Must be initialized.
+
+    Raises:
+        ConfigError: ``P`` not divisible by the world size, an id outside ``[0, E)``, or an
+            expert without a slot.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        phy2log: Sequence[int],
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self._group = group
+        self._world = dist.get_world_size(group)
+        self._rank = dist.get_rank(group)
+        slots = [int(e) for e in phy2log]
+        if len(slots) % self._world:
+            raise ConfigError(
+                f"phy2log length must be divisible by the world size {self._world}, got {len(slots)}"
+            )
+        if any(not 0 <= e < num_experts for e in slots):
+            raise ConfigError(f"phy2log entries must be in [0, {num_experts}), got {slots}")
+        missing = sorted(set(range(num_experts)) - set(slots))
+        if missing:
+            raise ConfigError(f"phy2log must give every expert a slot, got none for {missing}")
+        self._num_experts = num_experts
+        self._slots_per_rank = len(slots) // self._world
+        first = self._rank * self._slots_per_rank
+        self._local = tuple(slots[first : first + self._slots_per_rank])
+        replicas = [[s for s, e in enumerate(slots) if e == expert] for expert in range(num_experts)]
+        width = max(len(r) for r in replicas)
+        self._log2phy = torch.tensor([r + [-1] * (width - len(r)) for r in replicas], dtype=torch.int64)
+        self._logcnt = torch.tensor([len(r) for r in replicas], dtype=torch.int64)
+
+    @classmethod
+    def from_placement(
+        cls, placement: Placement, layer: int, group: dist.ProcessGroup | None = None
+    ) -> ExpertParallelDispatcher:
+        """The dispatcher of MoE layer ``layer`` under an EPLB :class:`Placement`."""
+        phy2log = placement.phy2log[layer].tolist()
+        return cls(int(placement.logcnt.shape[1]), phy2log, group)
+
+    @property
+    def local_experts(self) -> tuple[int, ...]:
+        """Logical expert of each of this rank's ``S`` physical slots."""
+        return self._local
+
+    def physical_slots(self, expert_ids: torch.Tensor) -> torch.Tensor:
+        """``[N]`` physical slot chosen for each copy of the flat ids ``expert_ids`` (``[N]``)."""
+        device = expert_ids.device
+        log2phy, logcnt = self._log2phy.to(device), self._logcnt.to(device)
+        position = torch.arange(expert_ids.numel(), device=device) + self._rank
+        replica = position % logcnt[expert_ids]
+        return log2phy[expert_ids, replica]
+
+    def dispatch(self, hidden: torch.Tensor, routing: Routing) -> Dispatched:
+        """Send each copy of ``hidden`` (``[T, H]``) to the rank of its chosen replica.
+
+        Collective: every rank of the group must call it (``T`` may be 0). Returns the
+        copies this rank received, grouped by local slot; ``order`` is each row's position
+        in the receive buffer. Two host syncs (the count exchange).
+
+        Raises:
+            ConfigError: shapes disagree or an id is outside ``[0, E)``.
+        """
+        check_routing(hidden, routing)
+        top_k = routing.expert_ids.shape[1]
+        flat_ids = routing.expert_ids.reshape(-1)
+        count_experts(flat_ids, self._num_experts)
+        phys = self.physical_slots(flat_ids)
+        send_order = torch.argsort(phys, stable=True)
+        world, per_rank = self._world, self._slots_per_rank
+        send_slot_counts = torch.bincount(phys, minlength=world * per_rank)
+        recv_slot_counts = torch.empty_like(send_slot_counts)
+        dist.all_to_all_single(recv_slot_counts, send_slot_counts, group=self._group)
+        send_splits = send_slot_counts.view(world, per_rank).sum(1).tolist()
+        recv_matrix = recv_slot_counts.view(world, per_rank).cpu()
+        recv_splits = recv_matrix.sum(1).tolist()
+        received = self._exchange(hidden.index_select(0, send_order // top_k), send_splits, recv_splits)
+        flat_weights = routing.weights.reshape(-1).index_select(0, send_order)
+        recv_weights = self._exchange(flat_weights, send_splits, recv_splits)
+        slot_of_row = torch.repeat_interleave(
+            torch.arange(per_rank).repeat(world), recv_matrix.flatten()
+        ).to(hidden.device)
+        regroup = torch.argsort(slot_of_row, stable=True)
+        return Dispatched(
+            hidden=received.index_select(0, regroup),
+            expert_counts=recv_matrix.sum(0),
+            weights=recv_weights.index_select(0, regroup),
+            order=regroup,
+            num_tokens=hidden.shape[0],
+            state=_EPState(send_order, send_splits, recv_splits, routing.weights),
+        )
+
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        """Return each output to its token's rank and take the weighted sum there.
+
+        Collective: every rank of the group must call it.
+
+        Args:
+            expert_out: ``[M, H]`` unweighted outputs aligned with ``dispatched.hidden``.
+            dispatched: what :meth:`dispatch` returned on this rank.
+
+        Returns:
+            ``[T, H]`` in the dtype of ``expert_out``.
+        """
+        state = dispatched.state
+        if not isinstance(state, _EPState):
+            raise ConfigError("dispatched was not produced by ExpertParallelDispatcher.dispatch")
+        in_recv_order = torch.empty_like(expert_out).index_copy_(0, dispatched.order, expert_out)
+        returned = self._exchange(in_recv_order, state.recv_splits, state.send_splits)
+        return unpermute_and_sum(returned, state.send_order, state.weights)
+
+    def _exchange(self, rows: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        out = rows.new_empty((sum(recv), *rows.shape[1:]))
+        dist.all_to_all_single(
+            out, rows.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=self._group
+        )
+        return out
+
+
+if TYPE_CHECKING:
+    _check: type[Dispatcher] = ExpertParallelDispatcher
