@@ -1,0 +1,198 @@
+"""The checkpoint loader: shards, dtype, tokenizer choice, and a clear error for each bad folder."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from paged_driver import PagedDriver
+from safetensors.torch import save_file
+
+from deepinfer_kit.errors import CheckpointError, ConfigError
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.loader import load_model
+from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
+from deepinfer_kit.models.tokenizer import ByteTokenizer, HFTokenizer
+
+
+def write_checkpoint(folder: Path, config: dict[str, Any], weights: dict[str, torch.Tensor], *,
+                     shards: int = 1) -> None:
+    """``config.json`` plus ``weights`` in ``shards`` safetensors files (indexed when > 1)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    names = sorted(weights)
+    if shards == 1:
+        save_file({n: weights[n].contiguous() for n in names}, str(folder / "model.safetensors"))
+        return
+    weight_map = {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[s::shards]
+        save_file({n: weights[n].contiguous() for n in part}, str(folder / file))
+        weight_map.update({n: file for n in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def tiny_checkpoint(folder: Path, **overrides: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    config = tiny_hf_config() | overrides
+    weights = tiny_hf_weights(ModelConfig.from_hf_config(config), seed=3)
+    return config, weights
+
+
+def _logits(model: Any, prompt: list[int]) -> torch.Tensor:
+    driver = PagedDriver(model)
+    return driver.forward([(driver.new_seq(prompt, 0), len(prompt))], all_logits=True)
+
+
+def test_sharded_folder_loads_like_a_single_file(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "one", config, weights)
+    write_checkpoint(tmp_path / "three", config, weights, shards=3)
+    assert len(list((tmp_path / "three").glob("*.safetensors"))) == 3
+    prompt = [5, 17, 250, 3, 99]
+    one, three = load_model(tmp_path / "one"), load_model(tmp_path / "three")
+    torch.testing.assert_close(_logits(one.model, prompt), _logits(three.model, prompt), rtol=0, atol=0)
+    assert isinstance(one.tokenizer, ByteTokenizer)
+
+
+def test_unindexed_shards_are_all_read(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights, shards=2)
+    (tmp_path / "ckpt" / "model.safetensors.index.json").unlink()
+    load_model(tmp_path / "ckpt")
+
+
+def test_missing_tensor_is_named(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    del weights["model.layers.1.self_attn.k_proj.weight"]
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.k_proj\.weight.*missing"):
+        load_model(tmp_path / "ckpt")
+
+
+def test_missing_expert_tensor_is_named(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    del weights["model.layers.0.mlp.experts.5.up_proj.weight"]
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.experts\.5\.up_proj\.weight"):
+        load_model(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("name", ["model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight",
+                                  "model.layers.1.mlp.gate.weight", "lm_head.weight"])
+def test_misshaped_tensor_is_named_with_both_shapes(tmp_path: Path, name: str) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    good = tuple(weights[name].shape)
+    weights[name] = torch.zeros(*(d + 1 for d in good))
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "ckpt")
+    message = str(err.value)
+    assert name in message and str(list(good)).strip("[]") in message.replace("(", "[").replace(")", "]")
+
+
+@pytest.mark.parametrize("name", ["model.layers.0.self_attn.extra.weight", "model.layers.7.input_layernorm.weight",
+                                  "model.layers.1.mlp.experts.8.up_proj.weight", "head.bias"])
+def test_unexpected_tensor_is_named(tmp_path: Path, name: str) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    weights[name] = torch.zeros(4)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    with pytest.raises(CheckpointError, match="unexpected") as err:
+        load_model(tmp_path / "ckpt")
+    assert name in str(err.value)
+
+
+def test_tied_checkpoint_may_carry_lm_head(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path, tie_word_embeddings=True)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    assert load_model(tmp_path / "ckpt").model.lm_head is None
+
+
+def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config | {"architectures": ["GPT2LMHeadModel"]}, weights)
+    with pytest.raises(ConfigError, match="GPT2LMHeadModel"):
+        load_model(tmp_path / "ckpt")
+
+
+class _Boobytrap:
+    """Unpickling this writes a marker file: proof that a pickle was loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.write_text, (self.marker, "unpickled"))
+
+
+def test_pickle_only_folder_is_refused_unread(tmp_path: Path) -> None:
+    config, _ = tiny_checkpoint(tmp_path)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    marker = tmp_path / "marker"
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_Boobytrap(marker)))
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin.*never loaded"):
+        load_model(folder)
+    assert not marker.exists()
+
+
+def test_index_naming_a_missing_shard_is_refused(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights, shards=2)
+    (tmp_path / "ckpt" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"model-00002-of-00002\.safetensors"):
+        load_model(tmp_path / "ckpt")
+
+
+def test_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    save_file({"model.norm.weight": weights["model.norm.weight"]}, str(tmp_path / "ckpt" / "extra.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model\.norm\.weight.*both"):
+        load_model(tmp_path / "ckpt")
+
+
+def test_folder_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_model(tmp_path)
+
+
+def test_bad_dtype_is_refused(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    with pytest.raises(ConfigError, match="dtype"):
+        load_model(tmp_path / "ckpt", dtype=torch.int8)
+
+
+def test_float16_weights_convert_to_the_requested_dtype(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, {k: v.half() for k, v in weights.items()})
+    model = load_model(tmp_path / "ckpt", dtype=torch.float32).model
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "gate.weight" not in n)
+    torch.testing.assert_close(model.embed_tokens, weights["model.embed_tokens.weight"].half().float())
+
+
+def test_tokenizer_json_is_used_when_present(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    config, weights = tiny_checkpoint(tmp_path, eos_token_id=[4, 9])
+    folder = tmp_path / "ckpt"
+    write_checkpoint(folder, config, weights)
+    vocab = {"<unk>": 0, "hello": 1, "world": 2, "again": 3, "</s>": 4}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["</s>"])
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 11]}))
+    loaded = load_model(folder)
+    assert isinstance(loaded.tokenizer, HFTokenizer)
+    assert loaded.config.eos_token_ids == (4, 9, 11)
+    assert loaded.tokenizer.eos_token_id == 4
+    assert loaded.tokenizer.encode("hello world again") == [1, 2, 3]
+    assert loaded.tokenizer.decode([1, 4, 2]) == "hello world"
+    assert loaded.tokenizer.vocab_size == 5
