@@ -201,8 +201,11 @@ class SchedulerCore:
         if finished:
             self._retire(finished)
         self._free_deferred(plan.step_id)
-        outputs = [_to_output(r) for r in self._unreported]
-        outputs.extend(_to_output(r) for r in finished)
+        outputs: list[RequestOutput] = []
+        for req in self._unreported:
+            outputs.extend(_to_outputs(req))
+        for req in finished:
+            outputs.extend(_to_outputs(req))
         self._unreported.clear()
         return outputs
 
@@ -430,9 +433,18 @@ def _will_fork(request: Request) -> bool:
     return request.params.n > 1 and request.parent_id is None and not request.output_token_ids
 
 
-def _to_output(request: Request) -> RequestOutput:
-    """The sequence's output; a fork child reports under the user's (parent's) id."""
+def _to_outputs(request: Request) -> list[RequestOutput]:
+    """The finished sequence's output; a fork child reports under the user's (parent's)
+    id. An ``n > 1`` request ended (aborted, rejected) before it forked reports all
+    ``n`` completions, the ones never started empty, so every index gets its reason."""
     out = request.to_output()
     if request.parent_id is not None:
         out.request_id = request.parent_id
-    return out
+        return [out]
+    outs = [out]
+    if _will_fork(request):
+        for j in range(1, request.params.n):
+            extra = request.to_output()
+            extra.outputs[0].index = j
+            outs.append(extra)
+    return outs

@@ -92,6 +92,8 @@ class SchedulerDriver:
         config: the config it was built with.
         tokens: per sampling chunk, ``chunk.num_samples`` tokens; default random in
             ``[1, 100)`` from ``seed`` (never EOS).
+        model: the whole fake step, plan -> result (e.g. a model that reads its context
+            back through the block tables); overrides ``tokens``.
     """
 
     def __init__(
@@ -100,10 +102,12 @@ class SchedulerDriver:
         config: SchedulerConfig,
         tokens: TokenSource | None = None,
         seed: int = 0,
+        model: Callable[[SchedulePlan], StepResult] | None = None,
     ) -> None:
         self.sched = sched
         self.config = config
         self.tokens: TokenSource = tokens or random_tokens(seed)
+        self.model = model
         self.completions: dict[tuple[str, int], CompletionOutput] = {}
         self.plans: list[SchedulePlan] = []
         self._seen: dict[int, tuple[int, int]] = {}  # id(request) -> (computed, preemptions)
@@ -133,7 +137,10 @@ class SchedulerDriver:
         return plan
 
     def result(self, plan: SchedulePlan) -> StepResult:
-        """The fake step's result: ``[]`` for non-sampling chunks, else ``tokens(chunk)``."""
+        """The fake step's result: ``model(plan)``, or ``[]`` for non-sampling chunks and
+        ``tokens(chunk)`` for the others."""
+        if self.model is not None:
+            return self.model(plan)
         return StepResult([self.tokens(c) if c.sample else [] for c in plan.chunks])
 
     def commit(self, plan: SchedulePlan, result: StepResult | None = None) -> list[RequestOutput]:
