@@ -35,7 +35,7 @@ def test_same_seed_same_model_other_seed_other_model() -> None:
     for (name, pa), (_, pb), (_, pc) in zip(a.model.named_parameters(), b.model.named_parameters(),
                                             c.model.named_parameters()):
         assert torch.equal(pa, pb), name
-        if pa.numel() > 64:  # norms are all ones under every seed
+        if "norm" not in name:  # norm weights are all ones under every seed
             assert not torch.equal(pa, pc), name
 
 

@@ -61,6 +61,21 @@ class Linear(nn.Module):
         self.load_parts(weights, [prefix.removesuffix(".")], [self.weight.shape[0]])
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim, normalized in float32.
+
+    ``weight`` is ``[size]`` or any shape broadcasting against ``x`` (e.g. ``[heads, size]``).
+    """
+    if x.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out: torch.Tensor = weight * xf.to(x.dtype)
+    return out
+
+
 class RMSNorm(nn.Module):
     """``y = w * x / sqrt(mean(x^2) + eps)`` over the last dim, computed in float32."""
 
@@ -72,12 +87,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., size]`` -> same shape and dtype."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        xf = x.to(torch.float32)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        out: torch.Tensor = self.weight * xf.to(x.dtype)
-        return out
+        return rms_norm(x, self.weight, self.eps)
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
         """Load ``prefix + "weight"``. Raises CheckpointError."""
@@ -115,7 +125,8 @@ class PagedSelfAttention(nn.Module):
 
     Order per step: fused q/k/v projection, optional per-head q/k RMSNorm, RoPE, write the
     new keys/values into cache layer ``layer``, paged causal attention over each request's
-    context, output projection.
+    context, output projection. Queries and keys are adjacent in the fused projection, so
+    their norm and rotation run as one op over ``Hq + Hkv`` heads.
     """
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
@@ -129,11 +140,12 @@ class PagedSelfAttention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, sum(self.sizes), bias=config.qkv_bias,
                                dtype=dtype, device=device)
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device)
-        self.q_norm: RMSNorm | None = None
-        self.k_norm: RMSNorm | None = None
-        if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+        self.eps = config.rms_norm_eps
+        # q_norm.weight repeated over the Hq query heads, then k_norm.weight over the Hkv heads.
+        self.qk_norm_weight = (
+            nn.Parameter(torch.ones(self.num_heads + self.num_kv_heads, self.head_dim, dtype=dtype,
+                                    device=device), requires_grad=False)
+            if config.qk_norm else None)
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.head_dim**-0.5, impl=attention_impl,
@@ -145,23 +157,28 @@ class PagedSelfAttention(nn.Module):
 
         ``cos``/``sin`` are :meth:`RotaryEmbedding.cos_sin` of the batch positions.
         """
-        tokens = hidden.shape[0]
-        q, k, v = torch.split(self.qkv_proj.forward(hidden), self.sizes, dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        q = self.rotary.rotate(q, cos, sin)
-        k = self.rotary.rotate(k, cos, sin)
+        tokens, hq, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj.forward(hidden)
+        qk = qkv[:, : (hq + hkv) * d].view(tokens, hq + hkv, d)
+        v = qkv[:, (hq + hkv) * d:].view(tokens, hkv, d)
+        if self.qk_norm_weight is not None:
+            qk = rms_norm(qk, self.qk_norm_weight, self.eps)
+        qk = self.rotary.rotate(qk, cos, sin)
+        q, k = qk[:, :hq], qk[:, hq:]
         kv_cache.write(self.layer, k, v, meta.slot_mapping)
         out = self.attn(q, kv_cache.key_cache(self.layer), kv_cache.value_cache(self.layer), meta)
-        return self.o_proj.forward(out.reshape(tokens, self.num_heads * self.head_dim))
+        return self.o_proj.forward(out.reshape(tokens, hq * d))
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
-        """Load ``prefix + q_proj/k_proj/v_proj/o_proj`` (and q/k norms). Raises CheckpointError."""
+        """Load ``prefix + q_proj/k_proj/v_proj/o_proj`` (and ``q_norm``/``k_norm``).
+
+        Raises:
+            CheckpointError: a missing or mis-shaped tensor (named).
+        """
         self.qkv_proj.load_parts(weights, [f"{prefix}{p}_proj" for p in "qkv"], self.sizes)
         self.o_proj.load_hf_weights(weights, f"{prefix}o_proj.")
-        if self.q_norm is not None and self.k_norm is not None:
-            self.q_norm.load_hf_weights(weights, f"{prefix}q_norm.")
-            self.k_norm.load_hf_weights(weights, f"{prefix}k_norm.")
+        if self.qk_norm_weight is not None:
+            shape = (self.head_dim,)
+            with torch.no_grad():
+                self.qk_norm_weight[: self.num_heads].copy_(take(weights, f"{prefix}q_norm.weight", shape))
+                self.qk_norm_weight[self.num_heads:].copy_(take(weights, f"{prefix}k_norm.weight", shape))

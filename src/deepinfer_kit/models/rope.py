@@ -91,26 +91,33 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rope.rotary_dim
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions`` ``[T]`` int64 -> ``(cos, sin)``, each ``[T, 1, rotary_dim]`` in ``dtype``.
+        """``positions`` ``[T]`` int64 -> ``(cos, signed_sin)``, each ``[T, 1, rotary_dim]`` in
+        ``dtype``, for :meth:`rotate`.
 
-        Computed in float32 (as the reference does) and cast once.
+        Computed in float32 (as the reference does) and cast once. ``signed_sin`` carries the
+        sign of the "rotate half" pairing: ``[-sin, sin]`` over the two halves.
         """
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        cos, sin = freqs.cos(), freqs.sin()
         if self.scale != 1.0:
             cos, sin = cos * self.scale, sin * self.scale
-        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
+        cos = torch.cat((cos, cos), dim=-1)
+        signed_sin = torch.cat((-sin, sin), dim=-1)
+        return cos.to(dtype)[:, None, :], signed_sin.to(dtype)[:, None, :]
 
-    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``[T, heads, head_dim]`` (returns a new tensor of the same shape)."""
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[T, heads, head_dim]`` (returns a new tensor of the same shape).
+
+        Pairs dim ``i`` with ``i + rotary_dim / 2``: ``[x1, x2] -> [x1 c - x2 s, x2 c + x1 s]``.
+        """
         rot = self.rotary_dim
         if rot == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
+            return x * cos + _swap_halves(x) * signed_sin
         x_rot, x_pass = x[..., :rot], x[..., rot:]
-        return torch.cat((x_rot * cos + _rotate_half(x_rot) * sin, x_pass), dim=-1)
+        return torch.cat((x_rot * cos + _swap_halves(x_rot) * signed_sin, x_pass), dim=-1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [x2, x1]`` over the last dim (a copy)."""
+    halves = x.reshape(*x.shape[:-1], 2, x.shape[-1] // 2)
+    return torch.flip(halves, dims=(-2,)).reshape(x.shape)
