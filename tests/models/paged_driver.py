@@ -7,15 +7,28 @@ another's full blocks), so model outputs can be compared with ``transformers``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import attrs
+import pytest
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.models.attention import make_attention_metadata
 from deepinfer_kit.models.causal_lm import TransformerCausalLM
 from deepinfer_kit.models.records import ForwardBatch
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny matmuls: extra threads only add contention on a shared 2-core machine.
+
+    Use in a test module with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @attrs.define

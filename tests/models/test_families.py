@@ -8,27 +8,19 @@ request's blocks) gives exactly ``transformers``' greedy tokens.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hf_models import FAMILIES, hf_greedy, hf_logits, make_checkpoint
-from paged_driver import PagedDriver
+from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 
 from deepinfer_kit.models.loader import LoadedModel, load_model
 
 NEW_TOKENS = 8
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls: extra threads only add contention on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Checkpoints(dict[str, tuple[Any, Path]]):

@@ -4,25 +4,18 @@ logits rows, expert counts; and the byte tokenizer."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from paged_driver import PagedDriver
+from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import LoadedModel, build_tiny_model
 from deepinfer_kit.models.tokenizer import ByteTokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
