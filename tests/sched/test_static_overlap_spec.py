@@ -1,0 +1,112 @@
+"""Static batching's batch discipline; placeholders with a step in flight; the room the
+plan leaves for speculative verify tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler, StepResult
+from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.testing.sched import EOS, SchedulerDriver, make_request
+
+P = 4
+
+
+def test_static_batch_admits_only_when_drained(make_cache: Any) -> None:
+    config = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=64)
+    drv = SchedulerDriver(StaticBatchScheduler(config, make_cache(64, P)), config)
+    lengths = {"a": 2, "b": 6, "c": 4, "d": 1, "e": 1}
+    for rid, n in lengths.items():
+        drv.sched.add(make_request(rid, 5, max_tokens=n, ignore_eos=True))
+    drv.run()
+    rounds = [{c.request_id for c in p.chunks} for p in drv.plans]
+    first = [i for i, ids in enumerate(rounds) if ids & {"a", "b", "c"}]
+    second = [i for i, ids in enumerate(rounds) if ids & {"d", "e"}]
+    assert rounds[0] == {"a", "b", "c"} and first == list(range(6))  # b's 6 tokens
+    assert second == [6] and rounds[6] == {"d", "e"}
+
+
+def test_static_batch_reserves_blocks_for_whole_lives(make_cache: Any) -> None:
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)
+    drv = SchedulerDriver(StaticBatchScheduler(config, make_cache(8, P)), config)
+    for i in range(4):  # each needs 3 blocks over its life: only 2 fit at once
+        drv.sched.add(make_request(f"r{i}", 6, max_tokens=6, ignore_eos=True))
+    assert len(drv.schedule().chunks) == 2
+    drv.commit(drv.plans[-1])
+    drv.run()
+    assert all(not p.preempted_ids for p in drv.plans)
+
+
+def _overlapped(make_cache: Any, num_blocks: int = 32) -> tuple[ContinuousBatchScheduler, Any]:
+    cache = make_cache(num_blocks, P)
+    return ContinuousBatchScheduler(SchedulerConfig(long_prefill_token_threshold=4), cache), cache
+
+
+def test_placeholders_for_the_token_in_flight(make_cache: Any) -> None:
+    sched, _ = _overlapped(make_cache)
+    sched.add(make_request("dec", 3, max_tokens=10, ignore_eos=True))
+    sched.add(make_request("pre", 10, max_tokens=10, ignore_eos=True))
+    k = sched.schedule()
+    k1 = sched.schedule()  # before k is committed
+    by_id = {c.request_id: c for c in k1.chunks}
+    assert by_id["dec"].num_placeholders == 1 and by_id["dec"].start == 3 and by_id["dec"].sample
+    assert by_id["pre"].num_placeholders == 0 and by_id["pre"].start == 4 and not by_id["pre"].sample
+    sched.commit(k, StepResult([[7], []]))
+    assert sched.running[0].all_token_ids[-1] == 7
+    sched.commit(k1, StepResult([[8], []]))
+    assert sched.running[0].output_token_ids == [7, 8]
+
+
+def test_no_step_scheduled_past_the_last_token(make_cache: Any) -> None:
+    sched, _ = _overlapped(make_cache)
+    sched.add(make_request("one", 3, max_tokens=1, ignore_eos=True))
+    k = sched.schedule()
+    assert sched.schedule().is_empty  # the in-flight token is its last
+    outs = sched.commit(k, StepResult([[5]]))
+    assert [o.outputs[0].finish_reason for o in outs] == ["length"]
+
+
+def test_finished_in_flight_is_freed_after_the_later_step(make_cache: Any) -> None:
+    sched, cache = _overlapped(make_cache)
+    sched.add(make_request("eos", 3, max_tokens=10))
+    sched.commit(sched.schedule(), StepResult([[5]]))
+    k, k1 = sched.schedule(), sched.schedule()
+    outs = sched.commit(k, StepResult([[EOS]]))
+    assert outs[0].outputs[0].token_ids == [5, EOS] and outs[0].outputs[0].finish_reason == "stop"
+    assert cache.num_free_blocks < cache.num_blocks  # plan k1 still writes its KV
+    assert sched.commit(k1, StepResult([[9]])) == []  # its token is discarded
+    cache.check_integrity(())
+
+
+def test_abort_with_two_plans_in_flight(make_cache: Any) -> None:
+    sched, cache = _overlapped(make_cache)
+    sched.add(make_request("a", 3, max_tokens=10, ignore_eos=True))
+    k, k1 = sched.schedule(), sched.schedule()
+    assert sched.abort("a")
+    assert [o.outputs[0].finish_reason for o in sched.commit(k, StepResult([[4]]))] == ["abort"]
+    assert cache.num_free_blocks < cache.num_blocks
+    assert sched.commit(k1, StepResult([[5]])) == []
+    cache.check_integrity(())
+    assert not sched.has_unfinished()
+
+
+def test_spec_tokens_count_in_the_budget_and_roll_back(make_cache: Any) -> None:
+    cache = make_cache(32, P)
+    config = SchedulerConfig(max_num_batched_tokens=8)
+    sched = ContinuousBatchScheduler(config, cache)
+    sched.add(make_request("s", 7, max_tokens=20, ignore_eos=True))
+    sched.commit(sched.schedule(), StepResult([[11]]))  # 8 tokens, 7 computed
+    sched.set_spec_tokens("s", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    plan = sched.schedule()
+    (chunk,) = plan.chunks
+    assert chunk.spec_token_ids == [1, 2, 3, 4, 5, 6, 7] and chunk.num_tokens == 8
+    assert plan.num_batched_tokens == 8
+    req = chunk.request
+    assert len(req.block_table) == 4  # positions 7..14 written
+    sched.commit(plan, StepResult([[1, 2, 42]]))  # two drafts accepted, then 42
+    assert req.output_token_ids == [11, 1, 2, 42]
+    assert req.num_computed_tokens == 10 and len(req.block_table) == 3
+    cache.check_integrity([req])
+    sched.set_spec_tokens("s", [99])
+    (chunk,) = sched.schedule().chunks
+    assert chunk.start == 10 and chunk.num_tokens == 2
