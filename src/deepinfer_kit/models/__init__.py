@@ -1,1 +1,31 @@
-"""models/: reference model definitions, checkpoint loading, paged attention."""
+"""models/: reference model definitions, checkpoint loading, paged attention.
+
+The common entry points are importable from here (loaded lazily, so importing the package
+costs nothing until one is used): :func:`load_model`, :func:`build_tiny_model`,
+:class:`LoadedModel`, :class:`ModelConfig`, :class:`TransformerCausalLM`,
+:class:`ByteTokenizer`, :class:`HFTokenizer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "load_model": "deepinfer_kit.models.loader",
+    "build_tiny_model": "deepinfer_kit.models.loader",
+    "LoadedModel": "deepinfer_kit.models.loader",
+    "ModelConfig": "deepinfer_kit.models.config",
+    "TransformerCausalLM": "deepinfer_kit.models.causal_lm",
+    "ByteTokenizer": "deepinfer_kit.models.tokenizer",
+    "HFTokenizer": "deepinfer_kit.models.tokenizer",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer_kit.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

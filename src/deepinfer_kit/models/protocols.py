@@ -48,6 +48,10 @@ class CausalLM(Protocol):
         """The validated checkpoint configuration."""
         ...
 
+    def __call__(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
+        """Same as :meth:`forward` (``nn.Module.__call__``)."""
+        ...
+
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
         """Run one step over ``batch``.
 
