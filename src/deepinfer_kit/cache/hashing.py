@@ -90,19 +90,22 @@ class BlockHasher:
         root: bytes,
     ) -> None:
         """Append chained keys ``K_i = H(K_{i-1} || tokens of block i)`` to ``keys``
-        until it holds ``num_blocks`` keys (``K_{-1}`` is ``root``). O(new blocks)."""
+        until it holds ``num_blocks`` keys (``K_{-1}`` is ``root``). O(new blocks).
+
+        Raises:
+            OverflowError: a token id outside ``[0, 2**32)``.
+        """
         have = len(keys)
         if have >= num_blocks:
             return
-        stride = 8 * block_size
-        data = array("q", tokens[have * block_size : num_blocks * block_size]).tobytes()
+        stride = 4 * block_size
+        data = array("I", tokens[have * block_size : num_blocks * block_size]).tobytes()
         prev = keys[-1] if have else root
-        base = self._base
+        copy = self._base.copy
         append = keys.append
         for off in range(0, len(data), stride):
-            h = base.copy()
-            h.update(prev)
-            h.update(data[off : off + stride])
+            h = copy()
+            h.update(prev + data[off : off + stride])
             prev = h.digest()
             append(prev)
 
@@ -110,15 +113,19 @@ class BlockHasher:
         self, keys: list[bytes], tokens: Sequence[int], num_blocks: int, block_size: int
     ) -> None:
         """Append unchained keys ``H(tokens of block i)`` to ``keys`` until it holds
-        ``num_blocks`` keys. O(new blocks)."""
+        ``num_blocks`` keys. O(new blocks).
+
+        Raises:
+            OverflowError: a token id outside ``[0, 2**32)``.
+        """
         have = len(keys)
         if have >= num_blocks:
             return
-        stride = 8 * block_size
-        data = array("q", tokens[have * block_size : num_blocks * block_size]).tobytes()
-        base = self._base
+        stride = 4 * block_size
+        data = array("I", tokens[have * block_size : num_blocks * block_size]).tobytes()
+        copy = self._base.copy
         append = keys.append
         for off in range(0, len(data), stride):
-            h = base.copy()
+            h = copy()
             h.update(data[off : off + stride])
             append(h.digest())

@@ -237,6 +237,19 @@ class BlockKVCacheManager:
             InvariantError: negative counts, or ``num_cached_tokens`` that is not cached
                 now (a stale :meth:`match_prefix` result); nothing changed.
         """
+        table = request.block_table
+        if table and num_new_tokens > 0:
+            # Fast path (decode, later prefill chunks): no prefix to take, no copy due.
+            st = request.prefix_state
+            if type(st) is not _PrefixState or not st.cow:
+                P = self._P
+                num_new = (request.num_computed_tokens + num_new_tokens + P - 1) // P - len(table)
+                if num_new <= 0:
+                    return []
+                allocator = self._allocator
+                if num_new <= allocator.num_free:
+                    table.extend(allocator.allocate(num_new))
+                    return []
         cached, num_new, cow = self._plan(request, num_new_tokens, num_cached_tokens)
         needed = num_new + len(cow)
         if not self._can_take(cached, needed):
@@ -246,7 +259,6 @@ class BlockKVCacheManager:
             )
         allocator = self._allocator
         index = self._index
-        table = request.block_table
         if cached:
             assert index is not None
             allocator.retain(cached)
@@ -359,11 +371,18 @@ class BlockKVCacheManager:
         index = self._index
         if index is None:
             return
+        st = request.prefix_state
+        n_full = num_tokens // self._P
+        if type(st) is _PrefixState:
+            if n_full <= st.num_published:
+                return
+        else:
+            st = _state(request)
         table = request.block_table
-        n_full = min(num_tokens // self._P, len(table))
-        st = _state(request)
-        if n_full <= st.num_published:
-            return
+        if n_full > len(table):
+            n_full = len(table)
+            if n_full <= st.num_published:
+                return
         index.insert(
             request.all_token_ids,
             table[:n_full],

@@ -1,0 +1,250 @@
+"""The KVCacheManager conformance checks, and the random-operation driver that runs a
+manager side by side with the exact-LRU model (also used by the project's own tests)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Hashable
+
+from deepinfer_kit.cache.lru_reference import ExactLRUPrefixCache
+from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.errors import OutOfBlocksError
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.testing.suite import Suite, expect
+
+__all__ = ["ManagerShadowDriver", "register_manager_checks"]
+
+P = 4
+ManagerFactory = Callable[[int, int], KVCacheManager]
+_PARAMS = SamplingParams()
+
+
+def _req(rid: str, tokens: list[int], context: Hashable = None) -> Request:
+    return Request(rid, list(tokens), _PARAMS, cache_context=context)
+
+
+def _prefill(m: KVCacheManager, r: Request) -> int:
+    cached = m.match_prefix(r)
+    m.allocate(r, r.num_tokens - cached, cached)
+    r.num_computed_tokens = r.num_tokens
+    m.cache_full_blocks(r, r.num_tokens)
+    return cached
+
+
+class ManagerShadowDriver:
+    """Random scheduler-like operations on a manager and on :class:`ExactLRUPrefixCache`
+    in lockstep, checking after every operation that both agree (prefix hits, allocation
+    success, copy counts, free blocks, which requests share which blocks).
+
+    Args:
+        manager: a fresh manager with prefix caching on and LRU eviction.
+        seed: the random seed (a failing seed reproduces the failure).
+        after_op: called after every operation with the live requests (for extra
+            implementation-specific invariants such as ``check_integrity``).
+    """
+
+    def __init__(
+        self, manager: KVCacheManager, seed: int,
+        after_op: Callable[[list[Request]], None] | None = None,
+    ) -> None:
+        self.m = manager
+        self.model = ExactLRUPrefixCache(manager.num_blocks, manager.block_size)
+        self.rng = random.Random(seed)
+        self.after_op = after_op
+        self.live: dict[str, Request] = {}
+        self.next_id = 0
+        P = manager.block_size
+        common = [self.rng.randrange(4) for _ in range(2 * P)]
+        self.bases = [common + [self.rng.randrange(4) for _ in range(5 * P)] for _ in range(3)]
+        self.log: list[str] = []
+
+    def _allocate(self, r: Request, n: int, cached: int = 0) -> bool:
+        can = self.m.can_allocate(r, n, cached)
+        try:
+            copies = self.m.allocate(r, n, cached)
+        except OutOfBlocksError:
+            copies = None
+        want = self.model.allocate(
+            r.request_id, r.all_token_ids, r.cache_context, r.num_computed_tokens, n, cached
+        )
+        got = None if copies is None else len(copies)
+        expect(got == want, f"{self.log[-1]}: allocate gave {got} copies, model {want}")
+        expect(can == (copies is not None), f"{self.log[-1]}: can_allocate said {can}")
+        for src, dst in copies or ():
+            expect(dst in r.block_table and src not in r.block_table, f"bad copy {(src, dst)}")
+        return copies is not None
+
+    def _commit(self, r: Request, n: int) -> None:
+        r.num_computed_tokens += n
+        self.m.cache_full_blocks(r, r.num_computed_tokens)
+        self.model.publish(r.request_id, r.all_token_ids, r.cache_context, r.num_computed_tokens)
+
+    def step(self) -> None:
+        """One random operation, then the agreement checks."""
+        rng, m = self.rng, self.m
+        op = rng.randrange(6)
+        rid = rng.choice(sorted(self.live)) if self.live else None
+        r = self.live.get(rid) if rid else None
+        if op == 0 or r is None:
+            base = rng.choice(self.bases)
+            tokens = base[: rng.randint(1, len(base))]
+            r = _req(f"r{self.next_id}", tokens, rng.choice([None, None, "salt"]))
+            self.next_id += 1
+            self.log.append(f"admit {r.request_id} len={len(tokens)} ctx={r.cache_context}")
+            cached = m.match_prefix(r)
+            want = self.model.match_prefix(r.all_token_ids, r.cache_context)
+            expect(cached == want, f"{self.log[-1]}: match_prefix {cached}, model {want}")
+            expect(cached < r.num_tokens, f"{self.log[-1]}: a full-prompt hit must leave a token")
+            chunk = rng.randint(1, r.num_tokens - cached)
+            if self._allocate(r, chunk, cached):
+                self.live[r.request_id] = r
+                r.num_computed_tokens = cached
+                self._commit(r, chunk)
+            else:
+                self.model.free(r.request_id)
+        elif op == 1:
+            prefill = r.num_tokens - r.num_computed_tokens
+            if prefill <= 0:
+                r.all_token_ids.append(rng.randrange(4))
+            n = rng.randint(1, max(1, prefill))
+            self.log.append(f"step {rid} n={n}")
+            if self._allocate(r, n):
+                self._commit(r, n)
+        elif op == 2:
+            k = rng.randint(1, 3)
+            self.log.append(f"speculate {rid} k={k}")
+            if r.num_computed_tokens == r.num_tokens and self._allocate(r, k):
+                accepted = rng.randint(0, k)
+                r.all_token_ids.extend(rng.randrange(4) for _ in range(accepted))
+                r.num_computed_tokens += accepted
+                m.truncate(r, r.num_computed_tokens)
+                self.model.truncate(rid, r.num_computed_tokens)  # type: ignore[arg-type]
+                self._commit(r, 0)
+        elif op == 3:
+            child = _req(f"{rid}#{self.next_id}", r.all_token_ids, r.cache_context)
+            self.next_id += 1
+            self.log.append(f"fork {rid} -> {child.request_id}")
+            child.num_computed_tokens = r.num_computed_tokens
+            m.fork(r, child)
+            self.model.fork(r.request_id, child.request_id)
+            self.live[child.request_id] = child
+        else:
+            self.log.append(f"free {rid}")
+            m.free(r)
+            self.model.free(r.request_id)
+            del self.live[r.request_id]
+            expect(r.block_table == [], f"{self.log[-1]}: a freed request keeps blocks")
+        self.check()
+
+    def check(self) -> None:
+        """Agreement with the model plus the table invariants."""
+        where = self.log[-1] if self.log else "start"
+        free = self.model.num_free + self.model.num_evictable
+        expect(self.m.num_free_blocks == free, f"{where}: num_free_blocks "
+               f"{self.m.num_free_blocks}, model {free}")
+        to_vid: dict[int, int] = {}
+        to_block: dict[int, int] = {}
+        for rid, r in self.live.items():
+            table, vids = r.block_table, self.model.tables[rid]
+            expect(len(set(table)) == len(table), f"{where}: {rid} holds a block twice")
+            expect(len(table) == len(vids), f"{where}: {rid} table {table}, model {vids}")
+            expect(len(table) * self.m.block_size >= r.num_computed_tokens, f"{where}: short table")
+            for b, v in zip(table, vids):
+                expect(to_vid.setdefault(b, v) == v and to_block.setdefault(v, b) == b,
+                       f"{where}: block {b} shared differently from the model")
+        if self.after_op is not None:
+            self.after_op(list(self.live.values()))
+
+    def drain(self) -> None:
+        """Free every live request; the pool must be whole again (idle check)."""
+        for r in list(self.live.values()):
+            self.m.free(r)
+            self.model.free(r.request_id)
+        self.live.clear()
+        self.log.append("drain")
+        self.check()
+        expect(self.m.num_free_blocks == self.m.num_blocks, "idle: blocks leaked")
+
+
+def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
+    """Add every KVCacheManager check to ``suite`` (called once by testing.cache)."""
+
+    @suite.check
+    def check_fresh_manager_is_empty(factory: ManagerFactory) -> None:
+        m = factory(8, P)
+        expect((m.num_blocks, m.block_size, m.num_free_blocks) == (8, P, 8), "fresh manager")
+        expect(m.match_prefix(_req("a", list(range(20)))) == 0, "an empty cache matches nothing")
+
+    @suite.check
+    def check_full_prompt_hit_leaves_one_token(factory: ManagerFactory) -> None:
+        m = factory(16, P)
+        _prefill(m, _req("a", list(range(3 * P))))
+        got = m.match_prefix(_req("b", list(range(3 * P))))
+        expect(got == 2 * P, f"a full-prompt hit must leave the last block, got {got}")
+        got = m.match_prefix(_req("c", list(range(3 * P + 1))))
+        expect(got == 3 * P, f"one extra token allows the full hit, got {got}")
+
+    @suite.check
+    def check_publish_only_after_commit(factory: ManagerFactory) -> None:
+        m = factory(16, P)
+        a = _req("a", list(range(3 * P)))
+        m.allocate(a, 3 * P)
+        b = _req("b", list(range(3 * P)))
+        expect(m.match_prefix(b) == 0, "blocks whose step has not committed must not match")
+        a.num_computed_tokens = 3 * P
+        m.cache_full_blocks(a, 2 * P)
+        expect(m.match_prefix(b) == 2 * P, "cache_full_blocks publishes the given prefix")
+
+    @suite.check
+    def check_failed_allocation_changes_nothing(factory: ManagerFactory) -> None:
+        m = factory(4, P)
+        a = _req("a", list(range(3 * P)))
+        _prefill(m, a)
+        b = _req("b", list(range(100, 100 + 2 * P)))
+        table, free = list(a.block_table), m.num_free_blocks
+        expect(not m.can_allocate(b, 2 * P), "can_allocate must see the pool is short")
+        try:
+            m.allocate(b, 2 * P)
+        except OutOfBlocksError:
+            pass
+        else:
+            raise AssertionError("allocate beyond the pool must raise OutOfBlocksError")
+        expect((a.block_table, b.block_table, m.num_free_blocks) == (table, [], free),
+               "a failed allocation changed the cache")
+
+    @suite.check
+    def check_fork_copies_partial_block_on_write(factory: ManagerFactory) -> None:
+        m = factory(16, P)
+        parent = _req("p", list(range(2 * P + 2)))
+        _prefill(m, parent)
+        child = _req("p#1", parent.all_token_ids)
+        m.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens
+        expect(child.block_table == parent.block_table, "a fork shares every block")
+        free = m.num_free_blocks
+        copies = m.allocate(child, 1)
+        expect(copies == [(parent.block_table[2], child.block_table[2])],
+               f"the shared partial block must be copied once, got {copies}")
+        expect(child.block_table[:2] == parent.block_table[:2], "full blocks stay shared")
+        expect(m.num_free_blocks == free - 1, "a copy takes exactly one block")
+        expect(m.allocate(parent, 1) == [], "the other holder then writes in place")
+
+    @suite.check
+    def check_truncate_and_free_return_blocks(factory: ManagerFactory) -> None:
+        m = factory(8, P)
+        a = _req("a", list(range(3 * P)))
+        m.allocate(a, 3 * P)
+        m.truncate(a, P + 1)
+        expect(len(a.block_table) == 2 and m.num_free_blocks == 6, "truncate keeps 2 blocks")
+        m.free(a)
+        m.free(a)
+        expect(a.block_table == [] and m.num_free_blocks == 8, "free returns every block")
+
+    @suite.check
+    def check_random_operations_against_exact_lru_model(factory: ManagerFactory) -> None:
+        for seed in range(3):
+            driver = ManagerShadowDriver(factory(12, P), seed)
+            for _ in range(250):
+                driver.step()
+            driver.drain()
