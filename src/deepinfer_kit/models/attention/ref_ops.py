@@ -2,8 +2,9 @@
 then masked causal attention with fp32 accumulation.
 
 The spec and test oracle of ``triton_ops.py`` (same signature), and the path that runs on
-CPU. Requests with short queries (decode, speculative verification) are batched into one
-padded attention call; longer ones (prefill chunks) run one request at a time through
+CPU. Requests with short queries (decode, speculative verification) are grouped by context
+length into padded batches of bounded size (one gather and one bmm per KV head each);
+longer ones (prefill chunks) run one request at a time through
 ``scaled_dot_product_attention``. Shape symbols: ``T`` new tokens, ``R`` requests, ``NB``
 blocks, ``P`` block size, ``Hq`` query heads, ``Hkv`` KV heads, ``G = Hq / Hkv``, ``D``
 head dim, ``S`` context length, ``Q`` query length.
@@ -108,6 +109,38 @@ def _allowed(pos: torch.Tensor, keys: torch.Tensor, window: int | None) -> torch
     return mask
 
 
+def _length_buckets(
+    reqs: list[int], seq_lens: list[int], page: int, max_keys: int, min_waste: int
+) -> list[list[int]]:
+    """Split ``reqs`` into groups of similar context length.
+
+    Padding every member to its group's longest context wastes at most ~``_PAD_SLACK`` of
+    the keys gathered, or at most ``min_waste`` keys (below that another group costs more
+    in call overhead than it saves). A group gathers at most ``max_keys`` keys (unless one
+    request alone needs more): small gathers reuse allocator memory, where one huge gather
+    pays page faults on fresh memory.
+    """
+    order = sorted(reqs, key=lambda r: -seq_lens[r])
+    buckets: list[list[int]] = []
+    longest = used = 0
+    for r in order:
+        nblk = -(-seq_lens[r] // page)
+        padded = (len(buckets[-1]) + 1) * longest if buckets else 0
+        cheap = padded <= _PAD_SLACK * (used + nblk) or (padded - used - nblk) * page <= min_waste
+        if buckets and cheap and padded * page <= max_keys:
+            buckets[-1].append(r)
+            used += nblk
+        else:
+            buckets.append([r])
+            longest = used = nblk
+    return buckets
+
+
+_PAD_SLACK = 1.15
+_BUCKET_BYTES = 8 << 20
+_MIN_WASTE_BYTES = 1 << 20
+
+
 def _attend_batched(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -118,48 +151,81 @@ def _attend_batched(
     window: int | None,
     out: torch.Tensor,
 ) -> None:
-    """Requests ``reqs`` padded to ``[R, Qmax]`` queries and ``[R, Smax]`` keys, one matmul."""
+    """Short-query requests, in buckets of similar context length (one padded batch each)."""
+    row_bytes = 4 * key_cache.shape[2] * key_cache.shape[3]  # one key position, fp32
+    buckets = _length_buckets(
+        reqs,
+        meta.seq_lens_host,
+        key_cache.shape[1],
+        _BUCKET_BYTES // row_bytes,
+        _MIN_WASTE_BYTES // row_bytes,
+    )
+    qsl = meta.query_start_loc.long()
+    starts, qlens = qsl[:-1], qsl[1:] - qsl[:-1]
+    for bucket in buckets:
+        if len(bucket) == meta.num_requests:
+            sel: slice | torch.Tensor = slice(None)
+        else:
+            sel = torch.tensor(bucket, dtype=torch.int64, device=query.device)
+        qmax = max(meta.query_lens_host[r] for r in bucket)
+        smax = max(meta.seq_lens_host[r] for r in bucket)
+        _attend_padded(
+            query, key_cache, value_cache, meta.block_tables[sel], meta.seq_lens[sel].long(),
+            starts[sel], qlens[sel], qmax, smax, scale, window, out, whole=isinstance(sel, slice),
+        )  # fmt: skip
+
+
+def _attend_padded(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    starts: torch.Tensor,
+    qlens: torch.Tensor,
+    qmax: int,
+    smax: int,
+    scale: float,
+    window: int | None,
+    out: torch.Tensor,
+    whole: bool,
+) -> None:
+    """``B`` requests padded to ``Qmax`` queries and ``Smax`` keys; one bmm per KV head.
+
+    ``tables`` ``[B, >= ceil(Smax / P)]``, ``seq_lens``/``starts``/``qlens`` ``[B]`` int64;
+    ``whole`` says the requests are the batch's, in order (their rows are all of ``out``).
+    """
     dev = query.device
-    p, hkv, d = key_cache.shape[1:]
+    page, hkv, d = key_cache.shape[1:]
     hq = query.shape[1]
     g = hq // hkv
-    qmax = max(meta.query_lens_host[r] for r in reqs)
-    smax = max(meta.seq_lens_host[r] for r in reqs)
-    nblk = -(-smax // p)
-    rows_all = len(reqs) == meta.num_requests
-    sel = slice(None) if rows_all else torch.tensor(reqs, dtype=torch.int64, device=dev)
-    tables = meta.block_tables[sel, :nblk].long()
-    seq_lens = meta.seq_lens[sel].long()
-    qsl = meta.query_start_loc.long()
-    starts, qlens = qsl[:-1][sel], (qsl[1:] - qsl[:-1])[sel]
-    nreq = tables.shape[0]
-
-    # [R, Hkv, Smax', D]: keys padded to whole blocks; masked below.
-    k = key_cache[tables].view(nreq, nblk * p, hkv, d).transpose(1, 2).float()
-    v = value_cache[tables].view(nreq, nblk * p, hkv, d).transpose(1, 2).float()
+    nblk = -(-smax // page)
+    nreq, skeys = tables.shape[0], nblk * page
+    blocks = tables[:, :nblk].reshape(-1).long()
+    # [B, S', Hkv, D] contiguous: a gather of whole blocks; per-head views need no copy.
+    k = key_cache[blocks].view(nreq, skeys, hkv, d).float()
+    v = value_cache[blocks].view(nreq, skeys, hkv, d).float()
     step = torch.arange(qmax, device=dev)
-    if qmax == 1:
-        rows = starts[:, None]
-    else:  # padded query rows repeat the request's last token; their output is dropped
-        rows = starts[:, None] + torch.minimum(step, qlens[:, None] - 1)
-    q = query[rows].float()  # [R, Qmax, Hq, D]
-    q = q.view(nreq, qmax, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(nreq, hkv, qmax * g, d)
+    last = torch.minimum(step, qlens[:, None] - 1)  # padded query rows repeat the last token
+    rows = starts[:, None] + last  # [B, Qmax]
+    q = query[rows].float().view(nreq, qmax, hkv, g, d).transpose(1, 2)  # [B, Hkv, Qmax, G, D]
+    q = q.reshape(nreq, hkv, qmax * g, d)
 
-    pos = (seq_lens - qlens)[:, None] + torch.minimum(step, qlens[:, None] - 1)  # [R, Qmax]
-    keys = torch.arange(nblk * p, device=dev)
-    mask = _allowed(pos[:, :, None], keys, window)  # [R, Qmax, Smax']
-    mask = mask[:, None, :, None, :].expand(nreq, 1, qmax, g, nblk * p)
-    mask = mask.reshape(nreq, 1, qmax * g, nblk * p)
-
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    scores.masked_fill_(~mask, float("-inf"))
-    res = torch.matmul(torch.softmax(scores, dim=-1), v)  # [R, Hkv, Qmax * G, D]
-    res = res.view(nreq, hkv, qmax, g, d).permute(0, 2, 1, 3, 4).reshape(nreq, qmax, hq, d)
-    res = res.to(out.dtype)
-    if qmax == 1 and rows_all:
-        out.copy_(res.view_as(out))
+    pos = (seq_lens - qlens)[:, None] + last  # [B, Qmax]
+    mask = _allowed(pos[:, :, None], torch.arange(skeys, device=dev), window)  # [B, Qmax, S']
+    scores = torch.empty(hkv, nreq, qmax, g, skeys, device=dev)
+    for h in range(hkv):
+        torch.bmm(q[:, h], k[:, :, h].transpose(1, 2), out=scores[h].view(nreq, qmax * g, skeys))
+    scores.mul_(scale).masked_fill_(~mask[None, :, :, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(hkv, nreq, qmax * g, skeys)
+    res = torch.empty(nreq, qmax, hkv, g, d, device=dev)
+    for h in range(hkv):
+        res[:, :, h] = torch.bmm(probs[h], v[:, :, h]).view(nreq, qmax, g, d)
+    res_q = res.view(nreq, qmax, hq, d).to(out.dtype)
+    if qmax == 1 and whole:
+        out.copy_(res_q.view_as(out))
     elif qmax == 1:
-        out[rows[:, 0]] = res[:, 0]
+        out[rows[:, 0]] = res_q[:, 0]
     else:
         valid = step[None, :] < qlens[:, None]
-        out[rows[valid]] = res[valid]
+        out[rows[valid]] = res_q[valid]
