@@ -108,3 +108,72 @@ def test_stale_cached_count_is_rejected() -> None:
 def test_create_rejects_unknown_index() -> None:
     with pytest.raises(ConfigError, match="index"):
         BlockKVCacheManager.create(CacheConfig(), "lru")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rewrite_after_truncate_into_published_block_copies(kind: str) -> None:
+    m = make(kind)
+    a = req("a", list(range(12)))
+    prefill(m, a)  # blocks 0-2 published
+    published = list(a.block_table)
+    m.truncate(a, 6)  # roll back into block 1, which the cache publishes
+    a.num_computed_tokens = 6
+    copies = m.allocate(a, 2)
+    assert copies == [(published[1], a.block_table[1])]
+    assert a.block_table[0] == published[0] and a.block_table[1] != published[1]
+    b = req("b", list(range(12)) + [5])
+    assert m.match_prefix(b) == 12  # the published blocks keep their content
+    m.allocate(b, 1, 12)
+    assert b.block_table[:3] == published
+    m.check_integrity([a, b])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_taking_evictable_cached_blocks_counts_against_the_pool(kind: str) -> None:
+    m = make(kind, num_blocks=4)
+    a = req("a", list(range(12)))
+    prefill(m, a)
+    m.free(a)  # 3 evictable cached blocks + 1 free
+    b = req("b", list(range(12)) + list(range(100, 104)))
+    cached = m.match_prefix(b)
+    assert cached == 12
+    assert m.num_free_blocks == 4
+    assert m.can_allocate(b, 4, cached)  # 3 cached taken, 1 new: fits exactly
+    assert not m.can_allocate(b, 5, cached)  # 2 new blocks would need an evicted hit
+    with pytest.raises(OutOfBlocksError):
+        m.allocate(b, 5, cached)
+    m.allocate(b, 4, cached)
+    assert m.num_free_blocks == 0
+    m.check_integrity([b])
+
+
+def test_mismatched_block_sizes_are_rejected() -> None:
+    from deepinfer_kit.cache import FreeListBlockAllocator, HashChainPrefixIndex
+
+    with pytest.raises(ConfigError, match="block_size"):
+        BlockKVCacheManager(FreeListBlockAllocator(8, 4), HashChainPrefixIndex(8))
+
+
+def test_usage_and_stats() -> None:
+    m = make("hash")
+    assert m.usage == 0.0 and m.stats is not None
+    a = req("a", list(range(8)))
+    prefill(m, a)
+    assert m.usage == 2 / 16
+    prefill(m, req("b", list(range(9))))
+    assert (m.stats.queries, m.stats.hit_blocks) == (2, 2)
+    assert make("hash", caching=False).stats is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_negative_counts_are_caller_bugs(kind: str) -> None:
+    m = make(kind)
+    a = req("a", list(range(8)))
+    with pytest.raises(InvariantError):
+        m.allocate(a, -1)
+    with pytest.raises(InvariantError):
+        m.truncate(a, -1)
+    other = req("o", [1])
+    m.allocate(other, 1)
+    with pytest.raises(InvariantError):
+        m.fork(a, other)  # the child already holds blocks

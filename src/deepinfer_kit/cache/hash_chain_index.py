@@ -12,18 +12,39 @@ from deepinfer_kit.errors import InvariantError
 
 __all__ = ["HashChainPrefixIndex"]
 
-# entry = (block, tokens of the block, key of the previous block or None, context)
-_Entry = tuple[int, list[int], "bytes | None", Hashable]
+_EMPTY = -1  # block of a placeholder entry (evicted while descendants stay cached)
 
 
-class HashChainPrefixIndex(PublishedBlocks[bytes]):
-    """A flat map ``K_i -> block`` over chained keys ``K_i = H(K_{i-1} || tokens_i)``
+class _Entry:
+    """One chain position: its block, tokens and parent entry (``None`` for block 0).
+
+    ``children`` counts entries whose parent this is; an evicted entry with children
+    stays as a placeholder so they are reachable again once its content is republished.
+    """
+
+    __slots__ = ("block", "tokens", "parent", "key", "context", "children")
+
+    def __init__(
+        self, block: int, tokens: list[int], parent: _Entry | None, key: bytes,
+        context: Hashable,
+    ) -> None:
+        self.block = block
+        self.tokens = tokens
+        self.parent = parent
+        self.key = key
+        self.context = context
+        self.children = 0
+
+
+class HashChainPrefixIndex(PublishedBlocks[_Entry]):
+    """A flat map ``K_i -> entry`` over chained keys ``K_i = H(K_{i-1} || tokens_i)``
     with ``K_{-1} = H(context)`` (vLLM style).
 
     ``H`` is keyed BLAKE2b (see :class:`~deepinfer_kit.cache.hashing.BlockHasher`). Every
-    hit is verified: the stored tokens, the stored previous key and (for block 0) the
-    context must equal the query's, so even a forced hash collision (tests use one-byte
-    digests) can only cost a miss, never return KV of other tokens.
+    hit is verified: the entry's tokens must equal the query's block, its parent must be
+    the entry just matched (by identity, not by key) and block 0's context must equal
+    the query's, so even forced hash collisions (tests use one-byte digests) can only
+    cost a miss, never return KV of other tokens.
 
     Args:
         block_size: tokens per block ``P``.
@@ -79,16 +100,19 @@ class HashChainPrefixIndex(PublishedBlocks[bytes]):
         if n and self._by_key:
             keys = self._keys(tokens, n, context, memo)
             get = self._by_key.get
-            prev: bytes | None = None
+            prev: _Entry | None = None
             for i in range(n):
-                k = keys[i]
-                e = get(k)
-                if e is None or e[2] != prev or e[1] != tokens[i * P : i * P + P]:
+                e = get(keys[i])
+                if (
+                    e is None
+                    or e.parent is not prev
+                    or e.block < 0
+                    or e.tokens != tokens[i * P : i * P + P]
+                    or (prev is None and e.context != context)
+                ):
                     break
-                if prev is None and e[3] != context:
-                    break
-                hits.append(e[0])
-                prev = k
+                hits.append(e.block)
+                prev = e
         if touch:
             self._touch_hits(hits, n)
         return hits
@@ -103,7 +127,8 @@ class HashChainPrefixIndex(PublishedBlocks[bytes]):
         start: int = 0,
     ) -> list[int]:
         """Publish ``blocks[start:]`` as the full blocks of ``tokens`` (see
-        :meth:`PrefixIndex.insert`). O(len(blocks) - start).
+        :meth:`PrefixIndex.insert`). O(len(blocks) - start) when ``blocks[start - 1]``
+        is published, else O(len(blocks)).
 
         Raises:
             InvariantError: ``tokens`` is shorter than ``len(blocks) * P``.
@@ -119,20 +144,48 @@ class HashChainPrefixIndex(PublishedBlocks[bytes]):
         keys = self._keys(tokens, n, context, memo)
         by_key = self._by_key
         entries = self._entries
+        prev = entries.get(blocks[start - 1]) if start else None
+        if prev is not None and prev.key == keys[start - 1]:
+            i = start
+        else:
+            prev, i = None, 0
         new: list[int] = []
-        for i in range(max(start, 0), n):
+        while i < n:
             k = keys[i]
+            seg = tokens[i * P : i * P + P]
+            e = by_key.get(k)
+            if e is None:
+                e = by_key[k] = _Entry(_EMPTY, seg, prev, k, context)
+                if prev is not None:
+                    prev.children += 1
+            elif e.parent is not prev or e.tokens != seg or (prev is None and e.context != context):
+                break  # a key collision: this chain cannot be placed beyond here
             b = blocks[i]
-            if k in by_key or b in entries:
-                continue
-            by_key[k] = (b, tokens[i * P : i * P + P], keys[i - 1] if i else None, context)
-            entries[b] = k
-            new.append(b)
+            if i >= start and e.block < 0 and b not in entries:
+                e.block = b
+                entries[b] = e
+                new.append(b)
+            prev = e
+            i += 1
+        if prev is not None and prev.block < 0 and not prev.children:
+            self._drop(prev)
         self._stats.inserted_blocks += len(new)
         return new
 
+    def _drop(self, e: _Entry | None) -> None:
+        """Remove placeholder entries without children, upwards from ``e``."""
+        by_key = self._by_key
+        while e is not None and e.block < 0 and not e.children:
+            del by_key[e.key]
+            e = e.parent
+            if e is not None:
+                e.children -= 1
+
     def _forget(self, block: int) -> None:
-        del self._by_key[self._entries.pop(block)]
+        e = self._entries.pop(block)
+        e.block = _EMPTY
+        if not e.children:
+            self._drop(e)
 
 
 if TYPE_CHECKING:

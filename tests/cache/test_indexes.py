@@ -1,0 +1,96 @@
+"""Index-specific behaviour beyond the conformance suite: pluggable eviction policy,
+placeholders for evicted ancestors, context encoding, constructor validation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from deepinfer_kit.cache import HashChainPrefixIndex, LRUEvictionPolicy, RadixPrefixIndex
+from deepinfer_kit.cache.hashing import encode_context
+from deepinfer_kit.errors import ConfigError
+
+P = 4
+INDEXES = [HashChainPrefixIndex, RadixPrefixIndex]
+
+
+class MRUPolicy:
+    """Most recently used first: proves the index follows an injected policy."""
+
+    def __init__(self) -> None:
+        self.inner = LRUEvictionPolicy()
+        self.order: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def push(self, blocks: Sequence[int]) -> None:
+        self.order += blocks
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        self.order = [b for b in self.order if b not in blocks]
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        hit = [b for b in blocks if b in self.order]
+        self.discard(hit)
+        self.order += hit
+
+    def pop(self, n: int) -> list[int]:
+        out = self.order[::-1][:n]
+        self.discard(out)
+        return out
+
+
+@pytest.mark.parametrize("cls", INDEXES)
+def test_injected_policy_decides_the_eviction_order(cls: type) -> None:
+    index = cls(P, policy=MRUPolicy())
+    index.insert(list(range(8)), [0, 1])
+    index.insert(list(range(50, 58)), [5, 6])
+    index.mark_unused([1, 0])
+    index.mark_unused([6, 5])
+    assert index.evict(4) == [5, 6, 0, 1]
+
+
+@pytest.mark.parametrize("cls", INDEXES)
+def test_evicted_ancestor_leaves_a_placeholder_that_republishing_fills(cls: type) -> None:
+    index = cls(P)
+    t = list(range(3 * P))
+    index.insert(t, [0, 1, 2])
+    index.mark_unused([0])  # only the head is unreferenced (a duplicate's original)
+    assert index.evict(1) == [0]
+    assert index.match(t) == []  # the chain is cut at block 0 ...
+    assert index.contains(1) and index.contains(2)  # ... but its descendants stay cached
+    assert index.insert(t[:P], [7]) == [7]  # an equal block is published again
+    assert index.match(t) == [7, 1, 2]
+
+
+@pytest.mark.parametrize("cls", INDEXES)
+def test_evicting_everything_leaves_no_structure_behind(cls: type) -> None:
+    index = cls(P)
+    for i in range(5):
+        blocks = [3 * i, 3 * i + 1, 3 * i + 2]
+        index.insert([i % 2] * P + list(range(i, i + 2 * P)), blocks, context=i % 3)
+        index.mark_unused(blocks[::-1])
+    index.mark_unused([])
+    assert len(index.evict(100)) == index.stats.inserted_blocks
+    inner = index._by_key if cls is HashChainPrefixIndex else index._roots
+    assert not inner
+
+
+@pytest.mark.parametrize("cls", INDEXES)
+def test_constructor_rejects_bad_arguments(cls: type) -> None:
+    with pytest.raises(ConfigError, match="block_size"):
+        cls(0)
+    with pytest.raises(ConfigError, match="digest_size"):
+        cls(P, digest_size=0)
+    with pytest.raises(ConfigError, match="key"):
+        cls(P, key=b"x" * 65)
+
+
+def test_context_encoding_separates_values_that_print_alike() -> None:
+    values = [None, "None", 0, False, 0.0, "", b"", (), ("a",), ("a", "b"), ("ab",), "a",
+              b"a", frozenset({"a"}), (("a",),), 1, True, "1"]
+    encoded = [encode_context(v) for v in values]
+    assert len(set(encoded)) == len(values)
+    assert encode_context(frozenset({"x", "y"})) == encode_context(frozenset({"y", "x"}))
