@@ -7,6 +7,10 @@ import os
 import pytest
 import torch
 
+# Tests run tiny ops, where one intra-op thread is fastest; under pytest-xdist every worker
+# takes its own core instead of oversubscribing them.
+torch.set_num_threads(1)
+
 if not torch.cuda.is_available():
     # Must be set before triton is first imported: @triton.jit reads it at decoration.
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,129 @@
+"""build_engine: the one place that constructs the default components from an EngineConfig."""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+import torch
+
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.manager import BlockKVCacheManager
+from deepinfer_kit.cache.records import CacheConfig
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.loader import LoadedModel, build_tiny_model, load_model
+from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
+from deepinfer_kit.sched.protocols import Scheduler
+from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.sched.static import StaticBatchScheduler
+
+__all__ = ["build_engine", "size_kv_pool"]
+
+Impl = Literal["auto", "ref", "triton"]
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
+    """Blocks in the pool: ``config.num_blocks``, or as many as ``kv_cache_memory_mb`` holds.
+
+    Raises:
+        ConfigError: the pool cannot hold one request of ``max_model_len`` tokens; the
+            message gives the largest ``max_model_len`` that fits.
+    """
+    mc = loaded.config
+    P = config.block_size
+    if config.num_blocks is not None:
+        num_blocks = config.num_blocks
+        source = f"num_blocks={num_blocks}"
+    else:
+        per_block = PagedKVCache.bytes_per_block(
+            mc.num_layers, P, mc.num_kv_heads, mc.head_dim, _DTYPES[config.dtype]
+        )
+        num_blocks = (config.kv_cache_memory_mb << 20) // per_block
+        source = f"kv_cache_memory_mb={config.kv_cache_memory_mb} ({per_block} bytes per block)"
+    capacity = num_blocks * P
+    if capacity < max_model_len:
+        raise ConfigError(
+            f"{source} holds {num_blocks} blocks of {P} tokens = {capacity} tokens, fewer than "
+            f"max_model_len={max_model_len}; the largest max_model_len that fits is {capacity}"
+        )
+    return num_blocks
+
+
+def build_engine(config: EngineConfig) -> Engine:
+    """Load the model and build every default component of ``config``.
+
+    Raises:
+        ConfigError: bad config values, an unknown device, an unsupported checkpoint, or
+            a KV budget too small for ``max_model_len``.
+        CheckpointError: a checkpoint folder that cannot be loaded.
+    """
+    from deepinfer_kit.sample.vectorized import VectorizedSampler
+
+    try:
+        device = torch.device(config.device)
+    except RuntimeError as exc:
+        raise ConfigError(f"device must be a torch device string, got {config.device!r}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
+    dtype = _DTYPES[config.dtype]
+    attention_impl = cast(Impl, config.attention_impl)
+    moe_impl = cast(Impl, config.moe_impl)
+    if config.model == "tiny":
+        loaded = build_tiny_model(
+            seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
+        )
+    else:
+        loaded = load_model(
+            config.model, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
+        )
+    mc = loaded.config
+    max_model_len = config.max_model_len or mc.max_position_embeddings
+    if max_model_len > mc.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len must be <= the model's max_position_embeddings "
+            f"({mc.max_position_embeddings}), got {max_model_len}"
+        )
+    num_blocks = size_kv_pool(config, loaded, max_model_len)
+    kv_cache = PagedKVCache(
+        mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim,
+        dtype=dtype, device=device, impl=attention_impl,
+    )
+    cache = BlockKVCacheManager.create(
+        CacheConfig(block_size=config.block_size, num_blocks=num_blocks,
+                    enable_prefix_caching=config.enable_prefix_caching),
+        index=cast(Literal["hash", "radix"], config.prefix_index),
+    )
+    sched_config = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        policy=config.scheduler_policy,
+    )
+    scheduler: Scheduler
+    if config.scheduler == "static":
+        scheduler = StaticBatchScheduler(sched_config, cache)
+    else:
+        scheduler = ContinuousBatchScheduler(sched_config, cache)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    runner = ModelRunner(
+        loaded.model,
+        kv_cache,
+        VectorizedSampler(impl=cast(Impl, config.sampler_impl)),
+        device=device,
+        generator=generator,
+    )
+    eos = mc.eos_token_ids
+    return Engine(
+        runner=runner,
+        scheduler=scheduler,
+        cache=cache,
+        tokenizer=loaded.tokenizer,
+        vocab_size=mc.vocab_size,
+        max_model_len=max_model_len,
+        eos_token_id=eos[0] if eos else None,
+        extra_eos_token_ids=eos[1:],
+    )

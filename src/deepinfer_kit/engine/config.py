@@ -1,0 +1,62 @@
+"""EngineConfig: everything needed to build the default components of an Engine."""
+
+from __future__ import annotations
+
+import attrs
+
+from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["EngineConfig"]
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_IMPLS = ("auto", "ref", "triton")
+
+
+
+@attrs.frozen(slots=True)
+class EngineConfig:
+    """How to build an :class:`~deepinfer_kit.engine.engine.Engine` from defaults.
+
+    Attributes:
+        model: a Hugging Face checkpoint folder, or ``"tiny"`` for the embedded model.
+        dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, …
+        seed: seeds the embedded model's weights and the generator of unseeded requests.
+        block_size: tokens per KV block (``P``).
+        num_blocks: KV blocks in the pool; ``None`` sizes it from ``kv_cache_memory_mb``.
+        kv_cache_memory_mb: KV memory budget (MiB) used when ``num_blocks`` is ``None``.
+        max_model_len: prompt + output tokens of one request at most; ``None`` takes the
+            model's maximum.
+        max_num_seqs: requests in one round at most.
+        max_num_batched_tokens: token budget of one round.
+        long_prefill_token_threshold: cap on one prefill chunk (0: no cap).
+        enable_prefix_caching: reuse cached prompt blocks across requests.
+        prefix_index: ``"hash"`` (hash chain) or ``"radix"`` (radix tree).
+        scheduler: ``"continuous"`` or ``"static"`` batching.
+        scheduler_policy: ``"fcfs"`` or ``"priority"``.
+        attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
+    """
+
+    model: str = "tiny"
+    dtype: str = attrs.field(default="float32", validator=one_of(_DTYPES))
+    device: str = "cpu"
+    seed: int = attrs.field(default=0, validator=int_at_least(0))
+    block_size: int = attrs.field(default=16, validator=int_at_least(1))
+    num_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
+    kv_cache_memory_mb: int = attrs.field(default=512, validator=int_at_least(1))
+    max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
+    max_num_seqs: int = attrs.field(default=128, validator=int_at_least(1))
+    max_num_batched_tokens: int = attrs.field(default=2048, validator=int_at_least(1))
+    long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
+    enable_prefix_caching: bool = True
+    prefix_index: str = attrs.field(default="hash", validator=one_of(("hash", "radix")))
+    scheduler: str = attrs.field(default="continuous", validator=one_of(("continuous", "static")))
+    scheduler_policy: str = attrs.field(default="fcfs", validator=one_of(("fcfs", "priority")))
+    attention_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
+    sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
+    moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError(f"model must be a checkpoint path or 'tiny', got {self.model!r}")

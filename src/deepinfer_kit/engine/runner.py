@@ -1,0 +1,219 @@
+"""ModelRunner: turns a SchedulePlan into device tensors, runs the forward and samples."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import torch
+
+from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
+from deepinfer_kit.outputs import Logprob
+from deepinfer_kit.request import fork_seed
+from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.protocols import Sampler
+from deepinfer_kit.sample.records import SampleResult, SamplingBatch
+from deepinfer_kit.sched.records import SchedulePlan, StepResult
+
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.kv_cache import PagedKVCache
+
+__all__ = ["CausalLM", "PreparedStep", "ModelRunner"]
+
+
+class CausalLM(Protocol):
+    """What the runner needs of a model."""
+
+    def __call__(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
+        """Logits ``[N, V]`` float32 for ``batch.logits_indices``; writes every layer's KV."""
+        ...
+
+    def expert_counts(self) -> torch.Tensor | None:
+        """``[L_moe, E]`` tokens per expert in the last forward, or ``None`` (dense)."""
+        ...
+
+
+@attrs.define(slots=True, eq=False)
+class PreparedStep:
+    """One plan laid out for the device.
+
+    Attributes:
+        plan: the plan it was built from.
+        forward: the model's inputs (on the model's device).
+        sampling: one row per drawn token (forks draw several rows from one position).
+        row_counts: per chunk, rows drawn (0 for a non-final prefill chunk).
+    """
+
+    plan: SchedulePlan
+    forward: ForwardBatch
+    sampling: SamplingBatch
+    row_counts: list[int]
+
+
+class ModelRunner:
+    """Host -> device: lays out a plan's chunks as one flattened batch, then executes it.
+
+    Args:
+        model: the model (any :class:`CausalLM`).
+        kv_cache: the paged KV storage the model reads and writes.
+        sampler: draws tokens from the logits.
+        device: the model's device.
+        generator: random source of unseeded requests (on ``device``).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: PagedKVCache,
+        sampler: Sampler,
+        *,
+        device: torch.device,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.sampler = sampler
+        self.device = device
+        self.generator = generator
+        self.block_size = kv_cache.block_size
+        self._pin = device.type == "cuda"
+
+    def _to_device(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        host = torch.tensor(values, dtype=dtype, pin_memory=self._pin)
+        return host.to(self.device, non_blocking=True) if self._pin else host
+
+    def prepare(self, plan: SchedulePlan) -> PreparedStep:
+        """Build the forward inputs and the sampling rows of ``plan``.
+
+        Reads each scheduled request's tokens and block table (never mutates them); the
+        result stays valid after the scheduler mutates requests. O(T + R * max_blocks).
+        """
+        P = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_rows: list[int] = []
+        row_counts: list[int] = []
+        params: list[SamplingParams] = []
+        seeds: list[int | None] = []
+        out_pos: list[int] = []
+        prompts: list[Sequence[int]] = []
+        outputs: list[Sequence[int]] = []
+        eos: list[int | None] = []
+        for chunk in plan.chunks:
+            req = chunk.request
+            start, n = chunk.start, chunk.num_tokens
+            end = start + n
+            known = n - len(chunk.spec_token_ids)
+            table = req.block_table
+            input_ids.extend(req.all_token_ids[start : start + known])
+            input_ids.extend(chunk.spec_token_ids)
+            positions.extend(range(start, end))
+            if n == 1:
+                slots.append(table[start // P] * P + start % P)
+            else:
+                slots.extend(table[t // P] * P + t % P for t in range(start, end))
+            query_start.append(query_start[-1] + n)
+            seq_lens.append(end)
+            tables.append(table)
+            if not chunk.sample:
+                row_counts.append(0)
+                continue
+            last = query_start[-1] - len(chunk.spec_token_ids) - 1
+            rows = chunk.num_samples
+            row_counts.append(rows)
+            for i in range(rows):
+                logits_rows.append(last)
+                params.append(req.params)
+                seeds.append(fork_seed(req.seed, i) if rows > 1 else req.seed)
+                out_pos.append(len(req.output_token_ids))
+                prompts.append(req.prompt_token_ids)
+                outputs.append(req.output_token_ids)
+                eos.append(req.eos_token_id)
+        max_blocks = max((len(t) for t in tables), default=1) or 1
+        flat: list[int] = []
+        for t in tables:
+            flat.extend(t)
+            flat.extend([0] * (max_blocks - len(t)))
+        query_lens = [query_start[i + 1] - query_start[i] for i in range(len(seq_lens))]
+        attn = AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.int64),
+            block_tables=self._to_device(flat, torch.int32).view(len(tables), max_blocks),
+            query_start_loc=self._to_device(query_start, torch.int32),
+            seq_lens=self._to_device(seq_lens, torch.int32),
+            max_query_len=max(query_lens, default=0),
+            max_seq_len=max(seq_lens, default=0),
+            query_lens_host=query_lens,
+            seq_lens_host=seq_lens,
+        )
+        forward = ForwardBatch(
+            input_ids=self._to_device(input_ids, torch.int64),
+            positions=self._to_device(positions, torch.int64),
+            attn=attn,
+            logits_indices=self._to_device(logits_rows, torch.int64),
+        )
+        sampling = SamplingBatch(
+            params=params,
+            seeds=seeds,
+            positions=out_pos,
+            prompt_token_ids=prompts,
+            output_token_ids=outputs,
+            eos_token_ids=eos,
+            generator=self.generator,
+        )
+        return PreparedStep(plan=plan, forward=forward, sampling=sampling, row_counts=row_counts)
+
+    def execute(self, step: PreparedStep) -> StepResult:
+        """Copy-on-write block copies, the forward, and the draw; returns tokens per chunk.
+
+        Mutates the KV cache (the scheduled tokens' K/V). Blocks until the tokens are on
+        the host.
+        """
+        if step.plan.block_copies:
+            self.kv_cache.copy_blocks(step.plan.block_copies)
+        with torch.inference_mode():
+            logits = self.model(step.forward, self.kv_cache)
+            if not step.sampling.params:
+                return StepResult(token_ids=[[] for _ in step.row_counts])
+            sampled = self.sampler(logits, step.sampling)
+        tokens: list[int] = sampled.token_ids.tolist()
+        token_ids: list[list[int]] = []
+        row = 0
+        for count in step.row_counts:
+            token_ids.append(tokens[row : row + count])
+            row += count
+        logprobs = _logprob_maps(sampled, step) if sampled.logprobs is not None else None
+        return StepResult(token_ids=token_ids, logprobs=logprobs)
+
+
+def _logprob_maps(sampled: SampleResult, step: PreparedStep) -> list[list[dict[int, Logprob]]]:
+    """Per chunk, per drawn token: the chosen token's Logprob plus the asked top alternatives."""
+    assert sampled.logprobs is not None and sampled.ranks is not None
+    chosen: list[int] = sampled.token_ids.tolist()
+    chosen_lp: list[float] = sampled.logprobs.tolist()
+    ranks: list[int] = sampled.ranks.tolist()
+    top_ids: list[list[int]] = (
+        sampled.top_token_ids.tolist() if sampled.top_token_ids is not None else [[] for _ in chosen]
+    )
+    top_lp: list[list[float]] = (
+        sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else [[] for _ in chosen]
+    )
+    maps: list[list[dict[int, Logprob]]] = []
+    row = 0
+    for count in step.row_counts:
+        per_chunk: list[dict[int, Logprob]] = []
+        for r in range(row, row + count):
+            want = step.sampling.params[r].logprobs
+            entry: dict[int, Logprob] = {}
+            if want is not None:
+                for rank, (tok, lp) in enumerate(zip(top_ids[r][:want], top_lp[r][:want]), 1):
+                    entry[tok] = Logprob(logprob=lp, rank=rank)
+                entry[chosen[r]] = Logprob(logprob=chosen_lp[r], rank=ranks[r])
+            per_chunk.append(entry)
+        maps.append(per_chunk)
+        row += count
+    return maps

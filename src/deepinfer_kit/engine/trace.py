@@ -1,0 +1,84 @@
+"""StepTrace: a record of what one engine step did, for following requests step by step."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["TracedChunk", "StepTrace"]
+
+
+@attrs.frozen(slots=True)
+class TracedChunk:
+    """One request's work in a step.
+
+    Attributes:
+        request_id: the sequence's id (fork children: ``"{parent}#{index}"``).
+        kind: ``"prefill"`` (prompt or recompute tokens) or ``"decode"``.
+        start: first position computed.
+        num_tokens: tokens computed (``q_i``).
+        num_cached_tokens: prompt tokens served from the prefix cache (on admission).
+        sampled: tokens appended to the sequence by this step.
+        num_blocks: blocks held after scheduling.
+    """
+
+    request_id: str
+    kind: str
+    start: int
+    num_tokens: int
+    num_cached_tokens: int
+    sampled: tuple[int, ...]
+    num_blocks: int
+
+
+@attrs.frozen(slots=True)
+class StepTrace:
+    """What one :meth:`Engine.step` did.
+
+    Attributes:
+        step_id: the plan's step number.
+        chunks: the scheduled work, in batch order.
+        num_batched_tokens: ``sum q_i``; ``token_budget``: ``B_t``.
+        free_blocks_before, free_blocks_after: free + evictable blocks around the step.
+        blocks_evicted: cached blocks whose identity was evicted during the step.
+        prefix_hit_tokens: prompt tokens served from the prefix cache in this step.
+        block_copies: copy-on-write copies performed.
+        preempted: ids preempted this step; finished: ids that finished this step.
+        expert_counts: per MoE layer, tokens routed to each expert (``[L_moe][E]``).
+        schedule_s, execute_s, commit_s: wall time of each phase.
+    """
+
+    step_id: int
+    chunks: tuple[TracedChunk, ...]
+    num_batched_tokens: int
+    token_budget: int
+    free_blocks_before: int
+    free_blocks_after: int
+    blocks_evicted: int
+    prefix_hit_tokens: int
+    block_copies: int
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    expert_counts: tuple[tuple[int, ...], ...] | None
+    schedule_s: float
+    execute_s: float
+    commit_s: float
+
+    def describe(self) -> str:
+        """A few human-readable lines."""
+        lines = [
+            f"step {self.step_id}: {self.num_batched_tokens}/{self.token_budget} tokens, "
+            f"free blocks {self.free_blocks_before}->{self.free_blocks_after}, "
+            f"evicted {self.blocks_evicted}, prefix hits {self.prefix_hit_tokens} tokens, "
+            f"schedule {self.schedule_s * 1e3:.2f} ms, execute {self.execute_s * 1e3:.2f} ms, "
+            f"commit {self.commit_s * 1e3:.2f} ms"
+        ]
+        for c in self.chunks:
+            lines.append(
+                f"  {c.request_id}: {c.kind} [{c.start}, {c.start + c.num_tokens}) "
+                f"cached={c.num_cached_tokens} blocks={c.num_blocks} sampled={list(c.sampled)}"
+            )
+        if self.preempted:
+            lines.append(f"  preempted: {', '.join(self.preempted)}")
+        if self.finished:
+            lines.append(f"  finished: {', '.join(self.finished)}")
+        return "\n".join(lines)
