@@ -165,3 +165,35 @@ def test_unavailable_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DeviceUnavailableError):
         _cache("triton")
     assert _cache("auto").impl == "ref"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_write_accepts_strided_views(impl: str) -> None:
+    """K/V sliced out of a fused projection (non-contiguous rows) are written correctly."""
+    cache = _cache(impl)
+    fused = torch.randn(5, 9, 8)  # [T, 3 * Hkv, D], e.g. a fused K/V projection
+    key, value = fused[:, 0:3], fused[:, 6:9]
+    slots = torch.tensor([39, 0, 12, 7, 25])
+    cache.write(1, key, value, slots)
+    assert torch.equal(_flat(cache, 1, 0)[slots], key)
+    assert torch.equal(_flat(cache, 1, 1)[slots], value)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_ops_match_reference_on_cuda(dtype: torch.dtype) -> None:
+    caches = [
+        _cache(impl, num_blocks=64, block_size=16, head_dim=64, dtype=dtype, device="cuda")
+        for impl in ("ref", "triton")
+    ]
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randperm(64 * 16, generator=gen)[:300].cuda()
+    for layer in range(3):
+        k = torch.randn(300, 3, 64, generator=gen).cuda()
+        for cache in caches:
+            cache.write(layer, k, k * 2, slots)
+    for cache in caches:
+        cache.copy_blocks([(1, 50), (7, 3), (60, 8)])
+    for layer in range(3):
+        assert torch.equal(caches[0].key_cache(layer), caches[1].key_cache(layer))
+        assert torch.equal(caches[0].value_cache(layer), caches[1].value_cache(layer))

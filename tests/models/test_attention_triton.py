@@ -8,8 +8,7 @@ import pytest
 import torch
 from paged_cases import HEAD_LAYOUTS, dense_attention, make_case, random_lengths
 
-from deepinfer_kit.models.attention import PagedAttention
-from deepinfer_kit.models.attention import ref_ops
+from deepinfer_kit.models.attention import PagedAttention, ref_ops
 
 pytestmark = pytest.mark.triton
 
@@ -57,6 +56,15 @@ def test_named_layouts_match_reference(lengths: list[tuple[int, int]], block_siz
 def test_split_context_matches_reference(lengths: list[tuple[int, int]], num_splits: int) -> None:
     case = make_case(lengths, block_size=16, num_heads=3, num_kv_heads=1, seed=num_splits)
     torch.testing.assert_close(_triton(case, num_splits), _ref(case), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [24, 8])
+def test_head_dim_not_a_power_of_two_or_below_16(head_dim: int) -> None:
+    case = make_case(
+        [(1, 37), (12, 12), (3, 50)], block_size=32, num_heads=6, num_kv_heads=3,
+        head_dim=head_dim, seed=head_dim,
+    )  # fmt: skip
+    torch.testing.assert_close(_triton(case), _ref(case), atol=1e-5, rtol=1e-5)
 
 
 def test_backend_selects_triton_under_interpreter() -> None:

@@ -117,8 +117,9 @@ def _length_buckets(
     Padding every member to its group's longest context wastes at most ~``_PAD_SLACK`` of
     the keys gathered, or at most ``min_waste`` keys (below that another group costs more
     in call overhead than it saves). A group gathers at most ``max_keys`` keys (unless one
-    request alone needs more): small gathers reuse allocator memory, where one huge gather
-    pays page faults on fresh memory.
+    request alone needs more): a small gather is still in the CPU cache when the matmuls
+    read it and reuses allocator memory, where one huge gather pays page faults on fresh
+    memory and a second trip to DRAM (measured: 1 MiB groups beat 8 MiB by ~1.2-2x).
     """
     order = sorted(reqs, key=lambda r: -seq_lens[r])
     buckets: list[list[int]] = []
@@ -137,7 +138,7 @@ def _length_buckets(
 
 
 _PAD_SLACK = 1.15
-_BUCKET_BYTES = 8 << 20
+_BUCKET_BYTES = 1 << 20
 _MIN_WASTE_BYTES = 1 << 20
 
 

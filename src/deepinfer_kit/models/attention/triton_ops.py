@@ -210,7 +210,7 @@ def paged_attention(
         NUM_HQ=num_hq, GROUPS=groups, HEAD_DIM=head_dim, PAGE=page,
         NUM_M_TILES=num_m_tiles, NUM_SPLITS=num_splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if query.dtype == torch.float32 else None,
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_hq)](
