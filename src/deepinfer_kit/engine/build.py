@@ -14,6 +14,7 @@ from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import LoadedModel, build_tiny_model, load_model
+from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer
 from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulerConfig
@@ -117,11 +118,16 @@ def build_engine(config: EngineConfig) -> Engine:
         generator=generator,
     )
     eos = mc.eos_token_ids
+    tokenizer: Tokenizer | None = loaded.tokenizer
+    if isinstance(tokenizer, ByteTokenizer) and tokenizer.vocab_size != mc.vocab_size:
+        # A checkpoint without tokenizer.json whose vocabulary is not bytes: the byte
+        # fallback cannot decode its ids, so the engine takes token ids only.
+        tokenizer = None
     return Engine(
         runner=runner,
         scheduler=scheduler,
         cache=cache,
-        tokenizer=loaded.tokenizer,
+        tokenizer=tokenizer,
         vocab_size=mc.vocab_size,
         max_model_len=max_model_len,
         eos_token_id=eos[0] if eos else None,

@@ -205,6 +205,7 @@ class Engine:
         free_before = self.cache.num_free_blocks
         evicted_before = self._evicted()
         plan = self.scheduler.schedule()
+        held = [len(c.request.block_table) for c in plan.chunks] if self.trace is not None else []
         t1 = time.perf_counter()
         if plan.chunks:
             prepared = self.runner.prepare(plan)
@@ -218,7 +219,9 @@ class Engine:
         t3 = time.perf_counter()
         self.num_generated_tokens += sum(len(t) for t in result.token_ids)
         if self.trace is not None:
-            self.trace(self._make_trace(plan, result, finished, free_before, evicted_before, (t0, t1, t2, t3)))
+            self.trace(
+                self._make_trace(plan, result, finished, held, free_before, evicted_before, (t0, t1, t2, t3))
+            )
         return outputs
 
     def flush(self) -> list[RequestOutput]:
@@ -306,6 +309,7 @@ class Engine:
         plan: SchedulePlan,
         result: StepResult,
         finished: list[RequestOutput],
+        held: list[int],
         free_before: int,
         evicted_before: int,
         times: tuple[float, float, float, float],
@@ -325,7 +329,7 @@ class Engine:
                     num_tokens=chunk.num_tokens,
                     num_cached_tokens=req.num_cached_tokens if admitted else 0,
                     sampled=tuple(sampled),
-                    num_blocks=len(req.block_table),
+                    num_blocks=held[i],
                 )
             )
         counts = self.runner.model.expert_counts() if plan.chunks else None

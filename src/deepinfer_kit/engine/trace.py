@@ -18,7 +18,7 @@ class TracedChunk:
         num_tokens: tokens computed (``q_i``).
         num_cached_tokens: prompt tokens served from the prefix cache (on admission).
         sampled: tokens appended to the sequence by this step.
-        num_blocks: blocks held after scheduling.
+        num_blocks: blocks the request held when the step ran.
     """
 
     request_id: str
