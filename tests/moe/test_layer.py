@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_kit.errors import ConfigError, DeviceUnavailableError
-from deepinfer_kit.moe import MoEConfig, MoELayer
+from deepinfer_kit.moe import Dispatched, LocalDispatcher, MoEConfig, MoELayer, Routing
 
 
 def _random_layer(seed: int, impl: str = "ref", dtype: torch.dtype = torch.float32) -> MoELayer:
@@ -101,3 +101,28 @@ def test_bad_hidden_shape_rejected() -> None:
     with pytest.raises(ConfigError, match=r"hidden must be \[T, 8\], got \[2, 3, 8\]"):
         layer(torch.zeros(2, 3, 8))
     assert layer(torch.zeros(0, 8)).shape == (0, 8)
+
+
+class _Delegating:
+    """Not a LocalDispatcher, so the layer takes the dispatch -> experts -> combine plan."""
+
+    def __init__(self, experts: int) -> None:
+        self.inner = LocalDispatcher(experts)
+        self.local_experts = self.inner.local_experts
+
+    def dispatch(self, hidden: torch.Tensor, routing: Routing) -> Dispatched:
+        return self.inner.dispatch(hidden, routing)
+
+    def combine(self, expert_out: torch.Tensor, dispatched: Dispatched) -> torch.Tensor:
+        return self.inner.combine(expert_out, dispatched)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dispatcher_plan_equals_fused_local_plan(seed: int) -> None:
+    fused = _random_layer(seed)
+    general = MoELayer(fused.config, impl="ref", dispatcher=_Delegating(fused.config.num_experts))
+    general.load_state_dict(fused.state_dict())
+    hidden = torch.randn(33, fused.config.hidden_size, generator=torch.Generator().manual_seed(seed))
+    torch.testing.assert_close(general(hidden), fused(hidden), rtol=1e-5, atol=1e-6)
+    assert general.last_expert_counts is not None and fused.last_expert_counts is not None
+    assert torch.equal(general.last_expert_counts, fused.last_expert_counts)

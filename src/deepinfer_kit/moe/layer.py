@@ -11,8 +11,10 @@ from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
 from deepinfer_kit.moe.experts import GroupedExperts, Impl, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
-from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
+from deepinfer_kit.moe.local_dispatcher import LocalDispatcher, sort_by_expert
 from deepinfer_kit.moe.protocols import Dispatcher
+from deepinfer_kit.moe.records import Routing
+from deepinfer_kit.moe.ref_ops import gather_swiglu_scatter
 from deepinfer_kit.moe.routers import DeepSeekV3Router, SoftmaxTopKRouter
 
 __all__ = ["MoELayer", "make_router"]
@@ -62,9 +64,15 @@ class MoELayer(nn.Module):
         ConfigError: bad ``impl``; a dispatcher whose local experts are out of range.
         DeviceUnavailableError: ``impl="triton"`` without CUDA or the interpreter.
 
+    Two execution plans, chosen once here and tested equal: with a
+    :class:`LocalDispatcher` and the reference experts, each expert gathers its tokens,
+    computes and scatter-adds in one cache-resident pass (``ref_ops.gather_swiglu_scatter``);
+    otherwise ``dispatch -> grouped experts -> combine`` through the dispatcher.
+
     Attributes:
-        last_expert_counts: after each forward, ``[E]`` int64 token copies this rank routed
-            to each logical expert (on the device of the input); None before the first.
+        last_expert_counts: after each forward, ``[E]`` int64 on the host: token copies
+            this rank routed to each logical expert (what EPLB records); None before the
+            first forward.
     """
 
     def __init__(
@@ -107,6 +115,7 @@ class MoELayer(nn.Module):
             else None
         )
         self.last_expert_counts: torch.Tensor | None = None
+        self._fused_local = isinstance(self.dispatcher, LocalDispatcher) and self.experts.impl == "ref"
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``hidden`` (``[T, H]``).
@@ -125,13 +134,29 @@ class MoELayer(nn.Module):
                 f"hidden must be [T, {self.config.hidden_size}], got {list(hidden.shape)}"
             )
         routing = self.gate(hidden)
-        self.last_expert_counts = routing.expert_counts(self.config.num_experts)
-        dispatched = self.dispatcher.dispatch(hidden, routing)
-        expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
-        out = self.dispatcher.combine(expert_out, dispatched)
+        out = self._routed_fused(hidden, routing) if self._fused_local else self._routed(hidden, routing)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
         return out.to(hidden.dtype)
+
+    def _routed(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
+        self.last_expert_counts = routing.expert_counts(self.config.num_experts).cpu()
+        dispatched = self.dispatcher.dispatch(hidden, routing)
+        expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
+        return self.dispatcher.combine(expert_out, dispatched)
+
+    def _routed_fused(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
+        order, counts = sort_by_expert(routing, self.config.num_experts)
+        self.last_expert_counts = counts
+        top_k = routing.expert_ids.shape[1]
+        return gather_swiglu_scatter(
+            hidden,
+            order // top_k,
+            routing.weights.reshape(-1).index_select(0, order),
+            self.experts.gate_up,
+            self.experts.down,
+            counts.tolist(),
+        )
 
     @torch.no_grad()
     def load_hf_weights(self, weights: Mapping[str, torch.Tensor], prefix: str) -> None:

@@ -10,7 +10,13 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.protocols import Dispatcher
 from deepinfer_kit.moe.records import Dispatched, Routing
 
-__all__ = ["LocalDispatcher", "check_routing", "count_experts", "unpermute_and_sum"]
+__all__ = [
+    "LocalDispatcher",
+    "check_routing",
+    "count_experts",
+    "sort_by_expert",
+    "unpermute_and_sum",
+]
 
 
 def check_routing(hidden: torch.Tensor, routing: Routing) -> None:
@@ -40,6 +46,21 @@ def count_experts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
             f"expert_ids must be in [0, {num_experts}), got {counts.numel() - 1}"
         )
     return counts
+
+
+def sort_by_expert(routing: Routing, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expert-contiguous order of the ``T * k`` copies, and the copies per expert.
+
+    Returns:
+        ``(order [T * k] int64, counts [E] int64 on the host)``: ``order`` lists flat
+        routing positions sorted by expert, stably (token order within an expert).
+
+    Raises:
+        ConfigError: an id outside ``[0, E)``.
+    """
+    flat_ids = routing.expert_ids.reshape(-1)
+    counts = count_experts(flat_ids, num_experts)
+    return torch.argsort(flat_ids, stable=True), counts
 
 
 def unpermute_and_sum(
@@ -99,9 +120,7 @@ class LocalDispatcher:
         """
         check_routing(hidden, routing)
         top_k = routing.expert_ids.shape[1]
-        flat_ids = routing.expert_ids.reshape(-1)
-        counts = count_experts(flat_ids, self._num_experts)
-        order = torch.argsort(flat_ids, stable=True)
+        order, counts = sort_by_expert(routing, self._num_experts)
         return Dispatched(
             hidden=hidden.index_select(0, order // top_k),
             expert_counts=counts,
