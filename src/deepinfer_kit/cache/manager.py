@@ -22,14 +22,17 @@ class _PrefixState:
     num_published: leading blocks of the table already published or taken from the cache.
     cow: some block in the table may be shared or published and written again (after a
         fork or a truncate), so writes must check for copy-on-write.
+    hits, epoch: the last match_prefix result; still cached while no eviction happened.
     """
 
-    __slots__ = ("keys", "num_published", "cow")
+    __slots__ = ("keys", "num_published", "cow", "hits", "epoch")
 
     def __init__(self, keys: list[bytes], num_published: int, cow: bool) -> None:
         self.keys = keys
         self.num_published = num_published
         self.cow = cow
+        self.hits: list[int] = []  # blocks of the last match_prefix ...
+        self.epoch = -1  # ... valid while the manager's eviction count is this
 
 
 def _state(request: Request) -> _PrefixState:
@@ -58,7 +61,7 @@ class BlockKVCacheManager:
         ConfigError: the index's block size differs from the allocator's.
     """
 
-    __slots__ = ("_allocator", "_index", "_P")
+    __slots__ = ("_allocator", "_index", "_P", "_epoch")
 
     def __init__(self, allocator: BlockAllocator, index: PrefixIndex | None) -> None:
         if index is not None and index.block_size != allocator.block_size:
@@ -69,6 +72,9 @@ class BlockKVCacheManager:
         self._allocator = allocator
         self._index = index
         self._P = allocator.block_size
+        # Evictions so far: only an eviction can un-cache a block (the manager is the
+        # index's only mutator), so a match result stays valid while this is unchanged.
+        self._epoch = 0
 
     @classmethod
     def create(
@@ -143,9 +149,10 @@ class BlockKVCacheManager:
         limit = (len(tokens) - 1) // self._P
         if limit <= 0:
             return 0
-        hits = index.match(
-            tokens, context=request.cache_context, memo=_state(request).keys, max_blocks=limit
-        )
+        st = _state(request)
+        hits = index.match(tokens, context=request.cache_context, memo=st.keys, max_blocks=limit)
+        st.hits = hits
+        st.epoch = self._epoch
         return len(hits) * self._P
 
     def _plan(
@@ -170,14 +177,19 @@ class BlockKVCacheManager:
                     raise InvariantError(
                         f"num_cached_tokens must be a match_prefix result, got {num_cached}"
                     )
-                cached = index.match(
-                    request.all_token_ids,
-                    context=request.cache_context,
-                    memo=_state(request).keys,
-                    max_blocks=num_cached // P,
-                    touch=False,
-                )
-                if len(cached) * P < num_cached:
+                st = _state(request)
+                k = num_cached // P
+                if st.epoch == self._epoch and len(st.hits) >= k:
+                    cached = st.hits[:k]
+                else:
+                    cached = index.match(
+                        request.all_token_ids,
+                        context=request.cache_context,
+                        memo=st.keys,
+                        max_blocks=k,
+                        touch=False,
+                    )
+                if len(cached) < k:
                     raise InvariantError(
                         f"num_cached_tokens={num_cached} but only {len(cached) * P} tokens "
                         f"are cached now: call match_prefix again after the cache changed"
@@ -247,9 +259,18 @@ class BlockKVCacheManager:
                 if num_new <= 0:
                     return []
                 allocator = self._allocator
-                if num_new <= allocator.num_free:
-                    table.extend(allocator.allocate(num_new))
-                    return []
+                short = num_new - allocator.num_free
+                if short > 0:
+                    index = self._index
+                    if index is None or short > index.num_evictable:
+                        raise OutOfBlocksError(
+                            f"request {request.request_id!r} needs {num_new} blocks, "
+                            f"{self.num_free_blocks} free or evictable"
+                        )
+                    allocator.free(index.evict(short))
+                    self._epoch += 1
+                table.extend(allocator.allocate(num_new))
+                return []
         cached, num_new, cow = self._plan(request, num_new_tokens, num_cached_tokens)
         needed = num_new + len(cow)
         if not self._can_take(cached, needed):
@@ -269,6 +290,7 @@ class BlockKVCacheManager:
         if short > 0:
             assert index is not None
             allocator.free(index.evict(short))
+            self._epoch += 1
         if num_new:
             table.extend(allocator.allocate(num_new))
         if not cow:

@@ -6,7 +6,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache._index_base import PublishedBlocks
-from deepinfer_kit.cache.hashing import BlockHasher, encode_context
+from deepinfer_kit.cache.hashing import encode_context, extend_block_bytes, new_key
 from deepinfer_kit.cache.protocols import EvictionPolicy
 from deepinfer_kit.errors import InvariantError
 
@@ -16,16 +16,12 @@ _EMPTY = -1  # block of a placeholder node (its block was evicted, descendants r
 
 
 class _Node:
-    """One full block on a path from a context's root. ``tokens`` is ``None`` at a root."""
+    """One full block on a path from a context's root (a root has ``parent is None``)."""
 
-    __slots__ = ("block", "tokens", "parent", "key", "children", "context")
+    __slots__ = ("block", "parent", "key", "children", "context")
 
-    def __init__(
-        self, block: int, tokens: list[int] | None, parent: _Node | None, key: bytes,
-        context: Hashable,
-    ) -> None:
+    def __init__(self, block: int, parent: _Node | None, key: bytes, context: Hashable) -> None:
         self.block = block
-        self.tokens = tokens
         self.parent = parent
         self.key = key
         self.children: dict[bytes, _Node] = {}
@@ -36,40 +32,35 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
     """A radix tree whose edges are full blocks (radix ``P`` tokens, so every block can be
     evicted on its own), with one root per ``context``.
 
-    A node's children are keyed by a keyed BLAKE2b digest of the child block's tokens
-    (unpredictable by clients, hashed once per request via the memo) and every step of a
-    walk compares the stored tokens, so the tree is exact: the path is the whole prefix.
-    An evicted block whose descendants are still cached leaves a placeholder node; the
-    path becomes reachable again when an equal block is published.
+    A node's children are keyed by the exact bytes of the child block's tokens behind a
+    secret per-index salt, so lookups compare tokens exactly (no hash can collide into a
+    wrong hit) and the dict's hash is keyed twice: by Python's per-process hash key and by
+    the salt, which a client cannot learn. A path from the root is the whole prefix. An
+    evicted block whose descendants are still cached leaves a placeholder node; the path
+    becomes reachable again when an equal block is published.
 
     Args:
         block_size: tokens per block ``P``.
-        key: hash key; ``None`` draws a random per-process key.
-        digest_size: bytes per child key (16 by default).
+        key: the salt; ``None`` draws 32 random bytes.
         policy: eviction order of unreferenced cached blocks; LRU when ``None``.
 
     Raises:
-        ConfigError: a bad ``block_size``, ``key`` or ``digest_size``.
+        ConfigError: a bad ``block_size`` or ``key``.
     """
 
-    __slots__ = ("_hasher", "_roots")
+    __slots__ = ("_salt", "_roots")
 
     def __init__(
-        self,
-        block_size: int,
-        *,
-        key: bytes | None = None,
-        digest_size: int = 16,
-        policy: EvictionPolicy | None = None,
+        self, block_size: int, *, key: bytes | None = None, policy: EvictionPolicy | None = None
     ) -> None:
         super().__init__(block_size, policy)
-        self._hasher = BlockHasher(key, digest_size=digest_size)
+        self._salt = new_key(key)
         self._roots: dict[bytes, _Node] = {}
 
-    def _keys(self, tokens: list[int], num_blocks: int, memo: list[bytes] | None) -> list[bytes]:
+    def _keys(self, tokens: Sequence[int], num_blocks: int, memo: list[bytes] | None) -> list[bytes]:
         keys = memo if memo is not None else []
         if len(keys) < num_blocks:
-            self._hasher.extend_blocks(keys, tokens, num_blocks, self._block_size)
+            extend_block_bytes(keys, tokens, num_blocks, self._block_size, self._salt)
         return keys
 
     def match(
@@ -82,22 +73,20 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         touch: bool = True,
     ) -> list[int]:
         """The blocks caching the longest full-block prefix of ``tokens`` (see
-        :meth:`PrefixIndex.match`). O(matched blocks + newly hashed blocks)."""
-        if type(tokens) is not list:
-            tokens = list(tokens)
-        P = self._block_size
-        n = len(tokens) // P
+        :meth:`PrefixIndex.match`). O(matched blocks + new block keys)."""
+        n = len(tokens) // self._block_size
         if max_blocks is not None and max_blocks < n:
             n = max(max_blocks, 0)
         hits: list[int] = []
         node = self._roots.get(encode_context(context)) if n else None
         if node is not None and node.context == context:
             keys = self._keys(tokens, n, memo)
+            append = hits.append
             for i in range(n):
                 node = node.children.get(keys[i])
-                if node is None or node.block < 0 or node.tokens != tokens[i * P : i * P + P]:
+                if node is None or node.block < 0:
                     break
-                hits.append(node.block)
+                append(node.block)
         if touch:
             self._touch_hits(hits, n)
         return hits
@@ -118,15 +107,14 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         Raises:
             InvariantError: ``tokens`` is shorter than ``len(blocks) * P``.
         """
-        P = self._block_size
         n = len(blocks)
-        if len(tokens) < n * P:
-            raise InvariantError(f"insert: {n} blocks need {n * P} tokens, got {len(tokens)}")
+        if len(tokens) < n * self._block_size:
+            raise InvariantError(
+                f"insert: {n} blocks need {n * self._block_size} tokens, got {len(tokens)}"
+            )
         start = max(start, 0)
         if start >= n:
             return []
-        if type(tokens) is not list:
-            tokens = list(tokens)
         keys = self._keys(tokens, n, memo)
         entries = self._entries
         node = entries.get(blocks[start - 1]) if start else None
@@ -138,13 +126,9 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         new: list[int] = []
         while i < n:
             k = keys[i]
-            seg = tokens[i * P : i * P + P]
             child = node.children.get(k)
             if child is None:
-                child = _Node(_EMPTY, seg, node, k, None)
-                node.children[k] = child
-            elif child.tokens != seg:
-                break  # a key collision: this chain cannot be placed beyond here
+                child = node.children[k] = _Node(_EMPTY, node, k, None)
             b = blocks[i]
             if i >= start and child.block < 0 and b not in entries:
                 child.block = b
@@ -161,8 +145,7 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         enc = encode_context(context)
         root = self._roots.get(enc)
         if root is None or root.context != context:
-            root = _Node(_EMPTY, None, None, enc, context)
-            self._roots[enc] = root
+            root = self._roots[enc] = _Node(_EMPTY, None, enc, context)
         return root
 
     def _prune(self, node: _Node) -> None:
