@@ -3,8 +3,9 @@ then masked causal attention with fp32 accumulation.
 
 The spec and test oracle of ``triton_ops.py`` (same signature), and the path that runs on
 CPU. Requests with short queries (decode, speculative verification) are grouped by context
-length into padded batches of bounded size (one gather and one bmm per KV head each);
-longer ones (prefill chunks) run one request at a time through
+length into padded batches of bounded size (one gather and one masked SDPA call each,
+the G query heads of a KV head as its query rows); longer ones (prefill chunks) run one
+request at a time through
 ``scaled_dot_product_attention``. Shape symbols: ``T`` new tokens, ``R`` requests, ``NB``
 blocks, ``P`` block size, ``Hq`` query heads, ``Hkv`` KV heads, ``G = Hq / Hkv``, ``D``
 head dim, ``S`` context length, ``Q`` query length.
@@ -191,7 +192,7 @@ def _attend_padded(
     out: torch.Tensor,
     whole: bool,
 ) -> None:
-    """``B`` requests padded to ``Qmax`` queries and ``Smax`` keys; one bmm per KV head.
+    """``B`` requests padded to ``Qmax`` queries and ``Smax`` keys; one SDPA call.
 
     ``tables`` ``[B, >= ceil(Smax / P)]``, ``seq_lens``/``starts``/``qlens`` ``[B]`` int64;
     ``whole`` says the requests are the batch's, in order (their rows are all of ``out``).
@@ -214,15 +215,17 @@ def _attend_padded(
 
     pos = (seq_lens - qlens)[:, None] + last  # [B, Qmax]
     mask = _allowed(pos[:, :, None], torch.arange(skeys, device=dev), window)  # [B, Qmax, S']
-    scores = torch.empty(hkv, nreq, qmax, g, skeys, device=dev)
-    for h in range(hkv):
-        torch.bmm(q[:, h], k[:, :, h].transpose(1, 2), out=scores[h].view(nreq, qmax * g, skeys))
-    scores.mul_(scale).masked_fill_(~mask[None, :, :, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(hkv, nreq, qmax * g, skeys)
-    res = torch.empty(nreq, qmax, hkv, g, d, device=dev)
-    for h in range(hkv):
-        res[:, :, h] = torch.bmm(probs[h], v[:, :, h]).view(nreq, qmax, g, d)
-    res_q = res.view(nreq, qmax, hq, d).to(out.dtype)
+    if qmax == 1:
+        mask = mask[:, None]  # [B, 1, 1, S'], broadcast over heads and the G rows
+    else:
+        mask = mask[:, None, :, None, :].expand(nreq, 1, qmax, g, skeys)
+        mask = mask.reshape(nreq, 1, qmax * g, skeys)
+    # K/V as [B, Hkv, S', D] strided views; the G query heads of a KV head are its rows.
+    res = F.scaled_dot_product_attention(
+        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
+    )  # [B, Hkv, Qmax * G, D]
+    res = res.view(nreq, hkv, qmax, g, d).transpose(1, 2)
+    res_q = res.reshape(nreq, qmax, hq, d).to(out.dtype)
     if qmax == 1 and whole:
         out.copy_(res_q.view_as(out))
     elif qmax == 1:
