@@ -8,7 +8,7 @@ import torch
 
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "DrawOps"]
 
 
 class Sampler(Protocol):
@@ -32,4 +32,44 @@ class Sampler(Protocol):
         Raises:
             InvariantError: ``logits.shape[0] != len(batch)``.
         """
+        ...
+
+
+class DrawOps(Protocol):
+    """The hot-path tensor ops of :class:`~deepinfer_kit.sample.VectorizedSampler`.
+
+    Two implementations with identical semantics: ``sample.ref_ops`` (torch, the spec) and
+    ``sample.triton_ops`` (Triton kernels); a sampler picks one at construction. See
+    ``ref_ops`` for the exact arithmetic each op must reproduce.
+    """
+
+    def row_norm(self, x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
+        """``[n]`` float64 softmax denominators of rows ``rows`` of ``x [N, V]`` at
+        temperature ``1 / inv_t`` (max-subtracted, so ``>= 1`` for a finite row)."""
+        ...
+
+    def full_draw(
+        self,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        inv_t: torch.Tensor,
+        min_p: torch.Tensor,
+        u: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[n]`` int64 tokens drawn by inverse CDF over the whole vocabulary (min-p only)."""
+        ...
+
+    def candidate_draw(
+        self,
+        vals: torch.Tensor,
+        idx: torch.Tensor,
+        inv_t: torch.Tensor,
+        k: torch.Tensor,
+        p: torch.Tensor,
+        min_p: torch.Tensor,
+        z: torch.Tensor,
+        u: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k / top-p / min-p over sorted candidates ``[n, W]``, then the draw:
+        ``(tokens [n] int64, kept [n] int64)``, ``kept == -1`` when ``W`` was too few."""
         ...

@@ -1,0 +1,93 @@
+"""Row planning of the vectorized sampler: which rows are greedy, which draw from the whole
+vocabulary, and which need a candidate set (and of what kind), from host-side parameters.
+
+Pure Python over the ``N`` rows' parameters; no tensor work.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from deepinfer_kit.sample.records import SamplingBatch
+
+__all__ = ["RowPlan", "plan_rows", "MIN_TOPK_WIDTH", "MAX_TOPK_WIDTH", "MAX_INV_TEMPERATURE"]
+
+MIN_TOPK_WIDTH = 64
+"""Narrowest ``torch.topk`` candidate set (small k share one call)."""
+MAX_TOPK_WIDTH = 4096
+"""Widest ``torch.topk`` candidate set; larger k go to the histogram threshold."""
+MAX_INV_TEMPERATURE = 1e30
+"""``1 / temperature`` is capped here so float32 never overflows (``0 * inf`` is NaN)."""
+
+
+@attrs.define(slots=True)
+class RowPlan:
+    """Rows of one batch grouped by what they need (indices into the batch).
+
+    Attributes:
+        greedy: rows whose token is the argmax (temperature 0 or top_k 1).
+        full: sampled rows without top-k / top-p: inverse CDF over the vocabulary.
+        topk: ``width -> rows`` drawn from a ``torch.topk`` candidate set of that width.
+        threshold: rows drawn from a histogram-threshold candidate set (large k).
+        sort: rows drawn from a full sort (only when a candidate width would reach ``V``).
+        needs_norm: top-p rows without top-k (their top-p mass is over the whole row).
+        inv_t: ``[N]`` ``1 / temperature`` (1 for greedy rows).
+        top_k: ``[N]`` effective k (``V`` when off).
+        top_p: ``[N]`` top-p (1 when off).
+        min_p: ``[N]`` min-p (0 when off).
+    """
+
+    greedy: list[int] = attrs.Factory(list)
+    full: list[int] = attrs.Factory(list)
+    topk: dict[int, list[int]] = attrs.Factory(dict)
+    threshold: list[int] = attrs.Factory(list)
+    sort: list[int] = attrs.Factory(list)
+    needs_norm: list[int] = attrs.Factory(list)
+    inv_t: list[float] = attrs.Factory(list)
+    top_k: list[int] = attrs.Factory(list)
+    top_p: list[float] = attrs.Factory(list)
+    min_p: list[float] = attrs.Factory(list)
+
+    @property
+    def sampled(self) -> list[int]:
+        """Every non-greedy row, ascending."""
+        greedy = set(self.greedy)
+        return [i for i in range(len(self.inv_t)) if i not in greedy]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def plan_rows(batch: SamplingBatch, vocab: int, top_p_width: int) -> RowPlan:
+    """Group the rows of ``batch`` for logits of vocabulary ``vocab``.
+
+    A top-k row gets a ``torch.topk`` width of ``max(64, next_pow2(k + 1))`` (one more than
+    k, so a tie at the k-th value is detectable); a top-p-only row starts at
+    ``top_p_width``. A width ``>= V`` means a full sort (cheap then: V is small), and a
+    top-k width above :data:`MAX_TOPK_WIDTH` means the histogram threshold.
+    """
+    plan = RowPlan()
+    for i, params in enumerate(batch.params):
+        topk_on = 1 <= params.top_k < vocab
+        topp_on = params.top_p < 1.0
+        plan.inv_t.append(1.0 if params.is_greedy else min(1.0 / params.temperature, MAX_INV_TEMPERATURE))
+        plan.top_k.append(params.top_k if topk_on else vocab)
+        plan.top_p.append(params.top_p)
+        plan.min_p.append(params.min_p)
+        if params.is_greedy:
+            plan.greedy.append(i)
+            continue
+        if not (topk_on or topp_on):
+            plan.full.append(i)
+            continue
+        if topp_on and not topk_on:
+            plan.needs_norm.append(i)
+        width = max(MIN_TOPK_WIDTH, _next_pow2(params.top_k + 1)) if topk_on else top_p_width
+        if width >= vocab:
+            plan.sort.append(i)
+        elif width > MAX_TOPK_WIDTH:
+            plan.threshold.append(i)
+        else:
+            plan.topk.setdefault(width, []).append(i)
+    return plan

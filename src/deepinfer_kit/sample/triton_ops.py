@@ -1,0 +1,207 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
+"""Triton kernels of the sampler's hot path: row normalizers, the inverse-CDF draw over
+the whole vocabulary, and top-k / top-p / min-p filtering plus the draw over candidates.
+
+Same signatures and semantics as ``ref_ops.py`` (the spec). One program per row, looping
+over the row in chunks of ``BLOCK`` tokens, so a row's arithmetic never depends on the
+other rows of the call. Imported only when a sampler is built with the Triton
+implementation, so ``import deepinfer_kit`` never imports Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_kit.sample.ref_ops import BLOCK
+
+__all__ = ["row_norm", "full_draw", "candidate_draw"]
+
+_MAX_CANDIDATE_BLOCK = 1024
+
+
+@triton.jit
+def _row_max(base, V, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        v = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf"))
+        m = tl.maximum(m, v)
+    top = tl.max(m, axis=0)
+    return tl.where(top == float("-inf"), 0.0, top)
+
+
+@triton.jit
+def _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
+    offs = start + tl.arange(0, BLOCK)
+    v = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+    w = tl.exp((v - top) * inv_t)
+    return tl.where(w < min_p, 0.0, w)
+
+
+@triton.jit
+def _row_norm_kernel(x_ptr, rows_ptr, inv_t_ptr, out_ptr, stride, V, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    base = x_ptr + tl.load(rows_ptr + pid).to(tl.int64) * stride
+    inv_t = tl.load(inv_t_ptr + pid)
+    top = _row_max(base, V, BLOCK)
+    total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
+    for start in range(0, V, BLOCK):
+        w = _chunk_weights(base, start, V, top, inv_t, 0.0, BLOCK)
+        total += tl.sum(w, axis=0).to(tl.float64)
+    tl.store(out_ptr + pid, total)
+
+
+@triton.jit
+def _full_draw_kernel(
+    x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, u_ptr, out_ptr, stride, V, BLOCK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    base = x_ptr + tl.load(rows_ptr + pid).to(tl.int64) * stride
+    inv_t = tl.load(inv_t_ptr + pid)
+    min_p = tl.load(min_p_ptr + pid)
+    top = _row_max(base, V, BLOCK)
+    total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
+    for start in range(0, V, BLOCK):
+        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
+        total += tl.sum(w, axis=0).to(tl.float64)
+    target = tl.load(u_ptr + pid) * total
+    running = total * 0.0
+    before = total * 0.0
+    chosen = 0
+    found = 0
+    for start in range(0, V, BLOCK):
+        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
+        s = tl.sum(w, axis=0).to(tl.float64)
+        hit = (found == 0) & (running + s > target)
+        chosen = tl.where(hit, start, chosen)
+        before = tl.where(hit, running, before)
+        found = tl.where(hit, 1, found)
+        running += s
+    offs = tl.arange(0, BLOCK)
+    w = _chunk_weights(base, chosen, V, top, inv_t, min_p, BLOCK)
+    cum = tl.cumsum(w.to(tl.float64), axis=0)
+    j = tl.min(tl.where(cum > target - before, offs, BLOCK), axis=0)
+    last = tl.max(tl.where(w > 0, offs, -1), axis=0)
+    token = chosen + tl.minimum(j, last)
+    token = tl.where(total > 0, token, 0)
+    tl.store(out_ptr + pid, token.to(tl.int64))
+
+
+@triton.jit
+def _candidate_kernel(
+    vals_ptr, idx_ptr, inv_t_ptr, k_ptr, p_ptr, min_p_ptr, z_ptr, u_ptr,
+    tok_ptr, kept_ptr, W, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    vbase = vals_ptr + pid.to(tl.int64) * W
+    top = tl.load(vbase)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    inv_t = tl.load(inv_t_ptr + pid)
+    k = tl.load(k_ptr + pid)
+    limit = tl.minimum(k, W)
+    p = tl.load(p_ptr + pid)
+    min_p = tl.load(min_p_ptr + pid)
+    offs = tl.arange(0, BLOCK)
+    zero = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
+    in_k_total = zero
+    good = 0
+    for start in range(0, W, BLOCK):
+        j = start + offs
+        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
+        in_k_total += tl.sum(tl.where(j < limit, w, 0.0).to(tl.float64), axis=0)
+        good += tl.sum(((w >= min_p) & (w > 0)).to(tl.int32), axis=0)
+    z = tl.load(z_ptr + pid)
+    thresh = p * tl.where(z > 0, z, in_k_total)
+    below = 0
+    running = zero
+    for start in range(0, W, BLOCK):
+        j = start + offs
+        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
+        w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
+        cum = running + tl.cumsum(w64, axis=0)
+        below += tl.sum(((cum < thresh) & (j < limit)).to(tl.int32), axis=0)
+        running += tl.sum(w64, axis=0)
+    use_p = p < 1.0
+    crossed = use_p & (below < limit)
+    n_top = tl.where(crossed, below + 1, limit)
+    kept = tl.minimum(n_top, good)
+    end = tl.maximum(kept - 1, 0)
+    total = zero
+    running = zero
+    for start in range(0, W, BLOCK):
+        j = start + offs
+        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
+        w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
+        cum = running + tl.cumsum(w64, axis=0)
+        total += tl.sum(tl.where(j == end, cum, 0.0), axis=0)
+        running += tl.sum(w64, axis=0)
+    target = tl.load(u_ptr + pid) * total
+    pick = W
+    running = zero
+    for start in range(0, W, BLOCK):
+        j = start + offs
+        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
+        w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
+        cum = running + tl.cumsum(w64, axis=0)
+        pick = tl.minimum(pick, tl.min(tl.where((cum > target) & (j < W), j, W), axis=0))
+        running += tl.sum(w64, axis=0)
+    pick = tl.minimum(pick, end)
+    token = tl.load(idx_ptr + pid.to(tl.int64) * W + pick)
+    token = tl.where(kept > 0, token, 0)
+    reached = crossed | (p >= 1.0) | (k <= W)
+    tl.store(tok_ptr + pid, token)
+    tl.store(kept_ptr + pid, tl.where(reached, kept, -1).to(tl.int64))
+
+
+def row_norm(x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
+    """``[n]`` float64 softmax denominators; see ``ref_ops.row_norm``."""
+    out = torch.empty(rows.shape[0], dtype=torch.float64, device=x.device)
+    if rows.numel():
+        _row_norm_kernel[(rows.shape[0],)](
+            x, rows, inv_t.contiguous(), out, x.stride(0), x.shape[1], BLOCK=BLOCK
+        )
+    return out
+
+
+def full_draw(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    inv_t: torch.Tensor,
+    min_p: torch.Tensor,
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """``[n]`` int64 tokens by inverse CDF over the vocabulary; see ``ref_ops.full_draw``."""
+    out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
+    if rows.numel():
+        _full_draw_kernel[(rows.shape[0],)](
+            x, rows, inv_t.contiguous(), min_p.contiguous(), u.contiguous(), out,
+            x.stride(0), x.shape[1], BLOCK=BLOCK,
+        )  # fmt: skip
+    return out
+
+
+def candidate_draw(
+    vals: torch.Tensor,
+    idx: torch.Tensor,
+    inv_t: torch.Tensor,
+    k: torch.Tensor,
+    p: torch.Tensor,
+    min_p: torch.Tensor,
+    z: torch.Tensor,
+    u: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k / top-p / min-p over sorted candidates, then the draw; see
+    ``ref_ops.candidate_draw``."""
+    n, width = vals.shape
+    tokens = torch.empty(n, dtype=torch.int64, device=vals.device)
+    kept = torch.empty(n, dtype=torch.int64, device=vals.device)
+    if n:
+        block = min(triton.next_power_of_2(width), _MAX_CANDIDATE_BLOCK)
+        _candidate_kernel[(n,)](
+            vals.contiguous(), idx.contiguous(), inv_t.contiguous(), k.contiguous(),
+            p.contiguous(), min_p.contiguous(), z.contiguous(), u.contiguous(),
+            tokens, kept, width, BLOCK=block,
+        )  # fmt: skip
+    return tokens, kept

@@ -1,0 +1,235 @@
+"""VectorizedSampler: every row with its own parameters, grouped and drawn without per-row
+Python loops over the vocabulary, with seeded rows batch-invariant.
+
+One call: penalties and ``min_tokens`` masks (``penalties.py``); greedy rows take the
+argmax; the other rows get one uniform each (``rng.py``) and are drawn by inverse CDF —
+over the whole vocabulary in token order when they have no top-k / top-p (no sort), or
+over a candidate set sorted by logit when they do (``candidates.py``): a ``torch.topk`` of
+a small width first, a histogram threshold when that width proved too small, a full sort
+only as the last resort. Logprobs come from the raw logits (``logprobs.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+import torch
+
+from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+from deepinfer_kit.sample import ref_ops
+from deepinfer_kit.sample.candidates import (
+    block_maxima,
+    sorted_candidates,
+    threshold_candidates,
+    topk_candidates,
+)
+from deepinfer_kit.sample.logprobs import attach_logprobs
+from deepinfer_kit.sample.penalties import apply_penalties, needs_edits
+from deepinfer_kit.sample.plan import RowPlan, plan_rows
+from deepinfer_kit.sample.protocols import DrawOps, Sampler
+from deepinfer_kit.sample.records import SampleResult, SamplingBatch
+from deepinfer_kit.sample.rng import row_uniforms
+
+__all__ = ["VectorizedSampler", "check_batch", "working_logits"]
+
+Impl = Literal["auto", "ref", "triton"]
+
+_THRESHOLD_MARGINS = (2.0, 8.0)  # subsample-rank safety factors of the two threshold tries
+
+
+def _select_ops(impl: str) -> tuple[DrawOps, Literal["ref", "triton"]]:
+    if impl not in ("auto", "ref", "triton"):
+        raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
+    if impl == "ref" or (impl == "auto" and not torch.cuda.is_available()):
+        return ref_ops, "ref"
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DeviceUnavailableError("impl='triton' needs CUDA or TRITON_INTERPRET=1")
+    try:
+        import deepinfer_kit.sample.triton_ops as triton_ops
+    except ImportError as exc:
+        raise DeviceUnavailableError(f"impl='triton' needs Triton installed: {exc}") from exc
+    return triton_ops, "triton"
+
+
+def check_batch(logits: torch.Tensor, batch: SamplingBatch) -> None:
+    """Raise :class:`InvariantError` unless ``logits`` is ``[N, V]`` with ``V >= 1`` and every
+    per-row list of ``batch`` has ``N`` entries."""
+    if logits.dim() != 2 or logits.shape[1] < 1:
+        raise InvariantError(f"logits must be [N, V] with V >= 1, got shape {tuple(logits.shape)}")
+    n = logits.shape[0]
+    fields = {
+        "params": batch.params,
+        "seeds": batch.seeds,
+        "positions": batch.positions,
+        "prompt_token_ids": batch.prompt_token_ids,
+        "output_token_ids": batch.output_token_ids,
+        "eos_token_ids": batch.eos_token_ids,
+    }
+    for name, values in fields.items():
+        if len(values) != n:
+            raise InvariantError(f"batch.{name} has {len(values)} rows, logits have {n}")
+
+
+def working_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """``[N, V]`` contiguous float32 logits with penalties and ``min_tokens`` masks applied.
+
+    ``logits`` itself is never mutated: it is copied whenever an edit is needed (or when it
+    is not contiguous float32).
+    """
+    x = logits.to(torch.float32).contiguous()
+    if needs_edits(batch):
+        if x.data_ptr() == logits.data_ptr():
+            x = x.clone()
+        apply_penalties(x, batch)
+    return x
+
+
+@attrs.define(slots=True, eq=False)
+class _RowTensors:
+    """Per-row draw parameters of the whole batch, on the logits' device (``[N]`` each)."""
+
+    inv_t: torch.Tensor  # float32
+    k: torch.Tensor  # int64, V when off
+    p: torch.Tensor  # float64, 1 when off
+    min_p: torch.Tensor  # float32
+    z: torch.Tensor  # float64, whole-row weight of top-p-only rows, else 0
+    u: torch.Tensor  # float64 uniforms (0 for greedy rows)
+
+
+class VectorizedSampler:
+    """The batch :class:`~deepinfer_kit.sample.Sampler`: per-row parameters, no vocabulary
+    sort for rows that do not need one, seeded rows batch-invariant.
+
+    Args:
+        impl: ``"ref"`` (torch ops), ``"triton"`` (Triton kernels for the draw and the
+            filters), or ``"auto"`` (Triton when CUDA is available). Chosen once here.
+        top_p_width: first candidate width tried for top-p rows without top-k; a row whose
+            top-p set does not fit gets an exact histogram-threshold set instead.
+
+    Raises:
+        ConfigError: an unknown ``impl`` or a ``top_p_width < 1``.
+        DeviceUnavailableError: ``impl="triton"`` without CUDA and without
+            ``TRITON_INTERPRET=1``, or without Triton installed.
+    """
+
+    def __init__(self, impl: Impl = "auto", *, top_p_width: int = 256) -> None:
+        if isinstance(top_p_width, bool) or not isinstance(top_p_width, int) or top_p_width < 1:
+            raise ConfigError(f"top_p_width must be an int >= 1, got {top_p_width!r}")
+        self._ops, self.impl = _select_ops(impl)
+        self._top_p_width = top_p_width
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+        """Draw one token per row; see :meth:`Sampler.__call__` for the contract.
+
+        Order per row: penalties, ``min_tokens`` mask, temperature, top-k, top-p, min-p,
+        draw. A row left with no finite logit draws token 0 (the argmax). Consumes one
+        double per unseeded sampled row from ``batch.generator``.
+
+        Raises:
+            InvariantError: mismatched shapes, or a history token outside ``[0, V)``.
+        """
+        check_batch(logits, batch)
+        vocab = logits.shape[1]
+        plan = plan_rows(batch, vocab, self._top_p_width)
+        x = working_logits(logits, batch)
+        tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=x.device)
+        if plan.greedy:
+            rows = _index(plan.greedy, x.device)
+            tokens[rows] = x[rows].argmax(dim=-1)
+        sampled = plan.sampled
+        if sampled:
+            self._draw(x, plan, self._row_tensors(x, plan, batch, sampled), tokens)
+        result = SampleResult(token_ids=tokens)
+        if batch.max_logprobs >= 0:
+            attach_logprobs(result, logits.to(torch.float32), batch.max_logprobs)
+        return result
+
+    def _row_tensors(
+        self, x: torch.Tensor, plan: RowPlan, batch: SamplingBatch, sampled: list[int]
+    ) -> _RowTensors:
+        dev = x.device
+        u = torch.zeros(x.shape[0], dtype=torch.float64, device=dev)
+        u[_index(sampled, dev)] = row_uniforms(
+            [batch.seeds[i] for i in sampled],
+            [batch.positions[i] for i in sampled],
+            batch.generator,
+            dev,
+        )
+        return _RowTensors(
+            inv_t=torch.tensor(plan.inv_t, dtype=torch.float32, device=dev),
+            k=torch.tensor(plan.top_k, dtype=torch.int64, device=dev),
+            p=torch.tensor(plan.top_p, dtype=torch.float64, device=dev),
+            min_p=torch.tensor(plan.min_p, dtype=torch.float32, device=dev),
+            z=torch.zeros(x.shape[0], dtype=torch.float64, device=dev),
+            u=u,
+        )
+
+    def _draw(self, x: torch.Tensor, plan: RowPlan, t: _RowTensors, tokens: torch.Tensor) -> None:
+        dev = x.device
+        if plan.full:
+            rows = _index(plan.full, dev)
+            tokens[rows] = self._ops.full_draw(x, rows, t.inv_t[rows], t.min_p[rows], t.u[rows])
+        if plan.needs_norm:
+            rows = _index(plan.needs_norm, dev)
+            t.z[rows] = self._ops.row_norm(x, rows, t.inv_t[rows])
+        retry = [self._threshold_stage(x, _index(plan.threshold, dev), t, tokens, None)]
+        grouped = [i for group in plan.topk.values() for i in group]
+        maxima = block_maxima(x, _index(grouped, dev)) if grouped else None
+        start = 0
+        for width, group in plan.topk.items():
+            rows = _index(group, dev)
+            assert maxima is not None
+            vals, idx = topk_candidates(x, rows, width, maxima[start : start + len(group)])
+            start += len(group)
+            tok, kept = self._candidate_draw(vals, idx, rows, t)
+            at_cut = vals.gather(1, (kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+            exact = (kept == 0) | ((kept > 0) & (at_cut > vals[:, -1]))
+            tokens[rows[exact]] = tok[exact]
+            retry.append(self._threshold_stage(x, rows[~exact], t, tokens, vals[~exact]))
+        rows = torch.cat([_index(plan.sort, dev), *retry])
+        if rows.numel():
+            vals, idx = sorted_candidates(x, rows)
+            tokens[rows] = self._candidate_draw(vals, idx, rows, t)[0]
+
+    def _threshold_stage(
+        self,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        t: _RowTensors,
+        tokens: torch.Tensor,
+        head: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Draw ``rows`` from threshold candidate sets (a tight try, then a generous one);
+        return the rows still unresolved."""
+        for margin in _THRESHOLD_MARGINS:
+            if not rows.numel():
+                break
+            k, z = t.k[rows], t.z[rows]
+            need_count = torch.where(k < x.shape[1], k, torch.zeros_like(k))
+            need_mass = torch.where(z > 0, t.p[rows] * z, torch.zeros_like(z))
+            vals, idx, ok = threshold_candidates(
+                x, rows, t.inv_t[rows], need_count, need_mass, head, margin
+            )
+            tok, kept = self._candidate_draw(vals, idx, rows, t)
+            exact = ok & (kept >= 0)
+            tokens[rows[exact]] = tok[exact]
+            rows = rows[~exact]
+            head = head[~exact] if head is not None else None
+        return rows
+
+    def _candidate_draw(
+        self, vals: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor, t: _RowTensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._ops.candidate_draw(
+            vals, idx, t.inv_t[rows], t.k[rows], t.p[rows], t.min_p[rows], t.z[rows], t.u[rows]
+        )
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+if TYPE_CHECKING:
+    _check: type[Sampler] = VectorizedSampler
