@@ -86,3 +86,17 @@ def test_bf16_on_cuda_matches_reference(seed: int) -> None:
         head_dim=64, dtype=torch.bfloat16, device="cuda", seed=seed,
     )  # fmt: skip
     torch.testing.assert_close(_triton(case).float(), _ref(case).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_split_choice_only_for_decode_batches_with_long_context() -> None:
+    from deepinfer_kit.models.attention.triton_ops import choose_num_splits
+
+    def meta(qlens, slens):
+        case = make_case(list(zip(qlens, slens)), block_size=32, num_heads=2, num_kv_heads=2)
+        return case.meta
+
+    long_decode = meta([1, 1], [1024, 700])
+    assert choose_num_splits(long_decode, 2, target_programs=264) == 1024 // 256
+    assert choose_num_splits(long_decode, 2, target_programs=1) == 1
+    assert choose_num_splits(meta([1, 1], [100, 50]), 2, target_programs=264) == 1
+    assert choose_num_splits(meta([9, 1], [1024, 700]), 2, target_programs=264) == 1
