@@ -76,7 +76,10 @@ class SlotModel:
         self.verify(req, c.start)
         known = req.all_token_ids
         n_known = c.num_tokens - len(c.spec_token_ids)
-        fed = [known[p] if p < len(known) else self.pending[id(req)] for p in range(c.start, c.start + n_known)]
+        fed = [
+            known[p] if p < len(known) else self.pending[id(req)]
+            for p in range(c.start, c.start + n_known)
+        ]
         fed += c.spec_token_ids
         prev = self.slots[self._slot(req, c.start - 1)] if c.start else 0
         assert prev is not None, f"{req.request_id}: KV at {c.start - 1} never written"
@@ -105,7 +108,9 @@ class SlotModel:
         want = kv_chain(req.all_token_ids[:end])
         got = [self.slots[self._slot(req, p)] for p in range(end)]
         bad = [p for p in range(end) if got[p] != want[p]]
-        assert not bad, f"{req.request_id}: KV corrupt at positions {bad[:8]} (table {req.block_table})"
+        assert not bad, (
+            f"{req.request_id}: KV corrupt at positions {bad[:8]} (table {req.block_table})"
+        )
 
 
 class SpyCache:
@@ -136,13 +141,24 @@ class SpyCache:
     def match_prefix(self, request: Request) -> int:
         return int(self._call("match_prefix", request))
 
-    def can_allocate(self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> bool:
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0
+    ) -> bool:
         return bool(self._call("can_allocate", request, num_new_tokens, num_cached_tokens))
 
-    def allocate(self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> list[tuple[int, int]]:
+    def allocate(
+        self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0
+    ) -> list[tuple[int, int]]:
         table_before = len(request.block_table)
-        copies: list[tuple[int, int]] = self._call("allocate", request, num_new_tokens, num_cached_tokens)
-        self.log[-1] = ("allocate", request, (num_new_tokens, num_cached_tokens, table_before), copies)
+        copies: list[tuple[int, int]] = self._call(
+            "allocate", request, num_new_tokens, num_cached_tokens
+        )
+        self.log[-1] = (
+            "allocate",
+            request,
+            (num_new_tokens, num_cached_tokens, table_before),
+            copies,
+        )
         return copies
 
     def fork(self, parent: Request, child: Request) -> None:

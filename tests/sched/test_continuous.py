@@ -10,7 +10,7 @@ import pytest
 from sched_shadow import SpyCache
 
 from deepinfer_kit.errors import InvariantError
-from deepinfer_kit.request import Request, RequestStatus
+from deepinfer_kit.request import Request
 from deepinfer_kit.sched import ContinuousBatchScheduler, StepResult
 from deepinfer_kit.sched.records import SchedulerConfig
 from deepinfer_kit.testing.sched import SchedulerDriver, make_request
@@ -19,7 +19,9 @@ P = 4
 MUTATORS = {"allocate", "free", "fork", "truncate", "cache_full_blocks"}
 
 
-def build(make_cache: Any, num_blocks: int = 32, spy: bool = False, **cfg: Any) -> tuple[SchedulerDriver, Any]:
+def build(
+    make_cache: Any, num_blocks: int = 32, spy: bool = False, **cfg: Any
+) -> tuple[SchedulerDriver, Any]:
     config = SchedulerConfig(**cfg)
     cache = make_cache(num_blocks, P)
     if spy:
@@ -66,7 +68,11 @@ def test_cached_counts_are_never_stale(make_cache: Any) -> None:
     # admission (first or resume) uses a count matched after the last cache change.
     drv, cache = build(make_cache, 10, spy=True, max_num_seqs=4, max_num_batched_tokens=16)
     for i in range(16):
-        drv.sched.add(make_request(f"r{i}", 5 + i % 7, prompt_seed=f"s{i % 3}", max_tokens=4 + i % 5, ignore_eos=True))
+        drv.sched.add(
+            make_request(
+                f"r{i}", 5 + i % 7, prompt_seed=f"s{i % 3}", max_tokens=4 + i % 5, ignore_eos=True
+            )
+        )
     drv.run()
     assert sum(len(p.preempted_ids) for p in drv.plans) > 0
     assert _check_fresh_matches(cache.log) > 0
@@ -76,8 +82,15 @@ def _resume_stats(seed: int, make_cache: Any) -> tuple[int, int]:
     drv, cache = build(make_cache, 10, spy=True, max_num_seqs=4, max_num_batched_tokens=24)
     rng = random.Random(seed)
     for i in range(20):
-        drv.sched.add(make_request(f"r{i}", rng.randint(1, 12), prompt_seed=f"s{i % 2}",
-                                   max_tokens=rng.randint(3, 12), ignore_eos=True))
+        drv.sched.add(
+            make_request(
+                f"r{i}",
+                rng.randint(1, 12),
+                prompt_seed=f"s{i % 2}",
+                max_tokens=rng.randint(3, 12),
+                ignore_eos=True,
+            )
+        )
     resumes = boundaries = 0
     while drv.sched.has_unfinished():
         preempted = {id(r) for r in drv.sched.waiting if r.num_preemptions}
@@ -107,9 +120,13 @@ def test_preemption_releases_the_shared_prefix_too(make_cache: Any) -> None:
     # Regression 8: after preemption the victim holds no reference to the blocks it
     # shares with another request; counts equal the tables holding them.
     drv, cache = build(make_cache, 7, max_num_seqs=3, max_num_batched_tokens=64)
-    drv.sched.add(make_request("a", 8, prompt_seed="x", max_tokens=12, ignore_eos=True, arrival=0.0))
+    drv.sched.add(
+        make_request("a", 8, prompt_seed="x", max_tokens=12, ignore_eos=True, arrival=0.0)
+    )
     drv.step()
-    drv.sched.add(make_request("b", 8, prompt_seed="x", max_tokens=12, ignore_eos=True, arrival=1.0))
+    drv.sched.add(
+        make_request("b", 8, prompt_seed="x", max_tokens=12, ignore_eos=True, arrival=1.0)
+    )
     preempted = False
     while drv.sched.has_unfinished():
         plan = drv.schedule()
@@ -157,7 +174,9 @@ def test_policy_hooks_are_called(make_cache: Any) -> None:
         seen.append(running[0].request_id)
         return running[0]
 
-    sched = ContinuousBatchScheduler(config, make_cache(6, P), admission=longest_first, victim=first_running)
+    sched = ContinuousBatchScheduler(
+        config, make_cache(6, P), admission=longest_first, victim=first_running
+    )
     drv = SchedulerDriver(sched, config)
     for i, n in enumerate([2, 9, 5]):
         sched.add(make_request(f"r{i}", n, max_tokens=10, ignore_eos=True))
@@ -168,7 +187,14 @@ def test_policy_hooks_are_called(make_cache: Any) -> None:
 
 
 def test_never_fits_messages_name_the_limit(make_cache: Any) -> None:
-    drv, _ = build(make_cache, 4, max_model_len=20, max_num_seqs=2, enable_chunked_prefill=False, max_num_batched_tokens=8)
+    drv, _ = build(
+        make_cache,
+        4,
+        max_model_len=20,
+        max_num_seqs=2,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=8,
+    )
     cases = {
         "model-len": (make_request("model-len", 20), "max_model_len=20"),
         "pool": (make_request("pool", 8, max_tokens=10), "num_blocks=4"),
@@ -195,7 +221,9 @@ def test_abort_of_a_fork_family(make_cache: Any) -> None:
     assert drv.sched.abort("f")
     outs = drv.step()
     assert sorted((o.request_id, o.outputs[0].index, o.outputs[0].finish_reason) for o in outs) == [
-        ("f", 0, "abort"), ("f", 1, "abort"), ("f", 2, "abort")
+        ("f", 0, "abort"),
+        ("f", 1, "abort"),
+        ("f", 2, "abort"),
     ]
     assert not drv.sched.has_unfinished()
     cache.check_integrity(())

@@ -59,7 +59,9 @@ def run(
     draft_rng: random.Random | None = None,
 ) -> tuple[Outcome, int]:
     """Run ``reqs`` to completion; returns the completions and the preemption count."""
-    cfg = config or SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=32, long_prefill_token_threshold=12)
+    cfg = config or SchedulerConfig(
+        max_num_seqs=6, max_num_batched_tokens=32, long_prefill_token_threshold=12
+    )
     cache = make_cache(num_blocks, P)
     sched = cls(cfg, cache)
     model = SlotModel(num_blocks, P)
@@ -134,5 +136,7 @@ def test_speculative_chunks_give_the_same_tokens(seed: int, make_cache: Any) -> 
     want, _ = run(ContinuousBatchScheduler, 400, reqs, make_cache)
     got, _ = run(ContinuousBatchScheduler, 400, reqs, make_cache, draft_rng=random.Random(seed))
     assert got == want
-    got, preempted = run(ContinuousBatchScheduler, 14, reqs, make_cache, draft_rng=random.Random(seed))
+    got, preempted = run(
+        ContinuousBatchScheduler, 14, reqs, make_cache, draft_rng=random.Random(seed)
+    )
     assert preempted > 0 and got == want

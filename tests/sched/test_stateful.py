@@ -29,7 +29,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.config = SchedulerConfig(
-            max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64, long_prefill_token_threshold=6
+            max_num_seqs=4,
+            max_num_batched_tokens=16,
+            max_model_len=64,
+            long_prefill_token_threshold=6,
         )
         self.cache = BlockKVCacheManager.create(CacheConfig(block_size=P, num_blocks=NUM_BLOCKS))
         self.sched = self.cls(self.config, self.cache)
@@ -48,11 +51,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         ignore_eos=st.booleans(),
         prefix=st.sampled_from([None, "a", "b"]),
     )
-    def add(self, prompt_len: int, max_tokens: int, n: int, min_tokens: int, ignore_eos: bool, prefix: str | None) -> None:
+    def add(
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        n: int,
+        min_tokens: int,
+        ignore_eos: bool,
+        prefix: str | None,
+    ) -> None:
         rid = f"q{self.count}"
         self.count += 1
-        self.sched.add(make_request(rid, prompt_len, prompt_seed=prefix, max_tokens=max_tokens, n=n,
-                                    min_tokens=min(min_tokens, max_tokens), ignore_eos=ignore_eos))
+        self.sched.add(
+            make_request(
+                rid,
+                prompt_len,
+                prompt_seed=prefix,
+                max_tokens=max_tokens,
+                n=n,
+                min_tokens=min(min_tokens, max_tokens),
+                ignore_eos=ignore_eos,
+            )
+        )
         self.want[rid] = n
         self.live.append(rid)
 
@@ -111,8 +131,12 @@ class StaticMachine(SchedulerMachine):
     cls = StaticBatchScheduler
 
 
-_settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow])
+_settings = settings(
+    max_examples=40,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 TestContinuousStateful = _settings(ContinuousMachine).TestCase
 TestStaticStateful = _settings(StaticMachine).TestCase
 
@@ -126,8 +150,14 @@ def test_seeded_long_sequences() -> None:
             for _ in range(300):
                 op = rng.random()
                 if op < 0.25:
-                    m.add(rng.randint(1, 30), rng.randint(1, 10), rng.choice([1, 1, 2, 3]), rng.randint(0, 2),
-                          rng.random() < 0.5, rng.choice([None, "a", "b"]))
+                    m.add(
+                        rng.randint(1, 30),
+                        rng.randint(1, 10),
+                        rng.choice([1, 1, 2, 3]),
+                        rng.randint(0, 2),
+                        rng.random() < 0.5,
+                        rng.choice([None, "a", "b"]),
+                    )
                 elif op < 0.32 and m.live:
                     m.abort_id(rng.choice(m.live))
                 elif m.pending is None:

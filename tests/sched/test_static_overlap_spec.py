@@ -50,7 +50,9 @@ def test_placeholders_for_the_token_in_flight(make_cache: Any) -> None:
     k1 = sched.schedule()  # before k is committed
     by_id = {c.request_id: c for c in k1.chunks}
     assert by_id["dec"].num_placeholders == 1 and by_id["dec"].start == 3 and by_id["dec"].sample
-    assert by_id["pre"].num_placeholders == 0 and by_id["pre"].start == 4 and not by_id["pre"].sample
+    assert (
+        by_id["pre"].num_placeholders == 0 and by_id["pre"].start == 4 and not by_id["pre"].sample
+    )
     sched.commit(k, StepResult([[7], []]))
     assert sched.running[0].all_token_ids[-1] == 7
     sched.commit(k1, StepResult([[8], []]))

@@ -58,7 +58,9 @@ class SchedulerCore:
         self._block_size = cache.block_size
         self._clock = clock
         self._victim: PreemptionPolicy = victim if victim is not None else default_victim
-        self._waiting = make_waiting_queue(admission if admission is not None else default_admission)
+        self._waiting = make_waiting_queue(
+            admission if admission is not None else default_admission
+        )
         self._running: list[Request] = []
         self._requests: dict[str, Request] = {}  # live sequences by id (children included)
         self._children: dict[str, list[Request]] = {}  # parent id -> its live fork children
@@ -326,7 +328,9 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------------ internals
 
-    def _finish(self, request: Request, reason: FinishReason, stop: int | str | None = None) -> None:
+    def _finish(
+        self, request: Request, reason: FinishReason, stop: int | str | None = None
+    ) -> None:
         request.finish(reason, stop)
         if request.metrics is not None:
             request.metrics.finished_time = self._clock()
@@ -415,7 +419,8 @@ class SchedulerCore:
         num_spec = len(chunk.spec_token_ids)
         if not 1 <= len(tokens) <= 1 + num_spec:
             raise InvariantError(
-                f"verified chunk of {req.request_id} with {num_spec} drafts got {len(tokens)} tokens"
+                f"verified chunk of {req.request_id} with {num_spec} drafts got "
+                f"{len(tokens)} tokens"
             )
         appended = append_tokens(req, tokens, lps, self.config.max_model_len)
         valid_end = chunk.start + chunk.num_tokens - num_spec + min(appended, len(tokens) - 1)

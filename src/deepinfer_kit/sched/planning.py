@@ -28,12 +28,13 @@ def make_chunk(
     completions when it is the request's first (and not a placeholder decode).
     """
     sample = start + n >= num_known
+    fan_out = req.params.n
     return ScheduledChunk(
         req,
         start,
         n + len(spec) if spec else n,
         sample,
-        req.params.n if sample and not placeholders and _will_fork(req) else 1,
+        fan_out if fan_out > 1 and sample and not placeholders and _will_fork(req) else 1,
         spec if spec else [],
         1 if placeholders else 0,
         req.num_preemptions,

@@ -117,8 +117,13 @@ class SchedulerDriver:
         plan = self.sched.schedule()
         total = sum(c.num_tokens for c in plan.chunks)
         cfg = self.config
-        expect(total <= cfg.max_num_batched_tokens, f"round {plan.step_id}: {total} tokens > budget")
-        expect(plan.num_batched_tokens == total, f"num_batched_tokens {plan.num_batched_tokens} != {total}")
+        expect(
+            total <= cfg.max_num_batched_tokens, f"round {plan.step_id}: {total} tokens > budget"
+        )
+        expect(
+            plan.num_batched_tokens == total,
+            f"num_batched_tokens {plan.num_batched_tokens} != {total}",
+        )
         expect(len(plan.chunks) <= cfg.max_num_seqs, f"{len(plan.chunks)} chunks > max_num_seqs")
         ids = [c.request_id for c in plan.chunks]
         expect(len(set(ids)) == len(ids), f"a request scheduled twice in one round: {ids}")
@@ -126,13 +131,28 @@ class SchedulerDriver:
             req = c.request
             seen = self._seen.get(id(req))
             if seen is not None and seen[1] == req.num_preemptions:
-                expect(c.start == seen[0], f"{req.request_id}: chunk starts at {c.start}, KV ended at {seen[0]}")
-            expect(c.num_tokens >= 1 and c.start >= 0, f"{req.request_id}: empty chunk {c.start}+{c.num_tokens}")
+                expect(
+                    c.start == seen[0],
+                    f"{req.request_id}: chunk starts at {c.start}, KV ended at {seen[0]}",
+                )
+            expect(
+                c.num_tokens >= 1 and c.start >= 0,
+                f"{req.request_id}: empty chunk {c.start}+{c.num_tokens}",
+            )
             known_end = c.start + c.num_tokens - len(c.spec_token_ids)
-            expect(known_end <= req.num_tokens + c.num_placeholders, f"{req.request_id}: chunk past its tokens")
-            expect(req.num_computed_tokens == c.start + c.num_tokens, f"{req.request_id}: computed not advanced")
+            expect(
+                known_end <= req.num_tokens + c.num_placeholders,
+                f"{req.request_id}: chunk past its tokens",
+            )
+            expect(
+                req.num_computed_tokens == c.start + c.num_tokens,
+                f"{req.request_id}: computed not advanced",
+            )
             if c.sample:
-                expect(known_end == req.num_tokens + c.num_placeholders, f"{req.request_id}: samples mid-prompt")
+                expect(
+                    known_end == req.num_tokens + c.num_placeholders,
+                    f"{req.request_id}: samples mid-prompt",
+                )
         self.plans.append(plan)
         return plan
 
@@ -153,7 +173,10 @@ class SchedulerDriver:
             for comp in out.outputs:
                 key = (out.request_id, comp.index)
                 expect(key not in self.completions, f"completion {key} reported twice")
-                expect(comp.finish_reason in ("stop", "length", "abort", "error"), f"{key}: reason {comp.finish_reason}")
+                expect(
+                    comp.finish_reason in ("stop", "length", "abort", "error"),
+                    f"{key}: reason {comp.finish_reason}",
+                )
                 self.completions[key] = comp
         return outs
 
@@ -169,10 +192,16 @@ class SchedulerDriver:
         """
         for rounds in range(max_rounds):
             if not self.sched.has_unfinished():
-                expect(self.sched.num_unfinished == 0, "num_unfinished != 0 with nothing unfinished")
+                expect(
+                    self.sched.num_unfinished == 0, "num_unfinished != 0 with nothing unfinished"
+                )
                 return rounds
             self.step()
-        expect(False, f"still unfinished after {max_rounds} rounds (num_unfinished={self.sched.num_unfinished})")
+        expect(
+            False,
+            f"still unfinished after {max_rounds} rounds "
+            f"(num_unfinished={self.sched.num_unfinished})",
+        )
         return max_rounds
 
     def reason(self, request_id: str, index: int = 0) -> str | None:
@@ -193,7 +222,10 @@ def _expect_pool_is_whole(drv: SchedulerDriver, num_blocks: int, block_size: int
     prompt = min(num_blocks * block_size, drv.config.max_model_len - 1) - 3
     drv.sched.add(make_request("whole-pool", prompt, max_tokens=4, ignore_eos=True))
     drv.run()
-    expect(drv.reason("whole-pool") == "length", f"whole-pool request: {drv.reason('whole-pool')} (blocks leaked?)")
+    expect(
+        drv.reason("whole-pool") == "length",
+        f"whole-pool request: {drv.reason('whole-pool')} (blocks leaked?)",
+    )
     expect(len(drv.completions[("whole-pool", 0)].token_ids) == 4, "whole-pool request lost tokens")
 
 
@@ -213,8 +245,12 @@ def check_every_request_gets_its_tokens(factory: SchedulerFactory) -> None:
     want = {}
     for i in range(12):
         want[f"r{i}"] = 1 + (i * 5) % 9
-        drv.sched.add(make_request(f"r{i}", 1 + (i * 13) % 37, max_tokens=want[f"r{i}"], ignore_eos=True))
-    expect(drv.sched.num_unfinished == 12, f"num_unfinished after 12 adds: {drv.sched.num_unfinished}")
+        drv.sched.add(
+            make_request(f"r{i}", 1 + (i * 13) % 37, max_tokens=want[f"r{i}"], ignore_eos=True)
+        )
+    expect(
+        drv.sched.num_unfinished == 12, f"num_unfinished after 12 adds: {drv.sched.num_unfinished}"
+    )
     drv.run()
     for rid, n in want.items():
         comp = drv.completions[(rid, 0)]
@@ -229,7 +265,10 @@ def check_chunked_prefill_fills_budget(factory: SchedulerFactory) -> None:
         drv.sched.add(make_request(f"p{i}", 800, max_tokens=4, ignore_eos=True))
     for _ in range(2):
         plan = drv.schedule()
-        expect(plan.num_batched_tokens == 1024, f"round {plan.step_id} used {plan.num_batched_tokens} of 1024")
+        expect(
+            plan.num_batched_tokens == 1024,
+            f"round {plan.step_id} used {plan.num_batched_tokens} of 1024",
+        )
         drv.commit(plan)
     drv.run()
 
@@ -242,7 +281,10 @@ def check_decodes_not_starved_by_long_prefill(factory: SchedulerFactory) -> None
     drv.sched.add(make_request("long", 600, max_tokens=2, ignore_eos=True))
     while ("short", 0) not in drv.completions:
         plan = drv.schedule()
-        expect(any(c.request_id == "short" for c in plan.chunks), f"decode starved in round {plan.step_id}")
+        expect(
+            any(c.request_id == "short" for c in plan.chunks),
+            f"decode starved in round {plan.step_id}",
+        )
         drv.commit(plan)
     drv.run()
 
@@ -285,12 +327,16 @@ def check_never_fitting_request_is_finished(factory: SchedulerFactory) -> None:
         expect(drv.reason(rid) in ("error", "length"), f"{rid}: reason {drv.reason(rid)}")
     drv.run()
     expect(drv.reason("ok") == "length" and drv.reason("exact") == "length", "the queue must go on")
-    expect(len(drv.completions[("exact", 0)].token_ids) == 4, "the pool-filling request lost tokens")
+    expect(
+        len(drv.completions[("exact", 0)].token_ids) == 4, "the pool-filling request lost tokens"
+    )
 
 
 @SCHEDULER_SUITE.check
 def check_abort_in_every_state(factory: SchedulerFactory) -> None:
-    drv = _setup(factory, 64, 4, max_num_seqs=2, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    drv = _setup(
+        factory, 64, 4, max_num_seqs=2, max_num_batched_tokens=16, long_prefill_token_threshold=8
+    )
     sched = drv.sched
     expect(not sched.abort("nobody"), "abort of an unknown id must return False")
     sched.add(make_request("decoding", 3, max_tokens=50, ignore_eos=True))
@@ -298,9 +344,14 @@ def check_abort_in_every_state(factory: SchedulerFactory) -> None:
     sched.add(make_request("waiting", 4, max_tokens=5, ignore_eos=True))
     drv.step()
     drv.step()
-    expect(sched.abort("prefilling") and sched.abort("waiting"), "abort of live ids must return True")
+    expect(
+        sched.abort("prefilling") and sched.abort("waiting"), "abort of live ids must return True"
+    )
     outs = drv.step()
-    expect({o.request_id for o in outs} >= {"prefilling", "waiting"}, "aborts not reported by the next commit")
+    expect(
+        {o.request_id for o in outs} >= {"prefilling", "waiting"},
+        "aborts not reported by the next commit",
+    )
     plan = drv.schedule()
     expect(sched.abort("decoding"), "abort of a scheduled request")
     drv.commit(plan)
@@ -336,7 +387,9 @@ def check_forks_report_n_completions(factory: SchedulerFactory) -> None:
     drv.sched.add(make_request("solo", 2, max_tokens=3, ignore_eos=True))
     drv.run()
     comps = [drv.completions.get(("fork", i)) for i in range(3)]
-    expect(all(c is not None and len(c.token_ids) == 5 for c in comps), f"fork completions: {comps}")
+    expect(
+        all(c is not None and len(c.token_ids) == 5 for c in comps), f"fork completions: {comps}"
+    )
     seqs = {tuple(c.token_ids) for c in comps if c is not None}
     expect(len(seqs) == 3, "completions of a fork must each get their own tokens")
     _expect_pool_is_whole(drv, 64, 4)
@@ -346,7 +399,11 @@ def check_forks_report_n_completions(factory: SchedulerFactory) -> None:
 def check_tiny_pool_finishes_everything(factory: SchedulerFactory) -> None:
     drv = _setup(factory, 10, 4, max_num_seqs=6, max_num_batched_tokens=24)
     for i in range(14):
-        drv.sched.add(make_request(f"t{i}", 2 + i % 9, max_tokens=3 + i % 7, n=1 + (i % 5 == 0), ignore_eos=True))
+        drv.sched.add(
+            make_request(
+                f"t{i}", 2 + i % 9, max_tokens=3 + i % 7, n=1 + (i % 5 == 0), ignore_eos=True
+            )
+        )
     drv.run()
     for i in range(14):
         for j in range(1 + (i % 5 == 0)):
@@ -363,7 +420,10 @@ def check_prefix_hit_leaves_a_token_to_compute(factory: SchedulerFactory) -> Non
     drv.sched.add(make_request("again", 12, prompt_seed="same", max_tokens=2))
     plan = drv.schedule()
     (chunk,) = plan.chunks
-    expect(chunk.start <= 11 and chunk.start + chunk.num_tokens == 12, f"prefix hit chunk {chunk.start}+{chunk.num_tokens}")
+    expect(
+        chunk.start <= 11 and chunk.start + chunk.num_tokens == 12,
+        f"prefix hit chunk {chunk.start}+{chunk.num_tokens}",
+    )
     drv.commit(plan)
     drv.run()
 
@@ -372,16 +432,30 @@ def check_prefix_hit_leaves_a_token_to_compute(factory: SchedulerFactory) -> Non
 def check_random_operation_sequences(factory: SchedulerFactory) -> None:
     for seed in range(6):
         rng = random.Random(seed)
-        drv = _setup(factory, 12, 4, max_num_seqs=4, max_num_batched_tokens=20, max_model_len=64,
-                     long_prefill_token_threshold=rng.choice([0, 6]))
+        drv = _setup(
+            factory,
+            12,
+            4,
+            max_num_seqs=4,
+            max_num_batched_tokens=20,
+            max_model_len=64,
+            long_prefill_token_threshold=rng.choice([0, 6]),
+        )
         drv.tokens = random_tokens(seed, eos_rate=0.15)
         live: list[str] = []
         for k in range(120):
             op = rng.random()
             if op < 0.3:
                 rid = f"s{seed}-{k}"
-                drv.sched.add(make_request(rid, rng.randint(1, 20), max_tokens=rng.randint(1, 12),
-                                           n=rng.choice([1, 1, 1, 2]), min_tokens=rng.choice([0, 1])))
+                drv.sched.add(
+                    make_request(
+                        rid,
+                        rng.randint(1, 20),
+                        max_tokens=rng.randint(1, 12),
+                        n=rng.choice([1, 1, 1, 2]),
+                        min_tokens=rng.choice([0, 1]),
+                    )
+                )
                 live.append(rid)
             elif op < 0.4 and live:
                 drv.sched.abort(live.pop(rng.randrange(len(live))))
@@ -390,4 +464,3 @@ def check_random_operation_sequences(factory: SchedulerFactory) -> None:
         drv.run()
         expect(not drv.sched.has_unfinished(), f"seed {seed}: unfinished at the end")
         _expect_pool_is_whole(drv, 12, 4)
-
