@@ -6,8 +6,8 @@ import pytest
 
 from deepinfer_kit.cache import BlockKVCacheManager, CacheConfig
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
-from deepinfer_kit.request import Request
-from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.testing.cache_manager_checks import admit
+from deepinfer_kit.testing.cache_manager_checks import make_request as req
 
 P = 4
 KINDS = ["hash", "radix"]
@@ -18,24 +18,11 @@ def make(kind: str, num_blocks: int = 16, caching: bool = True) -> BlockKVCacheM
     return BlockKVCacheManager.create(config, kind)  # type: ignore[arg-type]
 
 
-def req(rid: str, tokens: list[int], context: object = None) -> Request:
-    return Request(rid, list(tokens), SamplingParams(), cache_context=context)
-
-
-def prefill(m: BlockKVCacheManager, r: Request) -> int:
-    """Admit ``r`` like a scheduler: match, allocate the rest, commit, publish."""
-    cached = m.match_prefix(r)
-    m.allocate(r, r.num_tokens - cached, cached)
-    r.num_computed_tokens = r.num_tokens
-    m.cache_full_blocks(r, r.num_tokens)
-    return cached
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefix_hit_reuses_blocks_and_leaves_one_token(kind: str) -> None:
     m = make(kind)
     a = req("a", list(range(12)))
-    assert prefill(m, a) == 0
+    assert admit(m, a) == 0
     b = req("b", list(range(12)))
     assert m.match_prefix(b) == 8  # a full-prompt hit still computes the last block
     m.allocate(b, 4, 8)
@@ -51,7 +38,7 @@ def test_prefix_hit_reuses_blocks_and_leaves_one_token(kind: str) -> None:
 def test_fork_copies_partial_block_on_write(kind: str) -> None:
     m = make(kind)
     parent = req("p", list(range(10)))
-    prefill(m, parent)
+    admit(m, parent)
     child = req("p#1", list(range(10)))
     m.fork(parent, child)
     child.num_computed_tokens = 10
@@ -70,7 +57,7 @@ def test_fork_copies_partial_block_on_write(kind: str) -> None:
 def test_failed_allocation_changes_nothing(kind: str) -> None:
     m = make(kind, num_blocks=4)
     a = req("a", list(range(12)))
-    prefill(m, a)
+    admit(m, a)
     b = req("b", list(range(100, 112)))
     before = (m.num_free_blocks, list(a.block_table))
     assert not m.can_allocate(b, 12)
@@ -83,7 +70,7 @@ def test_failed_allocation_changes_nothing(kind: str) -> None:
 def test_prefix_caching_off_never_hits() -> None:
     m = make("hash", caching=False)
     a = req("a", list(range(12)))
-    prefill(m, a)
+    admit(m, a)
     m.free(a)
     assert m.match_prefix(req("b", list(range(12)))) == 0
     assert m.num_free_blocks == 16
@@ -93,7 +80,7 @@ def test_prefix_caching_off_never_hits() -> None:
 def test_stale_cached_count_is_rejected() -> None:
     m = make("hash", num_blocks=4)
     a = req("a", list(range(12)))
-    prefill(m, a)
+    admit(m, a)
     m.free(a)
     b = req("b", list(range(12)))
     cached = m.match_prefix(b)
@@ -114,7 +101,7 @@ def test_create_rejects_unknown_index() -> None:
 def test_rewrite_after_truncate_into_published_block_copies(kind: str) -> None:
     m = make(kind)
     a = req("a", list(range(12)))
-    prefill(m, a)  # blocks 0-2 published
+    admit(m, a)  # blocks 0-2 published
     published = list(a.block_table)
     m.truncate(a, 6)  # roll back into block 1, which the cache publishes
     a.num_computed_tokens = 6
@@ -132,7 +119,7 @@ def test_rewrite_after_truncate_into_published_block_copies(kind: str) -> None:
 def test_taking_evictable_cached_blocks_counts_against_the_pool(kind: str) -> None:
     m = make(kind, num_blocks=4)
     a = req("a", list(range(12)))
-    prefill(m, a)
+    admit(m, a)
     m.free(a)  # 3 evictable cached blocks + 1 free
     b = req("b", list(range(12)) + list(range(100, 104)))
     cached = m.match_prefix(b)
@@ -158,9 +145,9 @@ def test_usage_and_stats() -> None:
     m = make("hash")
     assert m.usage == 0.0 and m.stats is not None
     a = req("a", list(range(8)))
-    prefill(m, a)
+    admit(m, a)
     assert m.usage == 2 / 16
-    prefill(m, req("b", list(range(9))))
+    admit(m, req("b", list(range(9))))
     assert (m.stats.queries, m.stats.hit_blocks) == (2, 2)
     assert make("hash", caching=False).stats is None
 

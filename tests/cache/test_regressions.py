@@ -15,8 +15,8 @@ from deepinfer_kit.cache import (
 )
 from deepinfer_kit.cache.hashing import BlockHasher
 from deepinfer_kit.errors import InvariantError
-from deepinfer_kit.request import Request
-from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.testing.cache_manager_checks import admit
+from deepinfer_kit.testing.cache_manager_checks import make_request as req
 
 P = 4
 KINDS = ["hash", "radix"]
@@ -24,18 +24,6 @@ KINDS = ["hash", "radix"]
 
 def make(kind: str, num_blocks: int = 16) -> BlockKVCacheManager:
     return BlockKVCacheManager.create(CacheConfig(block_size=P, num_blocks=num_blocks), kind)  # type: ignore[arg-type]
-
-
-def req(rid: str, tokens: list[int]) -> Request:
-    return Request(rid, list(tokens), SamplingParams())
-
-
-def admit(m: BlockKVCacheManager, r: Request) -> int:
-    cached = m.match_prefix(r)
-    m.allocate(r, r.num_tokens - cached, cached)
-    r.num_computed_tokens = r.num_tokens
-    m.cache_full_blocks(r, r.num_tokens)
-    return cached
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 from deepinfer_kit.cache.lru_policy import LRUEvictionPolicy
 from deepinfer_kit.cache.protocols import EvictionPolicy
 from deepinfer_kit.cache.records import PrefixCacheStats
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.errors import ConfigError, InvariantError
 
 __all__ = ["PublishedBlocks"]
 
@@ -81,6 +81,22 @@ class PublishedBlocks(Generic[E]):
             forget(b)
         self._stats.evicted_blocks += len(victims)
         return victims
+
+    def _query_blocks(self, tokens: Sequence[int], max_blocks: int | None) -> int:
+        """Full blocks a match reads: ``len(tokens) // P``, capped by ``max_blocks``."""
+        n = len(tokens) // self._block_size
+        if max_blocks is not None and max_blocks < n:
+            n = max(max_blocks, 0)
+        return n
+
+    def _check_insert(self, tokens: Sequence[int], blocks: Sequence[int]) -> int:
+        """``len(blocks)``, once ``tokens`` is known to cover them (else InvariantError)."""
+        n = len(blocks)
+        if len(tokens) < n * self._block_size:
+            raise InvariantError(
+                f"insert: {n} blocks need {n * self._block_size} tokens, got {len(tokens)}"
+            )
+        return n
 
     def _touch_hits(self, hits: list[int], num_query_blocks: int) -> None:
         stats = self._stats

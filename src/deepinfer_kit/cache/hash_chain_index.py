@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from deepinfer_kit.cache._index_base import PublishedBlocks
 from deepinfer_kit.cache.hashing import BlockHasher
 from deepinfer_kit.cache.protocols import EvictionPolicy
-from deepinfer_kit.errors import InvariantError
 
 __all__ = ["HashChainPrefixIndex"]
 
@@ -93,9 +92,7 @@ class HashChainPrefixIndex(PublishedBlocks[_Entry]):
         if type(tokens) is not list:
             tokens = list(tokens)
         P = self._block_size
-        n = len(tokens) // P
-        if max_blocks is not None and max_blocks < n:
-            n = max(max_blocks, 0)
+        n = self._query_blocks(tokens, max_blocks)
         hits: list[int] = []
         if n and self._by_key:
             keys = self._keys(tokens, n, context, memo)
@@ -134,9 +131,7 @@ class HashChainPrefixIndex(PublishedBlocks[_Entry]):
             InvariantError: ``tokens`` is shorter than ``len(blocks) * P``.
         """
         P = self._block_size
-        n = len(blocks)
-        if len(tokens) < n * P:
-            raise InvariantError(f"insert: {n} blocks need {n * P} tokens, got {len(tokens)}")
+        n = self._check_insert(tokens, blocks)
         if start >= n:
             return []
         if type(tokens) is not list:

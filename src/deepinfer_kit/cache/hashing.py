@@ -50,6 +50,11 @@ def encode_context(context: Hashable) -> bytes:
     return _framed(b"o", name.encode() + b"|" + repr(context).encode())
 
 
+def _block_bytes(tokens: Sequence[int], first: int, end: int, block_size: int) -> bytes:
+    """Tokens of blocks ``[first, end)`` as native uint32 bytes (``4 * P`` per block)."""
+    return array("I", tokens[first * block_size : end * block_size]).tobytes()
+
+
 def new_key(key: bytes | None, name: str = "key") -> bytes:
     """``key`` checked (bytes, at most 64 long), or 32 fresh random bytes when ``None``.
 
@@ -77,7 +82,7 @@ def extend_block_bytes(
     if have >= num_blocks:
         return
     stride = 4 * block_size
-    data = array("I", tokens[have * block_size : num_blocks * block_size]).tobytes()
+    data = _block_bytes(tokens, have, num_blocks, block_size)
     keys.extend([salt + data[off : off + stride] for off in range(0, len(data), stride)])
 
 
@@ -126,8 +131,8 @@ class BlockHasher:
         have = len(keys)
         if have >= num_blocks:
             return
+        data = _block_bytes(tokens, have, num_blocks, block_size)
         stride = 4 * block_size
-        data = array("I", tokens[have * block_size : num_blocks * block_size]).tobytes()
         prev = keys[-1] if have else root
         copy = self._base.copy
         append = keys.append

@@ -219,7 +219,9 @@ class BlockKVCacheManager:
         index = self._index
         if index is None:
             return False
-        # Cached blocks taken now leave the evictable pool.
+        # Cached blocks taken now leave the evictable pool (count them only when it matters).
+        if needed <= free + index.num_evictable - len(cached):
+            return True
         ref_count = allocator.ref_count
         taken = sum(1 for b in cached if ref_count(b) == 0)
         return needed <= free + index.num_evictable - taken
@@ -251,9 +253,10 @@ class BlockKVCacheManager:
         """
         table = request.block_table
         if table and num_new_tokens > 0:
-            # Fast path (decode, later prefill chunks): no prefix to take, no copy due.
-            st = request.prefix_state
-            if type(st) is not _PrefixState or not st.cow:
+            # Fast path (decode, later prefill chunks): no prefix to take, no copy due. A
+            # request holding blocks has this manager's state (or None after a reset).
+            st: _PrefixState | None = request.prefix_state  # type: ignore[assignment]
+            if st is None or not st.cow:
                 P = self._P
                 num_new = (request.num_computed_tokens + num_new_tokens + P - 1) // P - len(table)
                 if num_new <= 0:
@@ -280,6 +283,7 @@ class BlockKVCacheManager:
             )
         allocator = self._allocator
         index = self._index
+        _state(request)  # the fast paths rely on it once the request holds blocks
         if cached:
             assert index is not None
             allocator.retain(cached)
@@ -393,9 +397,9 @@ class BlockKVCacheManager:
         index = self._index
         if index is None:
             return
-        st = request.prefix_state
         n_full = num_tokens // self._P
-        if type(st) is _PrefixState:
+        st: _PrefixState | None = request.prefix_state  # type: ignore[assignment]
+        if st is not None:
             if n_full <= st.num_published:
                 return
         else:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from deepinfer_kit.cache._index_base import PublishedBlocks
 from deepinfer_kit.cache.hashing import encode_context, extend_block_bytes, new_key
 from deepinfer_kit.cache.protocols import EvictionPolicy
-from deepinfer_kit.errors import InvariantError
 
 __all__ = ["RadixPrefixIndex"]
 
@@ -74,9 +73,7 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
     ) -> list[int]:
         """The blocks caching the longest full-block prefix of ``tokens`` (see
         :meth:`PrefixIndex.match`). O(matched blocks + new block keys)."""
-        n = len(tokens) // self._block_size
-        if max_blocks is not None and max_blocks < n:
-            n = max(max_blocks, 0)
+        n = self._query_blocks(tokens, max_blocks)
         hits: list[int] = []
         node = self._roots.get(encode_context(context)) if n else None
         if node is not None and node.context == context:
@@ -107,11 +104,7 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         Raises:
             InvariantError: ``tokens`` is shorter than ``len(blocks) * P``.
         """
-        n = len(blocks)
-        if len(tokens) < n * self._block_size:
-            raise InvariantError(
-                f"insert: {n} blocks need {n * self._block_size} tokens, got {len(tokens)}"
-            )
+        n = self._check_insert(tokens, blocks)
         start = max(start, 0)
         if start >= n:
             return []

@@ -13,18 +13,21 @@ from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.testing.suite import Suite, expect
 
-__all__ = ["ManagerShadowDriver", "register_manager_checks"]
+__all__ = ["ManagerShadowDriver", "register_manager_checks", "make_request", "admit"]
 
 P = 4
 ManagerFactory = Callable[[int, int], KVCacheManager]
 _PARAMS = SamplingParams()
 
 
-def _req(rid: str, tokens: list[int], context: Hashable = None) -> Request:
+def make_request(rid: str, tokens: list[int], context: Hashable = None) -> Request:
+    """A request over ``tokens`` (default sampling parameters) for cache tests."""
     return Request(rid, list(tokens), _PARAMS, cache_context=context)
 
 
-def _prefill(m: KVCacheManager, r: Request) -> int:
+def admit(m: KVCacheManager, r: Request) -> int:
+    """Prefill ``r`` like a scheduler in one step: match, allocate the rest, commit,
+    publish. Returns the cached tokens."""
     cached = m.match_prefix(r)
     m.allocate(r, r.num_tokens - cached, cached)
     r.num_computed_tokens = r.num_tokens
@@ -89,7 +92,7 @@ class ManagerShadowDriver:
         if op == 0 or r is None:
             base = rng.choice(self.bases)
             tokens = base[: rng.randint(1, len(base))]
-            r = _req(f"r{self.next_id}", tokens, rng.choice([None, None, "salt"]))
+            r = make_request(f"r{self.next_id}", tokens, rng.choice([None, None, "salt"]))
             self.next_id += 1
             self.log.append(f"admit {r.request_id} len={len(tokens)} ctx={r.cache_context}")
             cached = m.match_prefix(r)
@@ -122,7 +125,7 @@ class ManagerShadowDriver:
                 self.model.truncate(rid, r.num_computed_tokens)  # type: ignore[arg-type]
                 self._commit(r, 0)
         elif op == 3:
-            child = _req(f"{rid}#{self.next_id}", r.all_token_ids, r.cache_context)
+            child = make_request(f"{rid}#{self.next_id}", r.all_token_ids, r.cache_context)
             self.next_id += 1
             self.log.append(f"fork {rid} -> {child.request_id}")
             child.num_computed_tokens = r.num_computed_tokens
@@ -174,23 +177,23 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
     def check_fresh_manager_is_empty(factory: ManagerFactory) -> None:
         m = factory(8, P)
         expect((m.num_blocks, m.block_size, m.num_free_blocks) == (8, P, 8), "fresh manager")
-        expect(m.match_prefix(_req("a", list(range(20)))) == 0, "an empty cache matches nothing")
+        expect(m.match_prefix(make_request("a", list(range(20)))) == 0, "an empty cache matches nothing")
 
     @suite.check
     def check_full_prompt_hit_leaves_one_token(factory: ManagerFactory) -> None:
         m = factory(16, P)
-        _prefill(m, _req("a", list(range(3 * P))))
-        got = m.match_prefix(_req("b", list(range(3 * P))))
+        admit(m, make_request("a", list(range(3 * P))))
+        got = m.match_prefix(make_request("b", list(range(3 * P))))
         expect(got == 2 * P, f"a full-prompt hit must leave the last block, got {got}")
-        got = m.match_prefix(_req("c", list(range(3 * P + 1))))
+        got = m.match_prefix(make_request("c", list(range(3 * P + 1))))
         expect(got == 3 * P, f"one extra token allows the full hit, got {got}")
 
     @suite.check
     def check_publish_only_after_commit(factory: ManagerFactory) -> None:
         m = factory(16, P)
-        a = _req("a", list(range(3 * P)))
+        a = make_request("a", list(range(3 * P)))
         m.allocate(a, 3 * P)
-        b = _req("b", list(range(3 * P)))
+        b = make_request("b", list(range(3 * P)))
         expect(m.match_prefix(b) == 0, "blocks whose step has not committed must not match")
         a.num_computed_tokens = 3 * P
         m.cache_full_blocks(a, 2 * P)
@@ -199,9 +202,9 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
     @suite.check
     def check_failed_allocation_changes_nothing(factory: ManagerFactory) -> None:
         m = factory(4, P)
-        a = _req("a", list(range(3 * P)))
-        _prefill(m, a)
-        b = _req("b", list(range(100, 100 + 2 * P)))
+        a = make_request("a", list(range(3 * P)))
+        admit(m, a)
+        b = make_request("b", list(range(100, 100 + 2 * P)))
         table, free = list(a.block_table), m.num_free_blocks
         expect(not m.can_allocate(b, 2 * P), "can_allocate must see the pool is short")
         try:
@@ -216,9 +219,9 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
     @suite.check
     def check_fork_copies_partial_block_on_write(factory: ManagerFactory) -> None:
         m = factory(16, P)
-        parent = _req("p", list(range(2 * P + 2)))
-        _prefill(m, parent)
-        child = _req("p#1", parent.all_token_ids)
+        parent = make_request("p", list(range(2 * P + 2)))
+        admit(m, parent)
+        child = make_request("p#1", parent.all_token_ids)
         m.fork(parent, child)
         child.num_computed_tokens = parent.num_computed_tokens
         expect(child.block_table == parent.block_table, "a fork shares every block")
@@ -233,7 +236,7 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
     @suite.check
     def check_truncate_and_free_return_blocks(factory: ManagerFactory) -> None:
         m = factory(8, P)
-        a = _req("a", list(range(3 * P)))
+        a = make_request("a", list(range(3 * P)))
         m.allocate(a, 3 * P)
         m.truncate(a, P + 1)
         expect(len(a.block_table) == 2 and m.num_free_blocks == 6, "truncate keeps 2 blocks")
