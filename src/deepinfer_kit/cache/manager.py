@@ -3,44 +3,18 @@ BlockAllocator and an optional PrefixIndex."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
+from deepinfer_kit.cache.integrity import check_block_accounting
+from deepinfer_kit.cache.prefix_state import PrefixState as _PrefixState
+from deepinfer_kit.cache.prefix_state import state_of as _state
 from deepinfer_kit.cache.protocols import BlockAllocator, PrefixIndex
 from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 
 __all__ = ["BlockKVCacheManager"]
-
-
-class _PrefixState:
-    """What the manager keeps on ``request.prefix_state``.
-
-    keys: the index's per-block key memo for ``request.all_token_ids`` (hashed once).
-    num_published: leading blocks of the table already published or taken from the cache.
-    cow: some block in the table may be shared or published and written again (after a
-        fork or a truncate), so writes must check for copy-on-write.
-    hits, epoch: the last match_prefix result; still cached while no eviction happened.
-    """
-
-    __slots__ = ("keys", "num_published", "cow", "hits", "epoch")
-
-    def __init__(self, keys: list[bytes], num_published: int, cow: bool) -> None:
-        self.keys = keys
-        self.num_published = num_published
-        self.cow = cow
-        self.hits: list[int] = []  # blocks of the last match_prefix ...
-        self.epoch = -1  # ... valid while the manager's eviction count is this
-
-
-def _state(request: Request) -> _PrefixState:
-    st = request.prefix_state
-    if type(st) is not _PrefixState:
-        st = _PrefixState([], 0, False)
-        request.prefix_state = st
-    return st
 
 
 class BlockKVCacheManager:
@@ -419,37 +393,14 @@ class BlockKVCacheManager:
         st.num_published = n_full
 
     def check_integrity(self, requests: Iterable[Request] | None = None) -> None:
-        """Check conservation (free + evictable + in use == total) and, when ``requests``
-        lists every request holding blocks, that each block's reference count equals
-        the number of tables holding it and no table holds a block twice. Pass ``()``
-        for the idle check (every count 0). O(num_blocks + table sizes).
+        """Conservation (free + evictable + in use == total) and, when ``requests`` lists
+        every request holding blocks, reference counts equal to holders and no block
+        twice in a table. ``check_integrity(())`` is the idle check. O(num_blocks).
 
         Raises:
             InvariantError: naming the blocks at fault.
         """
-        allocator = self._allocator
-        total = allocator.num_blocks
-        refs = [allocator.ref_count(b) for b in range(total)]
-        in_use = sum(1 for r in refs if r > 0)
-        evictable = self._index.num_evictable if self._index is not None else 0
-        if allocator.num_free + evictable + in_use != total:
-            raise InvariantError(
-                f"conservation broken: free {allocator.num_free} + evictable {evictable} "
-                f"+ in use {in_use} != {total}"
-            )
-        if requests is None:
-            return
-        held: Counter[int] = Counter()
-        for r in requests:
-            if len(set(r.block_table)) != len(r.block_table):
-                raise InvariantError(f"request {r.request_id!r} holds a block twice: {r.block_table}")
-            held.update(r.block_table)
-        wrong = {b: (refs[b], held[b]) for b in range(total) if refs[b] != held[b]}
-        if wrong:
-            raise InvariantError(
-                "reference counts differ from tables (block: (count, holders)): "
-                + ", ".join(f"{b}: {v}" for b, v in sorted(wrong.items())[:20])
-            )
+        check_block_accounting(self._allocator, self._index, requests)
 
 
 if TYPE_CHECKING:

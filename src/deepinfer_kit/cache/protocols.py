@@ -252,7 +252,8 @@ class KVCacheManager(Protocol):
         ...
 
     def match_prefix(self, request: Request) -> int:
-        """Tokens of ``request``'s prompt whose KV is cached, from the current cache.
+        """Tokens of ``request.all_token_ids`` (the prompt, plus the outputs of a preempted
+        request) whose KV is cached, from the current cache.
 
         A multiple of ``P`` and at most ``request.num_tokens - 1`` (the last token is always
         computed so logits exist). Pure: no reference count changes. Call it at each
