@@ -129,11 +129,14 @@ def main() -> None:
     parser.add_argument("--inter", type=int, default=256, help="per-expert intermediate size")
     parser.add_argument("--groups", type=int, default=8, help="GLM-4-MoE n_group (topk_group = half)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, two rounds: a smoke run")
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.hidden, args.experts, args.top_k, args.inter, args.rounds = [64], 128, 16, 4, 32, 2
         args.groups = 4
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"threads={torch.get_num_threads()} H={args.hidden} E={args.experts} k={args.top_k} "
           f"I={args.inter} (times: min of {args.rounds} interleaved rounds, ms)")
     head = f"{'arch':<10} {'T':>5} {'hf eager':>9} {'hf gmm':>9} {'ours':>9} {'dense':>9} " \

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from deepinfer_kit.eplb.records import Placement
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe import MoEConfig, MoELayer
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
@@ -113,5 +114,11 @@ def test_placement_must_cover_every_expert_and_divide_the_world() -> None:
         assert dispatcher.local_experts == (2, 0, 1, 2)
         ids = torch.tensor([2, 2, 2, 2, 0])
         assert sorted(set(dispatcher.physical_slots(ids).tolist()[:4])) == [0, 3]  # both replicas used
+        placement = Placement(
+            phy2log=torch.tensor([[0, 1, 2, 2], [2, 1, 0, 1]]),
+            log2phy=torch.tensor([[[0, -1], [1, -1], [2, 3]], [[2, -1], [1, 3], [0, -1]]]),
+            logcnt=torch.tensor([[1, 1, 2], [1, 2, 1]]),
+        )
+        assert ExpertParallelDispatcher.from_placement(placement, 1).local_experts == (2, 1, 0, 1)
     finally:
         dist.destroy_process_group()

@@ -21,6 +21,17 @@ __all__ = ["grouped_swiglu", "tile_table"]
 
 
 @triton.jit
+def _dot(x, w, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + x @ w``; fp32 operands in IEEE precision (no TF32) when ``IEEE``."""
+    if UPCAST:
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+    if IEEE:
+        return tl.dot(x, w, acc, input_precision="ieee")
+    return tl.dot(x, w, acc)
+
+
+@triton.jit
 def _grouped_linear_kernel(
     x_ptr,
     w_ptr,
@@ -63,23 +74,12 @@ def _grouped_linear_kernel(
         )
         w_mask = k_ok[:, None] & col_ok[None, :]
         w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)
-        if UPCAST:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        acc = _dot(x, w, acc, IEEE, UPCAST)
         if SWIGLU:
             w_up = tl.load(
                 w_base + (cols[None, :] + N) * stride_wn + ks[:, None], mask=w_mask, other=0.0
             )
-            if UPCAST:
-                w_up = w_up.to(tl.float32)
-            if IEEE:
-                acc_up = tl.dot(x, w_up, acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(x, w_up, acc_up)
+            acc_up = _dot(x, w_up, acc_up, IEEE, UPCAST)
     if SWIGLU:
         acc = acc * tl.sigmoid(acc) * acc_up
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
@@ -141,16 +141,10 @@ def grouped_swiglu(
     down: torch.Tensor,
     counts: Sequence[int],
 ) -> torch.Tensor:
-    """SwiGLU experts over expert-contiguous rows (the Triton twin of the reference).
+    """SwiGLU experts over expert-contiguous rows: ``ref_ops.grouped_swiglu`` on Triton.
 
-    Args:
-        x: ``[M, H]`` rows grouped by expert (expert 0's ``counts[0]`` rows first).
-        gate_up: ``[E, 2I, H]`` gate and up weights of each expert.
-        down: ``[E, H, I]`` down weights.
-        counts: ``E`` host ints summing to ``M``.
-
-    Returns:
-        ``[M, H]`` expert outputs aligned with ``x`` (unweighted), in the dtype of ``x``.
+    Same arguments and result (``x [M, H]``, ``gate_up [E, 2I, H]``, ``down [E, H, I]``,
+    ``counts``: ``E`` host ints -> ``[M, H]`` in the dtype of ``x``); fp32 accumulation.
     """
     x = x.contiguous()
     gate_up = gate_up.contiguous()
