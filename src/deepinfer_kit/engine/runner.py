@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
+from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import fork_seed
@@ -19,19 +20,7 @@ from deepinfer_kit.sched.records import SchedulePlan, StepResult
 if TYPE_CHECKING:
     from deepinfer_kit.cache.kv_cache import PagedKVCache
 
-__all__ = ["CausalLM", "PreparedStep", "ModelRunner"]
-
-
-class CausalLM(Protocol):
-    """What the runner needs of a model."""
-
-    def __call__(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
-        """Logits ``[N, V]`` float32 for ``batch.logits_indices``; writes every layer's KV."""
-        ...
-
-    def expert_counts(self) -> torch.Tensor | None:
-        """``[L_moe, E]`` tokens per expert in the last forward, or ``None`` (dense)."""
-        ...
+__all__ = ["PreparedStep", "ModelRunner"]
 
 
 @attrs.define(slots=True, eq=False)

@@ -5,7 +5,11 @@ pytest with ``pytest.mark.parametrize("check", SUITE, ids=SUITE.ids)`` or call
 ``SUITE.run(factory)``.
 """
 
-from deepinfer_kit.testing.cache import BLOCK_ALLOCATOR_SUITE, PREFIX_INDEX_SUITE
+from deepinfer_kit.testing.cache import (
+    BLOCK_ALLOCATOR_SUITE,
+    KV_CACHE_MANAGER_SUITE,
+    PREFIX_INDEX_SUITE,
+)
 from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
 from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
 from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
@@ -21,6 +25,7 @@ __all__ = [
     "expect",
     "BLOCK_ALLOCATOR_SUITE",
     "PREFIX_INDEX_SUITE",
+    "KV_CACHE_MANAGER_SUITE",
     "SCHEDULER_SUITE",
     "SAMPLER_SUITE",
     "VERIFY_PLANNER_SUITE",
