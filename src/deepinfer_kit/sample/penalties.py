@@ -32,14 +32,16 @@ def _flat_keys(
     rows: list[int], histories: list[Sequence[int]], vocab: int, what: str
 ) -> torch.Tensor:
     """``row * V + token`` for every token of each row's history (int64, host)."""
-    parts = []
-    for row, tokens in zip(rows, histories):
-        ids = torch.as_tensor(list(tokens), dtype=torch.int64)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            bad = ids[(ids < 0) | (ids >= vocab)][0].item()
-            raise InvariantError(f"{what}[{row}] holds token {bad}, outside [0, {vocab})")
-        parts.append(ids + row * vocab)
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+    ids = torch.tensor([t for seq in histories for t in seq], dtype=torch.int64)
+    lengths = torch.tensor([len(seq) for seq in histories], dtype=torch.int64)
+    owner = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lengths)
+    bad = ((ids < 0) | (ids >= vocab)).nonzero()
+    if bad.numel():
+        first = int(bad[0])
+        raise InvariantError(
+            f"{what}[{int(owner[first])}] holds token {int(ids[first])}, outside [0, {vocab})"
+        )
+    return owner * vocab + ids
 
 
 def apply_penalties(x: torch.Tensor, batch: SamplingBatch) -> None:

@@ -91,7 +91,7 @@ def full_draw(
     block = block.clamp_(max=nblocks - 1)
     before = cum_blocks.gather(1, (block - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
     before = torch.where(block > 0, before, torch.zeros_like(before))
-    offs = torch.arange(BLOCK, device=x.device)
+    offs = torch.arange(min(BLOCK, vocab), device=x.device)
     cols = block.unsqueeze(1) * BLOCK + offs
     inside = cols < vocab
     wb = w.gather(1, cols.clamp(max=vocab - 1)).masked_fill_(~inside, 0.0)

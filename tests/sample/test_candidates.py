@@ -1,0 +1,81 @@
+"""Candidate sets: exact top-W values from the block pre-selection, value-closed threshold
+sets that hold what was asked, canonical order (value descending, ties by token id)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_kit.sample.candidates import (
+    TOPK_BLOCK,
+    block_maxima,
+    sorted_candidates,
+    threshold_candidates,
+    topk_candidates,
+)
+
+
+def _logits(seed: int, rows: int, vocab: int, ties: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=gen) * 2
+    if ties:
+        x = torch.round(x * 2) / 2  # few distinct values: ties everywhere
+    x[0, : vocab // 2] = float("-inf")
+    return x
+
+
+def _is_canonical(vals: torch.Tensor, idx: torch.Tensor) -> bool:
+    dv = vals[:, 1:] - vals[:, :-1]
+    same = vals[:, 1:] == vals[:, :-1]
+    finite = torch.isfinite(vals[:, 1:])
+    return bool(((dv <= 0) | ~finite).all() and ((idx[:, 1:] > idx[:, :-1]) | ~same | ~finite).all())
+
+
+@pytest.mark.parametrize("vocab", [4096 + 37, 9000])
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("width", [1, 64, 130])
+def test_block_preselection_gives_the_exact_top_values(vocab: int, ties: bool, width: int) -> None:
+    x = _logits(vocab + width, 7, vocab, ties)
+    rows = torch.tensor([0, 3, 6, 2])
+    maxima = block_maxima(x, rows)
+    assert maxima.shape == (4, -(-vocab // TOPK_BLOCK))
+    vals, idx = topk_candidates(x, rows, width, maxima)
+    full_vals, full_idx = sorted_candidates(x, rows)
+    assert torch.equal(vals, full_vals[:, :width])
+    assert torch.equal(x[rows].gather(1, idx), vals)
+    assert _is_canonical(vals, idx)
+    strictly_above = vals > vals[:, -1:]
+    assert torch.equal(idx[strictly_above], full_idx[:, :width][strictly_above])
+
+
+def test_block_maxima_reads_few_rows_or_all_rows_alike() -> None:
+    x = _logits(1, 16, 1000, False)
+    few, many = torch.tensor([3]), torch.arange(16)
+    assert torch.equal(block_maxima(x, few), block_maxima(x, many)[3:4])
+
+
+@pytest.mark.parametrize("margin", [1.05, 2.0, 8.0])
+def test_threshold_sets_are_value_closed_and_sufficient(margin: float) -> None:
+    gen = torch.Generator().manual_seed(3)
+    vocab = 6000
+    x = torch.randn(6, vocab, generator=gen) * torch.tensor([[0.5], [1], [2], [3], [4], [6]])
+    rows = torch.arange(6)
+    inv_t = torch.ones(6)
+    w = torch.exp(x - x.amax(dim=-1, keepdim=True)).double()
+    z = w.sum(dim=-1)
+    need_mass = torch.tensor([0.9, 0.5, 0.0, 0.95, 0.0, 0.7], dtype=torch.float64) * z
+    need_count = torch.tensor([0, 0, 700, 0, 3, 0])
+    head = topk_candidates(x, rows, 256, block_maxima(x, rows))[0]
+    vals, idx, ok = threshold_candidates(x, rows, inv_t, need_count, need_mass, head, margin)
+    assert _is_canonical(vals, idx)
+    for r in range(6):
+        members = idx[r][torch.isfinite(vals[r])]
+        assert len(set(members.tolist())) == members.numel()
+        if not ok[r]:
+            continue
+        lowest = vals[r][torch.isfinite(vals[r])].min()
+        assert int((x[r] >= lowest).sum()) == members.numel()  # value-closed
+        assert members.numel() >= need_count[r]
+        assert float(w[r][members].sum()) >= float(need_mass[r])
+    if margin >= 2.0:
+        assert bool(ok.all())
