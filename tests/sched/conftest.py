@@ -9,13 +9,13 @@ import pytest
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
-from deepinfer_kit.sched.base import SchedulerCore
+from deepinfer_kit.sched.planning import RoundPlanner
 from deepinfer_kit.sched.records import SchedulerConfig
 
 SCHEDULERS = {"continuous": ContinuousBatchScheduler, "static": StaticBatchScheduler}
 
 CacheFactory = Callable[..., BlockKVCacheManager]
-SchedFactory = Callable[..., SchedulerCore]
+SchedFactory = Callable[..., RoundPlanner]
 
 
 def _make_cache(num_blocks: int, block_size: int, index: str = "hash") -> BlockKVCacheManager:
@@ -32,13 +32,13 @@ def make_cache() -> CacheFactory:
 
 
 @pytest.fixture
-def suite_factory() -> Callable[[str, str], Callable[[SchedulerConfig, int, int], SchedulerCore]]:
+def suite_factory() -> Callable[[str, str], Callable[[SchedulerConfig, int, int], RoundPlanner]]:
     """``suite_factory(kind, index)`` -> the conformance-suite factory of that scheduler."""
 
-    def build(kind: str, index: str) -> Callable[[SchedulerConfig, int, int], SchedulerCore]:
+    def build(kind: str, index: str) -> Callable[[SchedulerConfig, int, int], RoundPlanner]:
         cls = SCHEDULERS[kind]
 
-        def factory(config: SchedulerConfig, num_blocks: int, block_size: int) -> SchedulerCore:
+        def factory(config: SchedulerConfig, num_blocks: int, block_size: int) -> RoundPlanner:
             return cls(config, _make_cache(num_blocks, block_size, index))
 
         return factory

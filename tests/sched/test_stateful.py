@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
-from deepinfer_kit.sched.base import SchedulerCore
+from deepinfer_kit.sched.planning import RoundPlanner
 from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
 from deepinfer_kit.testing.sched import SchedulerDriver, make_request, random_tokens
 
@@ -24,7 +24,7 @@ NUM_BLOCKS, P = 12, 4
 class SchedulerMachine(RuleBasedStateMachine):
     """Drives one scheduler; ``cls`` is set by the subclasses below."""
 
-    cls: type[SchedulerCore]
+    cls: type[RoundPlanner]
 
     def __init__(self) -> None:
         super().__init__()

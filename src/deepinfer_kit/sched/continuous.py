@@ -31,8 +31,8 @@ class ContinuousBatchScheduler(RoundPlanner):
        head blocks the ones behind it (no overtaking).
 
     Requests that can never fit are finished with reason ``error`` when added. See
-    :class:`~deepinfer_kit.sched.base.SchedulerCore` for the constructor arguments,
-    ``commit`` and ``abort``.
+    :class:`~deepinfer_kit.sched.base.SchedulerCore` for the constructor arguments and
+    ``abort``, :class:`~deepinfer_kit.sched.commit.CommitCore` for ``commit``.
 
     Overlap: ``schedule()`` may be called again before the previous plan is committed.
     A request whose token is still being sampled is scheduled as a decode with

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request, RequestStatus
-from deepinfer_kit.sched.base import SchedulerCore, _will_fork
+from deepinfer_kit.sched.base import _will_fork
+from deepinfer_kit.sched.commit import CommitCore
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 
 __all__ = ["RoundPlanner", "make_chunk"]
@@ -41,8 +42,8 @@ def make_chunk(
     )
 
 
-class RoundPlanner(SchedulerCore):
-    """Adds the running-list planning loop to :class:`SchedulerCore`.
+class RoundPlanner(CommitCore):
+    """Adds the running-list planning loop to :class:`CommitCore`.
 
     ``_preemptive`` (class default True) says whether blocks running out preempts a
     victim by recompute; a non-preemptive scheduler guarantees the blocks at admission
