@@ -280,3 +280,41 @@ def test_without_chunking_a_prompt_waits_for_room(make_cache: Any) -> None:
     assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [("a", 10)]
     drv.run()
     assert all(c.num_tokens in (1, 10) for p in drv.plans for c in p.chunks)
+
+
+def test_abort_of_a_preempted_request(make_cache: Any) -> None:
+    drv, cache = build(make_cache, 6, max_num_seqs=3, max_num_batched_tokens=64)
+    for i in range(3):
+        drv.sched.add(make_request(f"r{i}", 5, max_tokens=12, ignore_eos=True, arrival=float(i)))
+    while not any(r.num_preemptions for r in drv.sched.waiting):
+        drv.step()
+    (victim,) = [r for r in drv.sched.waiting if r.num_preemptions]
+    assert victim.block_table == [] and drv.sched.abort(victim.request_id)
+    assert victim not in drv.sched.waiting
+    outs = drv.step()
+    assert (victim.request_id, "abort") in [
+        (o.request_id, o.outputs[0].finish_reason) for o in outs
+    ]
+    drv.run()
+    cache.check_integrity(())
+
+
+def test_logprobs_follow_their_completion(make_cache: Any) -> None:
+    from deepinfer_kit.outputs import Logprob
+
+    drv, _ = build(make_cache)
+    drv.sched.add(make_request("lp", 3, n=2, max_tokens=2, ignore_eos=True, logprobs=1))
+
+    def lp(tok: int) -> dict[int, Logprob]:
+        return {tok: Logprob(-tok / 10, 1)}
+
+    plan = drv.schedule()
+    drv.commit(plan, StepResult([[3, 5]], logprobs=[[lp(3), lp(5)]]))
+    plan = drv.schedule()
+    toks = [[4 + i] for i in range(len(plan.chunks))]
+    drv.commit(plan, StepResult(toks, logprobs=[[lp(t[0])] for t in toks]))
+    comps = {i: drv.completions[("lp", i)] for i in range(2)}
+    for comp in comps.values():
+        assert comp.logprobs is not None and len(comp.logprobs) == 2
+        assert comp.cumulative_logprob == pytest.approx(-sum(comp.token_ids) / 10)
+    assert {comps[0].token_ids[0], comps[1].token_ids[0]} == {3, 5}
