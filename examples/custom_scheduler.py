@@ -2,9 +2,10 @@
 
 Shortest-prompt-first admission and a cheapest-to-recompute preemption victim, each a
 plain callable satisfying a Protocol of ``deepinfer_kit.sched`` (mypy --strict checks it
-below). No model: a fake step loop feeds random tokens, so the script shows what the
-policy changes (rounds until each request's first token) against FCFS, then runs the
-Scheduler conformance suite on the custom-policy scheduler.
+below). First a fake step loop feeds random tokens, so the script shows what the policy
+changes (rounds until each request's first token) against FCFS, then runs the Scheduler
+conformance suite on the custom-policy scheduler; last, the same scheduler drives the real
+engine on the embedded tiny model, whose greedy outputs match the default scheduler's.
 
     .venv/bin/python examples/custom_scheduler.py
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
+from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
@@ -82,6 +84,32 @@ def first_token_rounds(sched: Scheduler, seed: int) -> list[int]:
     return list(first.values())
 
 
+def run_engine(custom: bool) -> dict[str, list[int]]:
+    """Greedy generation on the tiny model with the custom (or default) scheduler."""
+    import torch
+
+    from deepinfer_kit import Engine
+
+    torch.set_num_threads(1)
+
+    def make(config: SchedulerConfig, cache: KVCacheManager) -> Scheduler:
+        return ContinuousBatchScheduler(
+            config, cache, admission=ShortestPromptFirst(), victim=cheapest_to_recompute
+        )
+
+    engine = Engine.from_config(
+        model="tiny", num_blocks=24, block_size=8, max_model_len=160, max_num_seqs=4,
+        make_scheduler=make if custom else None,
+    )
+    rng = random.Random(1)
+    for i in range(12):
+        prompt = [rng.randrange(1, 256) for _ in range(rng.choice([4, 12, 60, 100]))]
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    outputs = {o.request_id: o.outputs[0].token_ids for o in engine.run()}
+    engine.check_idle()
+    return outputs
+
+
 def main() -> None:
     config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=512)
     for custom in (False, True):
@@ -93,6 +121,10 @@ def main() -> None:
         )
     SCHEDULER_SUITE.run(lambda cfg, nb, bs: build(cfg, nb, bs, custom=True))
     print(f"conformance: all {len(SCHEDULER_SUITE)} Scheduler checks pass with the custom policy")
+    same = run_engine(custom=True) == run_engine(custom=False)
+    print(f"engine on the tiny model: greedy outputs identical to the default scheduler: {same}")
+    if not same:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

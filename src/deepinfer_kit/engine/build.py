@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, cast
 
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.manager import BlockKVCacheManager
+from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
@@ -15,12 +17,14 @@ from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import LoadedModel, build_tiny_model, load_model
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer
+from deepinfer_kit.overlap.protocols import OverlapExecutor
+from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulerConfig
 from deepinfer_kit.sched.static import StaticBatchScheduler
 
-__all__ = ["build_engine", "size_kv_pool"]
+__all__ = ["build_engine", "size_kv_pool", "SchedulerFactory"]
 
 Impl = Literal["auto", "ref", "triton"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -53,8 +57,22 @@ def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) 
     return num_blocks
 
 
-def build_engine(config: EngineConfig) -> Engine:
+SchedulerFactory = Callable[[SchedulerConfig, KVCacheManager], Scheduler]
+"""``factory(config, cache)`` -> the scheduler the engine drives."""
+
+
+def build_engine(
+    config: EngineConfig,
+    *,
+    make_scheduler: SchedulerFactory | None = None,
+    sampler: Sampler | None = None,
+    executor: OverlapExecutor | None = None,
+) -> Engine:
     """Load the model and build every default component of ``config``.
+
+    Any of the swappable components can be given instead of the default: a scheduler
+    factory (it receives the scheduler config and the KV cache manager), a sampler, an
+    executor.
 
     Raises:
         ConfigError: bad config values, an unknown device, an unsupported checkpoint, or
@@ -105,7 +123,9 @@ def build_engine(config: EngineConfig) -> Engine:
         policy=config.scheduler_policy,
     )
     scheduler: Scheduler
-    if config.scheduler == "static":
+    if make_scheduler is not None:
+        scheduler = make_scheduler(sched_config, cache)
+    elif config.scheduler == "static":
         scheduler = StaticBatchScheduler(sched_config, cache)
     else:
         scheduler = ContinuousBatchScheduler(sched_config, cache)
@@ -113,7 +133,7 @@ def build_engine(config: EngineConfig) -> Engine:
     runner = ModelRunner(
         loaded.model,
         kv_cache,
-        VectorizedSampler(impl=cast(Impl, config.sampler_impl)),
+        sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl)),
         device=device,
         generator=generator,
     )
@@ -132,4 +152,5 @@ def build_engine(config: EngineConfig) -> Engine:
         max_model_len=max_model_len,
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
+        executor=executor,
     )

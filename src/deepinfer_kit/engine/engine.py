@@ -18,10 +18,12 @@ from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.sync import SyncExecutor
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan, StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.build import SchedulerFactory
     from deepinfer_kit.engine.config import EngineConfig
     from deepinfer_kit.models.tokenizer import Tokenizer
 
@@ -99,15 +101,26 @@ class Engine:
         self.num_cached_prompt_tokens = 0
 
     @classmethod
-    def from_config(cls, config: EngineConfig | None = None, **overrides: Any) -> Engine:
-        """Build the default components described by ``config`` (fields overridable)."""
+    def from_config(
+        cls,
+        config: EngineConfig | None = None,
+        *,
+        make_scheduler: SchedulerFactory | None = None,
+        sampler: Sampler | None = None,
+        executor: OverlapExecutor | None = None,
+        **overrides: Any,
+    ) -> Engine:
+        """Build the default components described by ``config``; ``overrides`` replace
+        config fields, and ``make_scheduler`` / ``sampler`` / ``executor`` replace a
+        default component with yours (see :func:`~deepinfer_kit.engine.build.build_engine`).
+        """
         from deepinfer_kit.engine.build import build_engine
         from deepinfer_kit.engine.config import EngineConfig
 
         cfg = config if config is not None else EngineConfig()
         if overrides:
             cfg = attrs.evolve(cfg, **overrides)
-        return build_engine(cfg)
+        return build_engine(cfg, make_scheduler=make_scheduler, sampler=sampler, executor=executor)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -185,13 +198,9 @@ class Engine:
     def abort(self, request_id: str) -> bool:
         """Abort a request and all its completions; its output (reason ``abort``) comes
         from the next :meth:`step`. Returns False for an unknown or finished id."""
-        group = self._groups.get(request_id)
-        if group is None:
+        if request_id not in self._groups:
             return False
-        found = self.scheduler.abort(request_id)
-        for i in range(1, group.n):
-            found = self.scheduler.abort(f"{request_id}#{i}") or found
-        return found
+        return self.scheduler.abort(request_id)  # the scheduler aborts fork children too
 
     def has_unfinished_requests(self) -> bool:
         """True while any request has not been reported finished."""
@@ -315,11 +324,9 @@ class Engine:
         times: tuple[float, float, float, float],
     ) -> StepTrace:
         chunks = []
-        hits = 0
         for i, chunk in enumerate(plan.chunks):
             req = chunk.request
             admitted = chunk.start == req.num_cached_tokens and req.num_cached_tokens > 0
-            hits += req.num_cached_tokens if admitted else 0
             sampled = result.token_ids[i] if i < len(result.token_ids) else []
             chunks.append(
                 TracedChunk(
@@ -342,7 +349,7 @@ class Engine:
             free_blocks_before=free_before,
             free_blocks_after=self.cache.num_free_blocks,
             blocks_evicted=self._evicted() - evicted_before,
-            prefix_hit_tokens=hits,
+            prefix_hit_tokens=plan.num_cached_tokens,
             block_copies=len(plan.block_copies),
             preempted=tuple(plan.preempted_ids),
             finished=tuple(
