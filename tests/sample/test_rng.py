@@ -14,7 +14,8 @@ def _mix64_numpy(z: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+        out: np.ndarray = z ^ (z >> np.uint64(31))
+        return out
 
 
 def test_mix64_matches_an_independent_uint64_implementation() -> None:

@@ -66,6 +66,7 @@ def test_matches_naive_on_random_batches(seed: int) -> None:
         assert slow.logprobs is None
         return
     assert slow.logprobs is not None and fast.ranks is not None and fast.top_logprobs is not None
+    assert slow.ranks is not None
     assert torch.allclose(fast.logprobs, slow.logprobs, atol=1e-5)
     assert torch.equal(fast.ranks, slow.ranks)
     assert slow.top_logprobs is not None and fast.top_token_ids is not None

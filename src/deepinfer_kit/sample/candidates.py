@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kit.sample.ref_ops import blocked_reduce
+
 __all__ = [
     "SUBSAMPLE_STRIDE",
     "TOPK_BLOCK",
@@ -54,16 +56,9 @@ def block_maxima(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[n, ceil(V / TOPK_BLOCK)]`` float32.
     """
-    src = x if 4 * rows.shape[0] >= x.shape[0] else x[rows]
-    n, vocab = src.shape
-    full = vocab // TOPK_BLOCK
-    parts = []
-    if full:
-        parts.append(src[:, : full * TOPK_BLOCK].reshape(n, full, TOPK_BLOCK).amax(dim=-1))
-    if vocab > full * TOPK_BLOCK:
-        parts.append(src[:, full * TOPK_BLOCK :].amax(dim=-1, keepdim=True))
-    maxima = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    return maxima[rows] if src is x else maxima
+    if 4 * rows.shape[0] >= x.shape[0]:
+        return blocked_reduce(x, TOPK_BLOCK, "amax")[rows]
+    return blocked_reduce(x[rows], TOPK_BLOCK, "amax")
 
 
 def topk_candidates(

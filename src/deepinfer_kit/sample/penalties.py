@@ -29,7 +29,7 @@ def needs_edits(batch: SamplingBatch) -> bool:
 
 
 def _flat_keys(
-    rows: list[int], histories: list[Sequence[int]], vocab: int, what: str
+    rows: list[int], histories: Sequence[Sequence[int]], vocab: int, what: str
 ) -> torch.Tensor:
     """``row * V + token`` for every token of each row's history (int64, host)."""
     ids = torch.tensor([t for seq in histories for t in seq], dtype=torch.int64)

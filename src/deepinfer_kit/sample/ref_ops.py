@@ -12,9 +12,11 @@ normalized to NaN); all cumulative sums are float64. Full rows are summed in blo
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
-__all__ = ["BLOCK", "row_norm", "full_draw", "candidate_draw"]
+__all__ = ["BLOCK", "blocked_reduce", "row_norm", "full_draw", "candidate_draw"]
 
 BLOCK = 1024
 """Tokens per block of the blocked row sums (and of the Triton kernels' chunks)."""
@@ -30,16 +32,23 @@ def _weights(x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.
     return w.exp_()
 
 
-def _block_sums(w: torch.Tensor) -> torch.Tensor:
-    """``[n, ceil(V / BLOCK)]`` float64 sums of consecutive ``BLOCK``-token slices of ``w``."""
-    n, vocab = w.shape
-    full = vocab // BLOCK
+def blocked_reduce(t: torch.Tensor, block: int, how: Literal["sum", "amax"]) -> torch.Tensor:
+    """``[n, ceil(V / block)]`` sums or maxima of consecutive ``block``-token slices of
+    ``t [n, V]`` (the last slice may be shorter); each slice is reduced on its own, so the
+    result for a row does not depend on the other rows."""
+    n, vocab = t.shape
+    full = vocab // block
     parts = []
     if full:
-        parts.append(w[:, : full * BLOCK].reshape(n, full, BLOCK).sum(dim=-1))
-    if vocab > full * BLOCK:
-        parts.append(w[:, full * BLOCK :].sum(dim=-1, keepdim=True))
-    return torch.cat(parts, dim=1).double()
+        parts.append(getattr(t[:, : full * block].reshape(n, full, block), how)(dim=-1))
+    if vocab > full * block:
+        parts.append(getattr(t[:, full * block :], how)(dim=-1, keepdim=True))
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+
+def _block_sums(w: torch.Tensor) -> torch.Tensor:
+    """``[n, ceil(V / BLOCK)]`` float64 sums of consecutive ``BLOCK``-token slices of ``w``."""
+    return blocked_reduce(w, BLOCK, "sum").double()
 
 
 def row_norm(x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:

@@ -90,6 +90,17 @@ def _full_draw_kernel(
 
 
 @triton.jit
+def _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK: tl.constexpr):
+    """Positions, weights and inclusive in-top-k prefix sums of one chunk of candidates,
+    and the running sum after it."""
+    j = start + tl.arange(0, BLOCK)
+    w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
+    w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
+    cum = running + tl.cumsum(w64, axis=0)
+    return j, w, cum, running + tl.sum(w64, axis=0)
+
+
+@triton.jit
 def _candidate_kernel(
     vals_ptr, idx_ptr, inv_t_ptr, k_ptr, p_ptr, min_p_ptr, z_ptr, u_ptr,
     tok_ptr, kept_ptr, W, BLOCK: tl.constexpr,
@@ -103,26 +114,19 @@ def _candidate_kernel(
     limit = tl.minimum(k, W)
     p = tl.load(p_ptr + pid)
     min_p = tl.load(min_p_ptr + pid)
-    offs = tl.arange(0, BLOCK)
     zero = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
     in_k_total = zero
     good = 0
     for start in range(0, W, BLOCK):
-        j = start + offs
-        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
-        in_k_total += tl.sum(tl.where(j < limit, w, 0.0).to(tl.float64), axis=0)
+        j, w, cum, in_k_total = _candidate_chunk(vbase, start, W, limit, top, inv_t, in_k_total, BLOCK)
         good += tl.sum(((w >= min_p) & (w > 0)).to(tl.int32), axis=0)
     z = tl.load(z_ptr + pid)
     thresh = p * tl.where(z > 0, z, in_k_total)
     below = 0
     running = zero
     for start in range(0, W, BLOCK):
-        j = start + offs
-        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
-        w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
-        cum = running + tl.cumsum(w64, axis=0)
+        j, w, cum, running = _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK)
         below += tl.sum(((cum < thresh) & (j < limit)).to(tl.int32), axis=0)
-        running += tl.sum(w64, axis=0)
     use_p = p < 1.0
     crossed = use_p & (below < limit)
     n_top = tl.where(crossed, below + 1, limit)
@@ -131,22 +135,14 @@ def _candidate_kernel(
     total = zero
     running = zero
     for start in range(0, W, BLOCK):
-        j = start + offs
-        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
-        w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
-        cum = running + tl.cumsum(w64, axis=0)
+        j, w, cum, running = _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK)
         total += tl.sum(tl.where(j == end, cum, 0.0), axis=0)
-        running += tl.sum(w64, axis=0)
     target = tl.load(u_ptr + pid) * total
     pick = W
     running = zero
     for start in range(0, W, BLOCK):
-        j = start + offs
-        w = tl.exp((tl.load(vbase + j, mask=j < W, other=float("-inf")) - top) * inv_t)
-        w64 = tl.where(j < limit, w, 0.0).to(tl.float64)
-        cum = running + tl.cumsum(w64, axis=0)
+        j, w, cum, running = _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK)
         pick = tl.minimum(pick, tl.min(tl.where((cum > target) & (j < W), j, W), axis=0))
-        running += tl.sum(w64, axis=0)
     pick = tl.minimum(pick, end)
     token = tl.load(idx_ptr + pid.to(tl.int64) * W + pick)
     token = tl.where(kept > 0, token, 0)

@@ -12,6 +12,7 @@ only as the last resort. Logprobs come from the raw logits (``logprobs.py``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -59,7 +60,7 @@ def check_batch(logits: torch.Tensor, batch: SamplingBatch) -> None:
     if logits.dim() != 2 or logits.shape[1] < 1:
         raise InvariantError(f"logits must be [N, V] with V >= 1, got shape {tuple(logits.shape)}")
     n = logits.shape[0]
-    fields = {
+    fields: dict[str, Sized] = {
         "params": batch.params,
         "seeds": batch.seeds,
         "positions": batch.positions,

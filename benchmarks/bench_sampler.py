@@ -1,0 +1,180 @@
+"""Benchmark: VectorizedSampler against the per-row NaiveSampler and vLLM's
+TopKTopPSampler native path, on the same logits, in the same run.
+
+Rows cycle through four parameter sets — top-k 50, top-p 0.9, both, neither — all seeded.
+Two kinds of logits: ``llm`` (a few dozen plausible tokens well above a Gaussian floor, like
+a language model's next-token logits) and ``flat`` (i.i.d. N(0, 3^2): a top-p 0.9 set of
+thousands of tokens, the hard case for a sampler that avoids sorting). vLLM gets top-k /
+top-p tensors and no per-request generators (its fastest path); it sorts every row.
+
+Run: ``.venv/bin/python benchmarks/bench_sampler.py [--quick]``. The script sets
+``OMP_WAIT_POLICY=PASSIVE`` unless the environment already sets it: on a machine with few,
+oversubscribed cores, OpenMP threads spinning after each parallel op otherwise stall every
+following op by up to a scheduler slice, which swamps a pipeline of many small ops (export
+``OMP_WAIT_POLICY=ACTIVE`` to measure that case; both samplers run under the same policy).
+The naive sampler is a per-row loop; above 32 rows it is timed on 32 rows and scaled
+linearly (marked ``*``).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when torch loads OpenMP
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import logging  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from deepinfer_kit.sample import NaiveSampler, SamplingParams, VectorizedSampler  # noqa: E402
+from deepinfer_kit.testing.sample import make_batch  # noqa: E402
+
+NAIVE_ROWS = 32
+
+KINDS = {
+    "top_k": {"top_k": 50},
+    "top_p": {"top_p": 0.9},
+    "both": {"top_k": 50, "top_p": 0.9},
+    "neither": {},
+}
+
+
+def make_logits(kind: str, rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """``[rows, vocab]`` float32 logits of the given kind (see the module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "flat":
+        return torch.randn(rows, vocab, generator=gen) * 3
+    x = torch.randn(rows, vocab, generator=gen) * 2
+    boost = torch.rand(rows, 64, generator=gen).sort(dim=-1, descending=True).values * 14
+    x.scatter_add_(1, torch.randint(0, vocab, (rows, 64), generator=gen), boost)
+    return x
+
+
+def row_kinds(rows: int) -> list[str]:
+    """The parameter set of each row: the four kinds in turn."""
+    names = list(KINDS)
+    return [names[i % len(names)] for i in range(rows)]
+
+
+def inside_filtered_set(logits: torch.Tensor, kinds: list[str], tokens: torch.Tensor) -> bool:
+    """Whether every token is inside its row's top-k / top-p set (value-based, no sort:
+    fewer than k logits strictly above it; top-p mass strictly above it below p)."""
+    x = logits.double()
+    chosen = x.gather(1, tokens.unsqueeze(1))
+    above = x > chosen
+    w = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    ok = torch.ones(x.shape[0], dtype=torch.bool)
+    for i, name in enumerate(kinds):
+        spec = KINDS[name]
+        k = int(spec.get("top_k", x.shape[1]))
+        if int(above[i].sum()) >= k:
+            ok[i] = False
+        if "top_p" in spec:
+            z = float(torch.topk(w[i], k).values.sum())
+            ok[i] &= float(w[i][above[i]].sum()) < float(spec["top_p"]) * z
+    return bool(ok.all())
+
+
+def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
+    """Median seconds of ``reps`` calls after one warm-up, and the last result."""
+    out = fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def load_vllm() -> Any | None:
+    """vLLM's TopKTopPSampler, or None when vLLM cannot be imported here."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+        print(f"vLLM unavailable: {type(exc).__name__}: {exc}")
+        return None
+    return TopKTopPSampler()
+
+
+def run_config(
+    kind: str, rows: int, vocab: int, reps: int, vllm: Any | None, impl: str, naive: bool
+) -> dict[str, Any]:
+    """Time every sampler on one configuration; batch 1 averages one row of each kind."""
+    batches = [[k] for k in KINDS] if rows == 1 else [row_kinds(rows)]
+    result: dict[str, Any] = {"ours": 0.0, "naive": None, "vllm": None, "inside": True}
+    ours = VectorizedSampler(impl)  # type: ignore[arg-type]
+    for b, kinds in enumerate(batches):
+        logits = make_logits(kind, len(kinds), vocab, seed=rows * 7 + b)
+        params = [SamplingParams(seed=i, **KINDS[k]) for i, k in enumerate(kinds)]  # type: ignore[arg-type]
+        batch = make_batch(params)
+        t, res = time_call(lambda: ours(logits, batch), reps)
+        result["ours"] += t / len(batches)
+        result["inside"] &= inside_filtered_set(logits, kinds, res.token_ids)
+        if naive:
+            few = min(len(kinds), NAIVE_ROWS)
+            part = make_batch(params[:few])
+            t, _ = time_call(lambda: NaiveSampler()(logits[:few], part), 1)
+            result["naive"] = (result["naive"] or 0.0) + t * len(kinds) / few / len(batches)
+        if vllm is not None:
+            k = torch.tensor([int(KINDS[n].get("top_k", vocab)) for n in kinds])
+            p = torch.tensor([float(KINDS[n].get("top_p", 1.0)) for n in kinds])
+            t, out = time_call(lambda: vllm.forward_native(logits.clone(), {}, k, p), 1)
+            result["vllm"] = (result["vllm"] or 0.0) + t / len(batches)
+            result["vllm_inside"] = result.get("vllm_inside", True) & inside_filtered_set(
+                logits, kinds, out[0]
+            )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one rep (smoke run)")
+    parser.add_argument("--logits", choices=["llm", "flat", "both"], default="both")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--impl", choices=["auto", "ref", "triton"], default="auto")
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--no-naive", action="store_true")
+    args = parser.parse_args()
+    vocabs, batch_sizes, reps = ([32_000, 152_064], [1, 64, 256], args.reps)
+    if args.quick:
+        vocabs, batch_sizes, reps = [8_000], [1, 16], 1
+    vllm = None if args.no_vllm or args.quick else load_vllm()
+    kinds = ["llm", "flat"] if args.logits == "both" else [args.logits]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, impl={args.impl}")
+    header = (f"{'logits':6s} {'batch':>5s} {'vocab':>7s} | {'ours ms':>8s} {'tok/s':>9s} | "
+              f"{'naive ms':>9s} {'x naive':>8s} | {'vllm ms':>8s} {'x vllm':>7s} | in-set")
+    print(header)
+    print("-" * len(header))
+    for kind in kinds:
+        for vocab in vocabs:
+            for rows in batch_sizes:
+                r = run_config(kind, rows, vocab, reps, vllm, args.impl, not args.no_naive)
+                ours = r["ours"]
+                star = "*" if rows > NAIVE_ROWS else " "
+                naive = (
+                    f"{r['naive'] * 1e3:8.1f}{star} {r['naive'] / ours:7.1f}x"
+                    if r["naive"]
+                    else f"{'-':>9s} {'-':>8s}"
+                )
+                vl = f"{r['vllm'] * 1e3:8.1f} {r['vllm'] / ours:6.1f}x" if r["vllm"] else f"{'-':>8s} {'-':>7s}"
+                inside = "yes" if r["inside"] else "NO"
+                if "vllm_inside" in r:
+                    inside += "/vllm " + ("yes" if r["vllm_inside"] else "NO")
+                print(f"{kind:6s} {rows:5d} {vocab:7d} | {ours * 1e3:8.1f} {rows / ours:9.0f} | "
+                      f"{naive} | {vl} | {inside}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
