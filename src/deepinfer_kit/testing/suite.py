@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar, overload
 
 import attrs
 
@@ -43,8 +43,8 @@ class Check(Generic[F]):
         self.fn(factory)
 
 
-class Suite(Generic[F]):
-    """The checks of one Protocol, run against a factory of implementations.
+class Suite(Sequence[Check[F]]):
+    """The checks of one Protocol (a sequence of :class:`Check`), run against a factory.
 
     Use from your own pytest::
 
@@ -80,6 +80,15 @@ class Suite(Generic[F]):
 
     def __iter__(self) -> Iterator[Check[F]]:
         return iter(self._checks)
+
+    @overload
+    def __getitem__(self, index: int) -> Check[F]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Check[F]]: ...
+
+    def __getitem__(self, index: int | slice) -> Check[F] | Sequence[Check[F]]:
+        return self._checks[index]
 
     def __len__(self) -> int:
         return len(self._checks)
