@@ -143,10 +143,12 @@ def main() -> None:
     parser.add_argument("--logits", choices=["llm", "flat", "both"], default="both")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--impl", choices=["auto", "ref", "triton"], default="auto")
+    parser.add_argument("--vocab", type=int, nargs="+", default=[32_000, 152_064])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-naive", action="store_true")
     args = parser.parse_args()
-    vocabs, batch_sizes, reps = ([32_000, 152_064], [1, 64, 256], args.reps)
+    vocabs, batch_sizes, reps = args.vocab, args.batch, args.reps
     if args.quick:
         vocabs, batch_sizes, reps = [8_000], [1, 16], 1
     vllm = None if args.no_vllm or args.quick else load_vllm()

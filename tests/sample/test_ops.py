@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -66,3 +70,46 @@ def test_candidate_draw_matches(triton_ops, width: int) -> None:  # type: ignore
     assert torch.equal(ref[1], tri[1])
     assert torch.equal(ref[0], tri[0])
     assert bool((ref[1] >= -1).all()) and bool((ref[1] <= torch.clamp(k, max=width)).all())
+
+
+
+_COMPILE_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from deepinfer_kit.sample import triton_ops
+
+SIGNATURES = {
+    "_row_norm_kernel": "x_ptr:*fp32 rows_ptr:*i64 inv_t_ptr:*fp32 out_ptr:*fp64 stride:i32 V:i32",
+    "_full_draw_kernel": "x_ptr:*fp32 rows_ptr:*i64 inv_t_ptr:*fp32 min_p_ptr:*fp32 "
+    "u_ptr:*fp64 out_ptr:*i64 stride:i32 V:i32",
+    "_candidate_kernel": "vals_ptr:*fp32 idx_ptr:*i64 inv_t_ptr:*fp32 k_ptr:*i64 p_ptr:*fp64 "
+    "min_p_ptr:*fp32 z_ptr:*fp64 u_ptr:*fp64 tok_ptr:*i64 kept_ptr:*i64 W:i32",
+}
+for name, text in SIGNATURES.items():
+    for ones in (False, True):
+        signature = dict(item.split(":") for item in text.split())
+        constants = {"BLOCK": 64 if name == "_candidate_kernel" else 1024}
+        if ones:  # Triton specializes integer arguments equal to 1 into constants
+            constants.update({k: 1 for k in ("W", "V", "stride") if k in signature})
+        signature.update({k: "constexpr" for k in constants})
+        source = ASTSource(fn=getattr(triton_ops, name), signature=signature, constexprs=constants)
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+        assert "ptx" in kernel.asm, name
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_a_cuda_target() -> None:
+    """The interpreter runs plain Python and accepts code the compiler rejects (``break``,
+    type changes, specializations of size-1 arguments): compile every kernel for sm_90
+    ahead of time, in a process without ``TRITON_INTERPRET`` (no GPU needed, only ptxas)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode and "ptxas" in done.stderr.lower() and "not found" in done.stderr.lower():
+        pytest.skip("no ptxas on this machine")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiled" in done.stdout

@@ -69,8 +69,8 @@ def _full_draw_kernel(
     target = tl.load(u_ptr + pid) * total
     running = total * 0.0
     before = total * 0.0
-    chosen = 0
-    found = 0
+    chosen = pid * 0  # loop-carried values start as tensors, not constants
+    found = pid * 0
     for start in range(0, V, BLOCK):
         w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
         s = tl.sum(w, axis=0).to(tl.float64)
@@ -116,13 +116,13 @@ def _candidate_kernel(
     min_p = tl.load(min_p_ptr + pid)
     zero = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
     in_k_total = zero
-    good = 0
+    good = pid * 0
     for start in range(0, W, BLOCK):
         j, w, cum, in_k_total = _candidate_chunk(vbase, start, W, limit, top, inv_t, in_k_total, BLOCK)
         good += tl.sum(((w >= min_p) & (w > 0)).to(tl.int32), axis=0)
     z = tl.load(z_ptr + pid)
     thresh = p * tl.where(z > 0, z, in_k_total)
-    below = 0
+    below = pid * 0
     running = zero
     for start in range(0, W, BLOCK):
         j, w, cum, running = _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK)
@@ -138,7 +138,7 @@ def _candidate_kernel(
         j, w, cum, running = _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK)
         total += tl.sum(tl.where(j == end, cum, 0.0), axis=0)
     target = tl.load(u_ptr + pid) * total
-    pick = W
+    pick = pid * 0 + W
     running = zero
     for start in range(0, W, BLOCK):
         j, w, cum, running = _candidate_chunk(vbase, start, W, limit, top, inv_t, running, BLOCK)
