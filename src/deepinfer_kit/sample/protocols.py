@@ -22,6 +22,16 @@ class Sampler(Protocol):
         """Apply penalties, ``min_tokens`` masking, temperature, top-k / top-p / min-p and
         draw one token per row.
 
+        Called once per engine step on the rows that sample. Per row, in this order:
+        repetition penalty over prompt and output tokens, frequency / presence penalties
+        over output tokens, ``-inf`` on EOS (unless ``ignore_eos``) and stop tokens while
+        fewer than ``min_tokens`` tokens exist, temperature, top-k, top-p, min-p, the draw
+        (``reference.filtered_distribution`` is the float64 spec). Top-k / top-p rank
+        tokens by logit, ties by ascending id, so a tie at the cut keeps exactly ``k``.
+        Greedy rows (temperature 0 or top_k 1) return the argmax, lowest id on ties; a row
+        with no finite logit returns token 0. Logprobs come from the raw logits. Unseeded
+        rows consume ``batch.generator``; seeded rows never do.
+
         Args:
             logits: ``[N, V]`` float (fp32, fp16 or bf16) on any device; not mutated.
             batch: ``N`` rows of parameters and history.

@@ -61,7 +61,8 @@ class SampleResult:
             distribution (log-softmax of the logits before penalties, temperature and
             filtering); ``None`` when no row asked for logprobs.
         ranks: ``[N]`` int64, the chosen token's rank in that distribution (1 = most likely).
-        top_token_ids: ``[N, K]`` int64, the ``K = batch.max_logprobs`` most likely tokens.
+        top_token_ids: ``[N, K]`` int64, the ``K = min(batch.max_logprobs, V)`` most likely
+            tokens, most likely first.
         top_logprobs: ``[N, K]`` float32, their log-probabilities.
     """
 
