@@ -177,11 +177,10 @@ class VectorizedSampler:
             t.z[rows] = self._ops.row_norm(x, rows, t.inv_t[rows])
         retry = [self._threshold_stage(x, _index(plan.threshold, dev), t, tokens, None)]
         grouped = [i for group in plan.topk.values() for i in group]
-        maxima = block_maxima(x, _index(grouped, dev)) if grouped else None
+        maxima = block_maxima(x, _index(grouped, dev)) if grouped else x[:0]
         start = 0
         for width, group in plan.topk.items():
             rows = _index(group, dev)
-            assert maxima is not None
             vals, idx = topk_candidates(x, rows, width, maxima[start : start + len(group)])
             start += len(group)
             tok, kept = self._candidate_draw(vals, idx, rows, t)
