@@ -7,17 +7,16 @@ is one tensor ``[L, 2, NB, P, Hkv, D]``; layer ``l``'s K and V are contiguous vi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
+from deepinfer_kit._kernels import Impl, resolve_impl
 from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
 
 __all__ = ["PagedKVCache", "Impl"]
 
-Impl = Literal["auto", "ref", "triton"]
 _WriteOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 _CopyOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -185,18 +184,10 @@ class PagedKVCache:
 
 
 def _select_ops(impl: str, device: torch.device) -> tuple[_WriteOp, _CopyOp, Literal["ref", "triton"]]:
-    if impl not in ("auto", "ref", "triton"):
-        raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
-    if impl == "ref" or (impl == "auto" and device.type != "cuda"):
+    if resolve_impl(impl, on_cuda=device.type == "cuda") == "ref":
         from deepinfer_kit.cache import ref_ops
 
         return ref_ops.write_kv, ref_ops.copy_blocks, "ref"
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise DeviceUnavailableError(
-            f"impl='triton' on device {str(device)!r} needs CUDA or TRITON_INTERPRET=1"
-        )
-    try:
-        import deepinfer_kit.cache.triton_ops as triton_ops
-    except ImportError as exc:
-        raise DeviceUnavailableError(f"impl='triton' needs Triton installed: {exc}") from exc
+    import deepinfer_kit.cache.triton_ops as triton_ops
+
     return triton_ops.write_kv, triton_ops.copy_blocks, "triton"

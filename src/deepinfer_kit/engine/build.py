@@ -7,6 +7,7 @@ from typing import Literal, cast
 
 import torch
 
+from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.protocols import KVCacheManager
@@ -26,7 +27,6 @@ from deepinfer_kit.sched.static import StaticBatchScheduler
 
 __all__ = ["build_engine", "size_kv_pool", "SchedulerFactory"]
 
-Impl = Literal["auto", "ref", "triton"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

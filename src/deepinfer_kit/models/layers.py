@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer_kit._kernels import Impl
 from deepinfer_kit.models.attention import PagedAttention
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.protocols import PagedKVStore
@@ -25,7 +26,6 @@ from deepinfer_kit.models.weights import take
 __all__ = ["Linear", "RMSNorm", "GatedMLP", "PagedSelfAttention", "Impl"]
 
 Weights = Mapping[str, torch.Tensor]
-Impl = Literal["auto", "ref", "triton"]
 
 
 class Linear(nn.Module):

@@ -2,42 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 from torch import nn
 
-from deepinfer_kit.errors import ConfigError, DeviceUnavailableError
+from deepinfer_kit._kernels import Impl, resolve_impl
+
 from deepinfer_kit.moe.ref_ops import grouped_swiglu, swiglu
 
 __all__ = ["Impl", "resolve_impl", "GroupedExperts", "SharedExpert"]
 
-Impl = Literal["auto", "ref", "triton"]
 GroupedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
 
 
-def resolve_impl(impl: str, device: torch.device) -> Literal["ref", "triton"]:
-    """Choose the grouped-GEMM implementation once, at construction.
-
-    ``"auto"`` picks Triton only on CUDA. ``"triton"`` needs CUDA or ``TRITON_INTERPRET=1``.
-
-    Raises:
-        ConfigError: ``impl`` is not one of auto / ref / triton.
-        DeviceUnavailableError: ``"triton"`` with neither CUDA nor the interpreter.
-    """
-    if impl == "ref":
-        return "ref"
-    if impl == "auto":
-        return "triton" if device.type == "cuda" else "ref"
-    if impl == "triton":
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise DeviceUnavailableError(
-                f"impl='triton' needs a CUDA device or TRITON_INTERPRET=1, got device {device}"
-            )
-        return "triton"
-    raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
 
 
 def _grouped_fn(impl: Literal["ref", "triton"]) -> GroupedFn:
@@ -77,7 +56,7 @@ class GroupedExperts(nn.Module):
     ) -> None:
         super().__init__()
         dev = torch.device(device) if device is not None else torch.device("cpu")
-        self.impl = resolve_impl(impl, dev)
+        self.impl = resolve_impl(impl, on_cuda=dev.type == "cuda")
         self._grouped = _grouped_fn(self.impl)
         self.gate_up = nn.Parameter(
             torch.zeros(num_slots, 2 * intermediate_size, hidden_size, dtype=dtype, device=dev),

@@ -11,14 +11,14 @@ only as the last resort. Logprobs come from the raw logits (``logprobs.py``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Literal
 
 import attrs
 import torch
 
-from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+from deepinfer_kit._kernels import Impl, resolve_impl
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.sample import ref_ops
 from deepinfer_kit.sample.candidates import (
     block_maxima,
@@ -35,22 +35,15 @@ from deepinfer_kit.sample.rng import row_uniforms
 
 __all__ = ["VectorizedSampler", "check_batch", "working_logits"]
 
-Impl = Literal["auto", "ref", "triton"]
 
 _THRESHOLD_MARGINS = (2.0, 8.0)  # subsample-rank safety factors of the two threshold tries
 
 
 def _select_ops(impl: str) -> tuple[DrawOps, Literal["ref", "triton"]]:
-    if impl not in ("auto", "ref", "triton"):
-        raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
-    if impl == "ref" or (impl == "auto" and not torch.cuda.is_available()):
+    if resolve_impl(impl, on_cuda=torch.cuda.is_available()) == "ref":
         return ref_ops, "ref"
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise DeviceUnavailableError("impl='triton' needs CUDA or TRITON_INTERPRET=1")
-    try:
-        import deepinfer_kit.sample.triton_ops as triton_ops
-    except ImportError as exc:
-        raise DeviceUnavailableError(f"impl='triton' needs Triton installed: {exc}") from exc
+    import deepinfer_kit.sample.triton_ops as triton_ops
+
     return triton_ops, "triton"
 
 

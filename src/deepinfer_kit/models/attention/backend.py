@@ -6,13 +6,13 @@ Chooses the torch reference or the Triton kernels once, at construction.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 
-from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+from deepinfer_kit._kernels import resolve_impl
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.records import AttentionMetadata
 
 __all__ = ["PagedAttention", "AttentionOp"]
@@ -123,23 +123,18 @@ class PagedAttention:
 def _select_op(
     impl: str, device: torch.device | str | None, window: int | None
 ) -> tuple[AttentionOp, Literal["ref", "triton"]]:
-    if impl not in ("auto", "ref", "triton"):
-        raise ConfigError(f"impl must be one of ['auto', 'ref', 'triton'], got {impl!r}")
     on_cuda = (
         torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     )
-    if impl == "ref" or (impl == "auto" and (not on_cuda or window is not None)):
-        from deepinfer_kit.models.attention import ref_ops
-
-        return ref_ops.paged_attention, "ref"
-    if window is not None:
+    if window is not None and impl == "triton":
         raise ConfigError(
             f"sliding_window is not supported by impl='triton', got sliding_window={window}"
         )
-    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise DeviceUnavailableError("impl='triton' needs CUDA or TRITON_INTERPRET=1")
-    try:
-        import deepinfer_kit.models.attention.triton_ops as triton_ops
-    except ImportError as exc:
-        raise DeviceUnavailableError(f"impl='triton' needs Triton installed: {exc}") from exc
+    choice = resolve_impl(impl, on_cuda=on_cuda)
+    if choice == "ref" or window is not None:
+        from deepinfer_kit.models.attention import ref_ops
+
+        return ref_ops.paged_attention, "ref"
+    import deepinfer_kit.models.attention.triton_ops as triton_ops
+
     return triton_ops.paged_attention, "triton"
