@@ -9,7 +9,6 @@ mis-shaped tensor. q/k/v and gate/up projections are fused into one matmul each.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
