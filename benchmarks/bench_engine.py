@@ -67,6 +67,7 @@ def run_engine(path: Path, reqs: list[tuple[list[int], int]], args: argparse.Nam
 
     llm = LLM(
         str(path),
+        device=args.device,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_mb=1024,
@@ -80,10 +81,12 @@ def run_engine(path: Path, reqs: list[tuple[list[int], int]], args: argparse.Nam
     return elapsed, [o.outputs[0].token_ids for o in outs]
 
 
-def run_transformers(path: Path, reqs: list[tuple[list[int], int]], batch: int) -> tuple[float, list[list[int]]]:
+def run_transformers(
+    path: Path, reqs: list[tuple[list[int], int]], batch: int, device: str
+) -> tuple[float, list[list[int]]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
     tokens: list[list[int]] = []
     start = time.perf_counter()
     for lo in range(0, len(reqs), batch):
@@ -97,8 +100,8 @@ def run_transformers(path: Path, reqs: list[tuple[list[int], int]], batch: int) 
         new = max(n for _, n in group)
         with torch.inference_mode():
             out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
                 max_new_tokens=new,
                 min_new_tokens=new,
                 do_sample=False,
@@ -107,6 +110,8 @@ def run_transformers(path: Path, reqs: list[tuple[list[int], int]], batch: int) 
             )
         for i, (_, n) in enumerate(group):
             tokens.append(out[i, width : width + n].tolist())
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter() - start, tokens
 
 
@@ -129,6 +134,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     args = parser.parse_args()
     if args.quick:
         args.num_requests, args.max_prompt, args.max_new, args.min_new = 8, 48, 12, 4
@@ -144,9 +150,12 @@ def main() -> None:
         ours_s, ours_tokens = run_engine(path, reqs, args)
         rows = [("deepinfer_kit Engine", ours_s, ours_tokens)]
         for bs in args.batch_sizes:
-            hf_s, hf_tokens = run_transformers(path, reqs, bs)
+            hf_s, hf_tokens = run_transformers(path, reqs, bs, args.device)
             rows.append((f"transformers generate, batch {bs}", hf_s, hf_tokens))
-    print(f"{len(reqs)} requests, {useful} output tokens asked for, torch threads {torch.get_num_threads()}")
+    print(
+        f"{len(reqs)} requests, {useful} output tokens asked for, device {args.device}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"{'configuration':36s} {'seconds':>9s} {'out tok/s':>10s} {'greedy agree':>13s}")
     for name, secs, toks in rows:
         agree = sum(a == b for a, b in zip(toks, ours_tokens))
