@@ -96,3 +96,19 @@ def test_prefix_hits_and_preemption_really_happen(checkpoints: dict[str, tuple[P
     assert sum(t.prefix_hit_tokens for t in traces) > 0, "shared prompts should hit the prefix cache"
     assert all(t.num_batched_tokens <= t.token_budget for t in traces)
     assert any(t.expert_counts for t in traces), "an MoE model reports expert loads"
+
+
+@pytest.mark.triton
+def test_triton_kernels_give_the_same_greedy_tokens(checkpoints: dict[str, tuple[Path, Any]]) -> None:
+    """Every kernel swapped for its Triton implementation (the interpreter on CPU)."""
+    folder, hf_model = checkpoints["qwen3_moe"]
+    prompts = _prompts(seed=7)[:3]
+    expected = [_expected(hf_model, p)[:4] for p in prompts]
+    engine = Engine.from_config(
+        model=str(folder), attention_impl="triton", moe_impl="triton", sampler_impl="triton", block_size=8
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    ids = [engine.add_request(None, p, params) for p in prompts]
+    outs = {o.request_id: o for o in engine.run()}
+    engine.check_idle()
+    assert [outs[i].outputs[0].token_ids for i in ids] == expected
