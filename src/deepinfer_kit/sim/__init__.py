@@ -1,1 +1,0 @@
-"""sim/: cost-model runner and virtual clock driving the real components."""
