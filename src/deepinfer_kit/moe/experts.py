@@ -9,14 +9,11 @@ import torch
 from torch import nn
 
 from deepinfer_kit._kernels import Impl, resolve_impl
-
 from deepinfer_kit.moe.ref_ops import grouped_swiglu, swiglu
 
-__all__ = ["Impl", "resolve_impl", "GroupedExperts", "SharedExpert"]
+__all__ = ["GroupedExperts", "SharedExpert"]
 
 GroupedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
-
-
 
 
 def _grouped_fn(impl: Literal["ref", "triton"]) -> GroupedFn:
@@ -39,7 +36,7 @@ class GroupedExperts(nn.Module):
         num_slots: ``S``, experts held here (all ``E`` on one device).
         hidden_size: ``H``.
         intermediate_size: ``I``.
-        impl: ``"auto" | "ref" | "triton"``, resolved once here (see :func:`resolve_impl`).
+        impl: ``"auto" | "ref" | "triton"``, resolved once here (see :func:`deepinfer_kit._kernels.resolve_impl`).
         dtype: weight dtype.
         device: weight device.
     """

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from deepinfer_kit._kernels import Impl
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
-from deepinfer_kit.moe.experts import GroupedExperts, Impl, SharedExpert
+from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
 from deepinfer_kit.moe.local_dispatcher import LocalDispatcher, sort_by_expert
 from deepinfer_kit.moe.protocols import Dispatcher
