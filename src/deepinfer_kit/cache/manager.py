@@ -240,21 +240,14 @@ class BlockKVCacheManager:
                 if short > 0:
                     index = self._index
                     if index is None or short > index.num_evictable:
-                        raise OutOfBlocksError(
-                            f"request {request.request_id!r} needs {num_new} blocks, "
-                            f"{self.num_free_blocks} free or evictable"
-                        )
-                    allocator.free(index.evict(short))
-                    self._epoch += 1
+                        raise self._out_of_blocks(request, num_new)
+                    self._evict(index, short)
                 table.extend(allocator.allocate(num_new))
                 return []
         cached, num_new, cow = self._plan(request, num_new_tokens, num_cached_tokens)
         needed = num_new + len(cow)
         if not self._can_take(cached, needed):
-            raise OutOfBlocksError(
-                f"request {request.request_id!r} needs {needed} blocks, "
-                f"{self.num_free_blocks} free or evictable"
-            )
+            raise self._out_of_blocks(request, needed)
         allocator = self._allocator
         index = self._index
         _state(request)  # the fast paths rely on it once the request holds blocks
@@ -267,13 +260,24 @@ class BlockKVCacheManager:
         short = needed - allocator.num_free
         if short > 0:
             assert index is not None
-            allocator.free(index.evict(short))
-            self._epoch += 1
+            self._evict(index, short)
         if num_new:
             table.extend(allocator.allocate(num_new))
         if not cow:
             return []
         return self._copy_on_write(request, cow)
+
+    def _evict(self, index: PrefixIndex, n: int) -> None:
+        """Evict ``n`` cached blocks onto the free list; every match result taken before
+        becomes stale (the epoch moves)."""
+        self._allocator.free(index.evict(n))
+        self._epoch += 1
+
+    def _out_of_blocks(self, request: Request, needed: int) -> OutOfBlocksError:
+        return OutOfBlocksError(
+            f"request {request.request_id!r} needs {needed} blocks, "
+            f"{self.num_free_blocks} free or evictable"
+        )
 
     def _copy_on_write(self, request: Request, positions: list[int]) -> list[tuple[int, int]]:
         allocator = self._allocator
