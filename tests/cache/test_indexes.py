@@ -66,6 +66,14 @@ def test_evicted_ancestor_leaves_a_placeholder_that_republishing_fills(cls: type
 
 
 @pytest.mark.parametrize("cls", INDEXES)
+def test_negative_insert_start_publishes_from_block_0(cls: type) -> None:
+    index = cls(P)
+    t = list(range(3 * P))
+    assert index.insert(t, [4, 5, 6], start=-1) == [4, 5, 6]
+    assert index.match(t) == [4, 5, 6]
+
+
+@pytest.mark.parametrize("cls", INDEXES)
 def test_evicting_everything_leaves_no_structure_behind(cls: type) -> None:
     index = cls(P)
     for i in range(5):

@@ -89,14 +89,17 @@ class PublishedBlocks(Generic[E]):
             n = max(max_blocks, 0)
         return n
 
-    def _check_insert(self, tokens: Sequence[int], blocks: Sequence[int]) -> int:
-        """``len(blocks)``, once ``tokens`` is known to cover them (else InvariantError)."""
+    def _insert_span(
+        self, tokens: Sequence[int], blocks: Sequence[int], start: int
+    ) -> tuple[int, int]:
+        """``(len(blocks), max(start, 0))``, once ``tokens`` is known to cover the blocks
+        (else InvariantError)."""
         n = len(blocks)
         if len(tokens) < n * self._block_size:
             raise InvariantError(
                 f"insert: {n} blocks need {n * self._block_size} tokens, got {len(tokens)}"
             )
-        return n
+        return n, max(start, 0)
 
     def _touch_hits(self, hits: list[int], num_query_blocks: int) -> None:
         stats = self._stats

@@ -131,7 +131,7 @@ class HashChainPrefixIndex(PublishedBlocks[_Entry]):
             InvariantError: ``tokens`` is shorter than ``len(blocks) * P``.
         """
         P = self._block_size
-        n = self._check_insert(tokens, blocks)
+        n, start = self._insert_span(tokens, blocks, start)
         if start >= n:
             return []
         if type(tokens) is not list:

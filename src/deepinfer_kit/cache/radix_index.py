@@ -104,8 +104,7 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         Raises:
             InvariantError: ``tokens`` is shorter than ``len(blocks) * P``.
         """
-        n = self._check_insert(tokens, blocks)
-        start = max(start, 0)
+        n, start = self._insert_span(tokens, blocks, start)
         if start >= n:
             return []
         keys = self._keys(tokens, n, memo)
