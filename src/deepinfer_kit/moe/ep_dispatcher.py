@@ -120,7 +120,7 @@ class ExpertParallelDispatcher:
         check_routing(hidden, routing)
         top_k = routing.expert_ids.shape[1]
         flat_ids = routing.expert_ids.reshape(-1)
-        count_experts(flat_ids, self._num_experts)
+        routed_counts = count_experts(flat_ids, self._num_experts)
         phys = self.physical_slots(flat_ids)
         send_order = torch.argsort(phys, stable=True)
         world, per_rank = self._world, self._slots_per_rank
@@ -143,6 +143,7 @@ class ExpertParallelDispatcher:
             weights=recv_weights.index_select(0, regroup),
             order=regroup,
             num_tokens=hidden.shape[0],
+            routed_counts=routed_counts,
             state=_EPState(send_order, send_splits, recv_splits, routing.weights),
         )
 

@@ -141,8 +141,8 @@ class MoELayer(nn.Module):
         return out.to(hidden.dtype)
 
     def _routed(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
-        self.last_expert_counts = routing.expert_counts(self.config.num_experts).cpu()
         dispatched = self.dispatcher.dispatch(hidden, routing)
+        self.last_expert_counts = dispatched.routed_counts
         expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
         return self.dispatcher.combine(expert_out, dispatched)
 

@@ -127,6 +127,7 @@ class LocalDispatcher:
             weights=routing.weights.reshape(-1).index_select(0, order),
             order=order,
             num_tokens=hidden.shape[0],
+            routed_counts=counts,
             state=routing.weights,
         )
 

@@ -55,6 +55,7 @@ class Dispatcher(Protocol):
         Called once per MoE forward, before the experts. Expert-parallel dispatchers
         exchange the copies with the ranks holding each expert (a collective call: every
         rank of the group must call it, possibly with ``T = 0``). Mutates nothing.
+        ``Dispatched.routed_counts`` must equal ``routing.expert_counts(E)`` on the host.
 
         Raises:
             ConfigError: ``routing`` does not match ``hidden`` (row counts) or names an

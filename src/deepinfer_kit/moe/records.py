@@ -49,6 +49,10 @@ class Dispatched:
             ``[T * k]`` routing. Expert-parallel: position of each copy in this rank's
             receive buffer.
         num_tokens: ``T`` of the batch that was dispatched.
+        routed_counts: ``[E]`` int64 on the host: copies of this rank's ``T`` tokens routed
+            to each logical expert (``routing.expert_counts(E)``, sums to ``T * k``); the
+            dispatcher counts them anyway to check the ids, and the layer reports them for
+            EPLB without counting again.
         state: dispatcher-private data needed by ``combine`` (e.g. all-to-all splits).
     """
 
@@ -57,4 +61,5 @@ class Dispatched:
     weights: torch.Tensor  # [M] float32
     order: torch.Tensor  # [M] int64
     num_tokens: int
+    routed_counts: torch.Tensor  # [E] int64, CPU
     state: object | None = None

@@ -140,6 +140,11 @@ def check_copies_grouped_by_their_expert(factory: DispatcherFactory) -> None:
     expect(counts.shape == (len(local),), f"expert_counts shape {tuple(counts.shape)}")
     expect(int(counts.sum()) == dispatched.hidden.shape[0] == 34, f"M = {dispatched.hidden.shape[0]}")
     expect(dispatched.num_tokens == 17, f"num_tokens {dispatched.num_tokens}")
+    routed = dispatched.routed_counts
+    expect(
+        routed.device.type == "cpu" and torch.equal(routed, routing.expert_counts(5)),
+        f"routed_counts {routed.tolist()} must be routing.expert_counts(E) on the host",
+    )
     tokens = dispatched.hidden[:, 0].round().long().tolist()
     pairs = Counter((t, local[s]) for t, s in zip(tokens, _slot_of_rows(dispatched)))
     wanted = Counter((t, int(e)) for t in range(17) for e in routing.expert_ids[t])
