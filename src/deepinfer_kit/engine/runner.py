@@ -9,7 +9,8 @@ import attrs
 import torch
 
 from deepinfer_kit.models.protocols import CausalLM
-from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
+from deepinfer_kit.models.attention.layout import make_attention_metadata
+from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.params import SamplingParams
@@ -78,11 +79,10 @@ class ModelRunner:
         Reads each scheduled request's tokens and block table (never mutates them); the
         result stays valid after the scheduler mutates requests. O(T + R * max_blocks).
         """
-        P = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
+        num_tokens = 0
+        query_lens: list[int] = []
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         logits_rows: list[int] = []
@@ -98,21 +98,17 @@ class ModelRunner:
             start, n = chunk.start, chunk.num_tokens
             end = start + n
             known = n - len(chunk.spec_token_ids)
-            table = req.block_table
             input_ids.extend(req.all_token_ids[start : start + known])
             input_ids.extend(chunk.spec_token_ids)
             positions.extend(range(start, end))
-            if n == 1:
-                slots.append(table[start // P] * P + start % P)
-            else:
-                slots.extend(table[t // P] * P + t % P for t in range(start, end))
-            query_start.append(query_start[-1] + n)
+            num_tokens += n
+            query_lens.append(n)
             seq_lens.append(end)
-            tables.append(table)
+            tables.append(req.block_table)
             if not chunk.sample:
                 row_counts.append(0)
                 continue
-            last = query_start[-1] - len(chunk.spec_token_ids) - 1
+            last = num_tokens - len(chunk.spec_token_ids) - 1
             rows = chunk.num_samples
             row_counts.append(rows)
             for i in range(rows):
@@ -123,21 +119,8 @@ class ModelRunner:
                 prompts.append(req.prompt_token_ids)
                 outputs.append(req.output_token_ids)
                 eos.append(req.eos_token_id)
-        max_blocks = max((len(t) for t in tables), default=1) or 1
-        flat: list[int] = []
-        for t in tables:
-            flat.extend(t)
-            flat.extend([0] * (max_blocks - len(t)))
-        query_lens = [query_start[i + 1] - query_start[i] for i in range(len(seq_lens))]
-        attn = AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.int64),
-            block_tables=self._to_device(flat, torch.int32).view(len(tables), max_blocks),
-            query_start_loc=self._to_device(query_start, torch.int32),
-            seq_lens=self._to_device(seq_lens, torch.int32),
-            max_query_len=max(query_lens, default=0),
-            max_seq_len=max(seq_lens, default=0),
-            query_lens_host=query_lens,
-            seq_lens_host=seq_lens,
+        attn = make_attention_metadata(
+            query_lens, seq_lens, tables, self.block_size, self.device, pin_memory=self._pin
         )
         forward = ForwardBatch(
             input_ids=self._to_device(input_ids, torch.int64),

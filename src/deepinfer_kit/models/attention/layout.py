@@ -6,6 +6,7 @@ slot mapping by the addressing rule ``slot = table[t // P] * P + t % P``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -35,8 +36,13 @@ def make_attention_metadata(
     block_tables: Sequence[Sequence[int]],
     block_size: int,
     device: torch.device | str = "cpu",
+    *,
+    pin_memory: bool = False,
 ) -> AttentionMetadata:
     """The layout of a step where request ``r`` computes its last ``query_lens[r]`` tokens.
+
+    Called by ``ModelRunner.prepare`` every step (and by tests and benchmarks); O(T + R *
+    max_blocks) host work and one host-to-device copy per tensor.
 
     Args:
         query_lens: ``[R]`` new tokens per request (``>= 1``).
@@ -44,6 +50,8 @@ def make_attention_metadata(
         block_tables: ``R`` lists of physical block ids, each covering its ``seq_lens``.
         block_size: ``P``.
         device: where the tensors go.
+        pin_memory: stage the host tensors in pinned memory and copy them without blocking
+            (only for a CUDA ``device``).
 
     Returns:
         Metadata whose ``block_tables`` is padded with 0 to the longest table.
@@ -57,23 +65,36 @@ def make_attention_metadata(
             f"query_lens, seq_lens and block_tables must have one entry per request, got "
             f"{len(query_lens)}, {len(seq_lens)}, {len(block_tables)}"
         )
+    P = block_size
     slots: list[int] = []
-    starts = [0]
     for q, s, table in zip(query_lens, seq_lens, block_tables):
+        if q == 1 and 1 <= s <= len(table) * P:  # decode, valid: one slot, no list
+            slots.append(table[(s - 1) // P] * P + (s - 1) % P)
+            continue
         if not 1 <= q <= s:
             raise ConfigError(f"query_lens entries must be in [1, seq_len={s}], got {q}")
-        slots += slots_for(table, s - q, s, block_size)
-        starts.append(starts[-1] + q)
+        slots += slots_for(table, s - q, s, P)
+    starts = [0, *itertools.accumulate(query_lens)]
     width = max((len(t) for t in block_tables), default=0)
-    padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+    flat: list[int] = []
+    for t in block_tables:
+        flat.extend(t)
+        flat.extend([0] * (width - len(t)))
     dev = torch.device(device)
+
+    def to_device(values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        if pin_memory:
+            return torch.tensor(values, dtype=dtype, pin_memory=True).to(dev, non_blocking=True)
+        return torch.tensor(values, dtype=dtype, device=dev)
+
+    seq_list = list(seq_lens)
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        block_tables=torch.tensor(padded, dtype=torch.int32, device=dev).view(len(padded), width),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-        seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=dev),
+        slot_mapping=to_device(slots, torch.int64),
+        block_tables=to_device(flat, torch.int32).view(len(block_tables), width),
+        query_start_loc=to_device(starts, torch.int32),
+        seq_lens=to_device(seq_list, torch.int32),
         max_query_len=max(query_lens, default=0),
-        max_seq_len=max(seq_lens, default=0),
+        max_seq_len=max(seq_list, default=0),
         query_lens_host=list(query_lens),
-        seq_lens_host=list(seq_lens),
+        seq_lens_host=seq_list,
     )
