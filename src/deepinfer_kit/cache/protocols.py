@@ -256,8 +256,9 @@ class KVCacheManager(Protocol):
         request) whose KV is cached, from the current cache.
 
         A multiple of ``P`` and at most ``request.num_tokens - 1`` (the last token is always
-        computed so logits exist). Pure: no reference count changes. Call it at each
-        scheduling attempt; never reuse a count from an earlier attempt.
+        computed so logits exist). Changes no reference count, but may count a prefix
+        query and refresh the matched blocks' recency. Call it at each scheduling
+        attempt; never reuse a count from an earlier attempt.
         """
         ...
 
