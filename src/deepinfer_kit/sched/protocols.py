@@ -29,12 +29,16 @@ class Scheduler(Protocol):
     def add(self, request: Request) -> None:
         """Queue a new request (status WAITING).
 
-        A request that can never run (prompt plus ``max_tokens`` beyond ``max_model_len``
-        or the whole pool) is not queued silently forever: it is finished with reason
-        ``error`` (or ``length``) and reported by the next ``commit``.
+        A request that can never run (its prompt alone reaches ``max_model_len``, its
+        KV would need more blocks than the pool has, ``n > max_num_seqs``, or its prompt
+        exceeds the round budget with chunked prefill off) is not queued silently
+        forever: it is finished with reason ``error`` (``request.error`` names the limit)
+        and reported by the next ``commit``. A prompt that fits but whose ``max_tokens``
+        reach past ``max_model_len`` runs and finishes with ``length``.
 
         Raises:
-            ConfigError: the request id is already live.
+            ConfigError: the request id is already live, or the request is not a fresh
+                WAITING one.
         """
         ...
 
