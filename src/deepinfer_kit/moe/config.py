@@ -11,7 +11,7 @@ import attrs
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["MoEConfig", "RoutingKind", "SUPPORTED_HF_MODEL_TYPES"]
+__all__ = ["MoEConfig", "RoutingKind", "SUPPORTED_HF_MODEL_TYPES", "check_expert_groups"]
 
 RoutingKind = Literal["softmax", "deepseek_v3"]
 
@@ -24,6 +24,30 @@ def _positive_finite(instance: Any, attribute: attrs.Attribute[Any], value: Any)
         raise ConfigError(f"{attribute.name} must be a number, got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{attribute.name} must be finite and > 0, got {value!r}")
+
+
+def check_expert_groups(num_experts: int, top_k: int, n_group: int, topk_group: int) -> None:
+    """Raise ``ConfigError`` unless ``top_k`` experts can be picked from ``topk_group`` of
+    ``n_group`` equal groups of ``num_experts`` (group-limited routing; sizes are ints >= 1).
+
+    Shared by :class:`MoEConfig` and :class:`~deepinfer_kit.moe.DeepSeekV3Router`.
+    """
+    if num_experts % n_group:
+        raise ConfigError(f"n_group must divide num_experts ({num_experts}), got {n_group}")
+    if topk_group > n_group:
+        raise ConfigError(f"topk_group must be <= n_group ({n_group}), got {topk_group}")
+    if n_group > 1:
+        per_group = num_experts // n_group
+        if per_group < 2:
+            raise ConfigError(
+                f"n_group must leave >= 2 experts per group (group score = top-2 sum), "
+                f"got {n_group} groups of {per_group}"
+            )
+        if topk_group * per_group < top_k:
+            raise ConfigError(
+                f"topk_group must keep >= top_k ({top_k}) experts, got {topk_group} "
+                f"groups of {per_group}"
+            )
 
 
 def _is_bool(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -78,26 +102,9 @@ class MoEConfig:
             raise ConfigError(
                 f"top_k must be <= num_experts ({self.num_experts}), got {self.top_k}"
             )
-        if self.num_experts % self.n_group:
-            raise ConfigError(
-                f"n_group must divide num_experts ({self.num_experts}), got {self.n_group}"
-            )
-        if self.topk_group > self.n_group:
-            raise ConfigError(f"topk_group must be <= n_group ({self.n_group}), got {self.topk_group}")
-        if self.n_group > 1:
-            per_group = self.num_experts // self.n_group
-            if self.routing != "deepseek_v3":
-                raise ConfigError(f"n_group > 1 needs routing 'deepseek_v3', got {self.routing!r}")
-            if per_group < 2:
-                raise ConfigError(
-                    f"n_group must leave >= 2 experts per group (group score = top-2 sum), "
-                    f"got {self.n_group} groups of {per_group}"
-                )
-            if self.topk_group * per_group < self.top_k:
-                raise ConfigError(
-                    f"topk_group must keep >= top_k ({self.top_k}) experts, got {self.topk_group} "
-                    f"groups of {per_group}"
-                )
+        if self.n_group > 1 and self.routing != "deepseek_v3":
+            raise ConfigError(f"n_group > 1 needs routing 'deepseek_v3', got {self.routing!r}")
+        check_expert_groups(self.num_experts, self.top_k, self.n_group, self.topk_group)
         if (self.num_shared_experts > 0) != (self.shared_intermediate_size > 0):
             raise ConfigError(
                 "shared_intermediate_size must be > 0 exactly when num_shared_experts > 0, got "

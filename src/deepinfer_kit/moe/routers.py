@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.config import check_expert_groups
 from deepinfer_kit.moe.protocols import Router
 from deepinfer_kit.moe.records import Routing
 from deepinfer_kit.moe.ref_ops import deepseek_v3_topk, softmax_topk
@@ -139,14 +140,7 @@ class DeepSeekV3Router(_GateRouter):
     ) -> None:
         super().__init__(hidden_size, num_experts, top_k, device=device)
         _require_positive_ints(n_group=n_group, topk_group=topk_group)
-        if num_experts % n_group:
-            raise ConfigError(f"n_group must divide num_experts ({num_experts}), got {n_group}")
-        if topk_group > n_group:
-            raise ConfigError(f"topk_group must be <= n_group ({n_group}), got {topk_group}")
-        if n_group > 1 and num_experts // n_group < 2:
-            raise ConfigError(f"n_group must leave >= 2 experts per group, got {n_group}")
-        if n_group > 1 and topk_group * (num_experts // n_group) < top_k:
-            raise ConfigError(f"topk_group must keep >= top_k ({top_k}) experts, got {topk_group}")
+        check_expert_groups(num_experts, top_k, n_group, topk_group)
         self.n_group = n_group
         self.topk_group = topk_group
         self.renormalize = renormalize
