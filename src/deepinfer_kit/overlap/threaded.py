@@ -6,7 +6,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.sched.records import StepResult
 
@@ -45,8 +45,6 @@ class ThreadExecutor:
             InvariantError: the executor was closed.
         """
         if self._pool is None:
-            from deepinfer_kit.errors import InvariantError
-
             raise InvariantError("launch on a closed ThreadExecutor")
         return PendingStep(step_id=step_id, handle=self._pool.submit(run))
 
