@@ -87,6 +87,10 @@ class RoundPlanner(CommitCore):
             num_cached = 0
             if not table:
                 num_cached = cache.match_prefix(req)
+                prompt_left = num_known - num_cached
+                if not chunked and budget < prompt_left <= cfg.max_num_batched_tokens:
+                    i += 1  # without chunking, the first chunk waits for a round with room
+                    continue
                 self._mark_admitted(req, num_cached)
                 plan.num_cached_tokens += num_cached
             start = req.num_computed_tokens
