@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from deepinfer_kit.cache.manager import BlockKVCacheManager
+from deepinfer_kit.cache.records import CacheConfig
+from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
 from deepinfer_kit.sched.records import SchedulerConfig, StepResult
 from deepinfer_kit.testing.sched import make_request
 
-from conftest import SCHEDULERS, CacheFactory
+SCHEDULERS = {"continuous": ContinuousBatchScheduler, "static": StaticBatchScheduler}
 
 
 @pytest.mark.parametrize("kind", sorted(SCHEDULERS))
-def test_prompts_wait_for_a_round_with_room(kind: str, make_cache: CacheFactory) -> None:
+def test_prompts_wait_for_a_round_with_room(kind: str) -> None:
     config = SchedulerConfig(max_num_batched_tokens=16, enable_chunked_prefill=False)
-    sched = SCHEDULERS[kind](config, make_cache(32, 4))
+    cache = BlockKVCacheManager.create(CacheConfig(block_size=4, num_blocks=32))
+    sched = SCHEDULERS[kind](config, cache)
     for rid in ("a", "b"):
         sched.add(make_request(rid, 10, max_tokens=2, ignore_eos=True))
     rounds = []
