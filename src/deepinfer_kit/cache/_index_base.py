@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
+from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.cache.lru_policy import LRUEvictionPolicy
 from deepinfer_kit.cache.protocols import EvictionPolicy
 from deepinfer_kit.cache.records import PrefixCacheStats
-from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.errors import InvariantError
 
 __all__ = ["PublishedBlocks"]
 
@@ -23,8 +24,7 @@ class PublishedBlocks(Generic[E]):
     __slots__ = ("_block_size", "_entries", "_policy", "_stats")
 
     def __init__(self, block_size: int, policy: EvictionPolicy | None) -> None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"block_size must be an int >= 1, got {block_size!r}")
+        require_ints_at_least(1, block_size=block_size)
         self._block_size = block_size
         self._entries: dict[int, E] = {}
         self._policy: EvictionPolicy = LRUEvictionPolicy() if policy is None else policy

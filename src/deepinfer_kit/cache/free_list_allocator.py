@@ -5,17 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
+from deepinfer_kit._validators import require_ints_at_least
+from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 
 __all__ = ["FreeListBlockAllocator"]
 
 _FREE = -1  # internal count of a block on the free list
-
-
-def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 class FreeListBlockAllocator:
@@ -36,8 +31,9 @@ class FreeListBlockAllocator:
     __slots__ = ("_block_size", "_num_blocks", "_free", "_ref")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        self._num_blocks = _check_positive("num_blocks", num_blocks)
-        self._block_size = _check_positive("block_size", block_size)
+        require_ints_at_least(1, num_blocks=num_blocks, block_size=block_size)
+        self._num_blocks = num_blocks
+        self._block_size = block_size
         # Popped from the end: a fresh pool hands out 0, 1, 2, ...
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._ref: list[int] = [_FREE] * num_blocks

@@ -13,18 +13,13 @@ from typing import Literal
 import torch
 
 from deepinfer_kit._kernels import Impl, resolve_impl
+from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
 
 __all__ = ["PagedKVCache", "Impl"]
 
 _WriteOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 _CopyOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
-
-
-def _check_positive(**fields: int) -> None:
-    for name, value in fields.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
 
 
 class PagedKVCache:
@@ -55,7 +50,7 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         impl: Impl = "auto",
     ) -> None:
-        _check_positive(
+        require_ints_at_least(1, 
             num_layers=num_layers,
             num_blocks=num_blocks,
             block_size=block_size,

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit._validators import require_ints_at_least
+from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.sched.records import StepResult
 
@@ -26,8 +27,7 @@ class ThreadExecutor:
     """
 
     def __init__(self, depth: int = 1) -> None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ConfigError(f"depth must be an int >= 1, got {depth!r}")
+        require_ints_at_least(1, depth=depth)
         self._depth = depth
         self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="deepinfer-step"

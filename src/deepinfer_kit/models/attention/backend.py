@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 
 from deepinfer_kit._kernels import resolve_impl
+from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.records import AttentionMetadata
 
@@ -65,9 +66,7 @@ class PagedAttention:
         fields = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         if sliding_window is not None:
             fields["sliding_window"] = sliding_window
-        for name, value in fields.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        require_ints_at_least(1, **fields)
         if num_heads % num_kv_heads:
             raise ConfigError(
                 f"num_heads must be a multiple of num_kv_heads ({num_kv_heads}), got {num_heads}"
