@@ -41,16 +41,22 @@ def _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _row_total(base, V, top, inv_t, min_p, BLOCK: tl.constexpr):
+    """float64 sum of the row's weights, chunk sums in float32 (as ``ref_ops._block_sums``)."""
+    total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
+    for start in range(0, V, BLOCK):
+        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
+        total += tl.sum(w, axis=0).to(tl.float64)
+    return total
+
+
+@triton.jit
 def _row_norm_kernel(x_ptr, rows_ptr, inv_t_ptr, out_ptr, stride, V, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     base = x_ptr + tl.load(rows_ptr + pid).to(tl.int64) * stride
     inv_t = tl.load(inv_t_ptr + pid)
     top = _row_max(base, V, BLOCK)
-    total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
-    for start in range(0, V, BLOCK):
-        w = _chunk_weights(base, start, V, top, inv_t, 0.0, BLOCK)
-        total += tl.sum(w, axis=0).to(tl.float64)
-    tl.store(out_ptr + pid, total)
+    tl.store(out_ptr + pid, _row_total(base, V, top, inv_t, 0.0, BLOCK))
 
 
 @triton.jit
@@ -62,10 +68,7 @@ def _full_draw_kernel(
     inv_t = tl.load(inv_t_ptr + pid)
     min_p = tl.load(min_p_ptr + pid)
     top = _row_max(base, V, BLOCK)
-    total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
-    for start in range(0, V, BLOCK):
-        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
-        total += tl.sum(w, axis=0).to(tl.float64)
+    total = _row_total(base, V, top, inv_t, min_p, BLOCK)
     target = tl.load(u_ptr + pid) * total
     running = total * 0.0
     before = total * 0.0
