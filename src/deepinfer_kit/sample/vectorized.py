@@ -169,13 +169,14 @@ class VectorizedSampler:
             rows = _index(plan.needs_norm, dev)
             t.z[rows] = self._ops.row_norm(x, rows, t.inv_t[rows])
         retry = [self._threshold_stage(x, _index(plan.threshold, dev), t, tokens, None)]
-        grouped = [i for group in plan.topk.values() for i in group]
-        maxima = block_maxima(x, _index(grouped, dev)) if grouped else x[:0]
+        topk_rows = _index([i for group in plan.topk.values() for i in group], dev)
+        maxima = block_maxima(x, topk_rows) if topk_rows.numel() else x[:0]
         start = 0
         for width, group in plan.topk.items():
-            rows = _index(group, dev)
-            vals, idx = topk_candidates(x, rows, width, maxima[start : start + len(group)])
-            start += len(group)
+            end = start + len(group)
+            rows = topk_rows[start:end]
+            vals, idx = topk_candidates(x, rows, width, maxima[start:end])
+            start = end
             tok, kept = self._candidate_draw(vals, idx, rows, t)
             at_cut = vals.gather(1, (kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
             exact = (kept == 0) | ((kept > 0) & (at_cut > vals[:, -1]))
