@@ -18,7 +18,8 @@ import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl, resolve_impl
-from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit._validators import require_ints_at_least
+from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample import ref_ops
 from deepinfer_kit.sample.candidates import (
     block_maxima,
@@ -109,8 +110,7 @@ class VectorizedSampler:
     """
 
     def __init__(self, impl: Impl = "auto", *, top_p_width: int = 256) -> None:
-        if isinstance(top_p_width, bool) or not isinstance(top_p_width, int) or top_p_width < 1:
-            raise ConfigError(f"top_p_width must be an int >= 1, got {top_p_width!r}")
+        require_ints_at_least(1, top_p_width=top_p_width)
         self._ops, self.impl = _select_ops(impl)
         self._top_p_width = top_p_width
 
