@@ -140,3 +140,21 @@ def test_bad_engine_config_names_field(field: str, value: object) -> None:
 def test_unknown_checkpoint_folder_is_a_config_error(tmp_path: object) -> None:
     with pytest.raises(ConfigError):
         Engine.from_config(model=str(tmp_path))
+
+
+def test_logprobs_follow_each_token(llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=5, logprobs=3, ignore_eos=True)
+    (out,) = llm.generate(["logprobs please"], params, use_tqdm=False)
+    c = out.outputs[0]
+    assert c.logprobs is not None and len(c.logprobs) == 5
+    total = 0.0
+    for token, entry in zip(c.token_ids, c.logprobs):
+        assert token in entry and entry[token].rank == 1  # greedy picks the top token
+        assert sorted(lp.rank for lp in entry.values()) == [1, 2, 3]  # it is among the top 3
+        logprobs = [entry[t].logprob for t in sorted(entry, key=lambda t: entry[t].rank)]
+        assert logprobs == sorted(logprobs, reverse=True) and logprobs[0] <= 0.0
+        total += entry[token].logprob
+    assert c.cumulative_logprob is not None and abs(c.cumulative_logprob - total) < 1e-4
+    (plain,) = llm.generate(["logprobs please"], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert plain.outputs[0].logprobs is None and plain.outputs[0].cumulative_logprob is None
+    assert plain.outputs[0].token_ids == c.token_ids
