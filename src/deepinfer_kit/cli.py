@@ -6,8 +6,13 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from deepinfer_kit.errors import DeepInferError
+
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.engine import Engine
+    from deepinfer_kit.sample.params import SamplingParams
 
 __all__ = ["main", "build_parser"]
 
@@ -49,12 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _engine_and_params(args: argparse.Namespace) -> tuple[object, object, list[str]]:
+def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams, list[str]]:
+    """The engine, the sampling parameters and the prompts the arguments describe.
+
+    Heavy imports happen here, so ``deepinfer-kit --help`` stays fast.
+    """
+    import torch
+
     from deepinfer_kit.engine.config import EngineConfig
     from deepinfer_kit.engine.engine import Engine
     from deepinfer_kit.sample.params import SamplingParams
-
-    import torch
 
     threads = args.threads if args.threads is not None else (1 if args.model == "tiny" else 0)
     if threads > 0:
@@ -78,11 +87,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[object, object, list[s
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from deepinfer_kit.engine.engine import Engine
-    from deepinfer_kit.sample.params import SamplingParams
-
     engine, params, prompts = _engine_and_params(args)
-    assert isinstance(engine, Engine) and isinstance(params, SamplingParams)
     start = time.perf_counter()
     ids = [engine.add_request(None, p, params) for p in prompts]
     finished = {o.request_id: o for o in engine.run()}
@@ -103,12 +108,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from deepinfer_kit.engine.engine import Engine
     from deepinfer_kit.engine.trace import StepTrace
-    from deepinfer_kit.sample.params import SamplingParams
 
     engine, params, prompts = _engine_and_params(args)
-    assert isinstance(engine, Engine) and isinstance(params, SamplingParams)
     if not 0 <= args.request < len(prompts):
         print(f"--request must be in [0, {len(prompts)}), got {args.request}", file=sys.stderr)
         return 2
