@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from deepinfer_kit import Engine, RequestOutput, SamplingParams
+from deepinfer_kit import Engine, RequestOutput, SamplingParams, build_engine
 
 
 def test_mixed_load_with_aborts_and_forks_loses_nothing() -> None:
     rng = random.Random(0)
-    engine = Engine.from_config(num_blocks=48, block_size=8, max_model_len=160, max_num_seqs=32,
+    engine = build_engine(num_blocks=48, block_size=8, max_model_len=160, max_num_seqs=32,
                                 max_num_batched_tokens=256)
     expected: dict[str, tuple[int, int]] = {}
     to_abort: set[str] = set()
@@ -52,7 +52,7 @@ def test_mixed_load_with_aborts_and_forks_loses_nothing() -> None:
 
 def test_same_seeds_same_results_across_runs() -> None:
     def once() -> list[list[int]]:
-        engine = Engine.from_config(num_blocks=64, block_size=8, max_model_len=256)
+        engine = build_engine(num_blocks=64, block_size=8, max_model_len=256)
         params = [SamplingParams(temperature=1.0, top_k=20, max_tokens=8, seed=s, ignore_eos=True) for s in range(6)]
         ids = [engine.add_request(None, f"prompt {s}", p) for s, p in enumerate(params)]
         outs = {o.request_id: o for o in engine.run()}
@@ -62,7 +62,7 @@ def test_same_seeds_same_results_across_runs() -> None:
 
 
 def test_prompt_filling_the_pool_and_one_token_more() -> None:
-    engine = Engine.from_config(num_blocks=4, block_size=8, max_model_len=32)
+    engine = build_engine(num_blocks=4, block_size=8, max_model_len=32)
     fits = engine.add_request("fits", list(range(1, 31)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     too_long = engine.add_request("too-long", list(range(1, 32)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     outs = {o.request_id: o for o in engine.run()}

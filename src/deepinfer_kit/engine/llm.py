@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Union
 
+from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
@@ -47,7 +48,7 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
-        self.engine = engine if engine is not None else Engine.from_config(EngineConfig(model=model, **config))
+        self.engine = engine if engine is not None else build_engine(EngineConfig(model=model, **config))
 
     def generate(
         self,
