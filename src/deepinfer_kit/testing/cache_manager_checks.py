@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable
 
-from deepinfer_kit.cache.lru_reference import ExactLRUPrefixCache
+from deepinfer_kit.testing.lru_reference import ExactLRUPrefixCache
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import OutOfBlocksError
 from deepinfer_kit.request import Request
