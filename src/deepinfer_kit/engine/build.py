@@ -12,11 +12,12 @@ from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
+from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.loader import LoadedModel, build_tiny_model, load_model
+from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
