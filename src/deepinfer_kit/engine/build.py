@@ -7,6 +7,7 @@ from typing import Literal, cast
 
 import torch
 
+from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.manager import BlockKVCacheManager
@@ -28,8 +29,6 @@ from deepinfer_kit.sched.static import StaticBatchScheduler
 
 __all__ = ["build_engine", "size_kv_pool", "SchedulerFactory"]
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 
 def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
     """Blocks in the pool: ``config.num_blocks``, or as many as ``kv_cache_memory_mb`` holds.
@@ -45,7 +44,7 @@ def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) 
         source = f"num_blocks={num_blocks}"
     else:
         per_block = PagedKVCache.bytes_per_block(
-            mc.num_layers, P, mc.num_kv_heads, mc.head_dim, _DTYPES[config.dtype]
+            mc.num_layers, P, mc.num_kv_heads, mc.head_dim, torch_dtype(config.dtype)
         )
         num_blocks = (config.kv_cache_memory_mb << 20) // per_block
         source = f"kv_cache_memory_mb={config.kv_cache_memory_mb} ({per_block} bytes per block)"
@@ -88,7 +87,7 @@ def build_engine(
         raise ConfigError(f"device must be a torch device string, got {config.device!r}") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
-    dtype = _DTYPES[config.dtype]
+    dtype = torch_dtype(config.dtype)
     attention_impl = cast(Impl, config.attention_impl)
     moe_impl = cast(Impl, config.moe_impl)
     if config.model == "tiny":

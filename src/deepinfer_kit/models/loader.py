@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import attrs
 import torch
 
+from deepinfer_kit._dtypes import dtype_name
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.causal_lm import TransformerCausalLM
 from deepinfer_kit.models.config import ModelConfig
@@ -24,8 +25,6 @@ from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, load_tokeni
 from deepinfer_kit.models.weights import SafetensorsWeights
 
 __all__ = ["LoadedModel", "load_model", "build_tiny_model", "build_model"]
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @attrs.define(slots=True, eq=False)
@@ -58,8 +57,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
             without ``sparse_mlp_factory``.
         CheckpointError: a tensor is missing, mis-shaped or unexpected (named).
     """
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {dtype}")
+    dtype_name(dtype)
     if config.is_moe and sparse_mlp_factory is None:
         raise ConfigError(
             f"sparse_mlp_factory is required for the sparse {config.architecture}, got None "
