@@ -109,7 +109,7 @@ class BlockKVCacheManager:
 
     @property
     def stats(self) -> PrefixCacheStats | None:
-        """The index's counters, or ``None`` when prefix caching is off."""
+        """The index's counters (live), or ``None`` when prefix caching is off. O(1)."""
         return self._index.stats if self._index is not None else None
 
     def match_prefix(self, request: Request) -> int:
