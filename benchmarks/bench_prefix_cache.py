@@ -29,7 +29,7 @@ from deepinfer_kit.cache import (
     HashChainPrefixIndex,
     RadixPrefixIndex,
 )
-from deepinfer_kit.cache.lru_reference import ExactLRUPrefixCache
+from deepinfer_kit.testing.lru_reference import ExactLRUPrefixCache
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit.errors import DeepInferError
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(

@@ -13,9 +13,11 @@ import torch
 from paged_driver import PagedDriver
 from safetensors.torch import save_file
 
+from deepinfer_kit.engine.assemble import load_model, moe_layer_factory
 from deepinfer_kit.errors import CheckpointError, ConfigError
+from deepinfer_kit.models import loader
 from deepinfer_kit.models.config import ModelConfig
-from deepinfer_kit.models.loader import load_model
+from deepinfer_kit.models.protocols import SparseMLP
 from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
 from deepinfer_kit.models.tokenizer import ByteTokenizer, HFTokenizer
 
@@ -191,3 +193,31 @@ def test_tokenizer_json_is_used_when_present(tmp_path: Path) -> None:
     assert loaded.tokenizer.encode("hello world again") == [1, 2, 3]
     assert loaded.tokenizer.decode([1, 4, 2]) == "hello world"
     assert loaded.tokenizer.vocab_size == 5
+
+
+def test_sparse_checkpoint_without_a_factory_is_refused(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    with pytest.raises(ConfigError, match="sparse_mlp_factory is required"):
+        loader.load_model(tmp_path / "ckpt")
+    with pytest.raises(ConfigError, match="sparse_mlp_factory is required"):
+        loader.build_tiny_model(sparse_mlp_factory=None)  # type: ignore[arg-type]
+
+
+def test_the_injected_factory_builds_every_sparse_layer(tmp_path: Path) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    default = moe_layer_factory("ref")
+    built: list[int] = []
+
+    def counting(cfg: ModelConfig, layer: int, /, *, dtype: torch.dtype,
+                 device: str | torch.device) -> SparseMLP:
+        built.append(layer)
+        return default(cfg, layer, dtype=dtype, device=device)
+
+    ours = loader.load_model(tmp_path / "ckpt", sparse_mlp_factory=counting)
+    assert built == list(ours.config.sparse_layers)
+    prompt = [5, 17, 250, 3, 99]
+    torch.testing.assert_close(_logits(ours.model, prompt),
+                               _logits(load_model(tmp_path / "ckpt", moe_impl="ref").model, prompt),
+                               rtol=0, atol=0)

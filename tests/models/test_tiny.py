@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.loader import LoadedModel, build_tiny_model
+from deepinfer_kit.engine.assemble import build_tiny_model
+from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

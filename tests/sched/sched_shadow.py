@@ -10,12 +10,12 @@ forgot tokens changes the outputs (and is caught at once by :meth:`SlotModel.ver
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
+from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.records import PrefixCacheStats
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 from deepinfer_kit.step import StepResult
@@ -142,6 +142,13 @@ class SpyCache:
     def num_free_blocks(self) -> int:
         return self.inner.num_free_blocks
 
+    @property
+    def stats(self) -> PrefixCacheStats | None:
+        return self.inner.stats
+
+    def check_integrity(self, requests: Iterable[Request] | None = None) -> None:
+        self.inner.check_integrity(requests)
+
     def _call(self, name: str, req: Request, *args: Any) -> Any:
         result = getattr(self.inner, name)(req, *args)
         self.log.append((name, req, args, result))
@@ -181,3 +188,7 @@ class SpyCache:
 
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         self._call("cache_full_blocks", request, num_tokens)
+
+
+if TYPE_CHECKING:
+    _check: type[KVCacheManager] = SpyCache

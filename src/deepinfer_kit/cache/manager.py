@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
+from deepinfer_kit.cache.alloc_plan import plan_allocation
 from deepinfer_kit.cache.integrity import check_block_accounting
 from deepinfer_kit.cache.prefix_state import PrefixState as _PrefixState
 from deepinfer_kit.cache.prefix_state import state_of as _state
@@ -109,7 +110,7 @@ class BlockKVCacheManager:
 
     @property
     def stats(self) -> PrefixCacheStats | None:
-        """The index's counters, or ``None`` when prefix caching is off."""
+        """The index's counters (live), or ``None`` when prefix caching is off. O(1)."""
         return self._index.stats if self._index is not None else None
 
     def match_prefix(self, request: Request) -> int:
@@ -128,62 +129,6 @@ class BlockKVCacheManager:
         st.hits = hits
         st.epoch = self._epoch
         return len(hits) * self._P
-
-    def _plan(
-        self, request: Request, n: int, num_cached: int
-    ) -> tuple[list[int], int, list[int]]:
-        """(cached blocks to take, new blocks to allocate, table positions to copy)."""
-        if n < 0 or num_cached < 0:
-            raise InvariantError(
-                f"allocate: num_new_tokens and num_cached_tokens must be >= 0, "
-                f"got {n} and {num_cached}"
-            )
-        P = self._P
-        table = request.block_table
-        cached: list[int] = []
-        if table:
-            start = request.num_computed_tokens
-        else:
-            start = num_cached
-            if num_cached:
-                index = self._index
-                if index is None or num_cached % P:
-                    raise InvariantError(
-                        f"num_cached_tokens must be a match_prefix result, got {num_cached}"
-                    )
-                st = _state(request)
-                k = num_cached // P
-                if st.epoch == self._epoch and len(st.hits) >= k:
-                    cached = st.hits[:k]
-                else:
-                    cached = index.match(
-                        request.all_token_ids,
-                        context=request.cache_context,
-                        memo=st.keys,
-                        max_blocks=k,
-                        touch=False,
-                    )
-                if len(cached) < k:
-                    raise InvariantError(
-                        f"num_cached_tokens={num_cached} but only {len(cached) * P} tokens "
-                        f"are cached now: call match_prefix again after the cache changed"
-                    )
-        end_block = -(-(start + n) // P)
-        num_new = end_block - len(table) - len(cached)
-        cow: list[int] = []
-        if n and table:
-            st = _state(request)
-            if st.cow:
-                if start >= len(table) * P:
-                    st.cow = False  # writes only reach fresh, private blocks from now on
-                else:
-                    ref_count = self._allocator.ref_count
-                    index = self._index
-                    for j in range(start // P, min(len(table), end_block)):
-                        b = table[j]
-                        if ref_count(b) > 1 or (index is not None and index.contains(b)):
-                            cow.append(j)
-        return cached, max(num_new, 0), cow
 
     def _can_take(self, cached: list[int], needed: int) -> bool:
         allocator = self._allocator
@@ -206,7 +151,9 @@ class BlockKVCacheManager:
         Raises:
             InvariantError: as :meth:`allocate` for arguments it would reject.
         """
-        cached, num_new, cow = self._plan(request, num_new_tokens, num_cached_tokens)
+        cached, num_new, cow = plan_allocation(
+            request, num_new_tokens, num_cached_tokens, self._allocator, self._index, self._epoch
+        )
         return self._can_take(cached, num_new + len(cow))
 
     def allocate(
@@ -244,7 +191,9 @@ class BlockKVCacheManager:
                     self._evict(index, short)
                 table.extend(allocator.allocate(num_new))
                 return []
-        cached, num_new, cow = self._plan(request, num_new_tokens, num_cached_tokens)
+        cached, num_new, cow = plan_allocation(
+            request, num_new_tokens, num_cached_tokens, self._allocator, self._index, self._epoch
+        )
         needed = num_new + len(cow)
         if not self._can_take(cached, needed):
             raise self._out_of_blocks(request, needed)

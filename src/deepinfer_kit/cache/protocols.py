@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Protocol
 
 from deepinfer_kit.cache.records import PrefixCacheStats
@@ -249,6 +249,35 @@ class KVCacheManager(Protocol):
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can use now: free plus evictable cached blocks."""
+        ...
+
+    @property
+    def stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's counters (queries, hits, inserts, evictions), cumulative
+        since construction; ``None`` when prefix caching is off.
+
+        Read at any time (the engine reads it after each step for its trace and metrics);
+        reading mutates nothing. :meth:`match_prefix` counts a query and its hits,
+        :meth:`cache_full_blocks` the blocks it publishes, :meth:`allocate` the blocks it
+        evicts. The record may be live (updated in place by later calls): copy the fields
+        to keep a snapshot. O(1).
+        """
+        ...
+
+    def check_integrity(self, requests: Iterable[Request] | None = None) -> None:
+        """Check the block accounting; for tests and debugging, never on the hot path.
+
+        Always checks conservation: free + evictable cached + in use == ``num_blocks``.
+        When ``requests`` lists every request holding blocks, also checks that each
+        block's reference count equals the number of tables holding it and that no table
+        holds a block twice; ``check_integrity(())`` is the idle check (every count 0).
+        Call it between steps (the engine does when it goes idle), not while a step is
+        half-applied. Mutates nothing. O(num_blocks + total table length).
+
+        Raises:
+            InvariantError: a broken invariant, naming what is wrong (the blocks, counts
+                or request ids at fault).
+        """
         ...
 
     def match_prefix(self, request: Request) -> int:

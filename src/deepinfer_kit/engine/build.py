@@ -7,16 +7,18 @@ from typing import Any, Literal, cast
 import attrs
 import torch
 
+from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
+from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.loader import LoadedModel, build_tiny_model, load_model
+from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
@@ -26,8 +28,6 @@ from deepinfer_kit.sched.records import SchedulerConfig
 from deepinfer_kit.sched.static import StaticBatchScheduler
 
 __all__ = ["build_engine", "size_kv_pool"]
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
@@ -44,7 +44,7 @@ def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) 
         source = f"num_blocks={num_blocks}"
     else:
         per_block = PagedKVCache.bytes_per_block(
-            mc.num_layers, P, mc.num_kv_heads, mc.head_dim, _DTYPES[config.dtype]
+            mc.num_layers, P, mc.num_kv_heads, mc.head_dim, torch_dtype(config.dtype)
         )
         num_blocks = (config.kv_cache_memory_mb << 20) // per_block
         source = f"kv_cache_memory_mb={config.kv_cache_memory_mb} ({per_block} bytes per block)"
@@ -91,7 +91,7 @@ def build_engine(
         raise ConfigError(f"device must be a torch device string, got {config.device!r}") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
-    dtype = _DTYPES[config.dtype]
+    dtype = torch_dtype(config.dtype)
     attention_impl = cast(Impl, config.attention_impl)
     moe_impl = cast(Impl, config.moe_impl)
     if config.model == "tiny":

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import attrs
 
+from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 
 __all__ = ["EngineConfig"]
 
-_DTYPES = ("float32", "float16", "bfloat16")
 _IMPLS = ("auto", "ref", "triton")
 
 
@@ -39,7 +39,7 @@ class EngineConfig:
     """
 
     model: str = "tiny"
-    dtype: str = attrs.field(default="float32", validator=one_of(_DTYPES))
+    dtype: str = attrs.field(default="float32", validator=one_of(DTYPE_NAMES))
     device: str = "cpu"
     seed: int = attrs.field(default=0, validator=int_at_least(0))
     block_size: int = attrs.field(default=16, validator=int_at_least(1))

@@ -3,13 +3,13 @@
 Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral and GLM-4-MoE differ only in flags read from
 :class:`ModelConfig` (projection biases, q/k norm, RoPE variant and partial rotary, sliding
 windows, which layers are sparse) and in their expert naming; the sparse MLPs come from an
-injected factory (by default ``deepinfer_kit.moe``).
+injected :class:`SparseMLPFactory` (the engine's default builds ``deepinfer_kit.moe`` layers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,36 +18,14 @@ from torch import nn
 from deepinfer_kit.errors import CheckpointError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttention, RMSNorm
-from deepinfer_kit.models.protocols import CausalLM, PagedKVStore
+from deepinfer_kit.models.protocols import CausalLM, PagedKVStore, SparseMLP, SparseMLPFactory
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.models.rope import RotaryEmbedding
 from deepinfer_kit.models.weights import TrackedWeights, take
 
-__all__ = ["TransformerCausalLM", "SparseMLP", "SparseMLPFactory"]
+__all__ = ["TransformerCausalLM"]
 
 Weights = Mapping[str, torch.Tensor]
-
-
-class SparseMLP(Protocol):
-    """A mixture-of-experts MLP (``moe.MoELayer`` satisfies it)."""
-
-    @property
-    def last_expert_counts(self) -> torch.Tensor | None:
-        """``[E]`` int64 tokens per expert in the last call, ``None`` before any call."""
-        ...
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[T, H]`` -> ``[T, H]``."""
-        ...
-
-    def load_hf_weights(self, weights: Weights, prefix: str) -> None:
-        """Fill the experts from Hugging Face tensor names under ``prefix``; raises
-        CheckpointError naming a missing or mis-shaped tensor."""
-        ...
-
-
-#: ``factory(config, layer, dtype=..., device=...)`` -> the sparse MLP of ``layer``.
-SparseMLPFactory = Callable[..., SparseMLP]
 
 
 class DecoderLayer(nn.Module):

@@ -1,7 +1,9 @@
 """Loading a model: from a Hugging Face checkpoint folder, or the embedded tiny default.
 
-This is the wiring point of the models package: it builds :class:`TransformerCausalLM`
-with the MoE layers of ``deepinfer_kit.moe`` and fills it from safetensors only.
+It builds :class:`TransformerCausalLM` and fills it from safetensors only. The MoE layers
+of sparse models come from an injected :class:`SparseMLPFactory`; the models package
+builds none itself (``deepinfer_kit.engine.assemble`` passes the default, built from
+``deepinfer_kit.moe``).
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ from collections.abc import Mapping
 import attrs
 import torch
 
+from deepinfer_kit._dtypes import dtype_name
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.causal_lm import SparseMLP, SparseMLPFactory, TransformerCausalLM
+from deepinfer_kit.models.causal_lm import TransformerCausalLM
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.layers import Impl
+from deepinfer_kit.models.protocols import SparseMLPFactory
 from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from deepinfer_kit.models.weights import SafetensorsWeights
 
-__all__ = ["LoadedModel", "load_model", "build_tiny_model", "build_model", "moe_layer_factory"]
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["LoadedModel", "load_model", "build_tiny_model", "build_model"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -40,45 +42,38 @@ class LoadedModel:
     tokenizer: Tokenizer
 
 
-def moe_layer_factory(impl: Impl = "auto") -> SparseMLPFactory:
-    """A factory building ``deepinfer_kit.moe`` MoE layers for the sparse layers of a model.
-
-    ``impl`` selects the expert kernels (``"auto" | "ref" | "triton"``).
-    """
-
-    def build(config: ModelConfig, layer: int, *, dtype: torch.dtype,
-              device: str | torch.device) -> SparseMLP:
-        from deepinfer_kit.moe import MoELayer
-
-        if config.moe is None:
-            raise ValueError(f"layer {layer} of {config.architecture} is not sparse")
-        built: SparseMLP = MoELayer(config.moe, impl=impl, dtype=dtype, device=device)
-        return built
-
-    return build
-
-
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
+                sparse_mlp_factory: SparseMLPFactory | None = None,
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                attention_impl: Impl = "auto", moe_impl: Impl = "auto") -> TransformerCausalLM:
+                attention_impl: Impl = "auto") -> TransformerCausalLM:
     """Build the model of ``config`` and fill it from Hugging Face-named ``weights``.
 
+    Args:
+        sparse_mlp_factory: builds the MoE MLP of each sparse layer; required when
+            ``config.is_moe``, unused for a dense model.
+
     Raises:
-        ConfigError: ``dtype`` is not float32, float16 or bfloat16.
+        ConfigError: ``dtype`` is not float32, float16 or bfloat16; a sparse ``config``
+            without ``sparse_mlp_factory``.
         CheckpointError: a tensor is missing, mis-shaped or unexpected (named).
     """
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype must be one of {[str(d) for d in _DTYPES]}, got {dtype}")
+    dtype_name(dtype)
+    if config.is_moe and sparse_mlp_factory is None:
+        raise ConfigError(
+            f"sparse_mlp_factory is required for the sparse {config.architecture}, got None "
+            "(deepinfer_kit.engine.assemble passes the default MoE layers)"
+        )
     model = TransformerCausalLM(config, attention_impl=attention_impl, dtype=dtype, device=device,
-                                sparse_mlp_factory=moe_layer_factory(moe_impl) if config.is_moe else None)
+                                sparse_mlp_factory=sparse_mlp_factory if config.is_moe else None)
     model.load_hf_weights(weights)
     model.eval()
     return model
 
 
-def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", attention_impl: Impl = "auto",
-               moe_impl: Impl = "auto") -> LoadedModel:
+def load_model(path: str | os.PathLike[str], *,
+               sparse_mlp_factory: SparseMLPFactory | None = None,
+               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               attention_impl: Impl = "auto") -> LoadedModel:
     """Load a Hugging Face checkpoint folder.
 
     Reads ``config.json`` (+ ``generation_config.json`` EOS ids), the weights from
@@ -86,27 +81,34 @@ def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float
     file), converting them to ``dtype`` on ``device``, and ``tokenizer.json`` when
     ``tokenizers`` is installed (else the byte-level tokenizer).
 
+    Args:
+        sparse_mlp_factory: builds the MoE MLP of each sparse layer; required for a
+            sparse checkpoint (see :func:`build_model`).
+
     Raises:
-        ConfigError: unsupported architecture or invalid config field (named), bad dtype.
+        ConfigError: unsupported architecture or invalid config field (named), bad dtype,
+            a sparse checkpoint without ``sparse_mlp_factory``.
         CheckpointError: missing folder/config, no safetensors (pickle-only folders are
             refused unread), a missing, mis-shaped or unexpected tensor (named).
     """
     config = ModelConfig.from_pretrained(path)
     with SafetensorsWeights(path) as weights:
-        model = build_model(config, weights, dtype=dtype, device=device,
-                            attention_impl=attention_impl, moe_impl=moe_impl)
+        model = build_model(config, weights, sparse_mlp_factory=sparse_mlp_factory, dtype=dtype,
+                            device=device, attention_impl=attention_impl)
     tokenizer = load_tokenizer(path, eos_token_id=config.eos_token_ids[0] if config.eos_token_ids else None,
                                bos_token_id=config.bos_token_id)
     return LoadedModel(model=model, config=config, tokenizer=tokenizer)
 
 
-def build_tiny_model(*, seed: int = 0, dtype: torch.dtype = torch.float32,
-                     device: str | torch.device = "cpu", attention_impl: Impl = "auto",
-                     moe_impl: Impl = "auto") -> LoadedModel:
+def build_tiny_model(*, sparse_mlp_factory: SparseMLPFactory, seed: int = 0,
+                     dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                     attention_impl: Impl = "auto") -> LoadedModel:
     """The embedded default: a tiny Qwen3-MoE-style model (2 layers, hidden 64, 8 experts
-    top-2) with seeded random weights and the :class:`ByteTokenizer`. No file, no download;
-    the same ``seed`` gives the same model."""
+    top-2) with seeded random weights and the :class:`ByteTokenizer`, its sparse layers
+    built by ``sparse_mlp_factory``. No file, no download; the same ``seed`` gives the
+    same model."""
     config = ModelConfig.from_hf_config(tiny_hf_config())
-    model = build_model(config, tiny_hf_weights(config, seed=seed), dtype=dtype, device=device,
-                        attention_impl=attention_impl, moe_impl=moe_impl)
+    model = build_model(config, tiny_hf_weights(config, seed=seed),
+                        sparse_mlp_factory=sparse_mlp_factory, dtype=dtype, device=device,
+                        attention_impl=attention_impl)
     return LoadedModel(model=model, config=config, tokenizer=ByteTokenizer())

@@ -1,8 +1,9 @@
-"""Contracts of the models package: CausalLM, the KV store a model writes, and Tokenizer."""
+"""Contracts of the models package: CausalLM, the KV store a model writes, Tokenizer, and the
+sparse (MoE) MLP a model is given for its sparse layers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -12,7 +13,7 @@ from deepinfer_kit.models.records import ForwardBatch
 if TYPE_CHECKING:
     from deepinfer_kit.models.config import ModelConfig
 
-__all__ = ["PagedKVStore", "CausalLM", "Tokenizer"]
+__all__ = ["PagedKVStore", "CausalLM", "Tokenizer", "SparseMLP", "SparseMLPFactory"]
 
 
 class PagedKVStore(Protocol):
@@ -94,4 +95,53 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; special tokens are skipped. Never raises on valid ids."""
+        ...
+
+
+class SparseMLP(Protocol):
+    """A mixture-of-experts MLP for one sparse decoder layer (``moe.MoELayer`` satisfies it).
+
+    The model calls it once per forward on the post-attention-norm hidden states of that
+    layer; it must also be an ``nn.Module`` so its parameters belong to the model.
+    """
+
+    @property
+    def last_expert_counts(self) -> torch.Tensor | None:
+        """``[E]`` int64 tokens routed to each expert in the last call (``MoELayer`` keeps
+        it on the host); ``None`` before any call. Read by ``CausalLM.expert_counts``."""
+        ...
+
+    def __call__(self, hidden: torch.Tensor, /) -> torch.Tensor:
+        """``[T, H]`` -> ``[T, H]`` in the dtype and on the device of ``hidden``.
+
+        Updates :attr:`last_expert_counts`. O(T * k * expert FLOPs).
+        """
+        ...
+
+    def load_hf_weights(self, weights: Mapping[str, torch.Tensor], prefix: str, /) -> None:
+        """Fill the router and experts from Hugging Face tensor names under ``prefix``
+        (``model.layers.<i>.mlp.``), copying into the existing parameters.
+
+        Raises:
+            CheckpointError: naming a missing or mis-shaped tensor.
+        """
+        ...
+
+
+class SparseMLPFactory(Protocol):
+    """Builds the :class:`SparseMLP` of each sparse layer when a model is constructed.
+
+    Injected into ``TransformerCausalLM`` (and the loader) so the models package never
+    constructs an MoE implementation itself; ``engine.assemble.moe_layer_factory`` is the
+    default, built from ``deepinfer_kit.moe``.
+    """
+
+    def __call__(self, config: ModelConfig, layer: int, /, *, dtype: torch.dtype,
+                 device: str | torch.device) -> SparseMLP:
+        """The sparse MLP of ``layer`` (a layer listed in ``config.sparse_layers``), with
+        uninitialized parameters of ``dtype`` on ``device``; the loader fills them.
+
+        Raises:
+            ValueError: ``config`` has no MoE section.
+        """
         ...

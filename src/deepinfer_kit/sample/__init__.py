@@ -1,10 +1,32 @@
-"""sample/: sampling parameters and the Sampler (penalties, filtering, seeds, logprobs)."""
+"""sample/: sampling parameters and the Sampler (penalties, filtering, seeds, logprobs).
 
-from deepinfer_kit.sample.naive import NaiveSampler
+``SamplingParams`` is pure Python and imported eagerly: the request record and the
+scheduler need it, and they must import without torch. The tensor-side names (the
+samplers, their Protocols and records) are resolved on first use (PEP 562), so
+``import deepinfer_kit.sample`` pulls in torch only when one of them is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from deepinfer_kit.sample.params import SamplingParams
-from deepinfer_kit.sample.protocols import DrawOps, Sampler
-from deepinfer_kit.sample.records import SampleResult, SamplingBatch
-from deepinfer_kit.sample.vectorized import VectorizedSampler
+
+if TYPE_CHECKING:
+    from deepinfer_kit.sample.naive import NaiveSampler
+    from deepinfer_kit.sample.protocols import DrawOps, Sampler
+    from deepinfer_kit.sample.records import SampleResult, SamplingBatch
+    from deepinfer_kit.sample.vectorized import VectorizedSampler
+
+_LAZY = {
+    "Sampler": "deepinfer_kit.sample.protocols",
+    "DrawOps": "deepinfer_kit.sample.protocols",
+    "SamplingBatch": "deepinfer_kit.sample.records",
+    "SampleResult": "deepinfer_kit.sample.records",
+    "VectorizedSampler": "deepinfer_kit.sample.vectorized",
+    "NaiveSampler": "deepinfer_kit.sample.naive",
+}
 
 __all__ = [
     "SamplingParams",
@@ -15,3 +37,14 @@ __all__ = [
     "VectorizedSampler",
     "NaiveSampler",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer_kit.sample' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

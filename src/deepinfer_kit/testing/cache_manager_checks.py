@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable
 
-from deepinfer_kit.cache.lru_reference import ExactLRUPrefixCache
 from deepinfer_kit.cache.protocols import KVCacheManager
-from deepinfer_kit.errors import OutOfBlocksError
+from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.testing.lru_reference import ExactLRUPrefixCache
 from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = ["ManagerShadowDriver", "register_manager_checks", "make_request", "admit"]
@@ -243,6 +243,53 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
         m.free(a)
         m.free(a)
         expect(a.block_table == [] and m.num_free_blocks == 8, "free returns every block")
+
+    @suite.check
+    def check_stats_count_queries_hits_and_inserts(factory: ManagerFactory) -> None:
+        m = factory(16, P)
+        stats = m.stats
+        expect(stats is not None, "stats must be a record while prefix caching is on")
+        assert stats is not None
+        expect((stats.queries, stats.hit_blocks) == (0, 0), f"fresh stats: {stats}")
+        admit(m, make_request("a", list(range(3 * P))))
+        stats = m.stats
+        assert stats is not None
+        queries, hits, inserted = stats.queries, stats.hit_blocks, stats.inserted_blocks
+        expect(inserted == 3, f"publishing 3 full blocks counts 3 inserts, got {inserted}")
+        got = m.match_prefix(make_request("b", list(range(2 * P)) + [99] * (P + 1)))
+        stats = m.stats
+        assert stats is not None
+        expect(got == 2 * P, f"b shares 2 blocks with a, matched {got} tokens")
+        expect(stats.queries == queries + 1, f"a match counts one query: {queries} -> {stats.queries}")
+        expect(stats.hit_blocks == hits + 2, f"a 2-block hit counts 2: {hits} -> {stats.hit_blocks}")
+
+    @suite.check
+    def check_integrity_passes_when_healthy_and_names_a_duplicate(factory: ManagerFactory) -> None:
+        m = factory(16, P)
+        a = make_request("a", list(range(2 * P + 1)))
+        b = make_request("b", list(range(3 * P)))
+        admit(m, a)
+        admit(m, b)
+        m.check_integrity()
+        m.check_integrity([a, b])
+        dup = a.block_table[0]
+        a.block_table.append(dup)
+        try:
+            m.check_integrity([a, b])
+        except InvariantError as exc:
+            expect(str(dup) in str(exc), f"the error must name the block at fault: {exc}")
+        else:
+            raise AssertionError("check_integrity must raise InvariantError on a block twice in a table")
+        a.block_table.pop()
+        try:
+            m.check_integrity([b])
+        except InvariantError:
+            pass
+        else:
+            raise AssertionError("check_integrity must raise when a holder of blocks is missing")
+        m.free(a)
+        m.free(b)
+        m.check_integrity(())
 
     @suite.check
     def check_random_operations_against_exact_lru_model(factory: ManagerFactory) -> None:
