@@ -136,21 +136,23 @@ class Engine:
                     f"prompt is text but the engine has no tokenizer{note}; pass token ids"
                 )
             text: str | None = prompt
-            ids = self.tokenizer.encode(prompt)
+            raw: Sequence[object] = self.tokenizer.encode(prompt)
         elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
             raise ConfigError(
                 f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}"
             )
         else:
             text = None
-            ids = [tok for tok in prompt]
-        if not ids:
+            raw = prompt
+        if not raw:
             raise ConfigError(f"prompt must not be empty, got {prompt!r}")
-        for tok in ids:
+        ids: list[int] = []
+        for tok in raw:
             if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.vocab_size:
                 raise ConfigError(
                     f"prompt token ids must be ints in [0, {self.vocab_size}), got {tok!r}"
                 )
+            ids.append(tok)
         return ids, text
 
     def check_request(
