@@ -191,3 +191,38 @@ def test_tokenizer_json_is_used_when_present(tmp_path: Path) -> None:
     assert loaded.tokenizer.encode("hello world again") == [1, 2, 3]
     assert loaded.tokenizer.decode([1, 4, 2]) == "hello world"
     assert loaded.tokenizer.vocab_size == 5
+
+
+def _corrupt(file: Path, how: str) -> None:
+    data = file.read_bytes()
+    if how == "truncated":
+        file.write_bytes(data[: len(data) // 2])
+    else:  # a header length that points past the end, then bytes that are not JSON
+        file.write_bytes((16).to_bytes(8, "little") + b"\x00garbage{{{not json" + data[40:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage-header"])
+def test_corrupt_single_file_checkpoint_is_named(tmp_path: Path, how: str) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    file = tmp_path / "ckpt" / "model.safetensors"
+    _corrupt(file, how)
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "ckpt")
+    assert str(file) in str(err.value)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage-header"])
+def test_corrupt_indexed_shard_names_the_file_and_the_tensor(tmp_path: Path, how: str) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights, shards=2)
+    file = tmp_path / "ckpt" / "model-00002-of-00002.safetensors"
+    _corrupt(file, how)
+    index = json.loads((tmp_path / "ckpt" / "model.safetensors.index.json").read_text())
+    in_shard = {n for n, f in index["weight_map"].items() if f == file.name}
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "ckpt")
+    message = str(err.value)
+    assert str(file) in message
+    named = re.search(r"tensor '([^']+)'", message)
+    assert named is not None and named.group(1) in in_shard, message
