@@ -77,6 +77,8 @@ class ModelConfig:
             every sparse layer, ``None`` for dense models.
         sparse_layers: indices of the layers whose MLP is ``moe`` (the others are dense).
         raw: the ``config.json`` dict as read (not compared, not printed).
+        folder: the checkpoint folder it was read from (:meth:`from_pretrained`), else
+            ``None`` (not compared); lets errors about the folder's other files name them.
     """
 
     architecture: str
@@ -102,6 +104,7 @@ class ModelConfig:
     moe: MoEConfig | None = None
     sparse_layers: tuple[int, ...] = ()
     raw: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    folder: str | None = attrs.field(default=None, eq=False)
 
     def __attrs_post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -230,7 +233,7 @@ class ModelConfig:
             merged += [t for t in extra_ids if t not in merged]
             config["eos_token_id"] = merged
         with _naming(config_file):
-            return cls.from_hf_config(config)
+            return attrs.evolve(cls.from_hf_config(config), folder=str(folder))
 
 
 @contextmanager
