@@ -16,9 +16,10 @@ from safetensors.torch import save_file
 
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models.config import ModelConfig
-from deepinfer_kit.models.loader import load_model
+from deepinfer_kit.models.loader import build_model, load_model
 from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
 from deepinfer_kit.models.tokenizer import ByteTokenizer, HFTokenizer, missing_tokenizer_reason
+from deepinfer_kit.models.weights import SafetensorsWeights, TrackedWeights, safetensors_files
 
 
 def write_checkpoint(folder: Path, config: dict[str, Any], weights: dict[str, torch.Tensor], *,
@@ -63,9 +64,22 @@ def test_sharded_folder_loads_like_a_single_file(tmp_path: Path) -> None:
 
 def test_unindexed_shards_are_all_read(tmp_path: Path) -> None:
     config, weights = tiny_checkpoint(tmp_path)
-    write_checkpoint(tmp_path / "ckpt", config, weights, shards=2)
-    (tmp_path / "ckpt" / "model.safetensors.index.json").unlink()
-    load_model(tmp_path / "ckpt")
+    folder = tmp_path / "ckpt"
+    write_checkpoint(folder, config, weights, shards=2)
+    (folder / "model.safetensors.index.json").unlink()
+    located = safetensors_files(folder)
+    assert set(located) == set(weights)
+    assert {p.name for p in located.values()} == {p.name for p in folder.glob("*.safetensors")}
+    with SafetensorsWeights(folder) as found:
+        tracked = TrackedWeights(found)
+        model = build_model(ModelConfig.from_pretrained(folder), tracked)
+        assert tracked.unread() == []  # the model took every tensor of both shards
+        for name, tensor in weights.items():
+            assert torch.equal(found[name], tensor), name
+    write_checkpoint(tmp_path / "one", config, weights)
+    prompt = [5, 17, 250, 3, 99]
+    torch.testing.assert_close(_logits(model, prompt), _logits(load_model(tmp_path / "one").model, prompt),
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["model.layers.1.self_attn.k_proj.weight",
