@@ -267,12 +267,12 @@ def test_ignored_tokenizer_json_is_recorded_with_the_reason(
     assert loaded.config.folder == str(folder)
     assert ByteTokenizer().fallback_reason is None
     assert "no tokenizer.json" in missing_tokenizer_reason(tmp_path)
-    assert "pass token ids" in missing_tokenizer_reason(None)
+    assert "not read from a checkpoint folder" in missing_tokenizer_reason(None)
 
 
-# Waits for the engine side: Engine.encode must put missing_tokenizer_reason(
-# self.runner.model.config.folder) into its "engine has no tokenizer" error. Until that line
-# lands this fails (strict xfail); once it lands, remove this marker.
+# Waits for the engine side: the "engine has no tokenizer" error must quote
+# missing_tokenizer_reason(<model config>.folder) (see the report of this change for the
+# line). Until it lands this fails (strict xfail); once it lands, remove this marker.
 @pytest.mark.xfail(strict=True, reason="engine.encode does not name the ignored tokenizer.json yet")
 def test_text_prompt_error_names_the_ignored_tokenizer_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -154,25 +154,26 @@ def _special_tokens(folder: Path) -> dict[str, str]:
 
 
 def missing_tokenizer_reason(folder: str | os.PathLike[str] | None) -> str:
-    """Why a checkpoint folder yields no tokenizer of its own, for an error message.
+    """Why a checkpoint folder yields no tokenizer of its own, for an error message that
+    goes on to say "pass token ids".
 
     Names the ``tokenizer.json`` that exists but was ignored because ``tokenizers`` cannot be
-    imported (and says to install it), or says the folder has none; ``folder=None`` (a model
-    not read from a folder) only says to pass token ids.
+    imported (and says to install it), or says the folder has none, or (``folder=None``)
+    that the model was not read from a folder.
     """
     if folder is None:
-        return "the model has no tokenizer; pass token ids"
+        return "the model was not read from a checkpoint folder"
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
-        return f"checkpoint folder {str(folder)!r} has no tokenizer.json; pass token ids"
+        return f"checkpoint folder {str(folder)!r} has no tokenizer.json"
     try:
         import tokenizers  # noqa: F401
     except ImportError:
         return (
             f"{str(path)!r} was ignored because the 'tokenizers' package is not installed; "
-            "pip install tokenizers (or pass token ids)"
+            "pip install tokenizers"
         )
-    return f"{str(path)!r} is present and 'tokenizers' is installed; load it with load_tokenizer"
+    return f"{str(path)!r} is readable with the installed 'tokenizers' but was not loaded"
 
 
 def load_tokenizer(folder: str | os.PathLike[str], *, eos_token_id: int | None = None,
