@@ -36,7 +36,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import FinishReason, Request, RequestStatus
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched import ContinuousBatchScheduler, SchedulePlan, SchedulerConfig, StepResult
-from deepinfer_kit.sched.records import ScheduledChunk
+from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk
 
 BLOCK = 16
 TARGET_US = 5.0
@@ -56,6 +56,7 @@ class NaiveScheduler:
         self.cache = cache
         self.waiting: list[Request] = []
         self.running: list[Request] = []
+        self.scheduled: list[Request] = []  # the live requests of the plan in flight
         self.step = 0
 
     def add(self, request: Request) -> None:
@@ -77,7 +78,7 @@ class NaiveScheduler:
                 raise RuntimeError("the benchmark pool is sized never to run out")
             plan.block_copies.extend(cache.allocate(req, n))
             start = req.num_computed_tokens
-            plan.chunks.append(ScheduledChunk(req, start, n, start + n >= req.num_tokens))
+            plan.chunks.append(self._chunk(req, start, n))
             req.num_computed_tokens += n
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -89,17 +90,30 @@ class NaiveScheduler:
             self.waiting.pop(0)
             plan.block_copies.extend(cache.allocate(req, n, cached))
             req.status = RequestStatus.RUNNING
-            plan.chunks.append(ScheduledChunk(req, cached, n, cached + n >= req.num_tokens))
+            plan.chunks.append(self._chunk(req, cached, n))
             req.num_computed_tokens = cached + n
             self.running.append(req)
             budget -= n
         plan.num_batched_tokens = cfg.max_num_batched_tokens - budget
         return plan
 
+    def _chunk(self, req: Request, start: int, n: int) -> ScheduledChunk:
+        """The snapshot the runner needs, built the obvious way."""
+        self.scheduled.append(req)
+        sample = start + n >= req.num_tokens
+        row = SamplingRow(
+            req.params, req.seed, start + n - req.num_prompt_tokens, req.prompt_token_ids,
+            list(req.output_token_ids), req.eos_token_id,
+        ) if sample else None
+        return ScheduledChunk(
+            req.request_id, start, n, req.all_token_ids[start : start + n],
+            list(req.block_table), sample, sampling=row,
+        )
+
     def commit(self, plan: SchedulePlan, result: StepResult) -> list[RequestOutput]:
         outs = []
-        for chunk, tokens in zip(plan.chunks, result.token_ids, strict=True):
-            req = chunk.request
+        scheduled, self.scheduled = self.scheduled, []
+        for req, tokens in zip(scheduled, result.token_ids, strict=True):
             for tok in tokens:
                 req.append_token(tok)
                 params = req.params

@@ -88,7 +88,7 @@ def run_engine(custom: bool) -> dict[str, list[int]]:
     """Greedy generation on the tiny model with the custom (or default) scheduler."""
     import torch
 
-    from deepinfer_kit import Engine
+    from deepinfer_kit import build_engine
 
     torch.set_num_threads(1)
 
@@ -97,7 +97,7 @@ def run_engine(custom: bool) -> dict[str, list[int]]:
             config, cache, admission=ShortestPromptFirst(), victim=cheapest_to_recompute
         )
 
-    engine = Engine.from_config(
+    engine = build_engine(
         model="tiny", num_blocks=24, block_size=8, max_model_len=160, max_num_seqs=4,
         make_scheduler=make if custom else None,
     )
@@ -119,7 +119,11 @@ def main() -> None:
             f"{name:>22}: mean {statistics.mean(ttft):6.1f} rounds to first token, "
             f"p90 {sorted(ttft)[int(0.9 * len(ttft))]}"
         )
-    SCHEDULER_SUITE.run(lambda cfg, nb, bs: build(cfg, nb, bs, custom=True))
+    SCHEDULER_SUITE.run(
+        lambda cfg, cache: ContinuousBatchScheduler(
+            cfg, cache, admission=ShortestPromptFirst(), victim=cheapest_to_recompute
+        )
+    )
     print(f"conformance: all {len(SCHEDULER_SUITE)} Scheduler checks pass with the custom policy")
     same = run_engine(custom=True) == run_engine(custom=False)
     print(f"engine on the tiny model: greedy outputs identical to the default scheduler: {same}")

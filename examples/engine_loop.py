@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kit import Engine, SamplingParams
+from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine.trace import StepTrace
 
 
 def main() -> None:
     torch.set_num_threads(1)
     # A small pool and budget so chunked prefill, prefix hits and preemption all show up.
-    engine = Engine.from_config(
+    engine = build_engine(
         model="tiny", num_blocks=12, block_size=8, max_model_len=96, max_num_batched_tokens=32
     )
     engine.trace = lambda t: print(t.describe())

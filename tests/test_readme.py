@@ -19,10 +19,10 @@ ARROW = re.compile(r"^\s*print\(.*\)\s*#\s*->\s*(\S+)", flags=re.M)
 def _engine_snippet_output() -> str:
     """What the engine snippet must print: per prompt, the byte decoding of the tiny model's
     16 greedy tokens (taken from the Engine API directly) and ``length``."""
-    from deepinfer_kit import Engine, SamplingParams
+    from deepinfer_kit import SamplingParams, build_engine
     from deepinfer_kit.models.tokenizer import ByteTokenizer
 
-    engine = Engine.from_config()
+    engine = build_engine()
     ids = [engine.add_request(None, p, SamplingParams(max_tokens=16, temperature=0))
            for p in ("Hello", "Paged attention")]
     outs = {o.request_id: o.outputs[0] for o in engine.run()}

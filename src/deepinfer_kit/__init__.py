@@ -1,7 +1,7 @@
 """deepinfer_kit: composable LLM-inference components behind typed Protocols.
 
 Importing the package needs neither a GPU nor Triton. The engine-level names (``LLM``,
-``Engine``, ``EngineConfig``) are imported lazily on first use.
+``Engine``, ``EngineConfig``, ``build_engine``) are imported lazily on first use.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from deepinfer_kit.errors import (
     ConfigError,
     DeepInferError,
     DeviceUnavailableError,
+    EngineDeadError,
     InvariantError,
     OutOfBlocksError,
 )
@@ -28,12 +29,14 @@ _LAZY = {
     "LLM": "deepinfer_kit.engine.llm",
     "Engine": "deepinfer_kit.engine.engine",
     "EngineConfig": "deepinfer_kit.engine.config",
+    "build_engine": "deepinfer_kit.engine.build",
 }
 
 __all__ = [
     "LLM",
     "Engine",
     "EngineConfig",
+    "build_engine",
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
@@ -49,6 +52,7 @@ __all__ = [
     "OutOfBlocksError",
     "InvariantError",
     "DeviceUnavailableError",
+    "EngineDeadError",
 ]
 
 

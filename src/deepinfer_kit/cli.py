@@ -61,8 +61,8 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
     """
     import torch
 
+    from deepinfer_kit.engine.build import build_engine
     from deepinfer_kit.engine.config import EngineConfig
-    from deepinfer_kit.engine.engine import Engine
     from deepinfer_kit.sample.params import SamplingParams
 
     threads = args.threads if args.threads is not None else (1 if args.model == "tiny" else 0)
@@ -83,7 +83,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         max_tokens=args.max_tokens,
     )
     prompts = list(args.prompt) if args.prompt else list(DEFAULT_PROMPTS)
-    return Engine.from_config(config), params, prompts
+    return build_engine(config), params, prompts
 
 
 def _generate(args: argparse.Namespace) -> int:

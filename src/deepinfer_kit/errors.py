@@ -43,3 +43,9 @@ class InvariantError(DeepInferError, RuntimeError):
 
 class DeviceUnavailableError(DeepInferError, RuntimeError):
     """A kernel or device was asked for on a machine that does not have it."""
+
+
+class EngineDeadError(DeepInferError, RuntimeError):
+    """The engine cannot go on: a component failed in a way it cannot recover from (the
+    scheduler raised, or steps kept failing). The cause is chained; every later call
+    raises this error again rather than an unrelated one."""

@@ -214,9 +214,9 @@ def test_unallocatable_pool_is_a_capacity_error_naming_bytes_and_setting() -> No
 
 
 def test_engine_with_a_huge_kv_memory_budget_names_the_setting() -> None:
-    from deepinfer_kit import Engine
+    from deepinfer_kit import build_engine
 
     with pytest.raises(CapacityError) as err:
-        Engine.from_config(kv_cache_memory_mb=10**9)
+        build_engine(kv_cache_memory_mb=10**9)
     message = str(err.value)
     assert "kv_cache_memory_mb" in message and re.search(r"\d{15,} bytes", message), message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_kit import LLM, ConfigError, Engine, EngineConfig, SamplingParams
+from deepinfer_kit import LLM, ConfigError, Engine, EngineConfig, SamplingParams, build_engine
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_abort_in_any_state_frees_everything(llm: LLM, steps_before_abort: int) 
 
 def test_kv_budget_too_small_names_the_largest_length() -> None:
     with pytest.raises(ConfigError, match="the largest max_model_len that fits is 64"):
-        Engine.from_config(EngineConfig(num_blocks=4, block_size=16))
+        build_engine(EngineConfig(num_blocks=4, block_size=16))
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_max_logprobs_defaults_to_vllms_20() -> None:
 
 def test_unknown_checkpoint_folder_is_a_config_error(tmp_path: object) -> None:
     with pytest.raises(ConfigError):
-        Engine.from_config(model=str(tmp_path))
+        build_engine(model=str(tmp_path))
 
 
 def test_logprobs_follow_each_token(llm: LLM) -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import random
 
 import attrs
+import pytest
 
-from deepinfer_kit import CompletionOutput, Engine, RequestOutput, SamplingParams
+from deepinfer_kit import CompletionOutput, ConfigError, Engine, RequestOutput, SamplingParams, build_engine
 from deepinfer_kit.cache.protocols import KVCacheManager
-from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
-from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.sched import ContinuousBatchScheduler, Scheduler, SchedulerConfig
 
 
 def test_mixed_load_with_aborts_and_forks_loses_nothing() -> None:
     rng = random.Random(0)
-    engine = Engine.from_config(num_blocks=48, block_size=8, max_model_len=160, max_num_seqs=32,
+    engine = build_engine(num_blocks=48, block_size=8, max_model_len=160, max_num_seqs=32,
                                 max_num_batched_tokens=256)
     expected: dict[str, tuple[int, int]] = {}
     to_abort: set[str] = set()
@@ -64,7 +64,7 @@ def test_same_seeds_same_results_across_runs() -> None:
     seeds = [0, 1, 2, 3, 4, 5]
 
     def once(order: list[int]) -> dict[int, list[list[int]]]:
-        engine = Engine.from_config(num_blocks=64, block_size=8, max_model_len=256)
+        engine = build_engine(num_blocks=64, block_size=8, max_model_len=256)
         ids = {
             engine.add_request(None, prompt, SamplingParams(
                 temperature=1.0, top_k=20, max_tokens=8, seed=s, ignore_eos=True)): s
@@ -86,9 +86,10 @@ def test_same_seeds_same_results_across_runs() -> None:
 def test_prompt_filling_the_pool_and_one_token_more() -> None:
     """The rule of docs/continuous_batching.md ("Requests that can never run"): a request
     whose KV, ``min(prompt + max_tokens, max_model_len) - 1`` positions, needs more blocks
-    than the pool is finished with ``error`` when added; one whose prompt fits but whose
-    ``prompt + max_tokens`` passes ``max_model_len`` runs and finishes with ``length`` at
-    ``max_model_len`` tokens. Pool: 4 blocks of 8 = 32 slots."""
+    than the pool can never run (the scheduler finishes it with ``error``; the engine
+    refuses it at ``add_request`` with a ConfigError naming ``num_blocks``); one whose
+    prompt fits but whose ``prompt + max_tokens`` passes ``max_model_len`` runs and
+    finishes with ``length`` at ``max_model_len`` tokens. Pool: 4 blocks of 8 = 32 slots."""
     greedy = {"temperature": 0.0, "ignore_eos": True}
 
     def run(engine: Engine) -> dict[str, CompletionOutput]:
@@ -106,24 +107,21 @@ def test_prompt_filling_the_pool_and_one_token_more() -> None:
             engine.add_request(rid, list(range(1, prompt_len + 1)), params)
         return {rid: (c.finish_reason, len(c.token_ids)) for rid, c in run(engine).items()}
 
-    # max_model_len = the pool: from_config never builds a pool smaller than max_model_len,
+    # max_model_len = the pool: build_engine never builds a pool smaller than max_model_len,
     # so here max_model_len is the binding limit.
-    capped = Engine.from_config(num_blocks=4, block_size=8, max_model_len=32)
+    capped = build_engine(num_blocks=4, block_size=8, max_model_len=32)
     assert finish(capped, {"fits": (30, 2), "one-more": (31, 2)}) == {
         "fits": ("length", 2),  # 31 KV positions: 4 blocks
         "one-more": ("length", 1),  # stops at max_model_len = 32 tokens
     }
 
     # The scheduler allows 64 tokens, so the 4-block pool is the binding limit.
-    def roomy(config: SchedulerConfig, cache: KVCacheManager) -> ContinuousBatchScheduler:
+    def roomy(config: SchedulerConfig, cache: KVCacheManager) -> Scheduler:
         return ContinuousBatchScheduler(attrs.evolve(config, max_model_len=64), cache)
 
-    pooled = Engine.from_config(num_blocks=4, block_size=8, max_model_len=32, make_scheduler=roomy)
-    pooled.add_request("over", list(range(1, 32)), SamplingParams(max_tokens=3, **greedy))
-    pooled.add_request("exact", list(range(1, 31)), SamplingParams(max_tokens=3, **greedy))
-    outs = run(pooled)
+    pooled = build_engine(num_blocks=4, block_size=8, max_model_len=32, make_scheduler=roomy)
     # 31 + 3 - 1 = 33 KV positions: 5 blocks > 4
-    assert (outs["over"].finish_reason, outs["over"].token_ids) == ("error", [])
-    assert "num_blocks" in str(outs["over"].stop_reason)
+    with pytest.raises(ConfigError, match="num_blocks=4"):
+        pooled.add_request("over", list(range(1, 32)), SamplingParams(max_tokens=3, **greedy))
     # 30 + 3 - 1 = 32 KV positions: exactly the 4 blocks
-    assert (outs["exact"].finish_reason, len(outs["exact"].token_ids)) == ("length", 3)
+    assert finish(pooled, {"exact": (30, 3)}) == {"exact": ("length", 3)}

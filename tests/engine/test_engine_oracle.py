@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_kit import Engine, SamplingParams
+from deepinfer_kit import Engine, SamplingParams, build_engine
 
 from hf_models import hf_logits
 
@@ -48,7 +48,7 @@ def _expected(model: Any, prompt: list[int]) -> list[int]:
 
 
 def _run(folder: Path, prompts: list[list[int]], **config: Any) -> list[list[int]]:
-    engine = Engine.from_config(model=str(folder), **config)
+    engine = build_engine(model=str(folder), **config)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     ids = [engine.add_request(None, p, params) for p in prompts]
     outs = {o.request_id: o for o in engine.run()}
@@ -84,7 +84,7 @@ def test_prefix_hits_and_preemption_really_happen(checkpoints: dict[str, tuple[P
     from deepinfer_kit.engine.trace import StepTrace
 
     folder, _ = checkpoints["qwen3_moe"]
-    engine = Engine.from_config(model=str(folder), num_blocks=24, block_size=4, max_model_len=96)
+    engine = build_engine(model=str(folder), num_blocks=24, block_size=4, max_model_len=96)
     traces: list[StepTrace] = []
     engine.trace = traces.append
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -104,7 +104,7 @@ def test_triton_kernels_give_the_same_greedy_tokens(checkpoints: dict[str, tuple
     folder, hf_model = checkpoints["qwen3_moe"]
     prompts = _prompts(seed=7)[:3]
     expected = [_expected(hf_model, p)[:4] for p in prompts]
-    engine = Engine.from_config(
+    engine = build_engine(
         model=str(folder), attention_impl="triton", moe_impl="triton", sampler_impl="triton", block_size=8
     )
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -277,10 +277,10 @@ def test_ignored_tokenizer_json_is_recorded_with_the_reason(
 def test_text_prompt_error_names_the_ignored_tokenizer_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from deepinfer_kit import Engine, SamplingParams
+    from deepinfer_kit import SamplingParams, build_engine
 
     folder = _folder_with_unusable_tokenizer_json(tmp_path, monkeypatch)
-    engine = Engine.from_config(model=str(folder), num_blocks=64, max_model_len=256)
+    engine = build_engine(model=str(folder), num_blocks=64, max_model_len=256)
     assert engine.tokenizer is None
     with pytest.raises(ConfigError) as err:
         engine.add_request(None, "hello", SamplingParams(max_tokens=2))

@@ -9,13 +9,15 @@ import pytest
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
-from deepinfer_kit.sched.planning import RoundPlanner
+from deepinfer_kit.sched.scheduler import BatchScheduler
+from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.sched.protocols import SchedulerFactory
 from deepinfer_kit.sched.records import SchedulerConfig
 
 SCHEDULERS = {"continuous": ContinuousBatchScheduler, "static": StaticBatchScheduler}
 
 CacheFactory = Callable[..., BlockKVCacheManager]
-SchedFactory = Callable[..., RoundPlanner]
+SchedFactory = Callable[..., BatchScheduler]
 
 
 def _make_cache(num_blocks: int, block_size: int, index: str = "hash") -> BlockKVCacheManager:
@@ -32,14 +34,15 @@ def make_cache() -> CacheFactory:
 
 
 @pytest.fixture
-def suite_factory() -> Callable[[str, str], Callable[[SchedulerConfig, int, int], RoundPlanner]]:
-    """``suite_factory(kind, index)`` -> the conformance-suite factory of that scheduler."""
+def suite_factory() -> Callable[[str, str], SchedulerFactory]:
+    """``suite_factory(kind, index)`` -> the conformance-suite factory of that scheduler,
+    over a cache of the suite's size with the named prefix index."""
 
-    def build(kind: str, index: str) -> Callable[[SchedulerConfig, int, int], RoundPlanner]:
-        cls = SCHEDULERS[kind]
+    def build(kind: str, index: str) -> SchedulerFactory:
+        make = SCHEDULERS[kind]
 
-        def factory(config: SchedulerConfig, num_blocks: int, block_size: int) -> RoundPlanner:
-            return cls(config, _make_cache(num_blocks, block_size, index))
+        def factory(config: SchedulerConfig, cache: KVCacheManager) -> BatchScheduler:
+            return make(config, _make_cache(cache.num_blocks, cache.block_size, index))
 
         return factory
 

@@ -10,12 +10,15 @@ forgot tokens changes the outputs (and is caught at once by :meth:`SlotModel.ver
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from collections.abc import Sequence
 from typing import Any
 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.request import Request
-from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, StepResult
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
+from deepinfer_kit.step import StepResult
 
 
 def kv_chain(tokens: Sequence[int]) -> list[int]:
@@ -53,14 +56,21 @@ class SlotModel:
     the model samples, then one more token).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, vocab: int = 50) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        lookup: Callable[[str], Request | None],
+        vocab: int = 50,
+    ) -> None:
         self.P = block_size
         self.vocab = vocab
+        self.lookup = lookup  # the live sequence of a chunk, for the KV check only
         self.slots: list[int | None] = [None] * (num_blocks * block_size)
-        self.pending: dict[int, int] = {}  # id(request) -> its token sampled last call
+        self.pending: dict[str, int] = {}  # sequence id -> its token sampled last call
 
-    def _slot(self, req: Request, pos: int) -> int:
-        return req.block_table[pos // self.P] * self.P + pos % self.P
+    def _slot(self, table: list[int], pos: int) -> int:
+        return table[pos // self.P] * self.P + pos % self.P
 
     def __call__(self, plan: SchedulePlan) -> StepResult:
         P = self.P
@@ -72,21 +82,22 @@ class SlotModel:
         return StepResult(out)
 
     def _run(self, c: ScheduledChunk) -> list[int]:
-        req = c.request
-        self.verify(req, c.start)
-        known = req.all_token_ids
+        req = self.lookup(c.request_id)
+        assert req is not None, f"{c.request_id} scheduled but not live"
+        table = c.block_table  # the plan's snapshot: the model never reads the request's
+        self.verify(req, table, c.start)
         n_known = c.num_tokens - len(c.spec_token_ids)
-        fed = [
-            known[p] if p < len(known) else self.pending[id(req)]
-            for p in range(c.start, c.start + n_known)
-        ]
+        fed = list(c.token_ids)
+        if c.num_placeholders:
+            fed.append(self.pending[c.request_id])
+        assert len(fed) == n_known
         fed += c.spec_token_ids
-        prev = self.slots[self._slot(req, c.start - 1)] if c.start else 0
-        assert prev is not None, f"{req.request_id}: KV at {c.start - 1} never written"
+        prev = self.slots[self._slot(table, c.start - 1)] if c.start else 0
+        assert prev is not None, f"{c.request_id}: KV at {c.start - 1} never written"
         kvs = []
         for i, tok in enumerate(fed):
             prev = hash((prev, tok))
-            self.slots[self._slot(req, c.start + i)] = prev
+            self.slots[self._slot(table, c.start + i)] = prev
             kvs.append(prev)
         if not c.sample:
             return []
@@ -98,19 +109,17 @@ class SlotModel:
                     break
             return toks
         toks = [token_from(kvs[-1], j, self.vocab) for j in range(c.num_samples)]
-        self.pending[id(req)] = toks[0]
+        self.pending[c.request_id] = toks[0]
         return toks
 
-    def verify(self, req: Request, end: int) -> None:
-        """The KV read back through ``req``'s table for its known positions below ``end``
+    def verify(self, req: Request, table: list[int], end: int) -> None:
+        """The KV read back through ``table`` for ``req``'s known positions below ``end``
         equals what a correct run wrote."""
         end = min(end, len(req.all_token_ids))
         want = kv_chain(req.all_token_ids[:end])
-        got = [self.slots[self._slot(req, p)] for p in range(end)]
+        got = [self.slots[self._slot(table, p)] for p in range(end)]
         bad = [p for p in range(end) if got[p] != want[p]]
-        assert not bad, (
-            f"{req.request_id}: KV corrupt at positions {bad[:8]} (table {req.block_table})"
-        )
+        assert not bad, f"{req.request_id}: KV corrupt at positions {bad[:8]} (table {table})"
 
 
 class SpyCache:

@@ -13,7 +13,7 @@ from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched import ContinuousBatchScheduler, StepResult
 from deepinfer_kit.sched.records import SchedulerConfig
-from deepinfer_kit.testing.sched import SchedulerDriver, make_request
+from deepinfer_kit.testing.sched_driver import SchedulerDriver, make_request
 
 P = 4
 MUTATORS = {"allocate", "free", "fork", "truncate", "cache_full_blocks"}
@@ -96,7 +96,8 @@ def _resume_stats(seed: int, make_cache: Any) -> tuple[int, int]:
         preempted = {id(r) for r in drv.sched.waiting if r.num_preemptions}
         plan = drv.schedule()
         for c in plan.chunks:
-            req = c.request
+            req = drv.sched.get(c.request_id)
+            assert req is not None
             if id(req) in preempted:
                 resumes += 1
                 boundaries += req.num_tokens % P == 0
@@ -104,6 +105,7 @@ def _resume_stats(seed: int, make_cache: Any) -> tuple[int, int]:
                 assert c.start == match and c.start < req.num_tokens
                 assert c.start + c.num_tokens == req.num_tokens or not c.sample
             assert len(req.block_table) == -(-(c.start + c.num_tokens) // P)
+            assert c.block_table == req.block_table  # the plan holds a true snapshot
         drv.commit(plan)
     return resumes, boundaries
 

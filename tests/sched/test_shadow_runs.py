@@ -15,9 +15,9 @@ import pytest
 from sched_shadow import SlotModel, greedy_continuation
 
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
-from deepinfer_kit.sched.planning import RoundPlanner
+from deepinfer_kit.sched.scheduler import BatchScheduler
 from deepinfer_kit.sched.records import SchedulerConfig
-from deepinfer_kit.testing.sched import SchedulerDriver, make_request
+from deepinfer_kit.testing.sched_driver import SchedulerDriver, make_request
 
 P = 4
 Outcome = dict[tuple[str, int], tuple[tuple[int, ...], str | None]]
@@ -42,14 +42,14 @@ def workload(seed: int, count: int = 24) -> list[dict[str, Any]]:
     return reqs
 
 
-def _add_all(sched: RoundPlanner, reqs: list[dict[str, Any]]) -> None:
+def _add_all(sched: BatchScheduler, reqs: list[dict[str, Any]]) -> None:
     for spec in reqs:
         spec = dict(spec)
         sched.add(make_request(spec.pop("request_id"), spec.pop("prompt_len"), **spec))
 
 
 def run(
-    cls: type[RoundPlanner],
+    cls: type[BatchScheduler],
     num_blocks: int,
     reqs: list[dict[str, Any]],
     make_cache: Any,
@@ -64,7 +64,7 @@ def run(
     )
     cache = make_cache(num_blocks, P)
     sched = cls(cfg, cache)
-    model = SlotModel(num_blocks, P)
+    model = SlotModel(num_blocks, P, sched.get)
     drv = SchedulerDriver(sched, cfg, model=model)
     _add_all(sched, reqs)
     preempted = 0
@@ -92,7 +92,7 @@ def run(
     return {k: (tuple(c.token_ids), c.finish_reason) for k, c in drv.completions.items()}, preempted
 
 
-def _propose(sched: RoundPlanner, rng: random.Random, vocab: int) -> None:
+def _propose(sched: BatchScheduler, rng: random.Random, vocab: int) -> None:
     """Drafts for decoding requests: the true continuation, corrupted at a random point."""
     for req in sched.running:
         if req.num_computed_tokens == req.num_tokens - 1 and req.output_token_ids:

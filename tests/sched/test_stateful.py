@@ -14,17 +14,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
-from deepinfer_kit.sched.planning import RoundPlanner
+from deepinfer_kit.sched.protocols import SchedulerFactory
+from deepinfer_kit.sched.scheduler import BatchScheduler
 from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
-from deepinfer_kit.testing.sched import SchedulerDriver, make_request, random_tokens
+from deepinfer_kit.testing.sched_driver import SchedulerDriver, make_request, random_tokens
 
 NUM_BLOCKS, P = 12, 4
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Drives one scheduler; ``cls`` is set by the subclasses below."""
+    """Drives one scheduler; ``make`` is set by the subclasses below."""
 
-    cls: type[RoundPlanner]
+    make: SchedulerFactory
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,7 +36,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             long_prefill_token_threshold=6,
         )
         self.cache = BlockKVCacheManager.create(CacheConfig(block_size=P, num_blocks=NUM_BLOCKS))
-        self.sched = self.cls(self.config, self.cache)
+        self.sched = type(self).make(self.config, self.cache)
         self.drv = SchedulerDriver(self.sched, self.config)
         self.want: dict[str, int] = {}  # user id -> completions it must report
         self.live: list[str] = []
@@ -124,11 +125,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 class ContinuousMachine(SchedulerMachine):
-    cls = ContinuousBatchScheduler
+    make = staticmethod(ContinuousBatchScheduler)
 
 
 class StaticMachine(SchedulerMachine):
-    cls = StaticBatchScheduler
+    make = staticmethod(StaticBatchScheduler)
 
 
 _settings = settings(

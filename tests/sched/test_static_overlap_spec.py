@@ -7,7 +7,7 @@ from typing import Any
 
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler, StepResult
 from deepinfer_kit.sched.records import SchedulerConfig
-from deepinfer_kit.testing.sched import EOS, SchedulerDriver, make_request
+from deepinfer_kit.testing.sched_driver import EOS, SchedulerDriver, make_request
 
 P = 4
 
@@ -103,7 +103,8 @@ def test_spec_tokens_count_in_the_budget_and_roll_back(make_cache: Any) -> None:
     (chunk,) = plan.chunks
     assert chunk.spec_token_ids == [1, 2, 3, 4, 5, 6, 7] and chunk.num_tokens == 8
     assert plan.num_batched_tokens == 8
-    req = chunk.request
+    req = sched.get(chunk.request_id)
+    assert req is not None
     assert len(req.block_table) == 4  # positions 7..14 written
     sched.commit(plan, StepResult([[1, 2, 42]]))  # two drafts accepted, then 42
     assert req.output_token_ids == [11, 1, 2, 42]

@@ -7,8 +7,9 @@ import pytest
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
-from deepinfer_kit.sched.records import SchedulerConfig, StepResult
-from deepinfer_kit.testing.sched import make_request
+from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.step import StepResult
+from deepinfer_kit.testing.sched_driver import make_request
 
 SCHEDULERS = {"continuous": ContinuousBatchScheduler, "static": StaticBatchScheduler}
 

@@ -15,6 +15,7 @@ EXPECTED_ERRORS = {
     "bad_sampler_return.py": 'incompatible types in assignment (expression has type "type[TensorSampler]"',
     "bad_router_missing.py": 'incompatible types in assignment (expression has type "type[HalfRouter]"',
     "bad_executor_args.py": 'incompatible types in assignment (expression has type "type[WrongExecutor]"',
+    "bad_batching_policy.py": 'incompatible types in assignment (expression has type "type[ForgetfulBatching]"',
 }
 GOOD = ["good_sampler.py", "good_scheduler_policy.py"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
+import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl
@@ -21,11 +21,11 @@ from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
-from deepinfer_kit.sched.protocols import Scheduler
+from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
 from deepinfer_kit.sched.records import SchedulerConfig
 from deepinfer_kit.sched.static import StaticBatchScheduler
 
-__all__ = ["build_engine", "size_kv_pool", "SchedulerFactory"]
+__all__ = ["build_engine", "size_kv_pool"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -57,22 +57,20 @@ def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) 
     return num_blocks
 
 
-SchedulerFactory = Callable[[SchedulerConfig, KVCacheManager], Scheduler]
-"""``factory(config, cache)`` -> the scheduler the engine drives."""
-
-
 def build_engine(
-    config: EngineConfig,
+    config: EngineConfig | None = None,
     *,
     make_scheduler: SchedulerFactory | None = None,
     sampler: Sampler | None = None,
     executor: OverlapExecutor | None = None,
+    **overrides: Any,
 ) -> Engine:
-    """Load the model and build every default component of ``config``.
+    """Load the model and build every default component of ``config`` — the one place
+    the engine's concrete parts are assembled.
 
-    Any of the swappable components can be given instead of the default: a scheduler
-    factory (it receives the scheduler config and the KV cache manager), a sampler, an
-    executor.
+    ``overrides`` replace config fields (``build_engine(num_blocks=64)``). Any of the
+    swappable components can be given instead of the default: a scheduler factory (it
+    receives the scheduler config and the KV cache manager), a sampler, an executor.
 
     Raises:
         ConfigError: bad config values, an unknown device, an unsupported checkpoint, or
@@ -81,6 +79,12 @@ def build_engine(
     """
     from deepinfer_kit.sample.vectorized import VectorizedSampler
 
+    config = config if config is not None else EngineConfig()
+    if overrides:
+        try:
+            config = attrs.evolve(config, **overrides)
+        except TypeError as exc:
+            raise ConfigError(f"unknown EngineConfig field in {sorted(overrides)}: {exc}") from exc
     try:
         device = torch.device(config.device)
     except RuntimeError as exc:
@@ -149,7 +153,6 @@ def build_engine(
         cache=cache,
         tokenizer=tokenizer,
         vocab_size=mc.vocab_size,
-        max_model_len=max_model_len,
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
         executor=executor,

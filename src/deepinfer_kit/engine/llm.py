@@ -8,6 +8,7 @@ from typing import Any, TypedDict, Union
 
 import attrs
 
+from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
@@ -163,7 +164,7 @@ class LLM:
             raise ConfigError(
                 f"options {sorted(config)} are unused when an engine is given; set them on its config"
             )
-        self.engine = engine if engine is not None else Engine.from_config(EngineConfig(model=model, **config))
+        self.engine = engine if engine is not None else build_engine(EngineConfig(model=model, **config))
 
     def generate(
         self,
@@ -189,8 +190,8 @@ class LLM:
         """
         items = _normalize(prompts)
         params = _params_list(sampling_params, len(items))
-        for p in items:
-            self.engine.encode(p)  # validate all before queuing any
+        for p, sp in zip(items, params):
+            self.engine.check_request(p, sp)  # validate all before queuing any
         ids: list[str] = []
         try:
             for p, sp in zip(items, params):

@@ -16,7 +16,9 @@ from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
-from deepinfer_kit.sched.records import SchedulePlan, StepResult
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.cache.kv_cache import PagedKVCache
@@ -50,6 +52,10 @@ class ModelRunner:
         sampler: draws tokens from the logits.
         device: the model's device.
         generator: random source of unseeded requests (on ``device``).
+
+    Attributes:
+        record_expert_counts: return the MoE routing counts of each round in
+            ``StepResult.expert_counts`` (the engine sets it when tracing).
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class ModelRunner:
         self.device = device
         self.generator = generator
         self.block_size = kv_cache.block_size
+        self.record_expert_counts = False
         self._pin = device.type == "cuda"
 
     def _to_device(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -76,8 +83,13 @@ class ModelRunner:
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
 
-        Reads each scheduled request's tokens and block table (never mutates them); the
-        result stays valid after the scheduler mutates requests. O(T + R * max_blocks).
+        Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
+        live request, so it may run while the scheduler mutates its requests.
+        O(T + R * max_blocks).
+
+        Raises:
+            InvariantError: a chunk has placeholder tokens (their values live on the
+                device of an overlapped engine; this runner has none to resolve).
         """
         input_ids: list[int] = []
         positions: list[int] = []
@@ -94,18 +106,22 @@ class ModelRunner:
         outputs: list[Sequence[int]] = []
         eos: list[int | None] = []
         for chunk in plan.chunks:
-            req = chunk.request
+            if chunk.num_placeholders:
+                raise InvariantError(
+                    f"chunk of {chunk.request_id} has {chunk.num_placeholders} placeholder "
+                    f"token(s); this runner resolves none"
+                )
             start, n = chunk.start, chunk.num_tokens
             end = start + n
-            known = n - len(chunk.spec_token_ids)
-            input_ids.extend(req.all_token_ids[start : start + known])
+            input_ids.extend(chunk.token_ids)
             input_ids.extend(chunk.spec_token_ids)
             positions.extend(range(start, end))
             num_tokens += n
             query_lens.append(n)
             seq_lens.append(end)
-            tables.append(req.block_table)
-            if not chunk.sample:
+            tables.append(chunk.block_table)
+            row = chunk.sampling
+            if row is None:
                 row_counts.append(0)
                 continue
             last = num_tokens - len(chunk.spec_token_ids) - 1
@@ -113,12 +129,12 @@ class ModelRunner:
             row_counts.append(rows)
             for i in range(rows):
                 logits_rows.append(last)
-                params.append(req.params)
-                seeds.append(fork_seed(req.seed, i) if rows > 1 else req.seed)
-                out_pos.append(len(req.output_token_ids))
-                prompts.append(req.prompt_token_ids)
-                outputs.append(req.output_token_ids)
-                eos.append(req.eos_token_id)
+                params.append(row.params)
+                seeds.append(fork_seed(row.seed, i) if rows > 1 else row.seed)
+                out_pos.append(row.output_position)
+                prompts.append(row.prompt_token_ids)
+                outputs.append(row.output_token_ids)
+                eos.append(row.eos_token_id)
         attn = make_attention_metadata(
             query_lens, seq_lens, tables, self.block_size, self.device, pin_memory=self._pin
         )
@@ -142,6 +158,12 @@ class ModelRunner:
     def execute(self, step: PreparedStep) -> StepResult:
         """Copy-on-write block copies, the forward, and the draw; returns tokens per chunk.
 
+        A sampled row whose logits hold a NaN or an infinity is detected on the device
+        and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
+        on the one device-to-host copy of the sampled tokens. With
+        :attr:`record_expert_counts` set, the MoE layers' routing counts of the round
+        are returned too (one more copy, for traces).
+
         Mutates the KV cache (the scheduled tokens' K/V). Blocks until the tokens are on
         the host.
         """
@@ -149,17 +171,38 @@ class ModelRunner:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():
             logits = self.model(step.forward, self.kv_cache)
+            counts = self.model.expert_counts() if self.record_expert_counts else None
+            expert_counts: list[list[int]] | None = counts.tolist() if counts is not None else None
             if not step.sampling.params:
-                return StepResult(token_ids=[[] for _ in step.row_counts])
-            sampled = self.sampler(logits, step.sampling)
-        tokens: list[int] = sampled.token_ids.tolist()
+                return StepResult(
+                    token_ids=[[] for _ in step.row_counts], expert_counts=expert_counts
+                )
+            finite = torch.isfinite(logits).all(dim=-1)
+            sampled = self.sampler(logits.masked_fill(~finite[:, None], 0.0), step.sampling)
+            flagged = torch.where(finite, sampled.token_ids, -1)
+        tokens: list[int] = flagged.tolist()
         token_ids: list[list[int]] = []
+        errors: list[str | None] = []
         row = 0
         for count in step.row_counts:
-            token_ids.append(tokens[row : row + count])
+            drawn = tokens[row : row + count]
+            if -1 in drawn:
+                errors.append(
+                    f"non-finite logits (NaN or inf) at output position "
+                    f"{step.sampling.positions[row]}"
+                )
+                drawn = []
+            else:
+                errors.append(None)
+            token_ids.append(drawn)
             row += count
         logprobs = _logprob_maps(sampled, step) if sampled.logprobs is not None else None
-        return StepResult(token_ids=token_ids, logprobs=logprobs)
+        return StepResult(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            errors=errors if any(e is not None for e in errors) else [],
+            expert_counts=expert_counts,
+        )
 
 
 def _logprob_maps(sampled: SampleResult, step: PreparedStep) -> list[list[dict[int, Logprob]]]:

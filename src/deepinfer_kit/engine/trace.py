@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["TracedChunk", "StepTrace"]
+from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.step import StepResult
+
+__all__ = ["TracedChunk", "StepTrace", "make_trace"]
 
 
 @attrs.frozen(slots=True)
@@ -82,3 +86,53 @@ class StepTrace:
         if self.finished:
             lines.append(f"  finished: {', '.join(self.finished)}")
         return "\n".join(lines)
+
+
+def make_trace(
+    plan: SchedulePlan,
+    result: StepResult,
+    finished: list[RequestOutput],
+    free_blocks: tuple[int, int],
+    blocks_evicted: int,
+    times: tuple[float, float, float, float],
+) -> StepTrace:
+    """The :class:`StepTrace` of one step, from its plan (snapshots only), its result and
+    the outputs it finished. ``free_blocks`` is (before, after); ``times`` the
+    ``perf_counter`` at the start, after scheduling, after executing, after committing."""
+    chunks = []
+    for i, chunk in enumerate(plan.chunks):
+        sampled = result.token_ids[i] if i < len(result.token_ids) else []
+        chunks.append(
+            TracedChunk(
+                request_id=chunk.request_id,
+                kind="prefill" if chunk.is_prefill else "decode",
+                start=chunk.start,
+                num_tokens=chunk.num_tokens,
+                num_cached_tokens=chunk.num_cached_tokens,
+                sampled=tuple(sampled),
+                num_blocks=len(chunk.block_table),
+            )
+        )
+    counts = result.expert_counts
+    t0, t1, t2, t3 = times
+    return StepTrace(
+        step_id=plan.step_id,
+        chunks=tuple(chunks),
+        num_batched_tokens=plan.num_batched_tokens,
+        token_budget=plan.token_budget,
+        free_blocks_before=free_blocks[0],
+        free_blocks_after=free_blocks[1],
+        blocks_evicted=blocks_evicted,
+        prefix_hit_tokens=plan.num_cached_tokens,
+        block_copies=len(plan.block_copies),
+        preempted=tuple(plan.preempted_ids),
+        finished=tuple(
+            f"{o.request_id}#{c.index}" if c.index else o.request_id
+            for o in finished
+            for c in o.outputs
+        ),
+        expert_counts=tuple(tuple(row) for row in counts) if counts is not None else None,
+        schedule_s=t1 - t0,
+        execute_s=t2 - t1,
+        commit_s=t3 - t2,
+    )

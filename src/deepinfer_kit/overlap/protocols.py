@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from deepinfer_kit.overlap.records import PendingStep
-from deepinfer_kit.sched.records import StepResult
+from deepinfer_kit.step import StepResult
 
 __all__ = ["OverlapExecutor"]
 

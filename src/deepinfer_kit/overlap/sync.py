@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from deepinfer_kit.overlap.records import PendingStep
-from deepinfer_kit.sched.records import StepResult
+from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.overlap.protocols import OverlapExecutor

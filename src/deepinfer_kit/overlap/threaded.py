@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.overlap.records import PendingStep
-from deepinfer_kit.sched.records import StepResult
+from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.overlap.protocols import OverlapExecutor

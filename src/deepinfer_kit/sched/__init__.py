@@ -1,5 +1,6 @@
 """sched/: static and continuous batching, token budgets, chunked prefill, preemption."""
 
+from deepinfer_kit.sched.batching import ContinuousBatching, StaticBatching
 from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
 from deepinfer_kit.sched.policies import (
     fcfs_key,
@@ -7,18 +8,32 @@ from deepinfer_kit.sched.policies import (
     lowest_priority_victim,
     priority_key,
 )
-from deepinfer_kit.sched.protocols import AdmissionPolicy, PreemptionPolicy, Scheduler
-from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, SchedulerConfig, StepResult
+from deepinfer_kit.sched.protocols import (
+    AdmissionPolicy,
+    BatchingPolicy,
+    PreemptionPolicy,
+    Scheduler,
+    SchedulerFactory,
+)
+from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.scheduler import BatchScheduler
 from deepinfer_kit.sched.static import StaticBatchScheduler
+from deepinfer_kit.step import StepResult
 
 __all__ = [
     "Scheduler",
+    "SchedulerFactory",
     "AdmissionPolicy",
     "PreemptionPolicy",
+    "BatchingPolicy",
     "SchedulerConfig",
     "ScheduledChunk",
+    "SamplingRow",
     "SchedulePlan",
     "StepResult",
+    "BatchScheduler",
+    "ContinuousBatching",
+    "StaticBatching",
     "ContinuousBatchScheduler",
     "StaticBatchScheduler",
     "fcfs_key",

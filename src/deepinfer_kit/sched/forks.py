@@ -5,7 +5,7 @@ from __future__ import annotations
 from deepinfer_kit.outputs import RequestMetrics
 from deepinfer_kit.request import Request, RequestStatus, fork_seed
 
-__all__ = ["child_id", "spawn_child"]
+__all__ = ["child_id", "spawn_child", "will_fork"]
 
 
 def child_id(parent_id: str, index: int) -> str:
@@ -45,3 +45,9 @@ def spawn_child(parent: Request, index: int, num_computed_tokens: int) -> Reques
         cache_context=parent.cache_context,
         metrics=metrics,
     )
+
+
+def will_fork(request: Request) -> bool:
+    """True when the request's next sample starts its ``n`` completions: an ``n > 1``
+    request (not itself a child) that has generated nothing yet."""
+    return request.params.n > 1 and request.parent_id is None and not request.output_token_ids

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
+from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
-from deepinfer_kit.sched.records import SchedulePlan, StepResult
+from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
+from deepinfer_kit.step import StepResult
 
-__all__ = ["Scheduler", "AdmissionPolicy", "PreemptionPolicy"]
+if TYPE_CHECKING:
+    from deepinfer_kit.sched.state import InflightPlan, SchedulerState
+
+__all__ = [
+    "Scheduler",
+    "SchedulerFactory",
+    "AdmissionPolicy",
+    "PreemptionPolicy",
+    "BatchingPolicy",
+    "WaitingQueue",
+]
 
 
 class Scheduler(Protocol):
@@ -29,9 +41,7 @@ class Scheduler(Protocol):
     def add(self, request: Request) -> None:
         """Queue a new request (status WAITING).
 
-        A request that can never run (its prompt alone reaches ``max_model_len``, its
-        KV would need more blocks than the pool has, ``n > max_num_seqs``, or its prompt
-        exceeds the round budget with chunked prefill off) is not queued silently
+        A request that can never run (see :meth:`never_fits`) is not queued silently
         forever: it is finished with reason ``error`` (``request.error`` names the limit)
         and reported by the next ``commit``. A prompt that fits but whose ``max_tokens``
         reach past ``max_model_len`` runs and finishes with ``length``.
@@ -39,6 +49,17 @@ class Scheduler(Protocol):
         Raises:
             ConfigError: the request id is already live, or the request is not a fresh
                 WAITING one.
+        """
+        ...
+
+    def never_fits(self, request: Request) -> str | None:
+        """Why ``request`` could never run under this scheduler, or ``None``.
+
+        The one decision behind :meth:`add`'s rejection, exposed so an API edge can
+        refuse such a request with an error before queueing it (the Engine does). Rules:
+        its prompt alone reaches ``max_model_len``; its KV would need more blocks than
+        the pool has; ``n > max_num_seqs``; its prompt exceeds the round budget with
+        chunked prefill off; plus the batching policy's own rules. Pure; O(1).
         """
         ...
 
@@ -95,3 +116,67 @@ class PreemptionPolicy(Protocol):
     def __call__(self, running: Sequence[Request]) -> Request:
         """The victim among ``running`` (non-empty, in admission order; read-only)."""
         ...
+
+
+class BatchingPolicy(Protocol):
+    """When waiting sequences join the running set: every round (continuous batching),
+    or only once the whole batch has drained (static batching).
+
+    The round calls :meth:`admit` once, after every running sequence got its chunk. A
+    non-``preemptive`` policy guarantees blocks at admission; a shortfall is then a
+    broken invariant rather than a reason to preempt.
+    """
+
+    @property
+    def preemptive(self) -> bool:
+        """True when running out of blocks preempts a victim by recompute."""
+        ...
+
+    def never_fits(self, request: Request, state: SchedulerState) -> str | None:
+        """A reason, beyond the scheduler's common rules, why ``request`` could never
+        run under this policy, or ``None``. Pure."""
+        ...
+
+    def admit(self, state: SchedulerState, entry: InflightPlan, budget: int, preempted: bool) -> int:
+        """Move waiting sequences into ``state.running`` and append their first chunks to
+        ``entry`` (the round being planned); returns the budget left. ``preempted`` says this round already
+        preempted someone (continuous batching then admits nothing). Mutates the state,
+        the requests and the cache's block tables."""
+        ...
+
+
+class WaitingQueue(Protocol):
+    """Sequences holding no blocks, in admission order (internal to the schedulers)."""
+
+    def __len__(self) -> int:
+        """Queued sequences. O(1)."""
+        ...
+
+    def __iter__(self) -> Iterator[Request]:
+        """The queued sequences in admission order (read-only)."""
+        ...
+
+    def push(self, request: Request) -> None:
+        """Queue a new sequence."""
+        ...
+
+    def push_preempted(self, request: Request) -> None:
+        """Queue a sequence that was preempted (it goes ahead of later arrivals)."""
+        ...
+
+    def peek(self) -> Request:
+        """The next sequence to admit. Raises IndexError when empty."""
+        ...
+
+    def pop(self) -> Request:
+        """Remove and return :meth:`peek`'s sequence."""
+        ...
+
+    def remove(self, request: Request) -> None:
+        """Remove ``request`` (an abort). O(len). Raises ValueError when absent."""
+        ...
+
+
+SchedulerFactory = Callable[[SchedulerConfig, KVCacheManager], Scheduler]
+"""``factory(config, cache)`` -> a scheduler over that KV cache manager: how the engine
+builder and the conformance suite receive a scheduler of yours."""

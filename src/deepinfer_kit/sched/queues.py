@@ -6,42 +6,14 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from deepinfer_kit.request import Request
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sched.protocols import AdmissionPolicy
+    from deepinfer_kit.sched.protocols import AdmissionPolicy, WaitingQueue
 
-__all__ = ["WaitingQueue", "FcfsQueue", "KeyedQueue", "make_waiting_queue"]
-
-
-class WaitingQueue(Protocol):
-    """Requests holding no blocks, in admission order. Internal to the schedulers."""
-
-    def __len__(self) -> int: ...
-
-    def __iter__(self) -> Iterator[Request]: ...
-
-    def push(self, request: Request) -> None:
-        """Queue a new request."""
-        ...
-
-    def push_preempted(self, request: Request) -> None:
-        """Queue a request that was preempted (it goes ahead of later arrivals)."""
-        ...
-
-    def peek(self) -> Request:
-        """The next request to admit. Raises IndexError when empty."""
-        ...
-
-    def pop(self) -> Request:
-        """Remove and return :meth:`peek`'s request."""
-        ...
-
-    def remove(self, request: Request) -> None:
-        """Remove ``request`` (an abort). O(len). Raises ValueError when absent."""
-        ...
+__all__ = ["FcfsQueue", "KeyedQueue", "make_waiting_queue"]
 
 
 class FcfsQueue:

@@ -1,14 +1,20 @@
-"""Configs and records of the sched package: what runs this round, and what came back."""
+"""Configs and records of the sched package: the limits of a round, and the plan of one.
+
+A plan is made of snapshots: each chunk carries the token ids to feed, a copy of the
+block table and its sampling row, never a live ``Request``. The runner (and under overlap
+a worker thread) can lay a plan out while the scheduler already mutates its requests.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import attrs
 
 from deepinfer_kit._validators import int_at_least, one_of
-from deepinfer_kit.outputs import Logprob
-from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["SchedulerConfig", "ScheduledChunk", "SchedulePlan", "StepResult"]
+__all__ = ["SchedulerConfig", "SamplingRow", "ScheduledChunk", "SchedulePlan"]
 
 
 @attrs.frozen(slots=True)
@@ -35,46 +41,77 @@ class SchedulerConfig:
 
 
 @attrs.define(slots=True, eq=False)
-class ScheduledChunk:
-    """The work of one request in one round.
-
-    The model is fed ``num_tokens`` tokens at positions ``[start, start + num_tokens)``:
-    the known tokens ``request.all_token_ids[start : start + num_tokens - len(spec_token_ids)]``
-    (the trailing ``num_placeholders`` of which are not in ``all_token_ids`` yet: under
-    overlap they are the tokens the step in flight is sampling, resolved on the device),
-    followed by ``spec_token_ids`` (drafts verified this round).
+class SamplingRow:
+    """What the sampler needs to draw a chunk's token(s), snapshotted at scheduling time.
 
     Attributes:
-        request: the request (read-only for everyone but the scheduler).
-        start: first position computed; equals ``request.num_computed_tokens`` at
-            scheduling time (a prefix hit moves it past the cached tokens).
+        params: the request's sampling parameters (immutable).
+        seed: the sequence's seed, or ``None`` (a fork's row ``i`` derives its own with
+            :func:`~deepinfer_kit.request.fork_seed`).
+        output_position: index of the output token this sample draws (0 for the first);
+            it keys the seeded random stream and the ``min_tokens`` rule.
+        prompt_token_ids: the prompt (never mutated; shared, not copied).
+        output_token_ids: a copy of the tokens generated so far when the parameters
+            need them (penalties, ``min_tokens``), else empty.
+        eos_token_id: the EOS id masked while ``min_tokens`` is not reached, or ``None``.
+    """
+
+    params: SamplingParams
+    seed: int | None
+    output_position: int
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    eos_token_id: int | None
+
+
+@attrs.define(slots=True, eq=False)
+class ScheduledChunk:
+    """The work of one sequence in one round, as a self-contained snapshot.
+
+    The model is fed ``num_tokens`` tokens at positions ``[start, start + num_tokens)``:
+    ``token_ids`` (known values), then ``num_placeholders`` tokens whose values a step
+    still in flight is sampling (resolved on the device under overlap), then
+    ``spec_token_ids`` (drafts verified this round). So
+    ``len(token_ids) + num_placeholders + len(spec_token_ids) == num_tokens``.
+
+    Attributes:
+        request_id: the sequence's id (a fork child's is ``"{parent}#{index}"``).
+        start: first position computed (a prefix hit moves it past the cached tokens).
         num_tokens: ``q_i``, tokens fed this round (counts against the budget).
-        sample: True when logits at the chunk's last known position are sampled (the
+        token_ids: the known token values fed, a copy.
+        block_table: the sequence's physical blocks after this round's allocation, a
+            copy; position ``t`` lives in ``block_table[t // P]``.
+        sample: True when logits at the chunk's last non-draft position are sampled (the
             chunk reaches the end of the known tokens); False for a non-final prefill chunk.
         num_samples: tokens drawn from those logits (``n`` when the request forks into
             ``n`` completions at this sample, else 1).
         spec_token_ids: draft tokens appended after the known tokens; the verifier reads
             logits at ``1 + len(spec_token_ids)`` positions.
-        num_placeholders: trailing known-position tokens whose values a step still in
-            flight produces.
-        preemption_epoch: ``request.num_preemptions`` when the chunk was scheduled;
-            ``commit`` ignores a chunk whose request was preempted since (its KV and its
-            blocks were dropped, so its tokens are recomputed on resume).
+        num_placeholders: tokens (0 or 1) whose values the step in flight produces.
+        preemption_epoch: the sequence's preemption count when scheduled; ``commit``
+            ignores a chunk whose sequence was preempted since.
+        sampling: the sampling row when ``sample`` is True, else ``None``.
+        num_cached_tokens: prompt tokens this (re)admission took from the prefix cache;
+            0 except on a sequence's first chunk after admission (traces).
     """
 
-    request: Request
+    request_id: str
     start: int
     num_tokens: int
+    token_ids: list[int]
+    block_table: list[int]
     sample: bool = True
     num_samples: int = 1
     spec_token_ids: list[int] = attrs.field(factory=list)
     num_placeholders: int = 0
     preemption_epoch: int = 0
+    sampling: SamplingRow | None = None
+    num_cached_tokens: int = 0
 
     @property
-    def request_id(self) -> str:
-        """The request's id."""
-        return self.request.request_id
+    def end(self) -> int:
+        """One past the last position computed."""
+        return self.start + self.num_tokens
 
     @property
     def is_prefill(self) -> bool:
@@ -91,9 +128,9 @@ class SchedulePlan:
         chunks: scheduled work, in the order the runner lays out the batch.
         block_copies: ``(src, dst)`` block copies (copy-on-write) to perform on the device
             before the forward.
-        preempted_ids: requests preempted this round (their blocks were released).
-        finished: requests that ended without running this round (aborted, or rejected
-            because they can never fit); reported by the next :meth:`Scheduler.commit`.
+        preempted_ids: sequences preempted this round (their blocks were released).
+        finished_ids: sequences that ended without running since the last plan (aborted,
+            or rejected because they can never fit); reported by the next commit.
         num_batched_tokens: ``sum q_i`` over ``chunks``.
         token_budget: ``B_t`` of this round.
         num_cached_tokens: prompt tokens served from the prefix cache for the requests
@@ -104,7 +141,7 @@ class SchedulePlan:
     chunks: list[ScheduledChunk] = attrs.field(factory=list)
     block_copies: list[tuple[int, int]] = attrs.field(factory=list)
     preempted_ids: list[str] = attrs.field(factory=list)
-    finished: list[Request] = attrs.field(factory=list)
+    finished_ids: list[str] = attrs.field(factory=list)
     num_batched_tokens: int = 0
     token_budget: int = 0
     num_cached_tokens: int = 0
@@ -113,22 +150,3 @@ class SchedulePlan:
     def is_empty(self) -> bool:
         """True when nothing runs on the device this round."""
         return not self.chunks
-
-
-@attrs.define(slots=True, eq=False)
-class StepResult:
-    """What one executed round produced, aligned with ``SchedulePlan.chunks``.
-
-    Attributes:
-        token_ids: per chunk, the tokens to append: ``[]`` for a chunk with
-            ``sample=False``; one token for a decode; the accepted drafts plus the
-            recovered/bonus token for a verified chunk; ``num_samples`` tokens for a fork
-            (token ``i`` starts completion ``i``).
-        logprobs: per chunk, aligned with ``token_ids``, the logprob maps (chosen token
-            plus top alternatives); ``None`` when no request asked for logprobs.
-        num_drafted: per chunk, drafts verified (for traces); empty when no speculation.
-    """
-
-    token_ids: list[list[int]]
-    logprobs: list[list[dict[int, Logprob]]] | None = None
-    num_drafted: list[int] = attrs.field(factory=list)

@@ -7,7 +7,15 @@ from collections.abc import Sequence
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import FinishReason, Request
 
-__all__ = ["check_stop", "append_token", "append_tokens"]
+__all__ = ["length_limit", "check_stop", "append_token", "append_tokens"]
+
+
+def length_limit(request: Request, max_model_len: int) -> int:
+    """The one length rule: the total token count (prompt plus outputs) at which
+    ``request`` ends with :attr:`FinishReason.LENGTH` — ``max_tokens`` outputs or
+    ``max_model_len`` tokens, whichever comes first. Its KV never needs more than
+    ``length_limit - 1`` positions (the last token is sampled, never fed). O(1)."""
+    return min(request.num_prompt_tokens + request.params.max_tokens, max_model_len)
 
 
 def check_stop(request: Request, token: int, max_model_len: int) -> bool:
@@ -17,9 +25,8 @@ def check_stop(request: Request, token: int, max_model_len: int) -> bool:
     ``stop_token_ids`` token ends it with :attr:`FinishReason.STOP` (``stop_reason`` the
     stop token id; ``None`` for EOS), but only once more than ``min_tokens`` tokens were
     generated (the sampler masks them before; this keeps the rule even if it did not).
-    Then ``max_tokens`` outputs or ``max_model_len`` total tokens end it with
-    :attr:`FinishReason.LENGTH`. A stop token at the last allowed position counts as
-    STOP.
+    Then reaching :func:`length_limit` ends it with :attr:`FinishReason.LENGTH`. A stop
+    token at the last allowed position counts as STOP.
 
     Mutates ``status``/``finish_reason``/``stop_reason`` when it finishes. O(len(stop ids)).
 
@@ -35,7 +42,7 @@ def check_stop(request: Request, token: int, max_model_len: int) -> bool:
         if token in params.stop_token_ids:
             request.finish(FinishReason.STOP, token)
             return True
-    if num_out >= params.max_tokens or len(request.all_token_ids) >= max_model_len:
+    if len(request.all_token_ids) >= length_limit(request, max_model_len):
         request.finish(FinishReason.LENGTH)
         return True
     return False

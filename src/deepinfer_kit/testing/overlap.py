@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from deepinfer_kit.overlap.protocols import OverlapExecutor
-from deepinfer_kit.sched.records import StepResult
+from deepinfer_kit.step import StepResult
 from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = ["ExecutorFactory", "OVERLAP_EXECUTOR_SUITE"]

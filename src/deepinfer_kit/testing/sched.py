@@ -1,219 +1,42 @@
-"""Conformance suite for Scheduler, and the fake step loop (:class:`SchedulerDriver`) it
-drives schedulers with: random or scripted tokens, invariants checked every round."""
+"""Conformance suite for Scheduler: every check drives a scheduler built by your factory
+over a fresh KV cache manager, through the Protocol alone (see
+:class:`~deepinfer_kit.testing.sched_driver.SchedulerDriver`)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
+from deepinfer_kit.cache.manager import BlockKVCacheManager
+from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.outputs import CompletionOutput, RequestOutput
-from deepinfer_kit.request import Request
-from deepinfer_kit.sample.params import SamplingParams
-from deepinfer_kit.sched.protocols import Scheduler
-from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, SchedulerConfig, StepResult
+from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
+from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.step import StepResult
+from deepinfer_kit.testing.sched_driver import EOS, SchedulerDriver, make_request, random_tokens
 from deepinfer_kit.testing.suite import Suite, expect
 
-__all__ = [
-    "SchedulerFactory",
-    "SCHEDULER_SUITE",
-    "SchedulerDriver",
-    "TokenSource",
-    "random_tokens",
-    "make_request",
-    "EOS",
-]
-
-SchedulerFactory = Callable[[SchedulerConfig, int, int], Scheduler]
-"""``factory(config, num_blocks, block_size)`` -> a scheduler over a fresh KV cache of that
-size."""
+__all__ = ["SCHEDULER_SUITE", "build_scheduler"]
 
 SCHEDULER_SUITE: Suite[SchedulerFactory] = Suite(
-    "Scheduler", "factory(config, num_blocks, block_size) -> Scheduler"
+    "Scheduler", "factory(config, cache) -> Scheduler"
 )
 
-EOS = 0
-"""The EOS id of :func:`make_request`; :class:`SchedulerDriver`'s random tokens avoid it."""
 
-TokenSource = Callable[[ScheduledChunk], list[int]]
-"""Per sampling chunk, the ``chunk.num_samples`` tokens the fake step "samples"."""
-
-
-def random_tokens(seed: int, eos_rate: float = 0.0) -> TokenSource:
-    """Tokens uniform in ``[1, 100)``, replaced by :data:`EOS` with probability
-    ``eos_rate``; reproducible from ``seed``."""
-    rng = random.Random(seed)
-
-    def tokens(chunk: ScheduledChunk) -> list[int]:
-        return [
-            EOS if rng.random() < eos_rate else rng.randrange(1, 100)
-            for _ in range(chunk.num_samples)
-        ]
-
-    return tokens
-
-
-def make_request(
-    request_id: str,
-    prompt_len: int,
-    *,
-    prompt_seed: str | None = None,
-    priority: int = 0,
-    arrival: float = 0.0,
-    **params: object,
-) -> Request:
-    """A request with a ``prompt_len``-token prompt of ids in ``[1, 1000)`` drawn from
-    ``prompt_seed`` (default: the id, so equal seeds give equal prompts), EOS 0, and
-    ``SamplingParams(**params)`` (temperature 1 unless given)."""
-    params.setdefault("temperature", 1.0)
-    rng = random.Random(prompt_seed if prompt_seed is not None else request_id)
-    return Request(
-        request_id,
-        [rng.randrange(1, 1000) for _ in range(prompt_len)],
-        SamplingParams(**params),  # type: ignore[arg-type]
-        arrival_time=arrival,
-        eos_token_id=EOS,
-        priority=priority,
-    )
-
-
-class SchedulerDriver:
-    """A fake step loop: schedule, "run" with tokens from ``tokens``, commit.
-
-    Checks every round: ``sum q_i <= B_t`` and ``num_batched_tokens`` equals it; at most
-    ``max_num_seqs`` chunks, one per request; each chunk starts where its request's KV
-    ended after the previous round (unless it was preempted since), lies inside the
-    known tokens and ends at ``num_computed_tokens``; a sampling chunk reaches the last
-    known token. Collects every reported completion, keyed ``(request_id, index)``, and
-    fails on a completion reported twice or reported unfinished.
-
-    Args:
-        sched: the scheduler under test.
-        config: the config it was built with.
-        tokens: per sampling chunk, ``chunk.num_samples`` tokens; default random in
-            ``[1, 100)`` from ``seed`` (never EOS).
-        model: the whole fake step, plan -> result (e.g. a model that reads its context
-            back through the block tables); overrides ``tokens``.
-    """
-
-    def __init__(
-        self,
-        sched: Scheduler,
-        config: SchedulerConfig,
-        tokens: TokenSource | None = None,
-        seed: int = 0,
-        model: Callable[[SchedulePlan], StepResult] | None = None,
-    ) -> None:
-        self.sched = sched
-        self.config = config
-        self.tokens: TokenSource = tokens or random_tokens(seed)
-        self.model = model
-        self.completions: dict[tuple[str, int], CompletionOutput] = {}
-        self.plans: list[SchedulePlan] = []
-        self._seen: dict[int, tuple[int, int]] = {}  # id(request) -> (computed, preemptions)
-
-    def schedule(self) -> SchedulePlan:
-        """``sched.schedule()`` plus the per-plan checks."""
-        plan = self.sched.schedule()
-        total = sum(c.num_tokens for c in plan.chunks)
-        cfg = self.config
-        expect(
-            total <= cfg.max_num_batched_tokens, f"round {plan.step_id}: {total} tokens > budget"
-        )
-        expect(
-            plan.num_batched_tokens == total,
-            f"num_batched_tokens {plan.num_batched_tokens} != {total}",
-        )
-        expect(len(plan.chunks) <= cfg.max_num_seqs, f"{len(plan.chunks)} chunks > max_num_seqs")
-        ids = [c.request_id for c in plan.chunks]
-        expect(len(set(ids)) == len(ids), f"a request scheduled twice in one round: {ids}")
-        for c in plan.chunks:
-            req = c.request
-            seen = self._seen.get(id(req))
-            if seen is not None and seen[1] == req.num_preemptions:
-                expect(
-                    c.start == seen[0],
-                    f"{req.request_id}: chunk starts at {c.start}, KV ended at {seen[0]}",
-                )
-            expect(
-                c.num_tokens >= 1 and c.start >= 0,
-                f"{req.request_id}: empty chunk {c.start}+{c.num_tokens}",
-            )
-            known_end = c.start + c.num_tokens - len(c.spec_token_ids)
-            expect(
-                known_end <= req.num_tokens + c.num_placeholders,
-                f"{req.request_id}: chunk past its tokens",
-            )
-            expect(
-                req.num_computed_tokens == c.start + c.num_tokens,
-                f"{req.request_id}: computed not advanced",
-            )
-            if c.sample:
-                expect(
-                    known_end == req.num_tokens + c.num_placeholders,
-                    f"{req.request_id}: samples mid-prompt",
-                )
-        self.plans.append(plan)
-        return plan
-
-    def result(self, plan: SchedulePlan) -> StepResult:
-        """The fake step's result: ``model(plan)``, or ``[]`` for non-sampling chunks and
-        ``tokens(chunk)`` for the others."""
-        if self.model is not None:
-            return self.model(plan)
-        return StepResult([self.tokens(c) if c.sample else [] for c in plan.chunks])
-
-    def commit(self, plan: SchedulePlan, result: StepResult | None = None) -> list[RequestOutput]:
-        """``sched.commit`` plus output bookkeeping."""
-        outs = self.sched.commit(plan, result if result is not None else self.result(plan))
-        for c in plan.chunks:
-            self._seen[id(c.request)] = (c.request.num_computed_tokens, c.request.num_preemptions)
-        for out in outs:
-            expect(out.finished, f"{out.request_id} reported before it finished")
-            for comp in out.outputs:
-                key = (out.request_id, comp.index)
-                expect(key not in self.completions, f"completion {key} reported twice")
-                expect(
-                    comp.finish_reason in ("stop", "length", "abort", "error"),
-                    f"{key}: reason {comp.finish_reason}",
-                )
-                self.completions[key] = comp
-        return outs
-
-    def step(self) -> list[RequestOutput]:
-        """One round: schedule, fake-run, commit."""
-        return self.commit(self.schedule())
-
-    def run(self, max_rounds: int = 10_000) -> int:
-        """Step until nothing is unfinished; returns the rounds taken.
-
-        Raises:
-            ConformanceError: still unfinished after ``max_rounds`` (a hang).
-        """
-        for rounds in range(max_rounds):
-            if not self.sched.has_unfinished():
-                expect(
-                    self.sched.num_unfinished == 0, "num_unfinished != 0 with nothing unfinished"
-                )
-                return rounds
-            self.step()
-        expect(
-            False,
-            f"still unfinished after {max_rounds} rounds "
-            f"(num_unfinished={self.sched.num_unfinished})",
-        )
-        return max_rounds
-
-    def reason(self, request_id: str, index: int = 0) -> str | None:
-        """The finish reason reported for a completion (KeyError when not reported)."""
-        return self.completions[(request_id, index)].finish_reason
+def build_scheduler(
+    factory: SchedulerFactory, config: SchedulerConfig, num_blocks: int, block_size: int
+) -> Scheduler:
+    """``factory`` applied to ``config`` and a fresh prefix-caching KV cache manager of
+    ``num_blocks`` blocks of ``block_size`` tokens."""
+    cache = BlockKVCacheManager.create(CacheConfig(block_size=block_size, num_blocks=num_blocks))
+    return factory(config, cache)
 
 
 def _setup(
     factory: SchedulerFactory, num_blocks: int = 64, block_size: int = 4, **cfg: object
 ) -> SchedulerDriver:
     config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
-    return SchedulerDriver(factory(config, num_blocks, block_size), config)
+    sched = build_scheduler(factory, config, num_blocks, block_size)
+    return SchedulerDriver(sched, config, block_size=block_size)
 
 
 def _expect_pool_is_whole(drv: SchedulerDriver, num_blocks: int, block_size: int) -> None:
@@ -231,7 +54,7 @@ def _expect_pool_is_whole(drv: SchedulerDriver, num_blocks: int, block_size: int
 
 @SCHEDULER_SUITE.check
 def check_empty_scheduler_is_idle(factory: SchedulerFactory) -> None:
-    sched = factory(SchedulerConfig(), 16, 4)
+    sched = build_scheduler(factory, SchedulerConfig(), 16, 4)
     expect(not sched.has_unfinished(), "a fresh scheduler must have nothing unfinished")
     expect(sched.num_unfinished == 0, f"num_unfinished: expected 0, got {sched.num_unfinished}")
     plan = sched.schedule()
@@ -299,7 +122,7 @@ def check_stop_rules_are_per_request(factory: SchedulerFactory) -> None:
         "min": [EOS, 5, 42, EOS, 6],
     }
     drv = _setup(factory, 64, 4, max_num_seqs=8)
-    drv.tokens = lambda c: [scripts[c.request_id][len(c.request.output_token_ids)]]
+    drv.tokens = lambda c: [scripts[c.request_id][c.sampling.output_position]]  # type: ignore[union-attr]
     drv.sched.add(make_request("eos", 3, max_tokens=5))
     drv.sched.add(make_request("stop", 6, max_tokens=5, stop_token_ids=[42]))
     drv.sched.add(make_request("length", 9, max_tokens=4))

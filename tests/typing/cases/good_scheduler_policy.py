@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
-from deepinfer_kit.sched import SchedulePlan, Scheduler, StepResult
+from deepinfer_kit.sched import (
+    BatchingPolicy,
+    ContinuousBatching,
+    SchedulePlan,
+    Scheduler,
+    StepResult,
+)
+from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 
 
 class LoggingScheduler:
@@ -18,6 +25,9 @@ class LoggingScheduler:
 
     def add(self, request: Request) -> None:
         self.inner.add(request)
+
+    def never_fits(self, request: Request) -> str | None:
+        return self.inner.never_fits(request)
 
     def abort(self, request_id: str) -> bool:
         return self.inner.abort(request_id)
@@ -34,3 +44,25 @@ class LoggingScheduler:
 
 
 _check: type[Scheduler] = LoggingScheduler
+
+
+class EveryOtherRound:
+    """A batching policy of the user's: admit like continuous batching, on even rounds."""
+
+    def __init__(self) -> None:
+        self.inner = ContinuousBatching()
+        self.rounds = 0
+
+    @property
+    def preemptive(self) -> bool:
+        return True
+
+    def never_fits(self, request: Request, state: SchedulerState) -> str | None:
+        return None
+
+    def admit(self, state: SchedulerState, entry: InflightPlan, budget: int, preempted: bool) -> int:
+        self.rounds += 1
+        return self.inner.admit(state, entry, budget, preempted) if self.rounds % 2 else budget
+
+
+_policy: type[BatchingPolicy] = EveryOtherRound

@@ -1,0 +1,155 @@
+"""SchedulerState: everything a scheduler knows between two calls, in one record.
+
+The queues, the running set, the plans in flight, the frees deferred until a plan in
+flight commits, and the per-request counters the round needs (fork seats, drafts). The
+two phases of a step — :func:`~deepinfer_kit.sched.planning.plan_round` and
+:func:`~deepinfer_kit.sched.commit.commit_round` — read and mutate it; the small
+bookkeeping methods below are the only other code that does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.request import FinishReason, Request, RequestStatus
+from deepinfer_kit.sched.forks import will_fork
+from deepinfer_kit.sched.protocols import WaitingQueue
+from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
+
+__all__ = ["InflightPlan", "SchedulerState"]
+
+_RUNNING = RequestStatus.RUNNING
+
+
+@attrs.define(slots=True, eq=False)
+class InflightPlan:
+    """A plan scheduled and not yet committed, with the live sequences of its chunks.
+
+    The plan itself holds snapshots only; ``requests[i]`` is the sequence of
+    ``plan.chunks[i]``, kept here (never in the plan) so a commit finds the very object
+    it scheduled even if the id was aborted and reused in between.
+    """
+
+    plan: SchedulePlan
+    requests: list[Request]
+
+
+@attrs.define(slots=True, eq=False)
+class SchedulerState:
+    """The mutable state of one scheduler.
+
+    Attributes:
+        config: the round limits.
+        cache: the KV cache manager (injected).
+        waiting: new and preempted sequences holding no blocks, in admission order.
+        clock: ``time.monotonic``-like clock for the request metrics.
+        running: sequences holding (or, in a static batch, reserved for) blocks, in
+            scheduling order.
+        requests: live sequences by id (fork children included).
+        children: parent id -> its live fork children.
+        unreported: sequences finished outside a commit (aborted, rejected); the next
+            commit reports them.
+        inflight: plans scheduled and not yet committed, oldest first.
+        deferred: step id -> sequences whose blocks are freed when that step commits.
+        may_share: forked or rolled-back sequences whose last block may be shared (the
+            next allocation checks it for copy-on-write).
+        fork_seats: running seats held for the children of ``n > 1`` requests that have
+            not forked yet.
+        drafts: speculative tokens for each sequence's next decode chunk.
+        next_step: the step id of the next plan.
+    """
+
+    config: SchedulerConfig
+    cache: KVCacheManager
+    waiting: WaitingQueue
+    clock: Callable[[], float] = time.monotonic
+    running: list[Request] = attrs.field(factory=list)
+    requests: dict[str, Request] = attrs.field(factory=dict)
+    children: dict[str, list[Request]] = attrs.field(factory=dict)
+    unreported: list[Request] = attrs.field(factory=list)
+    inflight: deque[InflightPlan] = attrs.field(factory=deque)
+    deferred: dict[int, list[Request]] = attrs.field(factory=dict)
+    may_share: set[Request] = attrs.field(factory=set)
+    fork_seats: int = 0
+    drafts: dict[Request, list[int]] = attrs.field(factory=dict)
+    next_step: int = 0
+
+    # ------------------------------------------------------------------------ seats
+
+    def has_seats(self, request: Request) -> bool:
+        """True when admitting ``request`` (``n`` seats if it will fork) keeps running
+        sequences, counting seats held for children yet to fork, within ``max_num_seqs``."""
+        seats = request.params.n if will_fork(request) else 1
+        return len(self.running) + self.fork_seats + seats <= self.config.max_num_seqs
+
+    def enter_running(self, request: Request) -> None:
+        """Append an admitted sequence to the running list, holding its children's seats."""
+        self.running.append(request)
+        if will_fork(request):
+            self.fork_seats += request.params.n - 1
+
+    def drop_fork_seats(self, request: Request) -> None:
+        """Give back the children's seats of a request leaving the running list unforked."""
+        if will_fork(request):
+            self.fork_seats -= request.params.n - 1
+
+    def mark_admitted(self, request: Request, num_cached: int) -> None:
+        """Record an admission that matched ``num_cached`` prefix tokens."""
+        request.status = _RUNNING
+        request.num_computed_tokens = num_cached
+        metrics = request.metrics
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = num_cached  # users see the first admission's hit
+            if metrics is not None and metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = self.clock()
+
+    # ------------------------------------------------------------------ end of life
+
+    def finish(self, request: Request, reason: FinishReason, stop: int | str | None = None) -> None:
+        """Set the finish reason and the finish time (the caller frees the blocks)."""
+        request.finish(reason, stop)
+        if request.metrics is not None:
+            request.metrics.finished_time = self.clock()
+
+    def forget(self, request: Request) -> None:
+        """Drop a finished sequence from the id maps so its id can be reused."""
+        if self.requests.get(request.request_id) is request:
+            del self.requests[request.request_id]
+        self.drafts.pop(request, None)
+        parent_id = request.parent_id
+        if parent_id is not None:
+            family = self.children.get(parent_id)
+            if family is not None and request in family:
+                family.remove(request)
+                if not family:
+                    del self.children[parent_id]
+
+    def release(self, requests: Iterable[Request]) -> None:
+        """Free the blocks of finished sequences now, or at the commit of the newest plan
+        in flight when a plan in flight still reads them."""
+        if not self.inflight:
+            for req in requests:
+                self.free(req)
+            return
+        held = {id(r) for entry in self.inflight for r in entry.requests}
+        last = self.inflight[-1].plan.step_id
+        for req in requests:
+            if id(req) in held:
+                self.deferred.setdefault(last, []).append(req)
+            else:
+                self.free(req)
+
+    def free(self, request: Request) -> None:
+        """Return all of ``request``'s blocks to the cache manager now."""
+        self.cache.free(request)
+        self.may_share.discard(request)
+
+    def free_deferred(self, step_id: int) -> None:
+        """Free the sequences whose release waited for step ``step_id`` to commit."""
+        for req in self.deferred.pop(step_id, ()):
+            self.free(req)

@@ -1,0 +1,36 @@
+"""StepResult: what one executed round produced — the record the runner and the executors
+hand back and the scheduler commits. Neutral ground, so overlap/ and engine/ need no sched/."""
+
+from __future__ import annotations
+
+import attrs
+
+from deepinfer_kit.outputs import Logprob
+
+__all__ = ["StepResult"]
+
+
+@attrs.define(slots=True, eq=False)
+class StepResult:
+    """What one executed round produced, aligned with ``SchedulePlan.chunks``.
+
+    Attributes:
+        token_ids: per chunk, the tokens to append: ``[]`` for a chunk with
+            ``sample=False``; one token for a decode; the accepted drafts plus the
+            recovered/bonus token for a verified chunk; ``num_samples`` tokens for a fork
+            (token ``i`` starts completion ``i``).
+        logprobs: per chunk, aligned with ``token_ids``, the logprob maps (chosen token
+            plus top alternatives); ``None`` when no request asked for logprobs.
+        num_drafted: per chunk, drafts verified (for traces); empty when no speculation.
+        errors: per chunk, ``None`` or why that chunk's sample is unusable (e.g. its
+            logits were not finite); the scheduler ends such a request with reason
+            ``error`` instead of appending ``token_ids[i]``. Empty means no errors.
+        expert_counts: ``[L][E]`` tokens routed to each expert in this round, when the
+            runner was asked for them (traces); ``None`` otherwise.
+    """
+
+    token_ids: list[list[int]]
+    logprobs: list[list[dict[int, Logprob]]] | None = None
+    num_drafted: list[int] = attrs.field(factory=list)
+    errors: list[str | None] = attrs.field(factory=list)
+    expert_counts: list[list[int]] | None = None

@@ -1,0 +1,219 @@
+"""SchedulerDriver: a fake step loop that drives any Scheduler through its Protocol with
+random or scripted tokens, checking the invariants of every plan against a shadow of
+what each sequence was fed and sampled."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from deepinfer_kit.outputs import CompletionOutput, RequestOutput
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sched.forks import child_id
+from deepinfer_kit.sched.protocols import Scheduler
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, SchedulerConfig
+from deepinfer_kit.step import StepResult
+from deepinfer_kit.testing.suite import expect
+
+__all__ = ["SchedulerDriver", "TokenSource", "random_tokens", "make_request", "EOS"]
+
+EOS = 0
+"""The EOS id of :func:`make_request`; :class:`SchedulerDriver`'s random tokens avoid it."""
+
+TokenSource = Callable[[ScheduledChunk], list[int]]
+"""Per sampling chunk, the ``chunk.num_samples`` tokens the fake step "samples"."""
+
+
+def random_tokens(seed: int, eos_rate: float = 0.0) -> TokenSource:
+    """Tokens uniform in ``[1, 100)``, replaced by :data:`EOS` with probability
+    ``eos_rate``; reproducible from ``seed``."""
+    rng = random.Random(seed)
+
+    def tokens(chunk: ScheduledChunk) -> list[int]:
+        return [
+            EOS if rng.random() < eos_rate else rng.randrange(1, 100)
+            for _ in range(chunk.num_samples)
+        ]
+
+    return tokens
+
+
+def make_request(
+    request_id: str,
+    prompt_len: int,
+    *,
+    prompt_seed: str | None = None,
+    priority: int = 0,
+    arrival: float = 0.0,
+    **params: object,
+) -> Request:
+    """A request with a ``prompt_len``-token prompt of ids in ``[1, 1000)`` drawn from
+    ``prompt_seed`` (default: the id, so equal seeds give equal prompts), EOS 0, and
+    ``SamplingParams(**params)`` (temperature 1 unless given)."""
+    params.setdefault("temperature", 1.0)
+    rng = random.Random(prompt_seed if prompt_seed is not None else request_id)
+    return Request(
+        request_id,
+        [rng.randrange(1, 1000) for _ in range(prompt_len)],
+        SamplingParams(**params),  # type: ignore[arg-type]
+        arrival_time=arrival,
+        eos_token_id=EOS,
+        priority=priority,
+    )
+
+
+class SchedulerDriver:
+    """A fake step loop: schedule, "run" with tokens from ``tokens``, commit.
+
+    Checks every plan, from its records alone: ``sum q_i <= B_t`` and
+    ``num_batched_tokens`` equals it; at most ``max_num_seqs`` chunks, one per sequence;
+    each chunk's token ids, placeholders and drafts add up to ``num_tokens`` and its
+    block table covers its positions; a chunk starts where the sequence's previous chunk
+    ended (unless it was preempted or rolled back since); a position, once fed, is always
+    fed the same token, and a sampled token that was committed is the one fed at its
+    position later (so recomputation after preemption and resumption feed exactly the
+    committed history); a sampling chunk reaches past every token known so far.
+    Collects every reported completion, keyed ``(request_id, index)``, and fails on a
+    completion reported twice or reported unfinished.
+
+    Args:
+        sched: the scheduler under test.
+        config: the config it was built with.
+        block_size: the cache's block size (for the block-table check).
+        tokens: per sampling chunk, ``chunk.num_samples`` tokens; default random in
+            ``[1, 100)`` from ``seed`` (never EOS).
+        model: the whole fake step, plan -> result (e.g. a model that reads its context
+            back through the block tables); overrides ``tokens``.
+    """
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        config: SchedulerConfig,
+        tokens: TokenSource | None = None,
+        seed: int = 0,
+        model: Callable[[SchedulePlan], StepResult] | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        self.sched = sched
+        self.config = config
+        self.block_size = block_size
+        self.tokens: TokenSource = tokens or random_tokens(seed)
+        self.model = model
+        self.completions: dict[tuple[str, int], CompletionOutput] = {}
+        self.plans: list[SchedulePlan] = []
+        self._fed: dict[str, dict[int, int]] = {}  # sequence -> position -> token
+        self._next: dict[str, tuple[int, int] | None] = {}  # sequence -> (start, epoch)
+
+    def schedule(self) -> SchedulePlan:
+        """``sched.schedule()`` plus the per-plan checks."""
+        plan = self.sched.schedule()
+        total = sum(c.num_tokens for c in plan.chunks)
+        cfg = self.config
+        expect(
+            total <= cfg.max_num_batched_tokens, f"round {plan.step_id}: {total} tokens > budget"
+        )
+        expect(
+            plan.num_batched_tokens == total,
+            f"num_batched_tokens {plan.num_batched_tokens} != {total}",
+        )
+        expect(len(plan.chunks) <= cfg.max_num_seqs, f"{len(plan.chunks)} chunks > max_num_seqs")
+        ids = [c.request_id for c in plan.chunks]
+        expect(len(set(ids)) == len(ids), f"a request scheduled twice in one round: {ids}")
+        for c in plan.chunks:
+            self._check_chunk(c)
+        self.plans.append(plan)
+        return plan
+
+    def _check_chunk(self, c: ScheduledChunk) -> None:
+        sid = c.request_id
+        expect(c.num_tokens >= 1 and c.start >= 0, f"{sid}: empty chunk {c.start}+{c.num_tokens}")
+        known = len(c.token_ids) + c.num_placeholders
+        expect(
+            known + len(c.spec_token_ids) == c.num_tokens,
+            f"{sid}: {len(c.token_ids)} ids + {c.num_placeholders} placeholders + "
+            f"{len(c.spec_token_ids)} drafts != {c.num_tokens} tokens",
+        )
+        expect(c.sample == (c.sampling is not None), f"{sid}: sampling row without a sample")
+        if self.block_size is not None:
+            expect(
+                len(c.block_table) * self.block_size >= c.end,
+                f"{sid}: {len(c.block_table)} blocks do not hold positions up to {c.end}",
+            )
+        nxt = self._next.get(sid)
+        if nxt is not None and nxt[1] == c.preemption_epoch:
+            expect(c.start == nxt[0], f"{sid}: chunk starts at {c.start}, KV ended at {nxt[0]}")
+        fed = self._fed.setdefault(sid, {})
+        for pos, tok in enumerate(c.token_ids, c.start):
+            was = fed.setdefault(pos, tok)
+            expect(was == tok, f"{sid}: position {pos} fed {tok}, earlier {was}")
+        if c.sample and fed:
+            expect(
+                c.start + known >= max(fed) + 1,
+                f"{sid}: samples at {c.start + known} before the end of its known tokens",
+            )
+        self._next[sid] = None if c.spec_token_ids else (c.end, c.preemption_epoch)
+
+    def result(self, plan: SchedulePlan) -> StepResult:
+        """The fake step's result: ``model(plan)``, or ``[]`` for non-sampling chunks and
+        ``tokens(chunk)`` for the others."""
+        if self.model is not None:
+            return self.model(plan)
+        return StepResult([self.tokens(c) if c.sample else [] for c in plan.chunks])
+
+    def commit(self, plan: SchedulePlan, result: StepResult | None = None) -> list[RequestOutput]:
+        """``sched.commit`` plus output bookkeeping: sampled tokens that the commit keeps
+        become the expected values of their positions."""
+        result = result if result is not None else self.result(plan)
+        outs = self.sched.commit(plan, result)
+        later = {rid for p in self.plans if p.step_id > plan.step_id for rid in p.preempted_ids}
+        for c, toks in zip(plan.chunks, result.token_ids):
+            if not c.sample or c.spec_token_ids or not toks or c.request_id in later:
+                continue
+            pos = c.start + len(c.token_ids) + c.num_placeholders
+            for j, tok in enumerate(toks):
+                sid = c.request_id if j == 0 else child_id(c.request_id, j)
+                self._fed.setdefault(sid, {})[pos] = tok
+        for out in outs:
+            expect(out.finished, f"{out.request_id} reported before it finished")
+            for comp in out.outputs:
+                key = (out.request_id, comp.index)
+                expect(key not in self.completions, f"completion {key} reported twice")
+                expect(
+                    comp.finish_reason in ("stop", "length", "abort", "error"),
+                    f"{key}: reason {comp.finish_reason}",
+                )
+                self.completions[key] = comp
+                sid = out.request_id if comp.index == 0 else child_id(out.request_id, comp.index)
+                self._fed.pop(sid, None)  # the id may be reused by a new request
+                self._next.pop(sid, None)
+        return outs
+
+    def step(self) -> list[RequestOutput]:
+        """One round: schedule, fake-run, commit."""
+        return self.commit(self.schedule())
+
+    def run(self, max_rounds: int = 10_000) -> int:
+        """Step until nothing is unfinished; returns the rounds taken.
+
+        Raises:
+            ConformanceError: still unfinished after ``max_rounds`` (a hang).
+        """
+        for rounds in range(max_rounds):
+            if not self.sched.has_unfinished():
+                expect(
+                    self.sched.num_unfinished == 0, "num_unfinished != 0 with nothing unfinished"
+                )
+                return rounds
+            self.step()
+        expect(
+            False,
+            f"still unfinished after {max_rounds} rounds "
+            f"(num_unfinished={self.sched.num_unfinished})",
+        )
+        return max_rounds
+
+    def reason(self, request_id: str, index: int = 0) -> str | None:
+        """The finish reason reported for a completion (KeyError when not reported)."""
+        return self.completions[(request_id, index)].finish_reason
