@@ -38,12 +38,16 @@ def _still_serves(llm: LLM) -> None:
         (["fine", [1, 2, 100000]], None, "got 100000"),
         (["fine", {"prompt_token_ids": []}], None, "prompt must not be empty"),
         (["fine", 3.5], None, "prompts[1] must be"),
+        (["fine", "fine"], [SamplingParams(), SamplingParams(n=129, temperature=1.0)], "max_num_seqs"),
+        (["fine", "fine"], [SamplingParams(), SamplingParams(logprobs=21)], "max_logprobs (20)"),
     ],
 )
 def test_rejected_batch_queues_nothing(llm: LLM, prompts: Any, params: Any, message: str) -> None:
+    queued_tokens = llm.engine.num_prompt_tokens  # grows with every request add_request queues
     with pytest.raises(ConfigError) as err:
         llm.generate(prompts, params, use_tqdm=False)
     assert message in str(err.value)
+    assert llm.engine.num_prompt_tokens == queued_tokens, "part of the batch was queued"
     _still_serves(llm)
 
 
