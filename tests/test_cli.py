@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from safetensors.torch import save_file
 
 from deepinfer_kit.cli import main
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
 
 
 def test_generate_prints_generations_and_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,3 +40,31 @@ def test_trace_follows_one_request(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_exits_2_with_the_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--max-tokens", "0"]) == 2
     assert "max_tokens must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["meta", "bogus", "cuda:abc"])
+def test_bad_device_exits_2_naming_it(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--device", device, "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: device ") and repr(device) in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage-header"])
+def test_corrupt_checkpoint_exits_2_naming_the_file(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny_hf_config()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    weights = tiny_hf_weights(ModelConfig.from_hf_config(config), seed=0)
+    file = tmp_path / "model.safetensors"
+    save_file(weights, str(file))
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\xff" * 64 + data[64:])
+    assert main(["generate", "--model", str(tmp_path), "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(file) in err and "Traceback" not in err, err
+
+
+def test_trace_of_a_missing_prompt_index_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", "--prompt", "only one", "--request", "1", "--max-tokens", "2"]) == 2
+    assert capsys.readouterr().err == "error: --request must be in [0, 1), got 1\n"

@@ -113,7 +113,7 @@ def _trace(args: argparse.Namespace) -> int:
 
     engine, params, prompts = _engine_and_params(args)
     if not 0 <= args.request < len(prompts):
-        print(f"--request must be in [0, {len(prompts)}), got {args.request}", file=sys.stderr)
+        print(f"error: --request must be in [0, {len(prompts)}), got {args.request}", file=sys.stderr)
         return 2
     traces: list[StepTrace] = []
     engine.trace = traces.append
@@ -144,7 +144,11 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``deepinfer-kit`` command; returns the exit status."""
+    """Entry point of the ``deepinfer-kit`` command; returns the exit status.
+
+    A library error (any :class:`DeepInferError`: bad option, unreadable checkpoint, pool
+    too large) prints ``error: <message>`` to stderr, with no traceback, and returns 2.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

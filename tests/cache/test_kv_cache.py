@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+from deepinfer_kit.errors import CapacityError, ConfigError, DeviceUnavailableError, InvariantError
 from deepinfer_kit.models.attention import slots_for
 
 IMPLS = ["ref", pytest.param("triton", marks=pytest.mark.triton)]
@@ -197,3 +198,25 @@ def test_triton_ops_match_reference_on_cuda(dtype: torch.dtype) -> None:
     for layer in range(3):
         assert torch.equal(caches[0].key_cache(layer), caches[1].key_cache(layer))
         assert torch.equal(caches[0].value_cache(layer), caches[1].value_cache(layer))
+
+
+# 10**12 blocks of 16 tokens x 8 floats, K and V: about 930 TiB, more than any 64-bit
+# address space maps, so the allocation fails at once (even with memory overcommit on).
+_HUGE = {"num_layers": 1, "num_blocks": 10**12, "block_size": 16, "num_kv_heads": 1, "head_dim": 8}
+_HUGE_BYTES = 2 * 10**12 * 16 * 8 * 4
+
+
+def test_unallocatable_pool_is_a_capacity_error_naming_bytes_and_setting() -> None:
+    with pytest.raises(CapacityError) as err:
+        PagedKVCache(**_HUGE)
+    message = str(err.value)
+    assert f"{_HUGE_BYTES} bytes" in message and "num_blocks=1000000000000" in message, message
+
+
+def test_engine_with_a_huge_kv_memory_budget_names_the_setting() -> None:
+    from deepinfer_kit import build_engine
+
+    with pytest.raises(CapacityError) as err:
+        build_engine(kv_cache_memory_mb=10**9)
+    message = str(err.value)
+    assert "kv_cache_memory_mb" in message and re.search(r"\d{15,} bytes", message), message

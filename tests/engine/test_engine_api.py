@@ -130,11 +130,26 @@ def test_kv_budget_too_small_names_the_largest_length() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("dtype", "float64"), ("block_size", 0), ("scheduler", "lottery"), ("prefix_index", "trie"), ("num_blocks", -3)],
+    [("dtype", "float64"), ("block_size", 0), ("scheduler", "lottery"), ("prefix_index", "trie"), ("num_blocks", -3),
+     ("device", "meta"), ("device", "bogus"), ("device", "cuda:abc"), ("device", "cuda:-1"), ("device", "mps"),
+     ("device", 0), ("device", None), ("max_logprobs", -1), ("max_logprobs", 2.0), ("max_logprobs", True)],
 )
 def test_bad_engine_config_names_field(field: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(ConfigError) as err:
         EngineConfig(**{field: value})  # type: ignore[arg-type]
+    assert field in str(err.value) and repr(value) in str(err.value), str(err.value)
+
+
+# ids without the bare word "cuda", which conftest reads as "skip without a GPU"
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", "cuda", "cuda:1"], ids=["cpu", "cpu0", "gpu", "gpu1"])
+def test_cpu_and_cuda_device_strings_are_accepted(device: str) -> None:
+    # Availability is checked when the engine is built, not in the config.
+    assert EngineConfig(device=device).device == device
+
+
+def test_max_logprobs_defaults_to_vllms_20() -> None:
+    assert EngineConfig().max_logprobs == 20
+    assert EngineConfig(max_logprobs=0).max_logprobs == 0
 
 
 def test_unknown_checkpoint_folder_is_a_config_error(tmp_path: object) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models import loader
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.protocols import SparseMLP
+from deepinfer_kit.models.loader import build_model
 from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
-from deepinfer_kit.models.tokenizer import ByteTokenizer, HFTokenizer
+from deepinfer_kit.models.tokenizer import ByteTokenizer, HFTokenizer, missing_tokenizer_reason
+from deepinfer_kit.models.weights import SafetensorsWeights, TrackedWeights, safetensors_files
 
 
 def write_checkpoint(folder: Path, config: dict[str, Any], weights: dict[str, torch.Tensor], *,
@@ -64,9 +67,24 @@ def test_sharded_folder_loads_like_a_single_file(tmp_path: Path) -> None:
 
 def test_unindexed_shards_are_all_read(tmp_path: Path) -> None:
     config, weights = tiny_checkpoint(tmp_path)
-    write_checkpoint(tmp_path / "ckpt", config, weights, shards=2)
-    (tmp_path / "ckpt" / "model.safetensors.index.json").unlink()
-    load_model(tmp_path / "ckpt")
+    folder = tmp_path / "ckpt"
+    write_checkpoint(folder, config, weights, shards=2)
+    (folder / "model.safetensors.index.json").unlink()
+    located = safetensors_files(folder)
+    assert set(located) == set(weights)
+    assert {p.name for p in located.values()} == {p.name for p in folder.glob("*.safetensors")}
+    with SafetensorsWeights(folder) as found:
+        tracked = TrackedWeights(found)
+        model = build_model(
+            ModelConfig.from_pretrained(folder), tracked, sparse_mlp_factory=moe_layer_factory("ref")
+        )
+        assert tracked.unread() == []  # the model took every tensor of both shards
+        for name, tensor in weights.items():
+            assert torch.equal(found[name], tensor), name
+    write_checkpoint(tmp_path / "one", config, weights)
+    prompt = [5, 17, 250, 3, 99]
+    torch.testing.assert_close(_logits(model, prompt), _logits(load_model(tmp_path / "one").model, prompt),
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["model.layers.1.self_attn.k_proj.weight",
@@ -221,3 +239,82 @@ def test_the_injected_factory_builds_every_sparse_layer(tmp_path: Path) -> None:
     torch.testing.assert_close(_logits(ours.model, prompt),
                                _logits(load_model(tmp_path / "ckpt", moe_impl="ref").model, prompt),
                                rtol=0, atol=0)
+
+
+def _corrupt(file: Path, how: str) -> None:
+    data = file.read_bytes()
+    if how == "truncated":
+        file.write_bytes(data[: len(data) // 2])
+    else:  # a header length that points past the end, then bytes that are not JSON
+        file.write_bytes((16).to_bytes(8, "little") + b"\x00garbage{{{not json" + data[40:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage-header"])
+def test_corrupt_single_file_checkpoint_is_named(tmp_path: Path, how: str) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights)
+    file = tmp_path / "ckpt" / "model.safetensors"
+    _corrupt(file, how)
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "ckpt")
+    assert str(file) in str(err.value)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage-header"])
+def test_corrupt_indexed_shard_names_the_file_and_the_tensor(tmp_path: Path, how: str) -> None:
+    config, weights = tiny_checkpoint(tmp_path)
+    write_checkpoint(tmp_path / "ckpt", config, weights, shards=2)
+    file = tmp_path / "ckpt" / "model-00002-of-00002.safetensors"
+    _corrupt(file, how)
+    index = json.loads((tmp_path / "ckpt" / "model.safetensors.index.json").read_text())
+    in_shard = {n for n, f in index["weight_map"].items() if f == file.name}
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "ckpt")
+    message = str(err.value)
+    assert str(file) in message
+    named = re.search(r"tensor '([^']+)'", message)
+    assert named is not None and named.group(1) in in_shard, message
+
+
+def _folder_with_unusable_tokenizer_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkpoint (vocab 300, so the byte tokenizer cannot stand in) with a tokenizer.json,
+    on a machine where the optional ``tokenizers`` package cannot be imported."""
+    config, weights = tiny_checkpoint(tmp_path, vocab_size=300)
+    folder = tmp_path / "ckpt"
+    write_checkpoint(folder, config, weights)
+    (folder / "tokenizer.json").write_text('{"version": "1.0"}')
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` raises ImportError
+    return folder
+
+
+def test_ignored_tokenizer_json_is_recorded_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _folder_with_unusable_tokenizer_json(tmp_path, monkeypatch)
+    expected = str(folder / "tokenizer.json")
+    reason = missing_tokenizer_reason(folder)
+    assert expected in reason and "pip install tokenizers" in reason, reason
+    loaded = load_model(folder)
+    assert isinstance(loaded.tokenizer, ByteTokenizer)
+    assert loaded.tokenizer.fallback_reason == reason
+    assert loaded.config.folder == str(folder)
+    assert ByteTokenizer().fallback_reason is None
+    assert "no tokenizer.json" in missing_tokenizer_reason(tmp_path)
+    assert "not read from a checkpoint folder" in missing_tokenizer_reason(None)
+
+
+def test_text_prompt_error_names_the_ignored_tokenizer_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepinfer_kit import SamplingParams, build_engine
+
+    folder = _folder_with_unusable_tokenizer_json(tmp_path, monkeypatch)
+    engine = build_engine(model=str(folder), num_blocks=64, max_model_len=256)
+    assert engine.tokenizer is None
+    with pytest.raises(ConfigError) as err:
+        engine.add_request(None, "hello", SamplingParams(max_tokens=2))
+    message = str(err.value)
+    assert str(folder / "tokenizer.json") in message and "pip install tokenizers" in message, message
+    engine.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2))  # token ids still work
+    engine.run()
+    engine.check_idle()

@@ -157,3 +157,57 @@ def test_from_pretrained_rejects_bad_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json"):
         ModelConfig.from_pretrained(tmp_path)
+
+
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+@pytest.mark.parametrize(("field", "change"), [
+    ("head_dim", {"head_dim": "16"}),
+    ("head_dim", {"head_dim": 16.0}),
+    ("head_dim", {"head_dim": True}),
+    ("hidden_size", {"hidden_size": "64"}),
+    ("hidden_size", {"hidden_size": 64.5}),
+    ("num_attention_heads", {"num_attention_heads": 4.0}),
+    ("num_key_value_heads", {"num_key_value_heads": "2"}),
+    ("num_hidden_layers", {"num_hidden_layers": True}),
+    ("vocab_size", {"vocab_size": 259.0}),
+    ("max_position_embeddings", {"max_position_embeddings": "4096"}),
+    ("intermediate_size", {"intermediate_size": 128.0}),
+    ("rms_norm_eps", {"rms_norm_eps": "1e-6"}),
+    ("rms_norm_eps", {"rms_norm_eps": True}),
+    ("rope_theta", {"rope_parameters": {"rope_type": "default", "rope_theta": "10000"}}),
+    ("rope_theta", {"rope_parameters": None, "rope_theta": False}),
+    ("partial_rotary_factor", {"partial_rotary_factor": "0.5"}),
+    ("factor", {"rope_parameters": _YARN | {"factor": "4"}}),
+    ("original_max_position_embeddings",
+     {"rope_parameters": {k: v for k, v in _YARN.items() if k != "factor"}
+      | {"original_max_position_embeddings": "1024"}}),
+    ("original_max_position_embeddings",
+     {"rope_parameters": _YARN | {"original_max_position_embeddings": 1024.0}}),
+    ("beta_fast", {"rope_parameters": _YARN | {"beta_fast": "32"}}),
+    ("truncate", {"rope_parameters": _YARN | {"truncate": "no"}}),
+    ("num_experts", {"num_experts": "8"}),
+    ("num_experts", {"num_experts": 8.0}),
+    ("decoder_sparse_step", {"decoder_sparse_step": 1.0}),
+    ("mlp_only_layers", {"mlp_only_layers": "0"}),
+    ("mlp_only_layers", {"mlp_only_layers": [0.0]}),
+    ("tie_word_embeddings", {"tie_word_embeddings": 1}),
+    ("eos_token_id", {"eos_token_id": 257.0}),
+    ("bos_token_id", {"bos_token_id": "256"}),
+    ("use_sliding_window", {"use_sliding_window": "yes", "sliding_window": 8}),
+    ("sliding_window", {"use_sliding_window": True, "sliding_window": "8"}),
+])
+def test_mistyped_config_json_field_names_field_value_and_file(
+    tmp_path: Path, field: str, change: dict[str, Any]
+) -> None:
+    raw = tiny_hf_config() | change
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_pretrained(tmp_path)
+    message = str(err.value)
+    bad = change.get(field, raw.get(field))
+    if bad is None:  # nested under rope_parameters
+        bad = next(v[field] for v in change.values() if isinstance(v, dict) and field in v)
+    assert field in message and repr(bad) in message and str(config_file) in message, message

@@ -3,17 +3,22 @@ logits rows, expert counts; and the byte tokenizer."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from hf_models import hf_greedy
 from hypothesis import given
 from hypothesis import strategies as st
 from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
+from safetensors.torch import save_file
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.engine.assemble import build_tiny_model
 from deepinfer_kit.models.loader import LoadedModel
+from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
 from deepinfer_kit.models.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,14 +93,26 @@ def test_logits_indices_select_rows(tiny: LoadedModel) -> None:
     torch.testing.assert_close(only, every[-1:], rtol=1e-5, atol=1e-5)
 
 
-def test_greedy_generation_is_reproducible(tiny: LoadedModel) -> None:
-    prompt = tiny.tokenizer.encode("Hello")
-    outs = []
-    for _ in range(2):
-        driver = PagedDriver(tiny.model)
-        outs.append(driver.generate([driver.new_seq(prompt, 12)])[0])
-    assert outs[0] == outs[1] and len(outs[0]) == 12
-    assert len(set(outs[0])) > 1  # not a degenerate repeat of one token
+def test_greedy_generation_is_reproducible_and_matches_transformers(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    """The tiny model's weights saved as a checkpoint and run by ``transformers`` (the
+    oracle) give the same greedy tokens, so a wrong but deterministic model fails."""
+    import transformers
+
+    config = tiny_hf_config()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(tiny_hf_weights(tiny.config, seed=0), str(tmp_path / "model.safetensors"))
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    for text in ("Hello", "Paged attention reads blocks"):
+        prompt = tiny.tokenizer.encode(text)
+        outs = []
+        for _ in range(2):
+            driver = PagedDriver(tiny.model)
+            outs.append(driver.generate([driver.new_seq(prompt, 12)])[0])
+        assert outs[0] == outs[1] and len(outs[0]) == 12
+        assert len(set(outs[0])) > 1  # not a degenerate repeat of one token
+        assert outs[0] == hf_greedy(oracle, prompt, 12), text
 
 
 @pytest.mark.triton

@@ -23,18 +23,30 @@ def test_conformance(check: Check[Callable[[], OverlapExecutor]], name: str) -> 
 
 
 def test_threaded_launch_returns_before_the_step_ends() -> None:
-    gate = threading.Event()
+    """The step cannot end before launch has returned: it waits for an event the caller sets
+    only after launch returned. A launch that runs the step itself is caught at once (the
+    step runs on the caller's thread); one that blocks on the worker is caught when the
+    step gives up waiting, and the step is then seen finished when launch returns."""
+    launched, step_ended = threading.Event(), threading.Event()
+    caller = threading.get_ident()
+    seen: dict[str, bool] = {}
     executor = ThreadExecutor()
 
     def run() -> StepResult:
-        gate.wait(timeout=5)
+        seen["on_caller_thread"] = threading.get_ident() == caller
+        seen["released_by_caller"] = not seen["on_caller_thread"] and launched.wait(timeout=5)
+        step_ended.set()
         return StepResult(token_ids=[[7]])
 
     pending = executor.launch(0, run)
-    gate.set()  # reached only because launch did not block on the step
-    assert executor.wait(pending).token_ids == [[7]]
+    blocked_while_launch_returned = not step_ended.is_set()
+    launched.set()
+    result = executor.wait(pending)
     executor.close()
     executor.close()
+    assert blocked_while_launch_returned, f"launch returned only after the step ended: {seen}"
+    assert seen == {"on_caller_thread": False, "released_by_caller": True}
+    assert result.token_ids == [[7]]
 
 
 def test_sync_depth_is_zero_and_threaded_depth_validated() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from deepinfer_kit._kernels import Impl, resolve_impl
 from deepinfer_kit._validators import require_ints_at_least
-from deepinfer_kit.errors import ConfigError, DeviceUnavailableError, InvariantError
+from deepinfer_kit.errors import CapacityError, ConfigError, DeviceUnavailableError, InvariantError
 
 __all__ = ["PagedKVCache", "Impl"]
 
@@ -36,6 +36,8 @@ class PagedKVCache:
         DeviceUnavailableError: ``device`` is CUDA on a machine without it, or
             ``impl="triton"`` without CUDA and without ``TRITON_INTERPRET=1`` (or without
             Triton installed).
+        CapacityError: the device cannot allocate the pool (names the bytes asked for and
+            ``num_blocks``).
     """
 
     def __init__(
@@ -63,9 +65,18 @@ class PagedKVCache:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError(f"device {str(dev)!r} asked for, but CUDA is not available")
         self._write_op, self._copy_op, self._impl = _select_ops(impl, dev)
-        self._kv = torch.zeros(
-            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim), dtype=dtype, device=dev
-        )
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        try:
+            self._kv = torch.zeros(shape, dtype=dtype, device=dev)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            per_block = self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+            nbytes = num_blocks * per_block
+            raise CapacityError(
+                f"cannot allocate the KV cache pool on {dev}: {nbytes} bytes for "
+                f"num_blocks={num_blocks} (blocks of {block_size} tokens x {num_layers} layers x "
+                f"{num_kv_heads} KV heads x {head_dim} dims, {dtype}, K and V); lower num_blocks "
+                f"(the engine's num_blocks or kv_cache_memory_mb): {str(exc).splitlines()[0]}"
+            ) from exc
 
     @property
     def num_layers(self) -> int:

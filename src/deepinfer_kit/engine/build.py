@@ -19,7 +19,7 @@ from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import LoadedModel
-from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer
+from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tokenizer_reason
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
@@ -156,4 +156,6 @@ def build_engine(
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
         executor=executor,
+        max_logprobs=config.max_logprobs,
+        tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
     )

@@ -11,7 +11,22 @@ from deepinfer_kit.errors import ConfigError
 __all__ = ["EngineConfig"]
 
 _IMPLS = ("auto", "ref", "triton")
+_DEVICE_TYPES = ("cpu", "cuda")
 
+
+def _check_device(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    """A torch device string of type cpu or cuda (whether CUDA is present is checked when
+    the engine is built)."""
+    import torch
+
+    try:
+        device = torch.device(value) if isinstance(value, str) else None
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in _DEVICE_TYPES:
+        raise ConfigError(
+            f"{attribute.name} must be 'cpu', 'cuda' or 'cuda:<index>', got {value!r}"
+        )
 
 
 @attrs.frozen(slots=True)
@@ -21,7 +36,8 @@ class EngineConfig:
     Attributes:
         model: a Hugging Face checkpoint folder, or ``"tiny"`` for the embedded model.
         dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, …
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, … (a torch device string of type cpu
+            or cuda; anything else, ``"meta"`` included, is a ConfigError).
         seed: seeds the embedded model's weights and the generator of unseeded requests.
         block_size: tokens per KV block (``P``).
         num_blocks: KV blocks in the pool; ``None`` sizes it from ``kv_cache_memory_mb``.
@@ -36,11 +52,13 @@ class EngineConfig:
         scheduler: ``"continuous"`` or ``"static"`` batching.
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
+        max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
+            logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
     """
 
     model: str = "tiny"
     dtype: str = attrs.field(default="float32", validator=one_of(DTYPE_NAMES))
-    device: str = "cpu"
+    device: str = attrs.field(default="cpu", validator=_check_device)
     seed: int = attrs.field(default=0, validator=int_at_least(0))
     block_size: int = attrs.field(default=16, validator=int_at_least(1))
     num_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
@@ -56,6 +74,7 @@ class EngineConfig:
     attention_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
+    max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
 
     def __attrs_post_init__(self) -> None:
         if not self.model:

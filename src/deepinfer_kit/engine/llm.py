@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Union
+import reprlib
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict, Union
+
+import attrs
 
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
@@ -12,30 +15,129 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["LLM", "PromptInput"]
+__all__ = ["LLM", "PromptInput", "TextPrompt", "TokensPrompt"]
 
-PromptInput = Union[str, Sequence[int], Sequence[str], Sequence[Sequence[int]]]
-"""One prompt (text or token ids) or a list of them."""
+
+class TextPrompt(TypedDict):
+    """vLLM's text prompt record: ``{"prompt": "Hello"}``."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict):
+    """vLLM's token prompt record: ``{"prompt_token_ids": [1, 2, 3]}``."""
+
+    prompt_token_ids: Sequence[int]
+
+
+SinglePrompt = Union[str, Sequence[int], TextPrompt, TokensPrompt]
+PromptInput = Union[SinglePrompt, Sequence[SinglePrompt]]
+"""One prompt (text, token ids, or a vLLM prompt dict) or a list of them."""
 
 _PROGRESS_MIN = 8  # show a progress bar from this many prompts on
+_BYTES = (bytes, bytearray, memoryview)  # sequences of ints that are not token ids
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+_EXPECTED = "text, a list of token ids, {'prompt': text} or {'prompt_token_ids': ids}"
 
 
-def _normalize(prompts: PromptInput) -> list[str | list[int]]:
-    if isinstance(prompts, str):
-        return [prompts]
+def _show(value: object) -> str:
+    """The type and a shortened repr of a rejected value (a prompt may be huge)."""
+    return f"{type(value).__name__}: {reprlib.repr(value)}"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids(value: object, where: str, expected: str) -> list[int] | None:
+    """``value`` as token ids when it is a non-text sequence (else ``None``); ConfigError
+    naming ``where`` and the type of the first element that is not an int."""
+    if isinstance(value, (str, *_BYTES)) or not isinstance(value, Sequence):
+        return None
+    for j, tok in enumerate(value):
+        if not _is_int(tok):
+            raise ConfigError(
+                f"{where} must be {expected}; its element [{j}] is a {_show(tok)}"
+            )
+    return list(value)
+
+
+def _one_prompt(value: object, where: str) -> str | list[int]:
+    """One prompt of any accepted form, as text or token ids."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        present = [k for k in _PROMPT_KEYS if k in value]
+        unknown = sorted(str(k) for k in value if k not in _PROMPT_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"{where} has unknown keys {unknown}; a prompt dict holds one of {list(_PROMPT_KEYS)}"
+            )
+        if len(present) != 1:
+            which = "both" if present else "neither"
+            raise ConfigError(
+                f"{where} must hold exactly one of {list(_PROMPT_KEYS)}, got {which}: "
+                f"{reprlib.repr(dict(value))}"
+            )
+        inner = value[present[0]]
+        if present[0] == "prompt":
+            if not isinstance(inner, str):
+                raise ConfigError(
+                    f"{where}['prompt'] must be text, got {_show(inner)}"
+                )
+            return inner
+        ids = _token_ids(inner, f"{where}['prompt_token_ids']", "a list of ints")
+        if ids is None:
+            raise ConfigError(
+                f"{where}['prompt_token_ids'] must be a list of ints, got {_show(inner)}"
+            )
+        return ids
+    ids = _token_ids(value, where, _EXPECTED)
+    if ids is None:
+        raise ConfigError(f"{where} must be {_EXPECTED}, got {_show(value)}")
+    return ids
+
+
+def _normalize(prompts: object) -> list[str | list[int]]:
+    """The prompts of a ``generate`` call as a list of texts and token-id lists.
+
+    Raises:
+        ConfigError: naming ``prompts`` (or ``prompts[i]``) and the type at fault.
+    """
+    if isinstance(prompts, (str, Mapping)):
+        return [_one_prompt(prompts, "prompts")]
+    if isinstance(prompts, _BYTES) or not isinstance(prompts, Sequence):
+        raise ConfigError(
+            f"prompts must be {_EXPECTED}, or a list of them; got {_show(prompts)}"
+        )
     items = list(prompts)
-    ints = [p for p in items if isinstance(p, int) and not isinstance(p, bool)]
-    if items and len(ints) == len(items):
-        return [ints]
-    out: list[str | list[int]] = []
-    for i, p in enumerate(items):
-        if isinstance(p, str):
-            out.append(p)
-        elif isinstance(p, Sequence):
-            out.append(list(p))
-        else:
-            raise ConfigError(f"prompts[{i}] must be text or a list of token ids, got {p!r}")
-    return out
+    if items and all(_is_int(p) for p in items):
+        return [items]
+    return [_one_prompt(p, f"prompts[{i}]") for i, p in enumerate(items)]
+
+
+def _params_list(sampling_params: object, count: int) -> list[SamplingParams]:
+    """One :class:`SamplingParams` per prompt; ConfigError naming the index and type at fault."""
+    if sampling_params is None:
+        return [SamplingParams()] * count
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * count
+    if isinstance(sampling_params, (str, *_BYTES)) or not isinstance(sampling_params, Sequence):
+        raise ConfigError(
+            f"sampling_params must be SamplingParams or a list of them, got "
+            f"{_show(sampling_params)}"
+        )
+    params = list(sampling_params)
+    if len(params) != count:
+        raise ConfigError(
+            f"sampling_params must be one or one per prompt ({count}), got {len(params)}"
+        )
+    for i, sp in enumerate(params):
+        if not isinstance(sp, SamplingParams):
+            raise ConfigError(
+                f"sampling_params[{i}] must be SamplingParams, got {_show(sp)}"
+            )
+    return params
 
 
 class LLM:
@@ -45,9 +147,23 @@ class LLM:
         model: a Hugging Face checkpoint folder, or ``"tiny"`` (the embedded model).
         engine: an already built :class:`Engine` to use instead of building one.
         **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``…).
+
+    Raises:
+        ConfigError: an option that is not an :class:`EngineConfig` field (named, with the
+            valid ones), options given together with ``engine``, or a bad option value.
     """
 
     def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
+        valid = [f.name for f in attrs.fields(EngineConfig) if f.name != "model"]
+        unknown = sorted(k for k in config if k not in valid)
+        if unknown:
+            raise ConfigError(
+                f"unknown LLM option(s) {unknown}; valid EngineConfig fields: {valid}"
+            )
+        if engine is not None and config:
+            raise ConfigError(
+                f"options {sorted(config)} are unused when an engine is given; set them on its config"
+            )
         self.engine = engine if engine is not None else build_engine(EngineConfig(model=model, **config))
 
     def generate(
@@ -60,27 +176,29 @@ class LLM:
         """Run every prompt to completion; outputs come back in input order.
 
         Args:
-            prompts: a text, a list of token ids, or a list of either.
-            sampling_params: one for all prompts, or one per prompt (default: greedy-free
+            prompts: a text, a list of token ids, ``{"prompt": text}``,
+                ``{"prompt_token_ids": ids}``, or a list of any of these.
+            sampling_params: one for all prompts, or one per prompt (default:
                 ``SamplingParams()``).
             use_tqdm: show a progress bar (default: for 8 prompts or more).
 
         Raises:
-            ConfigError: a bad prompt or parameter; then no prompt is run.
+            ConfigError: a bad prompt (type, emptiness, ids, length) or parameter, naming
+                its index; the whole batch is checked first, so then no prompt is queued.
+            Exception: anything else ``add_request`` raises, after the requests this call
+                already queued were aborted and drained.
         """
         items = _normalize(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(items)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(items):
-                raise ConfigError(
-                    f"sampling_params must be one or one per prompt ({len(items)}), "
-                    f"got {len(params)}"
-                )
-        for p in items:
-            self.engine.encode(p)  # validate all before queuing any
-        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(items, params)]
+        params = _params_list(sampling_params, len(items))
+        for p, sp in zip(items, params):
+            self.engine.check_request(p, sp)  # validate all before queuing any
+        ids: list[str] = []
+        try:
+            for p, sp in zip(items, params):
+                ids.append(self.engine.add_request(None, p, sp))
+        except BaseException:
+            self._abort_and_drain(ids)
+            raise
         show = use_tqdm if use_tqdm is not None else len(ids) >= _PROGRESS_MIN
         results: dict[str, RequestOutput] = {}
         bar = _progress(len(ids)) if show else None
@@ -96,6 +214,13 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[i] for i in ids]
+
+    def _abort_and_drain(self, ids: list[str]) -> None:
+        """Abort the requests ``ids`` and step until the engine reported them finished, so
+        nothing of a failed call stays queued or holds blocks."""
+        pending = {rid for rid in ids if self.engine.abort(rid)}
+        while pending and self.engine.has_unfinished_requests():
+            pending -= {out.request_id for out in self.engine.step()}
 
 
 def _progress(total: int) -> Any:

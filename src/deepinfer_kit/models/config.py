@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from deepinfer_kit.models.config_parts import (
     as_bool,
     as_float,
     as_int,
+    as_optional_int,
     parse_rope,
     sparse_layer_indices,
 )
@@ -75,6 +77,8 @@ class ModelConfig:
             every sparse layer, ``None`` for dense models.
         sparse_layers: indices of the layers whose MLP is ``moe`` (the others are dense).
         raw: the ``config.json`` dict as read (not compared, not printed).
+        folder: the checkpoint folder it was read from (:meth:`from_pretrained`), else
+            ``None`` (not compared); lets errors about the folder's other files name them.
     """
 
     architecture: str
@@ -100,6 +104,7 @@ class ModelConfig:
     moe: MoEConfig | None = None
     sparse_layers: tuple[int, ...] = ()
     raw: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    folder: str | None = attrs.field(default=None, eq=False)
 
     def __attrs_post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -156,7 +161,8 @@ class ModelConfig:
             raise ConfigError(f"hidden_act must be 'silu', got {act!r}")
         hidden = as_int(config, "hidden_size")
         heads = as_int(config, "num_attention_heads")
-        head_dim = config.get("head_dim") or (hidden // heads if heads else 0)
+        # transformers reads a missing, null or 0 head_dim as hidden_size // heads.
+        head_dim = as_optional_int(config, "head_dim") or (hidden // heads if heads else 0)
         num_layers = as_int(config, "num_hidden_layers")
         max_pos = as_int(config, "max_position_embeddings", 2048)
         attention_bias = as_bool(config, "attention_bias", False)
@@ -200,7 +206,7 @@ class ModelConfig:
 
         Raises:
             CheckpointError: the folder or ``config.json`` is missing or not valid JSON.
-            ConfigError: as :meth:`from_hf_config`.
+            ConfigError: as :meth:`from_hf_config`, the message also naming the file.
         """
         from deepinfer_kit.errors import CheckpointError
 
@@ -220,12 +226,23 @@ class ModelConfig:
                 extra = json.loads(generation_file.read_text()).get("eos_token_id")
             except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
                 extra = None
-            merged = list(_token_ids(config.get("eos_token_id"), "eos_token_id"))
-            for token in _token_ids(extra, "generation_config.eos_token_id"):
-                if token not in merged:
-                    merged.append(token)
+            with _naming(config_file):
+                merged = list(_token_ids(config.get("eos_token_id"), "eos_token_id"))
+            with _naming(generation_file):
+                extra_ids = _token_ids(extra, "eos_token_id")
+            merged += [t for t in extra_ids if t not in merged]
             config["eos_token_id"] = merged
-        return cls.from_hf_config(config)
+        with _naming(config_file):
+            return attrs.evolve(cls.from_hf_config(config), folder=str(folder))
+
+
+@contextmanager
+def _naming(file: Path) -> Iterator[None]:
+    """Re-raise a ConfigError with the file it came from appended to its message."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise type(exc)(f"{exc} (in {str(file)!r})") from None
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
@@ -263,7 +280,8 @@ def _sliding_windows(
     window = config.get("sliding_window")
     if model_type == "mixtral":
         return (as_int(config, "sliding_window"),) * num_layers if window is not None else ()
-    if model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") or not config.get("use_sliding_window"):
+    qwen = model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+    if not qwen or not as_bool(config, "use_sliding_window", False):
         return ()
     if window is None:
         return ()

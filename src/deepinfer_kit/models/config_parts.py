@@ -9,39 +9,63 @@ import attrs
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["RopeConfig", "parse_rope", "sparse_layer_indices", "as_int", "as_float", "as_bool"]
+__all__ = [
+    "RopeConfig", "parse_rope", "sparse_layer_indices",
+    "as_int", "as_optional_int", "as_int_list", "as_float", "as_bool",
+]
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _MISSING = object()
 
 
-def as_int(config: Mapping[str, Any], key: str, default: Any = _MISSING) -> int:
-    """``config[key]`` as an int; ConfigError naming ``key`` when missing or not an int."""
-    value = config.get(key, default)
+def _value(config: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``config[key]``, with ``None`` (JSON ``null``) read as absent, like transformers."""
+    value = config.get(key)
+    value = default if value is None else value
     if value is _MISSING:
         raise ConfigError(f"config field {key} is missing")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key} must be an int, got {value!r}")
     return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_int(config: Mapping[str, Any], key: str, default: Any = _MISSING) -> int:
+    """``config[key]`` as an int; ConfigError naming ``key`` when missing or not an int
+    (a bool, a float such as ``16.0`` or a string such as ``"16"`` is refused)."""
+    value = _value(config, key, default)
+    if not _is_int(value):
+        raise ConfigError(f"{key} must be an int, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def as_optional_int(config: Mapping[str, Any], key: str) -> int | None:
+    """``config[key]`` as an int, or ``None`` when absent or ``null``."""
+    return None if config.get(key) is None else as_int(config, key)
+
+
+def as_int_list(config: Mapping[str, Any], key: str) -> list[int]:
+    """``config[key]`` as a list of ints (absent or ``null``: empty)."""
+    value = _value(config, key, [])
+    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+        raise ConfigError(f"{key} must be a list of ints, got {value!r} ({type(value).__name__})")
+    return list(value)
 
 
 def as_float(config: Mapping[str, Any], key: str, default: Any = _MISSING) -> float:
     """``config[key]`` as a float; ConfigError naming ``key`` when missing or not a number."""
-    value = config.get(key, default)
-    if value is _MISSING:
-        raise ConfigError(f"config field {key} is missing")
+    value = _value(config, key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key} must be a number, got {value!r}")
+        raise ConfigError(f"{key} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
 
 
 def as_bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
     """``config[key]`` as a bool (``None`` reads as ``default``)."""
-    value = config.get(key, default)
-    if value is None:
-        return default
+    value = _value(config, key, default)
     if not isinstance(value, bool):
-        raise ConfigError(f"{key} must be a bool, got {value!r}")
+        raise ConfigError(f"{key} must be a bool, got {value!r} ({type(value).__name__})")
     return value
 
 
@@ -103,17 +127,16 @@ def parse_rope(config: Mapping[str, Any], model_type: str, head_dim: int, max_po
     if any(isinstance(v, Mapping) for v in params.values()):
         raise ConfigError(f"per-layer-type rope_parameters are not supported, got {dict(params)!r}")
     rope_type = params.get("rope_type", params.get("type", "default"))
-    theta = as_float(params, "rope_theta", config.get("rope_theta", 10000.0))
+    # A field may sit in rope_parameters or (4.x) at the top level; both are type-checked.
+    theta = as_float(params, "rope_theta", as_float(config, "rope_theta", 10000.0))
     default_partial = 0.5 if model_type == "glm4_moe" else 1.0
     partial = as_float(params, "partial_rotary_factor",
-                       config.get("partial_rotary_factor", default_partial))
+                       as_float(config, "partial_rotary_factor", default_partial))
     if not 0 < partial <= 1:
         raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {partial}")
-    original = params.get("original_max_position_embeddings",
-                          config.get("original_max_position_embeddings", max_pos))
-    factor = params.get("factor")
-    if factor is None:
-        factor = max_pos / original if rope_type == "yarn" else 1.0
+    original = as_int(params, "original_max_position_embeddings",
+                      as_int(config, "original_max_position_embeddings", max_pos))
+    factor = as_float(params, "factor", max_pos / original if rope_type == "yarn" else 1.0)
 
     def number(key: str, default: float | None) -> float | None:
         value = params.get(key)
@@ -123,9 +146,8 @@ def parse_rope(config: Mapping[str, Any], model_type: str, head_dim: int, max_po
         theta=theta,
         rope_type=rope_type,
         rotary_dim=int(head_dim * partial),
-        factor=as_float({"factor": factor}, "factor"),
-        original_max_position_embeddings=as_int({"original_max_position_embeddings": original},
-                                                "original_max_position_embeddings"),
+        factor=factor,
+        original_max_position_embeddings=original,
         low_freq_factor=number("low_freq_factor", 1.0) or 1.0,
         high_freq_factor=number("high_freq_factor", 4.0) or 4.0,
         # transformers treats 0 / None as "use the default" here.
@@ -134,7 +156,7 @@ def parse_rope(config: Mapping[str, Any], model_type: str, head_dim: int, max_po
         mscale=number("mscale", None),
         mscale_all_dim=number("mscale_all_dim", None),
         attention_factor=number("attention_factor", None),
-        truncate=bool(params.get("truncate", True)),
+        truncate=as_bool(params, "truncate", True),
     )
 
 
@@ -145,8 +167,9 @@ def sparse_layer_indices(config: Mapping[str, Any], model_type: str, num_layers:
     Mixtral: every layer; GLM-4-MoE: from ``first_k_dense_replace`` on; dense families: none.
     """
     if model_type in ("qwen3_moe", "qwen2_moe"):
-        experts = config.get("num_experts", config.get("num_local_experts", 0)) or 0
-        dense_only = config.get("mlp_only_layers") or []
+        key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
+        experts = as_int(config, key, 0)
+        dense_only = as_int_list(config, "mlp_only_layers")
         step = as_int(config, "decoder_sparse_step", 1)
         if step < 1:
             raise ConfigError(f"decoder_sparse_step must be >= 1, got {step}")

@@ -1,7 +1,9 @@
 """Tokenizers: a built-in byte-level one, and a wrapper of ``tokenizers`` for tokenizer.json.
 
 :func:`load_tokenizer` picks the checkpoint's ``tokenizer.json`` when the optional
-``tokenizers`` package is installed, and the byte-level tokenizer otherwise.
+``tokenizers`` package is installed, and the byte-level tokenizer otherwise; that fallback
+records why (:attr:`ByteTokenizer.fallback_reason`, :func:`missing_tokenizer_reason`), so an
+engine refusing text prompts can name the file it could not use.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models.protocols import Tokenizer
 
-__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer"]
+__all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "missing_tokenizer_reason"]
 
 
 class ByteTokenizer:
@@ -24,11 +26,25 @@ class ByteTokenizer:
 
     ``encode`` adds no special token; ``decode`` skips special ids and replaces invalid
     UTF-8 with U+FFFD. Stateless and O(len) both ways.
+
+    Args:
+        fallback_reason: set by :func:`load_tokenizer` when it stands in for a checkpoint
+            tokenizer it could not load (names the file and the fix).
     """
+
+    __slots__ = ("_fallback_reason",)
 
     BOS = 256
     EOS = 257
     PAD = 258
+
+    def __init__(self, *, fallback_reason: str | None = None) -> None:
+        self._fallback_reason = fallback_reason
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the checkpoint's own tokenizer was not used, or ``None`` when there was none."""
+        return self._fallback_reason
 
     @property
     def vocab_size(self) -> int:
@@ -137,19 +153,46 @@ def _special_tokens(folder: Path) -> dict[str, str]:
     return found
 
 
+def missing_tokenizer_reason(folder: str | os.PathLike[str] | None) -> str:
+    """Why a checkpoint folder yields no tokenizer of its own, for an error message that
+    goes on to say "pass token ids".
+
+    Names the ``tokenizer.json`` that exists but was ignored because ``tokenizers`` cannot be
+    imported (and says to install it), or says the folder has none, or (``folder=None``)
+    that the model was not read from a folder.
+    """
+    if folder is None:
+        return "the model was not read from a checkpoint folder"
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return f"checkpoint folder {str(folder)!r} has no tokenizer.json"
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return (
+            f"{str(path)!r} was ignored because the 'tokenizers' package is not installed; "
+            "pip install tokenizers"
+        )
+    return f"{str(path)!r} is readable with the installed 'tokenizers' but was not loaded"
+
+
 def load_tokenizer(folder: str | os.PathLike[str], *, eos_token_id: int | None = None,
                    bos_token_id: int | None = None) -> Tokenizer:
     """The tokenizer of a checkpoint folder.
 
     ``tokenizer.json`` through :class:`HFTokenizer` when the file exists and ``tokenizers``
-    is installed; otherwise a :class:`ByteTokenizer`.
+    is installed; otherwise a :class:`ByteTokenizer`, whose ``fallback_reason`` names the
+    ignored ``tokenizer.json`` when there was one.
+
+    Raises:
+        CheckpointError: ``tokenizer.json`` exists but cannot be parsed.
     """
     path = Path(folder) / "tokenizer.json"
     if path.is_file():
         try:
             return HFTokenizer(path, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
         except ImportError:
-            pass
+            return ByteTokenizer(fallback_reason=missing_tokenizer_reason(folder))
     return ByteTokenizer()
 
 

@@ -30,11 +30,10 @@ def safetensors_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
 
     Raises:
         CheckpointError: no safetensors file (naming any pickle files seen, which are never
-            read), a shard named by the index is missing, the index is malformed, or one
-            tensor name appears in two shards.
+            read), a shard named by the index is missing, the index is malformed, a shard
+            cannot be read (truncated, corrupt header; named), or one tensor name appears in
+            two shards.
     """
-    from safetensors import safe_open
-
     root = Path(folder)
     index_file = root / _INDEX
     if index_file.is_file():
@@ -63,7 +62,7 @@ def safetensors_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
         raise CheckpointError(f"checkpoint folder {str(root)!r} has no *.safetensors file{detail}")
     located = {}
     for shard in shards:
-        with safe_open(str(shard), framework="pt", device="cpu") as f:
+        with _open_shard(shard) as f:
             for name in f.keys():
                 if name in located:
                     raise CheckpointError(
@@ -71,6 +70,18 @@ def safetensors_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
                     )
                 located[name] = shard
     return located
+
+
+def _open_shard(path: Path) -> Any:
+    """``safe_open`` of one shard; its own error types become a CheckpointError naming the file."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # safetensors raises SafetensorError, OSError, ...
+        raise CheckpointError(
+            f"cannot read safetensors file {str(path)!r} (truncated or corrupt?): {exc}"
+        ) from None
 
 
 class SafetensorsWeights(Mapping[str, torch.Tensor]):
@@ -86,25 +97,25 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
         self._handles: dict[Path, Any] = {}
 
     def _handle(self, path: Path) -> Any:
-        from safetensors import safe_open
-
         handle = self._handles.get(path)
         if handle is None:
-            try:
-                handle = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as exc:  # safetensors raises its own error types
-                raise CheckpointError(f"cannot read shard {path.name!r}: {exc}") from None
-            self._handles[path] = handle
+            handle = self._handles[path] = _open_shard(path)
         return handle
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` as stored.
+
+        Raises:
+            KeyError: no such tensor.
+            CheckpointError: its shard or its bytes cannot be read (names tensor and file).
+        """
         path = self._located[name]
         try:
             tensor: torch.Tensor = self._handle(path).get_tensor(name)
-        except CheckpointError:
-            raise
+        except CheckpointError as exc:
+            raise CheckpointError(f"cannot read tensor {name!r}: {exc}") from None
         except Exception as exc:
-            raise CheckpointError(f"cannot read tensor {name!r} from {path.name!r}: {exc}") from None
+            raise CheckpointError(f"cannot read tensor {name!r} from {str(path)!r}: {exc}") from None
         return tensor
 
     def __iter__(self) -> Iterator[str]:
