@@ -102,12 +102,13 @@ class NaiveScheduler:
         self.scheduled.append(req)
         sample = start + n >= req.num_tokens
         row = SamplingRow(
-            req.params, req.seed, start + n - req.num_prompt_tokens, req.prompt_token_ids,
-            list(req.output_token_ids), req.eos_token_id,
+            req.params, req.seed, req.prompt_token_ids, req.eos_token_id, True
         ) if sample else None
         return ScheduledChunk(
             req.request_id, start, n, req.all_token_ids[start : start + n],
             list(req.block_table), sample, sampling=row,
+            output_position=start + n - req.num_prompt_tokens,
+            output_token_ids=list(req.output_token_ids),
         )
 
     def commit(self, plan: SchedulePlan, result: StepResult) -> list[RequestOutput]:

@@ -294,3 +294,16 @@ def test_fault_run_quick() -> None:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fault_run_500_requests(seed: int) -> None:
     _check_fault_run(500, seed=seed)
+
+
+def test_kv_storage_and_cache_manager_must_agree_at_start() -> None:
+    from deepinfer_kit.cache.manager import BlockKVCacheManager
+    from deepinfer_kit.cache.records import CacheConfig
+    from deepinfer_kit.sched import ContinuousBatchScheduler, SchedulerConfig
+
+    built = _engine(num_blocks=32, block_size=8)
+    for block_size, num_blocks in ((16, 32), (8, 31)):
+        cache = BlockKVCacheManager.create(CacheConfig(block_size=block_size, num_blocks=num_blocks))
+        with pytest.raises(ConfigError, match="KV storage has 32 blocks of 8 tokens but the cache manager"):
+            Engine(runner=built.runner, scheduler=ContinuousBatchScheduler(SchedulerConfig(), cache),
+                   cache=cache, tokenizer=None, vocab_size=built.vocab_size, eos_token_id=None)

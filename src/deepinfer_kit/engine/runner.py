@@ -131,9 +131,9 @@ class ModelRunner:
                 logits_rows.append(last)
                 params.append(row.params)
                 seeds.append(fork_seed(row.seed, i) if rows > 1 else row.seed)
-                out_pos.append(row.output_position)
+                out_pos.append(chunk.output_position)
                 prompts.append(row.prompt_token_ids)
-                outputs.append(row.output_token_ids)
+                outputs.append(chunk.output_token_ids)
                 eos.append(row.eos_token_id)
         attn = make_attention_metadata(
             query_lens, seq_lens, tables, self.block_size, self.device, pin_memory=self._pin

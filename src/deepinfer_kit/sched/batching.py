@@ -107,7 +107,7 @@ class ContinuousBatching:
             state.mark_admitted(req, num_cached)
             plan.num_cached_tokens += num_cached
             state.enter_running(req)
-            budget -= add_chunk(entry, req, num_cached, n, num_cached=num_cached)
+            budget -= add_chunk(state.rows, entry, req, num_cached, n, num_cached=num_cached)
         return budget
 
 

@@ -9,6 +9,8 @@ run out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.forks import will_fork
@@ -23,6 +25,7 @@ _PREEMPTED = RequestStatus.PREEMPTED
 
 
 def add_chunk(
+    rows: dict[Request, SamplingRow],
     entry: InflightPlan,
     req: Request,
     start: int,
@@ -39,6 +42,7 @@ def add_chunk(
     The chunk samples when it reaches the last known token; that sample forks into ``n``
     completions when it is the request's first (and not a placeholder decode). The token
     ids and the block table are copied, so later mutations of ``req`` never reach it.
+    ``rows`` caches each sequence's :class:`SamplingRow` (``SchedulerState.rows``).
     """
     all_ids = req.all_token_ids
     num_known = len(all_ids)
@@ -47,23 +51,27 @@ def add_chunk(
     fan_out = req.params.n
     num_samples = fan_out if fan_out > 1 and sample and not placeholders and will_fork(req) else 1
     row = None
+    history: Sequence[int] = ()
     if sample:
-        params = req.params
-        row = SamplingRow(
-            params,
-            req.seed,
-            end - req.num_prompt_tokens,
-            req.prompt_token_ids,
-            tuple(req.output_token_ids) if params.min_tokens or params.has_penalties else (),
-            req.eos_token_id,
-        )
+        row = rows.get(req)
+        if row is None:
+            params = req.params
+            row = rows[req] = SamplingRow(
+                params,
+                req.seed,
+                req.prompt_token_ids,
+                req.eos_token_id,
+                bool(params.min_tokens) or params.has_penalties,
+            )
+        if row.needs_history:
+            history = tuple(req.output_token_ids)
     total = n + len(spec) if spec else n
     entry.plan.chunks.append(
         ScheduledChunk(
             req.request_id,
             start,
             total,
-            all_ids[start : min(end, num_known)],
+            all_ids[start:end],  # a placeholder position lies past the known ids
             list(req.block_table),
             sample,
             num_samples,
@@ -72,6 +80,8 @@ def add_chunk(
             req.num_preemptions,
             row,
             num_cached,
+            end - len(req.prompt_token_ids),
+            history,
         )
     )
     entry.requests.append(req)
@@ -160,7 +170,7 @@ def plan_running(
             if copies:
                 plan.block_copies.extend(copies)
             may_share.discard(req)
-        budget -= add_chunk(entry, req, start, n, spec, placeholders, num_cached)
+        budget -= add_chunk(state.rows, entry, req, start, n, spec, placeholders, num_cached)
         i += 1
     return budget, preempted
 

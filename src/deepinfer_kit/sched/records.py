@@ -42,26 +42,24 @@ class SchedulerConfig:
 
 @attrs.define(slots=True, eq=False)
 class SamplingRow:
-    """What the sampler needs to draw a chunk's token(s), snapshotted at scheduling time.
+    """What the sampler needs of a sequence that never changes: built once per sequence
+    and shared by all its chunks (the per-round parts live on :class:`ScheduledChunk`).
 
     Attributes:
         params: the request's sampling parameters (immutable).
         seed: the sequence's seed, or ``None`` (a fork's row ``i`` derives its own with
             :func:`~deepinfer_kit.request.fork_seed`).
-        output_position: index of the output token this sample draws (0 for the first);
-            it keys the seeded random stream and the ``min_tokens`` rule.
         prompt_token_ids: the prompt (never mutated; shared, not copied).
-        output_token_ids: a copy of the tokens generated so far when the parameters
-            need them (penalties, ``min_tokens``), else empty.
         eos_token_id: the EOS id masked while ``min_tokens`` is not reached, or ``None``.
+        needs_history: the parameters read the generated tokens (penalties,
+            ``min_tokens``), so chunks carry a copy of them.
     """
 
     params: SamplingParams
     seed: int | None
-    output_position: int
     prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
     eos_token_id: int | None
+    needs_history: bool
 
 
 @attrs.define(slots=True, eq=False)
@@ -90,9 +88,13 @@ class ScheduledChunk:
         num_placeholders: tokens (0 or 1) whose values the step in flight produces.
         preemption_epoch: the sequence's preemption count when scheduled; ``commit``
             ignores a chunk whose sequence was preempted since.
-        sampling: the sampling row when ``sample`` is True, else ``None``.
+        sampling: the sequence's sampling row when ``sample`` is True, else ``None``.
         num_cached_tokens: prompt tokens this (re)admission took from the prefix cache;
             0 except on a sequence's first chunk after admission (traces).
+        output_position: index of the output token this chunk's sample draws (0 for the
+            first); it keys the seeded random stream and the ``min_tokens`` rule.
+        output_token_ids: a copy of the tokens generated so far when
+            ``sampling.needs_history``, else empty.
     """
 
     request_id: str
@@ -107,6 +109,8 @@ class ScheduledChunk:
     preemption_epoch: int = 0
     sampling: SamplingRow | None = None
     num_cached_tokens: int = 0
+    output_position: int = 0
+    output_token_ids: Sequence[int] = ()
 
     @property
     def end(self) -> int:

@@ -19,7 +19,7 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.request import FinishReason, Request, RequestStatus
 from deepinfer_kit.sched.forks import will_fork
 from deepinfer_kit.sched.protocols import WaitingQueue
-from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.records import SamplingRow, SchedulePlan, SchedulerConfig
 
 __all__ = ["InflightPlan", "SchedulerState"]
 
@@ -61,6 +61,7 @@ class SchedulerState:
         fork_seats: running seats held for the children of ``n > 1`` requests that have
             not forked yet.
         drafts: speculative tokens for each sequence's next decode chunk.
+        rows: each live sequence's sampling row, built at its first sample.
         next_step: the step id of the next plan.
     """
 
@@ -77,6 +78,7 @@ class SchedulerState:
     may_share: set[Request] = attrs.field(factory=set)
     fork_seats: int = 0
     drafts: dict[Request, list[int]] = attrs.field(factory=dict)
+    rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
     next_step: int = 0
 
     # ------------------------------------------------------------------------ seats
@@ -121,6 +123,7 @@ class SchedulerState:
         if self.requests.get(request.request_id) is request:
             del self.requests[request.request_id]
         self.drafts.pop(request, None)
+        self.rows.pop(request, None)
         parent_id = request.parent_id
         if parent_id is not None:
             family = self.children.get(parent_id)

@@ -15,7 +15,7 @@ def length_limit(request: Request, max_model_len: int) -> int:
     ``request`` ends with :attr:`FinishReason.LENGTH` — ``max_tokens`` outputs or
     ``max_model_len`` tokens, whichever comes first. Its KV never needs more than
     ``length_limit - 1`` positions (the last token is sampled, never fed). O(1)."""
-    return min(request.num_prompt_tokens + request.params.max_tokens, max_model_len)
+    return min(len(request.prompt_token_ids) + request.params.max_tokens, max_model_len)
 
 
 def check_stop(request: Request, token: int, max_model_len: int) -> bool:

@@ -122,7 +122,7 @@ def check_stop_rules_are_per_request(factory: SchedulerFactory) -> None:
         "min": [EOS, 5, 42, EOS, 6],
     }
     drv = _setup(factory, 64, 4, max_num_seqs=8)
-    drv.tokens = lambda c: [scripts[c.request_id][c.sampling.output_position]]  # type: ignore[union-attr]
+    drv.tokens = lambda c: [scripts[c.request_id][c.output_position]]
     drv.sched.add(make_request("eos", 3, max_tokens=5))
     drv.sched.add(make_request("stop", 6, max_tokens=5, stop_token_ids=[42]))
     drv.sched.add(make_request("length", 9, max_tokens=4))
