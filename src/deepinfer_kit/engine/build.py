@@ -155,7 +155,16 @@ def build_engine(
         vocab_size=mc.vocab_size,
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
-        executor=executor,
+        executor=executor if executor is not None else _default_executor(config),
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
     )
+
+
+def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
+    """A depth-1 thread executor when ``config.overlap``, else ``None`` (synchronous)."""
+    if not config.overlap:
+        return None
+    from deepinfer_kit.overlap.threaded import ThreadExecutor
+
+    return ThreadExecutor(depth=1)

@@ -52,6 +52,8 @@ class EngineConfig:
         scheduler: ``"continuous"`` or ``"static"`` batching.
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
+        overlap: schedule round ``k + 1`` on the host while round ``k`` runs on a worker
+            thread, committing tokens one step late (same outputs as synchronous).
         max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
             logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
     """
@@ -75,6 +77,7 @@ class EngineConfig:
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
+    overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if not self.model:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
+from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.overlap.sync import SyncExecutor
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
@@ -59,7 +61,9 @@ class Engine:
         eos_token_id: the model's EOS id (``None``: stop only on stop ids / length).
         extra_eos_token_ids: further ids that end a generation like EOS (models with
             several); they act as stop token ids unless ``ignore_eos``.
-        executor: runs each step's device work (default :class:`SyncExecutor`).
+        executor: runs each step's device work (default :class:`SyncExecutor`); depth 1
+            (e.g. :class:`~deepinfer_kit.overlap.threaded.ThreadExecutor`) overlaps the
+            host's scheduling of a round with the device work of the previous one.
         trace: called with a :class:`StepTrace` after every step, when given.
         max_logprobs: the most ``logprobs`` a request may ask for.
         max_failed_steps: failed steps in a row after which the engine is dead.
@@ -101,11 +105,12 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.extra_eos_token_ids = tuple(extra_eos_token_ids)
         self.executor: OverlapExecutor = executor if executor is not None else SyncExecutor()
-        if self.executor.depth != 0:
+        if self.executor.depth not in (0, 1):
             raise ConfigError(
-                f"executor depth must be 0 for this engine (no placeholder resolution yet), "
-                f"got {self.executor.depth}"
+                f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
+                f"{self.executor.depth}"
             )
+        self._inflight: deque[_InFlight] = deque()
         self.trace = trace
         self.max_logprobs = max_logprobs
         self.max_failed_steps = max_failed_steps
@@ -230,7 +235,12 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one round; returns the requests that finished in it (all completions).
 
-        A failure of the runner or the executor ends this round's requests with finish
+        Synchronous (executor depth 0): schedule, execute, commit this round. Overlapped
+        (depth 1): schedule and launch this round, then commit the previous one while
+        this one runs — a request's tokens are committed one step late, and a token
+        sampled for a request that the previous round finished is discarded.
+
+        A failure of the runner or the executor ends that round's requests with finish
         reason ``error`` (they are returned like any finished request) and the engine
         goes on.
 
@@ -248,32 +258,23 @@ class Engine:
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._die("the scheduler failed to plan a round", exc) from exc
-            t1 = time.perf_counter()
-            result = self._execute(plan)
-            t2 = time.perf_counter()
-            try:
-                finished = self.scheduler.commit(plan, result)
-            except Exception as exc:
-                finished = self._fail_step(plan, "commit", exc)
-                result = _failed_result(plan, "")
-            outputs, cached = self._groups.collect(finished)
-            self.num_cached_prompt_tokens += cached
-            t3 = time.perf_counter()
-            self.num_generated_tokens += sum(len(t) for t in result.token_ids)
-            if self.trace is not None:
-                self.trace(
-                    make_trace(
-                        plan, result, finished, (free_before, self.cache.num_free_blocks),
-                        self._evicted() - evicted_before, (t0, t1, t2, t3),
-                    )
-                )
+            launched = self._launch(plan)
+            self._inflight.append(
+                _InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
+            )
+            outputs: list[RequestOutput] = []
+            while len(self._inflight) > self.executor.depth:
+                outputs.extend(self._commit_oldest())
             return outputs
 
     def flush(self) -> list[RequestOutput]:
-        """Commit whatever is in flight (nothing, with a synchronous executor)."""
+        """Commit every round still in flight; returns the requests that finished."""
         with self._lock:
             self._check_alive()
-            return []
+            outputs: list[RequestOutput] = []
+            while self._inflight:
+                outputs.extend(self._commit_oldest())
+            return outputs
 
     def run(self) -> list[RequestOutput]:
         """Step until every request finished; returns their outputs in finishing order."""
@@ -289,6 +290,8 @@ class Engine:
         Every block must be free or cached-evictable (reference count 0), and the cache
         manager's own integrity check must pass.
         """
+        if self._inflight:
+            raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
         if len(self._groups) or self.scheduler.has_unfinished():
             raise InvariantError(f"engine holds requests: {self._groups.live_ids()}")
         free = self.cache.num_free_blocks
@@ -300,19 +303,50 @@ class Engine:
 
     # ---- failure -----------------------------------------------------------------------
 
-    def _execute(self, plan: SchedulePlan) -> StepResult:
-        """The device part of a round; a failure becomes a result that fails every chunk."""
+    def _launch(self, plan: SchedulePlan) -> PendingStep | StepResult:
+        """Lay ``plan`` out and start its device part; an empty plan, or one whose
+        layout or launch failed, is already its result."""
         if not plan.chunks:
             return StepResult(token_ids=[])
         try:
             prepared = self.runner.prepare(plan)
-            pending = self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
-            result = self.executor.wait(pending)
+            return self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
         except Exception as exc:
             self._count_failure(exc)
             return _failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
-        self._failed_steps = 0
-        return result
+
+    def _commit_oldest(self) -> list[RequestOutput]:
+        """Wait for the oldest round in flight and commit it."""
+        entry = self._inflight.popleft()
+        plan = entry.plan
+        t1 = time.perf_counter()
+        result = entry.launched
+        if not isinstance(result, StepResult):
+            try:
+                result = self.executor.wait(result)
+                self._failed_steps = 0
+            except Exception as exc:
+                self._count_failure(exc)
+                result = _failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+        t2 = time.perf_counter()
+        try:
+            finished = self.scheduler.commit(plan, result)
+        except Exception as exc:
+            finished = self._fail_step(plan, "commit", exc)
+            result = _failed_result(plan, "")
+        outputs, cached = self._groups.collect(finished)
+        self.num_cached_prompt_tokens += cached
+        t3 = time.perf_counter()
+        self.num_generated_tokens += sum(len(t) for t in result.token_ids)
+        if self.trace is not None:
+            self.trace(
+                make_trace(
+                    plan, result, finished, (entry.free_before, self.cache.num_free_blocks),
+                    self._evicted() - entry.evicted_before,
+                    (entry.t0, entry.t1, entry.t1 + (t2 - t1), entry.t1 + (t3 - t1)),
+                )
+            )
+        return outputs
 
     def _fail_step(self, plan: SchedulePlan, phase: str, exc: Exception) -> list[RequestOutput]:
         """The commit of ``plan`` raised: fail its requests instead, or die trying."""
@@ -390,6 +424,18 @@ class Engine:
     def _evicted(self) -> int:
         stats = self.cache.stats
         return stats.evicted_blocks if stats is not None else 0
+
+
+@attrs.define(slots=True, eq=False)
+class _InFlight:
+    """A round scheduled and launched, not yet committed (with what its trace needs)."""
+
+    plan: SchedulePlan
+    launched: PendingStep | StepResult
+    free_before: int
+    evicted_before: int
+    t0: float
+    t1: float
 
 
 def _failed_result(plan: SchedulePlan, message: str) -> StepResult:

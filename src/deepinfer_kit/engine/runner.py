@@ -35,12 +35,19 @@ class PreparedStep:
         forward: the model's inputs (on the model's device).
         sampling: one row per drawn token (forks draw several rows from one position).
         row_counts: per chunk, rows drawn (0 for a non-final prefill chunk).
+        placeholder_inputs: ``(index in input_ids, sequence id)`` of each placeholder
+            token; its value is the token the previous step sampled for that sequence,
+            filled in by :meth:`ModelRunner.execute`.
+        placeholder_rows: ``(sampling row, sequence id)`` of rows whose token history
+            (penalties, ``min_tokens``) must include that in-flight token.
     """
 
     plan: SchedulePlan
     forward: ForwardBatch
     sampling: SamplingBatch
     row_counts: list[int]
+    placeholder_inputs: list[tuple[int, str]] = attrs.field(factory=list)
+    placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
 
 
 class ModelRunner:
@@ -74,6 +81,7 @@ class ModelRunner:
         self.generator = generator
         self.block_size = kv_cache.block_size
         self.record_expert_counts = False
+        self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled
         self._pin = device.type == "cuda"
 
     def _to_device(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -84,12 +92,14 @@ class ModelRunner:
         """Build the forward inputs and the sampling rows of ``plan``.
 
         Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
-        live request, so it may run while the scheduler mutates its requests.
+        live request, so it may run while the scheduler mutates its requests and while
+        the previous step executes. A placeholder token (its value is being sampled by
+        the step in flight) is laid out as a hole that :meth:`execute` fills.
         O(T + R * max_blocks).
 
         Raises:
-            InvariantError: a chunk has placeholder tokens (their values live on the
-                device of an overlapped engine; this runner has none to resolve).
+            InvariantError: a chunk with more than one placeholder, or placeholders
+                together with drafts.
         """
         input_ids: list[int] = []
         positions: list[int] = []
@@ -105,15 +115,21 @@ class ModelRunner:
         prompts: list[Sequence[int]] = []
         outputs: list[Sequence[int]] = []
         eos: list[int | None] = []
+        holes: list[tuple[int, str]] = []
+        hole_rows: list[tuple[int, str]] = []
         for chunk in plan.chunks:
-            if chunk.num_placeholders:
-                raise InvariantError(
-                    f"chunk of {chunk.request_id} has {chunk.num_placeholders} placeholder "
-                    f"token(s); this runner resolves none"
-                )
             start, n = chunk.start, chunk.num_tokens
             end = start + n
             input_ids.extend(chunk.token_ids)
+            if chunk.num_placeholders:
+                if chunk.num_placeholders != 1 or chunk.spec_token_ids:
+                    raise InvariantError(
+                        f"chunk of {chunk.request_id}: {chunk.num_placeholders} placeholders "
+                        f"with {len(chunk.spec_token_ids)} drafts; one placeholder and no "
+                        f"drafts are supported"
+                    )
+                holes.append((len(input_ids), chunk.request_id))
+                input_ids.append(0)  # resolved in execute, before the forward reads it
             input_ids.extend(chunk.spec_token_ids)
             positions.extend(range(start, end))
             num_tokens += n
@@ -127,6 +143,8 @@ class ModelRunner:
             last = num_tokens - len(chunk.spec_token_ids) - 1
             rows = chunk.num_samples
             row_counts.append(rows)
+            if chunk.num_placeholders and row.needs_history:
+                hole_rows.extend((len(params) + i, chunk.request_id) for i in range(rows))
             for i in range(rows):
                 logits_rows.append(last)
                 params.append(row.params)
@@ -153,10 +171,23 @@ class ModelRunner:
             eos_token_ids=eos,
             generator=self.generator,
         )
-        return PreparedStep(plan=plan, forward=forward, sampling=sampling, row_counts=row_counts)
+        return PreparedStep(
+            plan=plan,
+            forward=forward,
+            sampling=sampling,
+            row_counts=row_counts,
+            placeholder_inputs=holes,
+            placeholder_rows=hole_rows,
+        )
 
     def execute(self, step: PreparedStep) -> StepResult:
-        """Copy-on-write block copies, the forward, and the draw; returns tokens per chunk.
+        """Fill the placeholders, copy-on-write block copies, the forward, and the draw;
+        returns tokens per chunk.
+
+        Steps must execute in schedule order (one at a time, on one thread or stream): a
+        placeholder of this step is the token the previous execute sampled for its
+        sequence. One that the previous step did not sample (it failed, or its row was
+        not finite) is never fed as a token: its chunk is reported in ``errors``.
 
         A sampled row whose logits hold a NaN or an infinity is detected on the device
         and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
@@ -167,6 +198,8 @@ class ModelRunner:
         Mutates the KV cache (the scheduled tokens' K/V). Blocks until the tokens are on
         the host.
         """
+        last, self._last = self._last, {}
+        unresolved = self._fill_placeholders(step, last)
         if step.plan.block_copies:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():
@@ -184,9 +217,12 @@ class ModelRunner:
         token_ids: list[list[int]] = []
         errors: list[str | None] = []
         row = 0
-        for count in step.row_counts:
+        for chunk, count in zip(step.plan.chunks, step.row_counts):
             drawn = tokens[row : row + count]
-            if -1 in drawn:
+            if chunk.request_id in unresolved:
+                errors.append("the in-flight token this step continues from was never sampled")
+                drawn = []
+            elif -1 in drawn:
                 errors.append(
                     f"non-finite logits (NaN or inf) at output position "
                     f"{step.sampling.positions[row]}"
@@ -194,6 +230,8 @@ class ModelRunner:
                 drawn = []
             else:
                 errors.append(None)
+                if drawn:
+                    self._last[chunk.request_id] = drawn[0]
             token_ids.append(drawn)
             row += count
         logprobs = _logprob_maps(sampled, step) if sampled.logprobs is not None else None
@@ -203,6 +241,23 @@ class ModelRunner:
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
         )
+
+
+    def _fill_placeholders(self, step: PreparedStep, last: dict[str, int]) -> set[str]:
+        """Write the in-flight tokens into ``step``'s holes (input ids, and the token
+        histories that penalties read); returns the sequences that had none."""
+        if not step.placeholder_inputs:
+            return set()
+        unresolved = {sid for _, sid in step.placeholder_inputs if sid not in last}
+        index = [i for i, _ in step.placeholder_inputs]
+        values = [last.get(sid, 0) for _, sid in step.placeholder_inputs]
+        ids = step.forward.input_ids
+        ids[torch.tensor(index, device=ids.device)] = torch.tensor(values, dtype=ids.dtype).to(ids.device)
+        histories = step.sampling.output_token_ids
+        for r, sid in step.placeholder_rows:
+            if sid in last:
+                histories[r] = (*histories[r], last[sid])
+        return unresolved
 
 
 def _logprob_maps(sampled: SampleResult, step: PreparedStep) -> list[list[dict[int, Logprob]]]:

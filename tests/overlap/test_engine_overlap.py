@@ -1,0 +1,150 @@
+"""The overlapped engine (depth 1: round k+1 scheduled while round k runs, state committed
+one step late) gives the synchronous engine's outputs token for token."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from deepinfer_kit import Engine, RequestOutput, SamplingParams, build_engine
+
+Outcome = dict[str, list[tuple[tuple[int, ...], str | None, Any]]]
+
+
+def _workload(seed: int, num: int) -> list[tuple[str, list[int], SamplingParams]]:
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(num):
+        kind = rng.random()
+        common: dict[str, Any] = {"max_tokens": rng.randint(1, 14), "seed": 1000 + i}
+        if kind < 0.3:
+            params = SamplingParams(temperature=0.0, **common)
+        elif kind < 0.5:  # penalties and min_tokens read the in-flight token
+            params = SamplingParams(temperature=0.9, presence_penalty=0.8, frequency_penalty=0.5,
+                                    repetition_penalty=1.3, min_tokens=min(2, common["max_tokens"]),
+                                    **common)
+        elif kind < 0.6:
+            params = SamplingParams(temperature=1.0, n=2, top_k=40, **common)
+        elif kind < 0.8:
+            params = SamplingParams(temperature=0.8, top_p=0.9, logprobs=2, **common)
+        else:  # stop tokens frequent enough to stop mid-run
+            params = SamplingParams(temperature=1.0, stop_token_ids=list(range(40, 140)), **common)
+        prompt = [rng.randrange(1, 250) for _ in range(rng.randint(1, 50))]
+        if i % 3 == 0:
+            prompt = [11] * 20 + prompt[:6]  # prefix hits
+        reqs.append((f"r{i}", prompt, params))
+    return reqs
+
+
+def _run(reqs: list[tuple[str, list[int], SamplingParams]], overlap: bool, *,
+         aborts: dict[int, list[str]] | None = None, **config: Any) -> tuple[Outcome, Engine]:
+    engine = build_engine(overlap=overlap, **config)
+    for rid, prompt, params in reqs:
+        engine.add_request(rid, prompt, params)
+    outs: list[RequestOutput] = []
+    step = 0
+    while engine.has_unfinished_requests():
+        for rid in (aborts or {}).get(step, []):
+            engine.abort(rid)
+        outs.extend(engine.step())
+        step += 1
+        assert step < 5000
+    outs.extend(engine.flush())
+    engine.check_idle()
+    got: Outcome = {}
+    for out in outs:
+        assert out.request_id not in got, f"{out.request_id} reported twice"
+        got[out.request_id] = [
+            (tuple(c.token_ids), c.finish_reason,
+             [sorted(lp) for lp in c.logprobs] if c.logprobs is not None else None)
+            for c in out.outputs
+        ]
+    return got, engine
+
+
+SMALL_POOL = {"num_blocks": 20, "block_size": 8, "max_model_len": 96, "max_num_seqs": 8,
+              "max_num_batched_tokens": 64, "long_prefill_token_threshold": 24}
+ROOMY = {"num_blocks": 200, "block_size": 8, "max_model_len": 96, "max_num_seqs": 16,
+         "max_num_batched_tokens": 96}
+
+
+@pytest.mark.parametrize("config", [ROOMY, SMALL_POOL], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_overlap_equals_sync_token_for_token(seed: int, config: dict[str, Any]) -> None:
+    reqs = _workload(seed, 30)
+    want, sync_engine = _run(reqs, False, **config)
+    got, engine = _run(reqs, True, **config)
+    assert engine.executor.depth == 1 and sync_engine.executor.depth == 0
+    assert got == want
+    reasons = {c[1] for outs in want.values() for c in outs}
+    assert {"stop", "length"} <= reasons, reasons
+
+
+def test_preemption_really_happens_in_the_small_pool() -> None:
+    traces: list[Any] = []
+    engine = build_engine(overlap=True, **SMALL_POOL)
+    engine.trace = traces.append
+    for rid, prompt, params in _workload(0, 30):
+        engine.add_request(rid, prompt, params)
+    engine.run()
+    engine.check_idle()
+    assert any(t.preempted for t in traces) and sum(t.prefix_hit_tokens for t in traces) > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_aborts_at_every_step_leave_nothing_behind(seed: int) -> None:
+    reqs = _workload(seed, 24)
+    want, _ = _run(reqs, False, **SMALL_POOL)
+    rng = random.Random(seed)
+    aborts: dict[int, list[str]] = {}
+    for rid, _, _ in reqs:
+        if rng.random() < 0.4:
+            aborts.setdefault(rng.randrange(0, 30), []).append(rid)
+    got, _ = _run(reqs, True, aborts=aborts, **SMALL_POOL)
+    assert set(got) == set(want)
+    aborted = {rid for ids in aborts.values() for rid in ids}
+    for rid, comps in got.items():
+        for (toks, reason, _), (want_toks, want_reason, _) in zip(comps, want[rid]):
+            if reason == "abort":
+                assert rid in aborted
+                assert want_toks[: len(toks)] == toks or want_reason != "length"
+            else:
+                assert (toks, reason) == (want_toks, want_reason), rid
+
+
+def test_a_stop_in_flight_discards_the_token_already_scheduled() -> None:
+    # Every sampled token is a stop token: the request stops at its first token, while
+    # the overlapped engine has already scheduled its second.
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=10, stop_token_ids=list(range(259)))
+    traces: list[Any] = []
+    engine = build_engine(overlap=True, num_blocks=32, block_size=8, max_model_len=64)
+    engine.trace = traces.append
+    engine.add_request("s", [1, 2, 3], params)
+    engine.add_request("other", [4, 5, 6], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    outs = {o.request_id: o for o in engine.run()}
+    assert len(outs["s"].outputs[0].token_ids) == 1 and outs["s"].outputs[0].finish_reason == "stop"
+    assert len(outs["other"].outputs[0].token_ids) == 5
+    scheduled_after_stop = [c for t in traces[1:] for c in t.chunks if c.request_id == "s"]
+    assert scheduled_after_stop, "the overlapped engine scheduled a token past the stop"
+    engine.check_idle()
+
+
+def test_overlap_under_the_fault_injector_loses_nothing() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from faults import FaultInjector
+
+    engine = build_engine(overlap=True, **SMALL_POOL)
+    injector = FaultInjector(engine, 3, p_forward=0.05, p_sampler=0.05, p_commit=0.05, p_nan=0.05)
+    reqs = _workload(3, 40)
+    for rid, prompt, params in reqs:
+        engine.add_request(rid, prompt, params)
+    outs = {o.request_id: o for o in engine.run()}
+    assert set(outs) == {rid for rid, _, _ in reqs}
+    assert all(c.finish_reason is not None for o in outs.values() for c in o.outputs)
+    assert injector.failed_steps
+    engine.check_idle()
