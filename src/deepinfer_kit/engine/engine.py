@@ -14,12 +14,12 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
+from deepinfer_kit.engine.requests import RequestBuilder
 from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.overlap.sync import SyncExecutor
-from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
@@ -115,6 +115,10 @@ class Engine:
         self.max_logprobs = max_logprobs
         self.max_failed_steps = max_failed_steps
         self.tokenizer_note = tokenizer_note
+        self._builder = RequestBuilder(
+            tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
+            scheduler.never_fits, tokenizer_note,
+        )
         self._groups = OutputGroups(self._decode)
         self._auto_ids = 0
         self._lock = threading.RLock()
@@ -127,38 +131,13 @@ class Engine:
     # ---- requests ----------------------------------------------------------------------
 
     def encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
-        """Token ids (and text) of a prompt, validated (length rules are the scheduler's:
-        see :meth:`check_request`).
+        """Token ids (and text) of a prompt, validated; see :meth:`RequestBuilder.encode`.
 
         Raises:
             ConfigError: empty prompt, ids outside the vocabulary, or text without a
                 tokenizer.
         """
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                note = f" ({self.tokenizer_note})" if self.tokenizer_note else ""
-                raise ConfigError(
-                    f"prompt is text but the engine has no tokenizer{note}; pass token ids"
-                )
-            text: str | None = prompt
-            raw: Sequence[object] = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
-            raise ConfigError(
-                f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}"
-            )
-        else:
-            text = None
-            raw = prompt
-        if not raw:
-            raise ConfigError(f"prompt must not be empty, got {prompt!r}")
-        ids: list[int] = []
-        for tok in raw:
-            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.vocab_size:
-                raise ConfigError(
-                    f"prompt token ids must be ints in [0, {self.vocab_size}), got {tok!r}"
-                )
-            ids.append(tok)
-        return ids, text
+        return self._builder.encode(prompt)
 
     def check_request(
         self,
@@ -173,7 +152,7 @@ class Engine:
         Raises:
             ConfigError: as :meth:`add_request`.
         """
-        self._make_request("check", prompt, params, priority, None)
+        self._builder.build("check", prompt, params, priority, None)
 
     def add_request(
         self,
@@ -204,7 +183,7 @@ class Engine:
                 raise ConfigError(f"request_id {request_id!r} is already in use by a live request")
             else:
                 rid = request_id
-            request = self._make_request(
+            request = self._builder.build(
                 self._groups.scheduler_id(rid), prompt, params, priority, cache_context
             )
             self._groups.open(rid, request)
@@ -380,43 +359,6 @@ class Engine:
             self._auto_ids += 1
             if not self._groups.is_live(rid):
                 return rid
-
-    def _make_request(
-        self,
-        sid: str,
-        prompt: str | Sequence[int],
-        params: SamplingParams | None,
-        priority: int,
-        cache_context: Any,
-    ) -> Request:
-        """A validated, not yet queued request under scheduler id ``sid``."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise ConfigError(
-                f"logprobs must be <= max_logprobs ({self.max_logprobs}), got {params.logprobs}"
-            )
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ConfigError(f"priority must be an int, got {priority!r}")
-        ids, text = self.encode(prompt)
-        if self.extra_eos_token_ids and not params.ignore_eos:
-            extra = tuple(t for t in self.extra_eos_token_ids if t not in params.stop_token_ids)
-            params = attrs.evolve(params, stop_token_ids=params.stop_token_ids + extra)
-        request = Request(
-            request_id=sid,
-            prompt_token_ids=ids,
-            params=params,
-            arrival_time=time.monotonic(),
-            eos_token_id=self.eos_token_id,
-            priority=priority,
-            prompt_text=text,
-            cache_context=cache_context,
-        )
-        reason = self.scheduler.never_fits(request)
-        if reason is not None:
-            raise ConfigError(f"request can never run: {reason}")
-        return request
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""

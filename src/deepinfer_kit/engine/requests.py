@@ -1,0 +1,127 @@
+"""RequestBuilder: turns what a user passes to ``add_request`` into a validated
+``Request`` — the engine's API edge, with every rule of it in one place."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer_kit.models.tokenizer import Tokenizer
+
+__all__ = ["RequestBuilder"]
+
+
+class RequestBuilder:
+    """Validates prompts and parameters and builds requests (never queues them).
+
+    Args:
+        tokenizer: encodes text prompts; ``None`` for token ids only.
+        vocab_size: prompt token ids must lie in ``[0, vocab_size)``.
+        eos_token_id: the model's EOS id, stamped on every request.
+        extra_eos_token_ids: further EOS ids, added as stop ids unless ``ignore_eos``.
+        max_logprobs: the most ``logprobs`` a request may ask for.
+        never_fits: the scheduler's rule for requests that could never run.
+        tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None,
+        vocab_size: int,
+        eos_token_id: int | None,
+        extra_eos_token_ids: Sequence[int],
+        max_logprobs: int,
+        never_fits: Callable[[Request], str | None],
+        tokenizer_note: str | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.extra_eos_token_ids = tuple(extra_eos_token_ids)
+        self.max_logprobs = max_logprobs
+        self.never_fits = never_fits
+        self.tokenizer_note = tokenizer_note
+
+    def encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
+        """Token ids (and text) of a prompt, validated (length rules are the scheduler's).
+
+        Raises:
+            ConfigError: empty prompt, ids outside the vocabulary, or text without a
+                tokenizer.
+        """
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                note = f" ({self.tokenizer_note})" if self.tokenizer_note else ""
+                raise ConfigError(
+                    f"prompt is text but the engine has no tokenizer{note}; pass token ids"
+                )
+            text: str | None = prompt
+            raw: Sequence[object] = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+            raise ConfigError(
+                f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}"
+            )
+        else:
+            text = None
+            raw = prompt
+        if not raw:
+            raise ConfigError(f"prompt must not be empty, got {prompt!r}")
+        ids: list[int] = []
+        for tok in raw:
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.vocab_size:
+                raise ConfigError(
+                    f"prompt token ids must be ints in [0, {self.vocab_size}), got {tok!r}"
+                )
+            ids.append(tok)
+        return ids, text
+
+    def build(
+        self,
+        sid: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None,
+        priority: int,
+        cache_context: Any,
+    ) -> Request:
+        """A validated, not yet queued request under scheduler id ``sid``.
+
+        Raises:
+            ConfigError: bad prompt (:meth:`encode`), params not SamplingParams,
+                ``logprobs`` above ``max_logprobs``, a non-int ``priority``, or a request
+                ``never_fits`` refuses (the message names the limit).
+        """
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise ConfigError(
+                f"logprobs must be <= max_logprobs ({self.max_logprobs}), got {params.logprobs}"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigError(f"priority must be an int, got {priority!r}")
+        ids, text = self.encode(prompt)
+        if self.extra_eos_token_ids and not params.ignore_eos:
+            extra = tuple(t for t in self.extra_eos_token_ids if t not in params.stop_token_ids)
+            params = attrs.evolve(params, stop_token_ids=params.stop_token_ids + extra)
+        request = Request(
+            request_id=sid,
+            prompt_token_ids=ids,
+            params=params,
+            arrival_time=time.monotonic(),
+            eos_token_id=self.eos_token_id,
+            priority=priority,
+            prompt_text=text,
+            cache_context=cache_context,
+        )
+        reason = self.never_fits(request)
+        if reason is not None:
+            raise ConfigError(f"request can never run: {reason}")
+        return request
