@@ -62,11 +62,14 @@ def make_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
     return reqs
 
 
-def run_engine(path: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace) -> tuple[float, list[list[int]]]:
+def run_engine(
+    path: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace, overlap: bool = False
+) -> tuple[float, list[list[int]]]:
     from deepinfer_kit import LLM, SamplingParams
 
     llm = LLM(
         str(path),
+        overlap=overlap,
         device=args.device,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -135,6 +138,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="also run the engine with overlap=True and print its gain")
     args = parser.parse_args()
     if args.quick:
         args.num_requests, args.max_prompt, args.max_new, args.min_new = 8, 48, 12, 4
@@ -149,6 +154,9 @@ def main() -> None:
         build_checkpoint(path, args)
         ours_s, ours_tokens = run_engine(path, reqs, args)
         rows = [("deepinfer_kit Engine", ours_s, ours_tokens)]
+        if args.overlap:
+            over_s, over_tokens = run_engine(path, reqs, args, overlap=True)
+            overlapped = ("deepinfer_kit Engine, overlap=True", over_s, over_tokens)
         for bs in args.batch_sizes:
             hf_s, hf_tokens = run_transformers(path, reqs, bs, args.device)
             rows.append((f"transformers generate, batch {bs}", hf_s, hf_tokens))
@@ -162,6 +170,11 @@ def main() -> None:
         print(f"{name:36s} {secs:9.2f} {useful / secs:10.1f} {agree:>6d}/{len(reqs):<6d}")
     best = min(secs for _, secs, _ in rows[1:])
     print(f"ratio vs best transformers configuration: {best / ours_s:.2f}x output tokens/s")
+    if args.overlap:
+        name, secs, toks = overlapped
+        agree = sum(a == b for a, b in zip(toks, ours_tokens))
+        print(f"{name:36s} {secs:9.2f} {useful / secs:10.1f} {agree:>6d}/{len(reqs):<6d}")
+        print(f"overlap vs synchronous engine: {ours_s / secs:.2f}x output tokens/s")
 
 
 if __name__ == "__main__":
