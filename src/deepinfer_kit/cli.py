@@ -37,6 +37,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--overlap", action="store_true",
+                   help="schedule step k+1 while step k runs (tokens committed one step late)")
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch intra-op threads (default: 1 for the tiny model, torch's default otherwise)",
@@ -75,6 +77,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         dtype=args.dtype,
         num_blocks=args.num_blocks,
         block_size=args.block_size,
+        overlap=args.overlap,
     )
     params = SamplingParams(
         temperature=args.temperature,
@@ -130,6 +133,7 @@ def _trace(args: argparse.Namespace) -> int:
             f"step {t.step_id}: batch {len(t.chunks)} requests, {t.num_batched_tokens}/{t.token_budget} "
             f"tokens, free blocks {t.free_blocks_before}->{t.free_blocks_after}, "
             f"execute {t.execute_s * 1e3:.1f} ms"
+            + (f"; its tokens committed in step {t.committed_in}" if t.committed_in != t.step_id else "")
         )
         for c in mine:
             print(

@@ -148,3 +148,29 @@ def test_overlap_under_the_fault_injector_loses_nothing() -> None:
     assert all(c.finish_reason is not None for o in outs.values() for c in o.outputs)
     assert injector.failed_steps
     engine.check_idle()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_traces_say_when_tokens_were_sampled_and_committed(overlap: bool) -> None:
+    traces: list[Any] = []
+    engine = build_engine(overlap=overlap, num_blocks=32, block_size=8, max_model_len=64)
+    engine.trace = traces.append
+    engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    engine.run()
+    sampled = [(t.step_id, t.committed_in) for t in traces if any(c.sampled for c in t.chunks)]
+    assert len(sampled) == 4
+    late = 1 if overlap else 0
+    assert all(committed == step + late for step, committed in sampled[:-1]), sampled
+    assert "committed in step" in traces[0].describe() if overlap else True
+
+
+def test_cli_trace_follows_a_request_under_overlap() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "deepinfer_kit.cli", "trace", "--overlap", "--prompt", "abc",
+         "--max-tokens", "3"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    assert "committed in step 1" in done.stdout, done.stdout

@@ -323,6 +323,7 @@ class Engine:
                     plan, result, finished, (entry.free_before, self.cache.num_free_blocks),
                     self._evicted() - entry.evicted_before,
                     (entry.t0, entry.t1, entry.t1 + (t2 - t1), entry.t1 + (t3 - t1)),
+                    self._inflight[-1].plan.step_id if self._inflight else plan.step_id,
                 )
             )
         return outputs

@@ -49,6 +49,10 @@ class StepTrace:
         preempted: ids preempted this step; finished: ids that finished this step.
         expert_counts: per MoE layer, tokens routed to each expert (``[L_moe][E]``).
         schedule_s, execute_s, commit_s: wall time of each phase.
+        committed_in: the newest step scheduled when this one was committed: ``step_id``
+            for a synchronous engine, ``step_id + 1`` under overlap (tokens sampled in
+            step ``k`` land one step late). ``chunks[i].sampled`` were sampled in
+            ``step_id`` and became part of the requests in ``committed_in``.
     """
 
     step_id: int
@@ -66,6 +70,7 @@ class StepTrace:
     schedule_s: float
     execute_s: float
     commit_s: float
+    committed_in: int = -1
 
     def describe(self) -> str:
         """A few human-readable lines."""
@@ -75,6 +80,7 @@ class StepTrace:
             f"evicted {self.blocks_evicted}, prefix hits {self.prefix_hit_tokens} tokens, "
             f"schedule {self.schedule_s * 1e3:.2f} ms, execute {self.execute_s * 1e3:.2f} ms, "
             f"commit {self.commit_s * 1e3:.2f} ms"
+            + (f", committed in step {self.committed_in}" if self.committed_in != self.step_id else "")
         ]
         for c in self.chunks:
             lines.append(
@@ -95,10 +101,12 @@ def make_trace(
     free_blocks: tuple[int, int],
     blocks_evicted: int,
     times: tuple[float, float, float, float],
+    committed_in: int | None = None,
 ) -> StepTrace:
     """The :class:`StepTrace` of one step, from its plan (snapshots only), its result and
     the outputs it finished. ``free_blocks`` is (before, after); ``times`` the
-    ``perf_counter`` at the start, after scheduling, after executing, after committing."""
+    ``perf_counter`` at the start, after scheduling, after executing, after committing;
+    ``committed_in`` the newest step scheduled at the commit (default: ``plan.step_id``)."""
     chunks = []
     for i, chunk in enumerate(plan.chunks):
         sampled = result.token_ids[i] if i < len(result.token_ids) else []
@@ -135,4 +143,5 @@ def make_trace(
         schedule_s=t1 - t0,
         execute_s=t2 - t1,
         commit_s=t3 - t2,
+        committed_in=plan.step_id if committed_in is None else committed_in,
     )
