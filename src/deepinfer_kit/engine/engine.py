@@ -100,10 +100,6 @@ class Engine:
         self.runner = runner
         self.scheduler = scheduler
         self.cache = cache
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.eos_token_id = eos_token_id
-        self.extra_eos_token_ids = tuple(extra_eos_token_ids)
         self.executor: OverlapExecutor = executor if executor is not None else SyncExecutor()
         if self.executor.depth not in (0, 1):
             raise ConfigError(
@@ -112,9 +108,7 @@ class Engine:
             )
         self._inflight: deque[_InFlight] = deque()
         self.trace = trace
-        self.max_logprobs = max_logprobs
         self.max_failed_steps = max_failed_steps
-        self.tokenizer_note = tokenizer_note
         self._builder = RequestBuilder(
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note,
@@ -129,6 +123,21 @@ class Engine:
         self.num_cached_prompt_tokens = 0
 
     # ---- requests ----------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """Encodes text prompts and decodes outputs (``None``: token ids only)."""
+        return self._builder.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Prompt token ids lie in ``[0, vocab_size)``."""
+        return self._builder.vocab_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's EOS id, stamped on every request."""
+        return self._builder.eos_token_id
 
     def encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
         """Token ids (and text) of a prompt, validated; see :meth:`RequestBuilder.encode`.
@@ -362,7 +371,8 @@ class Engine:
                 return rid
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+        tokenizer = self._builder.tokenizer
+        return tokenizer.decode(token_ids) if tokenizer is not None else ""
 
     def _evicted(self) -> int:
         stats = self.cache.stats
