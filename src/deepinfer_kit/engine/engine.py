@@ -71,7 +71,7 @@ class Engine:
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
-            size or the number of blocks; an executor with ``depth != 0``.
+            size or the number of blocks; an executor whose depth is not 0 or 1.
     """
 
     def __init__(
