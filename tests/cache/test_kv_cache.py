@@ -220,3 +220,24 @@ def test_engine_with_a_huge_kv_memory_budget_names_the_setting() -> None:
         build_engine(kv_cache_memory_mb=10**9)
     message = str(err.value)
     assert "kv_cache_memory_mb" in message and re.search(r"\d{15,} bytes", message), message
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_writes_to_the_pad_slot_touch_no_addressable_block(impl: str) -> None:
+    """Padded rows of a static-shape step write to ``pad_slot`` (repeated): every block
+    attention can read keeps its contents, the real rows of the same write land."""
+    cache = _cache(impl)
+    gen = torch.Generator().manual_seed(0)
+    shape = (cache.num_kv_heads, cache.head_dim)
+    keys0, values0 = _flat(cache, 1, 0).clone(), _flat(cache, 1, 1).clone()
+    assert cache.pad_slot == cache.num_blocks * cache.block_size
+    slots = torch.tensor([cache.pad_slot, 5, cache.pad_slot, cache.pad_slot])
+    k, v = torch.randn(4, *shape, generator=gen), torch.randn(4, *shape, generator=gen)
+    cache.write(1, k, v, slots)
+    keys, values = _flat(cache, 1, 0), _flat(cache, 1, 1)
+    assert keys.shape[0] == cache.num_blocks * cache.block_size
+    torch.testing.assert_close(keys[5], k[1])
+    torch.testing.assert_close(values[5], v[1])
+    others = torch.arange(keys.shape[0]) != 5
+    torch.testing.assert_close(keys[others], keys0[others])
+    torch.testing.assert_close(values[others], values0[others])

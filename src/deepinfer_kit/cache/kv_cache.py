@@ -26,7 +26,9 @@ class PagedKVCache:
     """K/V storage for every layer, addressed by physical block and offset.
 
     Allocated zero-filled at construction (so never-written slots hold finite values);
-    afterwards it is mutated only by :meth:`write` and :meth:`copy_blocks`. The
+    afterwards it is mutated only by :meth:`write` and :meth:`copy_blocks`. One scratch
+    block beyond the ``NB`` addressable ones holds :attr:`pad_slot`, where the padded rows
+    of a static-shape step write their K/V without touching a live block. The
     implementation of both (torch reference or Triton kernels) is chosen once here:
     ``impl="auto"`` picks Triton on a CUDA device, the reference elsewhere.
 
@@ -65,7 +67,8 @@ class PagedKVCache:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError(f"device {str(dev)!r} asked for, but CUDA is not available")
         self._write_op, self._copy_op, self._impl = _select_ops(impl, dev)
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        # num_blocks + 1: the last block is the scratch block of ``pad_slot``.
+        shape = (num_layers, 2, num_blocks + 1, block_size, num_kv_heads, head_dim)
         try:
             self._kv = torch.zeros(shape, dtype=dtype, device=dev)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
@@ -85,8 +88,16 @@ class PagedKVCache:
 
     @property
     def num_blocks(self) -> int:
-        """``NB``, blocks in the pool."""
-        return self._kv.shape[2]
+        """``NB``, blocks in the pool (the scratch block of :attr:`pad_slot` not counted)."""
+        return self._kv.shape[2] - 1
+
+    @property
+    def pad_slot(self) -> int:
+        """A slot outside every addressable block (``NB * P``): a :meth:`write` there is
+        discarded from the point of view of attention, which reads only blocks
+        ``[0, NB)``. The padded rows of a static-shape (captured) step write here; it may
+        repeat in one ``slot_mapping``."""
+        return self.num_blocks * self.block_size
 
     @property
     def block_size(self) -> int:
@@ -120,11 +131,11 @@ class PagedKVCache:
 
     def key_cache(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s keys, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
-        return self._kv[layer, 0]
+        return self._kv[layer, 0, :-1]
 
     def value_cache(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s values, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
-        return self._kv[layer, 1]
+        return self._kv[layer, 1, :-1]
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store the new tokens' K/V of one layer; called by the model before attention.
@@ -132,8 +143,9 @@ class PagedKVCache:
         Args:
             layer: in ``[0, L)``.
             key, value: ``[T, Hkv, D]`` on the pool's device; cast to the pool dtype.
-            slot_mapping: ``[T]`` int64 distinct slots in ``[0, NB * P)`` (not checked on
-                the device: an out-of-range slot is a caller bug).
+            slot_mapping: ``[T]`` int64 distinct slots in ``[0, NB * P)``, or
+                :attr:`pad_slot` (which may repeat) for a padded row (not checked on the
+                device: an out-of-range slot is a caller bug).
 
         Raises:
             InvariantError: shapes disagree with the pool or with each other.

@@ -17,6 +17,8 @@ from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.static_decode import StaticDecode
+from deepinfer_kit.engine.warmup import warm_up
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tokenizer_reason
@@ -134,13 +136,22 @@ def build_engine(
     else:
         scheduler = ContinuousBatchScheduler(sched_config, cache)
     generator = torch.Generator(device=device).manual_seed(config.seed)
+    on_cuda = device.type == "cuda"
+    static = config.static_decode if config.static_decode is not None else (
+        on_cuda and config.cuda_graphs)
     runner = ModelRunner(
         loaded.model,
         kv_cache,
         sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl)),
         device=device,
         generator=generator,
+        static_decode=StaticDecode(loaded.model, kv_cache, max_num_seqs=config.max_num_seqs,
+                                   max_model_len=max_model_len) if static else None,
     )
+    if on_cuda:
+        warm_up(runner, max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                capture=config.cuda_graphs and static)
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
     if isinstance(tokenizer, ByteTokenizer) and tokenizer.vocab_size != mc.vocab_size:

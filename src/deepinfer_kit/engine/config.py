@@ -56,6 +56,13 @@ class EngineConfig:
             thread, committing tokens one step late (same outputs as synchronous).
         max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
             logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
+        cuda_graphs: on a CUDA device, capture the forward of decode rounds as CUDA graphs
+            (one per size of the batch ladder, at build time, after warming every kernel
+            up); no effect on CPU. ``False`` runs every round eagerly (the reference).
+        static_decode: run decode rounds on static device buffers padded to the batch
+            ladder (what graphs replay); ``None`` means exactly when graphs are captured.
+            ``True`` on CPU runs the same padded path eagerly (tests pin it to the
+            unpadded one); ``False`` turns graphs off too.
     """
 
     model: str = "tiny"
@@ -78,6 +85,10 @@ class EngineConfig:
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
     overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    cuda_graphs: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    static_decode: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
 
     def __attrs_post_init__(self) -> None:
         if not self.model:

@@ -9,7 +9,8 @@ import attrs
 import torch
 
 from deepinfer_kit.models.protocols import CausalLM
-from deepinfer_kit.models.attention.layout import make_attention_metadata
+from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
+from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import fork_seed
@@ -32,7 +33,10 @@ class PreparedStep:
 
     Attributes:
         plan: the plan it was built from.
-        forward: the model's inputs (on the model's device).
+        forward: the model's inputs (on the model's device), or ``None`` for a decode
+            round staged for the static buffers (``staged``).
+        staged: the host layout of a static-shape decode round, or ``None``.
+        logits_rows: per sampling row, the batch row whose logits it draws from.
         sampling: one row per drawn token (forks draw several rows from one position).
         row_counts: per chunk, rows drawn (0 for a non-final prefill chunk).
         placeholder_inputs: ``(index in input_ids, sequence id)`` of each placeholder
@@ -43,9 +47,11 @@ class PreparedStep:
     """
 
     plan: SchedulePlan
-    forward: ForwardBatch
+    forward: ForwardBatch | None
     sampling: SamplingBatch
     row_counts: list[int]
+    logits_rows: list[int] = attrs.field(factory=list)
+    staged: StagedDecode | None = None
     placeholder_inputs: list[tuple[int, str]] = attrs.field(factory=list)
     placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
 
@@ -59,6 +65,9 @@ class ModelRunner:
         sampler: draws tokens from the logits.
         device: the model's device.
         generator: random source of unseeded requests (on ``device``).
+        static_decode: run decode rounds (one token per request, at most the top of its
+            ladder) on these static buffers / captured graphs; ``None``: every round
+            eagerly on freshly copied inputs.
 
     Attributes:
         record_expert_counts: return the MoE routing counts of each round in
@@ -73,6 +82,7 @@ class ModelRunner:
         *,
         device: torch.device,
         generator: torch.Generator | None = None,
+        static_decode: StaticDecode | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -83,10 +93,7 @@ class ModelRunner:
         self.record_expert_counts = False
         self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled
         self._pin = device.type == "cuda"
-
-    def _to_device(self, values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        host = torch.tensor(values, dtype=dtype, pin_memory=self._pin)
-        return host.to(self.device, non_blocking=True) if self._pin else host
+        self.static = static_decode
 
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
@@ -94,8 +101,10 @@ class ModelRunner:
         Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
         live request, so it may run while the scheduler mutates its requests and while
         the previous step executes. A placeholder token (its value is being sampled by
-        the step in flight) is laid out as a hole that :meth:`execute` fills.
-        O(T + R * max_blocks).
+        the step in flight) is laid out as a hole that :meth:`execute` fills. The
+        inputs go to the device in one copy of one host buffer (pinned on CUDA); a
+        decode round that fits the static ladder is only staged on the host (copied into
+        the static buffers by :meth:`execute`). O(T + R * max_blocks).
 
         Raises:
             InvariantError: a chunk with more than one placeholder, or placeholders
@@ -153,15 +162,23 @@ class ModelRunner:
                 prompts.append(row.prompt_token_ids)
                 outputs.append(chunk.output_token_ids)
                 eos.append(row.eos_token_id)
-        attn = make_attention_metadata(
-            query_lens, seq_lens, tables, self.block_size, self.device, pin_memory=self._pin
-        )
-        forward = ForwardBatch(
-            input_ids=self._to_device(input_ids, torch.int64),
-            positions=self._to_device(positions, torch.int64),
-            attn=attn,
-            logits_indices=self._to_device(logits_rows, torch.int64),
-        )
+        forward: ForwardBatch | None = None
+        staged: StagedDecode | None = None
+        static = self.static
+        if (
+            static is not None
+            and not self.record_expert_counts  # padded rows would count as routed
+            and num_tokens == len(plan.chunks) > 0
+            and static.size_for(num_tokens) is not None
+        ):
+            staged = static.stage(input_ids, positions, seq_lens, tables)
+        else:
+            host, layout = pack_inputs(
+                input_ids, positions, query_lens, seq_lens, tables, logits_rows,
+                block_size=self.block_size, pin_memory=self._pin,
+            )  # fmt: skip
+            device = host.to(self.device, non_blocking=True) if self._pin else host
+            forward = unpack_inputs(device, layout)
         sampling = SamplingBatch(
             params=params,
             seeds=seeds,
@@ -176,6 +193,8 @@ class ModelRunner:
             forward=forward,
             sampling=sampling,
             row_counts=row_counts,
+            logits_rows=logits_rows,
+            staged=staged,
             placeholder_inputs=holes,
             placeholder_rows=hole_rows,
         )
@@ -199,11 +218,16 @@ class ModelRunner:
         the host.
         """
         last, self._last = self._last, {}
-        unresolved = self._fill_placeholders(step, last)
+        forward = step.forward
+        if step.staged is not None:
+            assert self.static is not None
+            forward = self.static.load(step.staged)
+        assert forward is not None
+        unresolved = self._fill_placeholders(step, forward, last)
         if step.plan.block_copies:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():
-            logits = self.model(step.forward, self.kv_cache)
+            logits = self._logits(step, forward)
             counts = self.model.expert_counts() if self.record_expert_counts else None
             expert_counts: list[list[int]] | None = counts.tolist() if counts is not None else None
             if not step.sampling.params:
@@ -243,7 +267,21 @@ class ModelRunner:
         )
 
 
-    def _fill_placeholders(self, step: PreparedStep, last: dict[str, int]) -> set[str]:
+    def _logits(self, step: PreparedStep, forward: ForwardBatch) -> torch.Tensor:
+        """``[rows, V]`` float32 logits of the sampling rows: an eager forward, or the
+        static path's padded ``[size, V]`` with the padded rows dropped."""
+        if step.staged is None:
+            return self.model(forward, self.kv_cache)
+        assert self.static is not None
+        full = self.static.forward(forward, step.staged.size)
+        rows = step.logits_rows
+        if rows == list(range(len(rows))):
+            return full[: len(rows)]
+        return full.index_select(0, torch.tensor(rows, device=full.device))
+
+    def _fill_placeholders(
+        self, step: PreparedStep, forward: ForwardBatch, last: dict[str, int]
+    ) -> set[str]:
         """Write the in-flight tokens into ``step``'s holes (input ids, and the token
         histories that penalties read); returns the sequences that had none."""
         if not step.placeholder_inputs:
@@ -251,7 +289,7 @@ class ModelRunner:
         unresolved = {sid for _, sid in step.placeholder_inputs if sid not in last}
         index = [i for i, _ in step.placeholder_inputs]
         values = [last.get(sid, 0) for _, sid in step.placeholder_inputs]
-        ids = step.forward.input_ids
+        ids = forward.input_ids
         ids[torch.tensor(index, device=ids.device)] = torch.tensor(values, dtype=ids.dtype).to(ids.device)
         histories = step.sampling.output_token_ids
         for r, sid in step.placeholder_rows:

@@ -23,9 +23,10 @@ class AttentionMetadata:
 
     Attributes:
         slot_mapping: ``[T]`` int64, cache slot of each new token (``block * P + offset``).
-        block_tables: ``[R, max_blocks]`` int32 physical block ids, padded with 0.
-        query_start_loc: ``[R + 1]`` int32 cumulative new-token counts (starts at 0).
-        seq_lens: ``[R]`` int32 context length after this step (cached + new).
+        block_tables: ``[R, max_blocks]`` int32 or int64 physical block ids, padded with 0
+            (rows may be strided views: read them through ``stride(0)``).
+        query_start_loc: ``[R + 1]`` int32 or int64 cumulative new-token counts (starts at 0).
+        seq_lens: ``[R]`` int32 or int64 context length after this step (cached + new).
         max_query_len: the largest query length (host int).
         max_seq_len: the largest ``seq_lens`` entry (host int).
         query_lens_host: ``[R]`` query lengths as host ints (no device sync to read them).

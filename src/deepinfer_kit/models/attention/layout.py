@@ -14,7 +14,7 @@ import torch
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.records import AttentionMetadata
 
-__all__ = ["make_attention_metadata", "slots_for"]
+__all__ = ["make_attention_metadata", "slots_for", "step_slots"]
 
 
 def slots_for(table: Sequence[int], start: int, stop: int, block_size: int) -> list[int]:
@@ -28,6 +28,32 @@ def slots_for(table: Sequence[int], start: int, stop: int, block_size: int) -> l
             f"block table of {len(table)} blocks of {block_size} cannot hold position {stop - 1}"
         )
     return [table[t // block_size] * block_size + t % block_size for t in range(start, stop)]
+
+
+def step_slots(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+) -> list[int]:
+    """The cache slot of every new token of a step, requests in order (``[T]`` host ints).
+
+    Request ``r`` writes positions ``[seq_lens[r] - query_lens[r], seq_lens[r])``. O(T).
+
+    Raises:
+        ConfigError: a query length is < 1 or exceeds its context, or a table is too
+            short.
+    """
+    P = block_size
+    slots: list[int] = []
+    for q, s, table in zip(query_lens, seq_lens, block_tables):
+        if q == 1 and 1 <= s <= len(table) * P:  # decode, valid: one slot, no list
+            slots.append(table[(s - 1) // P] * P + (s - 1) % P)
+            continue
+        if not 1 <= q <= s:
+            raise ConfigError(f"query_lens entries must be in [1, seq_len={s}], got {q}")
+        slots += slots_for(table, s - q, s, P)
+    return slots
 
 
 def make_attention_metadata(
@@ -65,15 +91,7 @@ def make_attention_metadata(
             f"query_lens, seq_lens and block_tables must have one entry per request, got "
             f"{len(query_lens)}, {len(seq_lens)}, {len(block_tables)}"
         )
-    P = block_size
-    slots: list[int] = []
-    for q, s, table in zip(query_lens, seq_lens, block_tables):
-        if q == 1 and 1 <= s <= len(table) * P:  # decode, valid: one slot, no list
-            slots.append(table[(s - 1) // P] * P + (s - 1) % P)
-            continue
-        if not 1 <= q <= s:
-            raise ConfigError(f"query_lens entries must be in [1, seq_len={s}], got {q}")
-        slots += slots_for(table, s - q, s, P)
+    slots = step_slots(query_lens, seq_lens, block_tables, block_size)
     starts = [0, *itertools.accumulate(query_lens)]
     width = max((len(t) for t in block_tables), default=0)
     flat: list[int] = []

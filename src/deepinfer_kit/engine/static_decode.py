@@ -1,0 +1,217 @@
+"""StaticDecode: decode rounds on static device buffers, padded to a ladder of batch
+sizes, and on CUDA replayed as captured CUDA graphs.
+
+A decode round (every request computes one token) is padded to the next size of the
+ladder ``1, 2, 4, 8, 16, 24, …, max_num_seqs``. Its inputs are copied into device buffers
+that never move, so the forward of each size can be captured once as a CUDA graph (one
+launch instead of hundreds) and replayed with new contents. A padded row is a request
+of one token at position 0 with context 1, block table of block 0 (read, never
+written) and slot :attr:`PagedKVCache.pad_slot` (its K/V write goes to the scratch block);
+its logits row is dropped. Prefill and mixed rounds run eagerly elsewhere. On CPU the
+same buffers run eagerly, so CPU tests pin this path to the unpadded one token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.models.attention.layout import step_slots
+from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
+
+__all__ = ["StaticDecode", "StagedDecode", "batch_ladder"]
+
+_log = logging.getLogger(__name__)
+
+
+def batch_ladder(max_num_seqs: int) -> list[int]:
+    """The padded batch sizes: ``1, 2, 4, 8``, then multiples of 8, up to and including
+    ``max_num_seqs`` (as vLLM's capture sizes)."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
+    sizes += range(8, max_num_seqs, 8)
+    return [*sizes, max_num_seqs]
+
+
+@attrs.define(slots=True, eq=False)
+class StagedDecode:
+    """One decode round laid out on the host for a ladder size.
+
+    Attributes:
+        host: ``[4 * size + size * width]`` int64 (pinned on CUDA): ids, positions,
+            slots and context lengths of ``size`` rows, then their block tables.
+        size: the ladder size the round is padded to.
+        num_requests: the real rows (the first ones).
+        width: block-table columns staged (the widest real table).
+        seq_lens: ``[size]`` host context lengths (1 for a padded row).
+    """
+
+    host: torch.Tensor
+    size: int
+    num_requests: int
+    width: int
+    seq_lens: list[int]
+
+
+class StaticDecode:
+    """Static buffers and captured graphs of decode rounds for one model and KV pool.
+
+    Args:
+        model: the model; its forward must not synchronise with the host to be captured.
+        kv_cache: the pool it reads and writes (its tensors never move).
+        max_num_seqs: the largest round (the top of the ladder).
+        max_model_len: the longest context (sets the block-table width).
+
+    Buffers: ``4 * max_num_seqs`` int64 plus ``max_num_seqs * ceil(max_model_len / P)``
+    int64 on the pool's device, allocated once.
+    """
+
+    def __init__(
+        self, model: CausalLM, kv_cache: PagedKVCache, *, max_num_seqs: int, max_model_len: int
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.sizes = batch_ladder(max_num_seqs)
+        self.max_model_len = max_model_len
+        top, dev = self.sizes[-1], kv_cache.device
+        self.width = -(-max_model_len // kv_cache.block_size)
+        self._flat = torch.zeros(4 * top, dtype=torch.int64, device=dev)
+        self._tables = torch.zeros(top, self.width, dtype=torch.int64, device=dev)
+        self._starts = torch.arange(top + 1, dtype=torch.int64, device=dev)
+        self._pin = dev.type == "cuda"
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_error: str | None = None
+
+    @property
+    def captured_sizes(self) -> list[int]:
+        """The ladder sizes whose forward is a captured graph (empty off CUDA)."""
+        return sorted(self._graphs)
+
+    def size_for(self, num_requests: int) -> int | None:
+        """The ladder size a round of ``num_requests`` pads to; ``None`` when too large."""
+        for size in self.sizes:
+            if size >= num_requests:
+                return size
+        return None
+
+    def stage(
+        self,
+        input_ids: Sequence[int],
+        positions: Sequence[int],
+        seq_lens: Sequence[int],
+        tables: Sequence[Sequence[int]],
+    ) -> StagedDecode:
+        """Lay out a decode round (one token per request) padded to its ladder size.
+
+        Host only (reads the lists, no device work), so it may run while another round
+        executes.
+
+        Raises:
+            ValueError: more requests than the top of the ladder.
+            ConfigError: a table too short for its context.
+        """
+        n = len(input_ids)
+        size = self.size_for(n)
+        if size is None:
+            raise ValueError(f"a decode round of {n} requests exceeds the ladder {self.sizes}")
+        pad = size - n
+        width = max((len(t) for t in tables), default=1)
+        slots = step_slots([1] * n, seq_lens, tables, self.kv_cache.block_size)
+        padded_lens = [*seq_lens, *([1] * pad)]
+        values = [*input_ids, *([0] * pad), *positions, *([0] * pad)]
+        values += slots
+        values += [self.kv_cache.pad_slot] * pad
+        values += padded_lens
+        for table in tables:
+            values += table
+            values += [0] * (width - len(table))
+        values += [0] * (width * pad)
+        host = torch.tensor(values, dtype=torch.int64, pin_memory=self._pin)
+        return StagedDecode(host=host, size=size, num_requests=n, width=width, seq_lens=padded_lens)
+
+    def load(self, staged: StagedDecode) -> ForwardBatch:
+        """Copy ``staged`` into the static buffers (two copies from its one host buffer,
+        asynchronous on CUDA); returns the forward inputs as views of those buffers.
+
+        Called on the executing thread, in stream order after the previous round's
+        forward (which read the same buffers). Block-table columns beyond ``width`` keep
+        old block ids, never read (a row reads only the blocks of its context).
+        """
+        b, w = staged.size, staged.width
+        self._flat[: 4 * b].copy_(staged.host[: 4 * b], non_blocking=True)
+        self._tables[:b, :w].copy_(staged.host[4 * b :].view(b, w), non_blocking=True)
+        return self._batch(b, staged.seq_lens)
+
+    def forward(self, batch: ForwardBatch, size: int) -> torch.Tensor:
+        """The logits of a loaded round, ``[size, V]`` float32: the captured graph's
+        output (overwritten by the next replay) or an eager forward."""
+        graph = self._graphs.get(size)
+        if graph is None:
+            return self.model(batch, self.kv_cache)
+        graph[0].replay()
+        return graph[1]
+
+    def capture(self) -> None:
+        """Capture the forward of every ladder size as a CUDA graph (largest first, one
+        shared memory pool), after two eager warm-up runs each, which also compile every
+        kernel the decode round uses. CUDA only.
+
+        A model whose forward cannot be captured (it synchronises with the host, or
+        allocates outside the graph pool) leaves every round eager: the reason is kept in
+        :attr:`capture_error` and logged once. Mutates the scratch block only (every
+        warm-up row writes :attr:`PagedKVCache.pad_slot`).
+        """
+        pool = None
+        try:
+            for size in reversed(self.sizes):
+                batch = self._padded_batch(size)
+                side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self.model(batch, self.kv_cache)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(batch, self.kv_cache)
+                pool = graph.pool()
+                self._graphs[size] = (graph, out)
+        except RuntimeError as exc:  # capture refuses host syncs and foreign streams
+            self._graphs.clear()
+            self.capture_error = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            _log.warning("decode rounds run eagerly: CUDA graph capture failed: %s", self.capture_error)
+        torch.cuda.synchronize(self.kv_cache.device)
+
+    def _padded_batch(self, size: int) -> ForwardBatch:
+        """Size ``size``'s views with every row a padded row (what warm-up and capture
+        run on); the host lengths say ``max_model_len`` so that a kernel sizing its work
+        from them (split-K) covers every context the graph will see."""
+        batch = self._batch(size, [self.max_model_len] * size)
+        batch.input_ids.zero_()
+        batch.positions.zero_()
+        batch.attn.slot_mapping.fill_(self.kv_cache.pad_slot)
+        batch.attn.seq_lens.fill_(1)
+        batch.attn.block_tables.zero_()
+        return batch
+
+    def _batch(self, size: int, seq_lens: list[int]) -> ForwardBatch:
+        """Views of the static buffers for ladder size ``size``."""
+        b = size
+        ids, positions, slots, lens = torch.split(self._flat[: 4 * b], b)
+        attn = AttentionMetadata(
+            slot_mapping=slots,
+            block_tables=self._tables[:b],
+            query_start_loc=self._starts[: b + 1],
+            seq_lens=lens,
+            max_query_len=1,
+            max_seq_len=max(seq_lens),
+            query_lens_host=[1] * b,
+            seq_lens_host=seq_lens,
+        )
+        return ForwardBatch(
+            input_ids=ids, positions=positions, attn=attn, logits_indices=self._starts[:b]
+        )

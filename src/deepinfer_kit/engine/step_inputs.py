@@ -1,0 +1,101 @@
+"""A step's model inputs packed into one host buffer, copied to the device at once.
+
+Every integer input of a forward (token ids, positions, slots, the attention layout,
+the logits rows, the block tables) goes into one int64 host tensor (pinned on CUDA), so
+a step costs one host-to-device copy instead of one per tensor; the device tensors the
+model reads are views of the copy. Region order: ``ids [T] | positions [T] | slots [T] |
+query_start_loc [R + 1] | seq_lens [R] | logits_indices [N] | block_tables [R * W]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from deepinfer_kit.models.attention.layout import step_slots
+from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
+
+__all__ = ["InputLayout", "pack_inputs", "unpack_inputs"]
+
+
+@attrs.frozen(slots=True)
+class InputLayout:
+    """The shape of a packed step: ``T`` tokens, ``R`` requests, ``N`` logits rows, tables
+    ``W`` blocks wide, and the host lengths attention reads without a device sync."""
+
+    num_tokens: int
+    num_requests: int
+    num_logits: int
+    width: int
+    query_lens: list[int]
+    seq_lens: list[int]
+
+    @property
+    def size(self) -> int:
+        """Elements of the packed buffer."""
+        t, r = self.num_tokens, self.num_requests
+        return 3 * t + (r + 1) + r + self.num_logits + r * self.width
+
+
+def pack_inputs(
+    input_ids: Sequence[int],
+    positions: Sequence[int],
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    tables: Sequence[Sequence[int]],
+    logits_rows: Sequence[int],
+    *,
+    block_size: int,
+    pin_memory: bool,
+) -> tuple[torch.Tensor, InputLayout]:
+    """Lay one step out as a single int64 host tensor (pinned when ``pin_memory``).
+
+    Called by the runner's ``prepare`` on the host; reads only the given lists. Tables
+    are padded with block 0 to the widest one. O(T + R * W).
+
+    Raises:
+        ConfigError: a query length is < 1 or exceeds its context, or a table is too
+            short for its context.
+    """
+    slots = step_slots(query_lens, seq_lens, tables, block_size)
+    width = max((len(t) for t in tables), default=0)
+    values: list[int] = [*input_ids, *positions, *slots, 0, *itertools.accumulate(query_lens)]
+    values += seq_lens
+    values += logits_rows
+    for table in tables:
+        values += table
+        values += [0] * (width - len(table))
+    layout = InputLayout(
+        num_tokens=len(input_ids),
+        num_requests=len(query_lens),
+        num_logits=len(logits_rows),
+        width=width,
+        query_lens=list(query_lens),
+        seq_lens=list(seq_lens),
+    )
+    return torch.tensor(values, dtype=torch.int64, pin_memory=pin_memory), layout
+
+
+def unpack_inputs(buffer: torch.Tensor, layout: InputLayout) -> ForwardBatch:
+    """The forward inputs as views of ``buffer`` (the packed tensor, on the model's device).
+
+    Mutates nothing; the views share ``buffer``'s storage (writing a placeholder into
+    ``input_ids`` writes the buffer).
+    """
+    t, r, n, w = layout.num_tokens, layout.num_requests, layout.num_logits, layout.width
+    cuts = [t, t, t, r + 1, r, n, r * w]
+    ids, positions, slots, qsl, seq, logits, tables = torch.split(buffer, cuts)
+    attn = AttentionMetadata(
+        slot_mapping=slots,
+        block_tables=tables.view(r, w),
+        query_start_loc=qsl,
+        seq_lens=seq,
+        max_query_len=max(layout.query_lens, default=0),
+        max_seq_len=max(layout.seq_lens, default=0),
+        query_lens_host=layout.query_lens,
+        seq_lens_host=layout.seq_lens,
+    )
+    return ForwardBatch(input_ids=ids, positions=positions, attn=attn, logits_indices=logits)

@@ -1,0 +1,94 @@
+"""warm_up: run every kernel specialization a serving engine will use before the first
+request, so that no Triton compilation (and no graph capture) happens inside a step.
+
+Dummy rounds write their K/V only to the pool's scratch slot
+(:attr:`PagedKVCache.pad_slot`) and read blocks they never write, so the addressable
+blocks keep their contents.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.records import SamplingBatch
+
+__all__ = ["warm_up", "warm_up_shapes"]
+
+
+def warm_up_shapes(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[int]]:
+    """The query lengths of the eager dummy rounds: a lone prefill of a few lengths (the
+    attention kernel's tile sizes differ below and above 16 query rows), a batch of
+    single-token rows (an eager decode when the static path is off or too small), and a
+    mixed round."""
+    rounds: list[list[int]] = []
+    for length in (1, 8, 17, 128):
+        if length <= max_num_batched_tokens:
+            rounds.append([length])
+    decode = min(max_num_seqs, max_num_batched_tokens, 64)
+    rounds.append([1] * decode)
+    if max_num_seqs >= 2 and max_num_batched_tokens >= 33:
+        rounds.append([32, 1])
+    return rounds
+
+
+def warm_up(
+    runner: ModelRunner, *, max_num_seqs: int, max_num_batched_tokens: int, capture: bool
+) -> None:
+    """Compile and run every kernel of the forward and the sampler once; then capture
+    the static decode graphs when ``capture`` (CUDA only).
+
+    Called by ``build_engine`` on a CUDA device, before the engine serves; may be called
+    on CPU (it compiles nothing there). Mutates the scratch block of the KV pool and,
+    with ``capture``, the runner's :class:`StaticDecode` graphs. Raises what the model or
+    sampler raise.
+    """
+    cache = runner.kv_cache
+    for query_lens in warm_up_shapes(max_num_seqs, max_num_batched_tokens):
+        seq_lens = list(query_lens)
+        tables = [[0] * -(-q // cache.block_size) for q in query_lens]
+        total = sum(query_lens)
+        rows = list(range(len(query_lens)))
+        host, layout = pack_inputs(
+            [0] * total, [p for q in query_lens for p in range(q)], query_lens, seq_lens,
+            tables, rows, block_size=cache.block_size, pin_memory=False,
+        )  # fmt: skip
+        forward = unpack_inputs(host.to(runner.device), layout)
+        forward.attn.slot_mapping.fill_(cache.pad_slot)
+        # The query rows that end each request: its logits.
+        ends = torch.tensor(query_lens).cumsum(0) - 1
+        forward.logits_indices.copy_(ends.to(runner.device))
+        with torch.inference_mode():
+            logits = runner.model(forward, cache)
+            _sample_variants(runner, logits)
+    if capture and runner.static is not None:
+        runner.static.capture()
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)
+
+
+def _sample_variants(runner: ModelRunner, logits: torch.Tensor) -> None:
+    """Draw from ``logits`` with greedy, random (top-k, top-p, min-p), penalised and
+    logprob rows, seeded and unseeded, alone and mixed, as serving rounds do."""
+    variants = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05),
+        SamplingParams(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5),
+        SamplingParams(temperature=0.0, logprobs=5),
+    ]
+    n = logits.shape[0]
+    for count in sorted({1, min(n, len(variants))}):
+        for start in range(len(variants)):
+            params = [variants[(start + i) % len(variants)] for i in range(count)]
+            batch = SamplingBatch(
+                params=params,
+                seeds=[None if (start + i) % 2 else 1234 + i for i in range(count)],
+                positions=[0] * count,
+                prompt_token_ids=[[0]] * count,
+                output_token_ids=[[0]] * count,
+                eos_token_ids=[None] * count,
+                generator=runner.generator,
+            )
+            runner.sampler(logits[:count], batch)

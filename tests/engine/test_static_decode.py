@@ -1,0 +1,111 @@
+"""The static decode path (rounds padded to a batch ladder, inputs in static buffers —
+what CUDA graphs replay) gives the unpadded engine's outputs token for token; on CPU it
+runs eagerly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from deepinfer_kit import SamplingParams, build_engine
+from deepinfer_kit.engine.static_decode import StaticDecode, batch_ladder
+from deepinfer_kit.engine.warmup import warm_up
+from differential import run_workload, workload
+
+ROOMY = {"num_blocks": 200, "block_size": 8, "max_model_len": 96, "max_num_seqs": 13,
+         "max_num_batched_tokens": 96}
+PREEMPTING = {"num_blocks": 20, "block_size": 8, "max_model_len": 96, "max_num_seqs": 8,
+              "max_num_batched_tokens": 64, "long_prefill_token_threshold": 24}
+
+
+def test_batch_ladder() -> None:
+    assert batch_ladder(1) == [1]
+    assert batch_ladder(3) == [1, 2, 3]
+    assert batch_ladder(8) == [1, 2, 4, 8]
+    assert batch_ladder(13) == [1, 2, 4, 8, 13]
+    assert batch_ladder(32) == [1, 2, 4, 8, 16, 24, 32]
+
+
+def _count_static_rounds(engine: Any) -> list[int]:
+    """Wrap the engine's static path; the list receives each replayed ladder size."""
+    static: StaticDecode = engine.runner.static
+    sizes: list[int] = []
+    forward = static.forward
+
+    def spy(batch: Any, size: int) -> torch.Tensor:
+        sizes.append(size)
+        return forward(batch, size)
+
+    static.forward = spy  # type: ignore[method-assign]
+    return sizes
+
+
+@pytest.mark.parametrize("config", [ROOMY, PREEMPTING], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_static_decode_equals_the_unpadded_path(seed: int, overlap: bool, config: dict[str, Any]) -> None:
+    """Greedy, seeded sampling, penalties, forks, stops, logprobs and prefix hits; padded
+    sizes at and between the ladder rungs."""
+    reqs = workload(seed, 30)
+    want, plain = run_workload(reqs, overlap, static_decode=False, **config)
+    assert plain.runner.static is None
+    engine = build_engine(static_decode=True, overlap=overlap, **config)
+    sizes = _count_static_rounds(engine)
+    got, _ = run_workload(reqs, overlap, engine=engine)
+    assert got == want
+    assert sizes and any(s > 1 for s in sizes), "the static path never ran"
+
+
+def test_padded_rows_are_dropped_and_touch_no_live_block() -> None:
+    """A round of 3 decode rows pads to 4: the scratch block takes the padded row's K/V,
+    every addressable block written equals what the unpadded engine wrote."""
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    pools = []
+    for static in (False, True):
+        engine = build_engine(static_decode=static, num_blocks=24, block_size=4,
+                              max_model_len=64, max_num_seqs=4, enable_prefix_caching=False)
+        for i in range(3):
+            engine.add_request(f"r{i}", [5 + i, 6, 7, 8, 9], params)
+        if static:
+            sizes = _count_static_rounds(engine)
+        engine.run()
+        cache = engine.runner.kv_cache
+        pools.append(torch.stack([cache.key_cache(i) for i in range(cache.num_layers)]))
+        engine.check_idle()
+    assert sizes and set(sizes) == {4}
+    torch.testing.assert_close(pools[1], pools[0])
+
+
+def test_warm_up_runs_every_shape_and_leaves_the_pool_unchanged() -> None:
+    engine = build_engine(static_decode=True, num_blocks=40, block_size=8, max_model_len=96,
+                          max_num_seqs=8, max_num_batched_tokens=160)
+    engine.add_request("a", list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=3))
+    engine.run()
+    cache = engine.runner.kv_cache
+    before = [cache.key_cache(i).clone() for i in range(cache.num_layers)]
+    warm_up(engine.runner, max_num_seqs=8, max_num_batched_tokens=160, capture=False)
+    for i in range(cache.num_layers):
+        torch.testing.assert_close(cache.key_cache(i), before[i], rtol=0, atol=0)
+    engine.add_request("b", list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=3))
+    engine.run()
+    engine.check_idle()
+
+
+def test_stage_rejects_a_round_above_the_ladder() -> None:
+    engine = build_engine(static_decode=True, max_num_seqs=2, num_blocks=16, max_model_len=64)
+    static = engine.runner.static
+    assert static is not None and static.size_for(3) is None
+    with pytest.raises(ValueError, match="exceeds the ladder"):
+        static.stage([1, 2, 3], [0, 0, 0], [1, 1, 1], [[0], [0], [0]])
+
+
+def test_config_fields_are_validated() -> None:
+    from deepinfer_kit import ConfigError, EngineConfig
+
+    with pytest.raises((ConfigError, TypeError), match="cuda_graphs"):
+        EngineConfig(cuda_graphs="yes")  # type: ignore[arg-type]
+    with pytest.raises((ConfigError, TypeError), match="static_decode"):
+        EngineConfig(static_decode=1)  # type: ignore[arg-type]
+    assert build_engine(cuda_graphs=True).runner.static is None  # CPU: eager by default
