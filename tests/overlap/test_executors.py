@@ -22,6 +22,38 @@ def test_conformance(check: Check[Callable[[], OverlapExecutor]], name: str) -> 
     check(FACTORIES[name])
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("check", OVERLAP_EXECUTOR_SUITE, ids=OVERLAP_EXECUTOR_SUITE.ids)
+def test_cuda_stream_executor_conformance(check: Check[Callable[[], OverlapExecutor]]) -> None:
+    from deepinfer_kit.overlap import CudaStreamExecutor
+
+    check(CudaStreamExecutor)
+
+
+@pytest.mark.cuda
+def test_cuda_stream_executor_orders_the_step_after_its_inputs() -> None:
+    """A step reads a tensor the caller filled by a copy queued just before launch."""
+    import torch
+
+    from deepinfer_kit.overlap import CudaStreamExecutor
+
+    executor = CudaStreamExecutor()
+    big = torch.ones(1 << 24, device="cuda")
+    target = torch.zeros(1 << 24, device="cuda")
+    target.copy_(big * 3)  # queued on the caller's stream, not yet done
+    pending = executor.launch(0, lambda: StepResult(token_ids=[[int(target[-1].item())]]))
+    assert executor.wait(pending).token_ids == [[3]]
+    executor.close()
+
+
+def test_cuda_stream_executor_refuses_a_cpu_device() -> None:
+    from deepinfer_kit import DeviceUnavailableError
+    from deepinfer_kit.overlap import CudaStreamExecutor
+
+    with pytest.raises(DeviceUnavailableError, match="needs a CUDA device, got 'cpu'"):
+        CudaStreamExecutor("cpu")
+
+
 def test_threaded_launch_returns_before_the_step_ends() -> None:
     """The step cannot end before launch has returned: it waits for an event the caller sets
     only after launch returned. A launch that runs the step itself is caught at once (the

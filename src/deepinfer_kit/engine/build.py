@@ -173,9 +173,14 @@ def build_engine(
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
-    """A depth-1 thread executor when ``config.overlap``, else ``None`` (synchronous)."""
+    """With ``config.overlap``: a depth-1 executor, its kernels on their own CUDA stream on
+    a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
     if not config.overlap:
         return None
+    if torch.device(config.device).type == "cuda":
+        from deepinfer_kit.overlap.cuda_stream import CudaStreamExecutor
+
+        return CudaStreamExecutor(config.device, depth=1)
     from deepinfer_kit.overlap.threaded import ThreadExecutor
 
     return ThreadExecutor(depth=1)
