@@ -237,7 +237,7 @@ class ModelRunner:
             finite = torch.isfinite(logits).all(dim=-1)
             sampled = self.sampler(logits.masked_fill(~finite[:, None], 0.0), step.sampling)
             flagged = torch.where(finite, sampled.token_ids, -1)
-        tokens: list[int] = flagged.tolist()
+        tokens, logprobs_host = _to_host(flagged, sampled)
         token_ids: list[list[int]] = []
         errors: list[str | None] = []
         row = 0
@@ -258,7 +258,7 @@ class ModelRunner:
                     self._last[chunk.request_id] = drawn[0]
             token_ids.append(drawn)
             row += count
-        logprobs = _logprob_maps(sampled, step) if sampled.logprobs is not None else None
+        logprobs = _logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
         return StepResult(
             token_ids=token_ids,
             logprobs=logprobs,
@@ -298,18 +298,37 @@ class ModelRunner:
         return unresolved
 
 
-def _logprob_maps(sampled: SampleResult, step: PreparedStep) -> list[list[dict[int, Logprob]]]:
+_HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
+"""Per row: the chosen token's logprob and rank, the top ids and their logprobs."""
+
+
+def _to_host(flagged: torch.Tensor, sampled: SampleResult) -> tuple[list[int], _HostLogprobs | None]:
+    """The step's one copy back: the tokens (``-1`` for a non-finite row) and, when a row
+    asked for logprobs, their ranks and top ids in the same int64 copy, the float
+    logprobs in one more."""
+    if sampled.logprobs is None or sampled.ranks is None:
+        tokens: list[int] = flagged.tolist()
+        return tokens, None
+    n = flagged.shape[0]
+    top_ids = sampled.top_token_ids
+    top_lp = sampled.top_logprobs
+    k = top_ids.shape[1] if top_ids is not None else 0
+    ints: list[int] = torch.cat(
+        [flagged, sampled.ranks] + ([top_ids.reshape(-1)] if top_ids is not None else [])
+    ).tolist()
+    floats: list[float] = torch.cat(
+        [sampled.logprobs] + ([top_lp.reshape(-1)] if top_lp is not None else [])
+    ).tolist()
+    tops = [ints[2 * n + r * k : 2 * n + (r + 1) * k] for r in range(n)]
+    top_floats = [floats[n + r * k : n + (r + 1) * k] for r in range(n)]
+    return ints[:n], (floats[:n], ints[n : 2 * n], tops, top_floats)
+
+
+def _logprob_maps(
+    chosen: list[int], host: _HostLogprobs, step: PreparedStep
+) -> list[list[dict[int, Logprob]]]:
     """Per chunk, per drawn token: the chosen token's Logprob plus the asked top alternatives."""
-    assert sampled.logprobs is not None and sampled.ranks is not None
-    chosen: list[int] = sampled.token_ids.tolist()
-    chosen_lp: list[float] = sampled.logprobs.tolist()
-    ranks: list[int] = sampled.ranks.tolist()
-    top_ids: list[list[int]] = (
-        sampled.top_token_ids.tolist() if sampled.top_token_ids is not None else [[] for _ in chosen]
-    )
-    top_lp: list[list[float]] = (
-        sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else [[] for _ in chosen]
-    )
+    chosen_lp, ranks, top_ids, top_lp = host
     maps: list[list[dict[int, Logprob]]] = []
     row = 0
     for count in step.row_counts:
