@@ -17,6 +17,7 @@ from torch import nn
 
 from deepinfer_kit.errors import CheckpointError
 from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.fused_ops import FusedOps, select_fused_ops
 from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttention, RMSNorm
 from deepinfer_kit.models.protocols import CausalLM, PagedKVStore, SparseMLP, SparseMLPFactory
 from deepinfer_kit.models.records import ForwardBatch
@@ -29,17 +30,22 @@ Weights = Mapping[str, torch.Tensor]
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+    """Pre-norm block ``h += attn(norm(h)); h += mlp(norm(h))``, with each residual add fused
+    into the norm after it (vLLM style).
+
+    The layer returns its MLP output and the residual stream separately; the next layer's
+    input norm (or the model's final norm) adds them. Same values as the unfused block.
+    """
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
                  attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
-                 sparse_mlp: SparseMLP | None) -> None:
+                 sparse_mlp: SparseMLP | None, ops: FusedOps) -> None:
         super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        eps, size = config.rms_norm_eps, config.hidden_size
+        self.input_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.self_attn = PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
                                             dtype=dtype, device=device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.is_sparse = sparse_mlp is not None
         self.mlp: nn.Module
         if sparse_mlp is not None:
@@ -49,16 +55,31 @@ class DecoderLayer(nn.Module):
             self.mlp_prefix = config.moe_weight_prefix + "."
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
-                                dtype=dtype, device=device)
+                                dtype=dtype, device=device, ops=ops)
             self.mlp_prefix = "mlp."
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: PagedKVStore, batch: ForwardBatch) -> torch.Tensor:
-        """``[T, H]`` -> ``[T, H]``."""
-        attn_in = self.input_layernorm.forward(hidden)
-        hidden = hidden + self.self_attn.forward(attn_in, cos, sin, kv_cache, batch.attn)
-        out: torch.Tensor = self.mlp(self.post_attention_layernorm.forward(hidden))
-        return hidden + out
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, kv_cache: PagedKVStore,
+                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over ``T`` tokens; writes their K/V into this layer's cache.
+
+        Args:
+            hidden: ``[T, H]`` the previous layer's MLP output, or the embeddings for the
+                first layer.
+            residual: ``[T, H]`` the residual stream before ``hidden`` is added; ``None``
+                for the first layer (the embeddings are the stream).
+
+        Returns:
+            ``(mlp_out, residual)``, both ``[T, H]``: the layer's output is their sum.
+        """
+        if residual is None:
+            residual, attn_in = hidden, self.input_layernorm.forward(hidden)
+        else:
+            attn_in, residual = self.input_layernorm.forward_add(hidden, residual)
+        attn_out = self.self_attn.forward(attn_in, cos, sin, kv_cache, batch.attn)
+        mlp_in, residual = self.post_attention_layernorm.forward_add(attn_out, residual)
+        out: torch.Tensor = self.mlp(mlp_in)
+        return out, residual
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
         """Load ``prefix`` (``model.layers.<i>.``) tensors. Raises CheckpointError."""
@@ -87,18 +108,30 @@ class TransformerCausalLM(nn.Module):
     Args:
         config: the architecture.
         attention_impl: ``"auto" | "ref" | "triton"`` for every PagedAttention.
+        fused_impl: ``"auto" | "ref" | "triton"`` for the norms, fused residual add + norm
+            and SiLU-and-mul (``models.fused_ops``); ``None`` follows ``attention_impl``.
         dtype: parameter and activation dtype.
         device: where parameters live.
         sparse_mlp_factory: builds the MoE MLP of each sparse layer; required when
             ``config.is_moe``.
+
+    Raises:
+        ConfigError: an unknown ``attention_impl`` or ``fused_impl``.
+        DeviceUnavailableError: ``"triton"`` without CUDA and without the interpreter.
     """
 
     def __init__(self, config: ModelConfig, *, attention_impl: Impl = "auto",
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 sparse_mlp_factory: SparseMLPFactory | None = None) -> None:
+                 sparse_mlp_factory: SparseMLPFactory | None = None,
+                 fused_impl: Impl | None = None) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.fused_ops = select_fused_ops(
+            attention_impl if fused_impl is None else fused_impl,
+            on_cuda=torch.device(device).type == "cuda",
+            field="attention_impl" if fused_impl is None else "fused_impl")
+        ops = self.fused_ops
         self.embed_tokens = nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device),
             requires_grad=False)
@@ -110,10 +143,11 @@ class TransformerCausalLM(nn.Module):
             DecoderLayer(config, i, self.rotary, attention_impl=attention_impl, dtype=dtype,
                          device=device,
                          sparse_mlp=(sparse_mlp_factory(config, i, dtype=dtype, device=device)
-                                     if i in sparse and sparse_mlp_factory else None))
+                                     if i in sparse and sparse_mlp_factory else None), ops=ops)
             for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device,
+                            ops=ops)
         self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False,
@@ -122,15 +156,20 @@ class TransformerCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
         """Run one step; see :meth:`CausalLM.forward`. Returns ``[N, V]`` float32 logits.
 
-        Only the ``N`` rows of ``batch.logits_indices`` go through the final norm and the
-        LM head.
+        Only the ``N`` rows of ``batch.logits_indices`` go through the final residual add,
+        the final norm and the LM head.
         """
         with torch.inference_mode():
             hidden = F.embedding(batch.input_ids, self.embed_tokens)
             cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
+            residual: torch.Tensor | None = None
             for layer in self.decoder_layers:
-                hidden = layer.forward(hidden, cos, sin, kv_cache, batch)
-            hidden = self.norm.forward(hidden[batch.logits_indices])
+                hidden, residual = layer.forward(hidden, residual, cos, sin, kv_cache, batch)
+            rows = batch.logits_indices
+            if residual is None:
+                hidden = self.norm.forward(hidden[rows])
+            else:
+                hidden, _ = self.norm.forward_add(hidden[rows], residual[rows])
             weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
             return F.linear(hidden, weight).float()
 

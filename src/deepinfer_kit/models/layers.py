@@ -17,6 +17,7 @@ from torch import nn
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.models.attention import PagedAttention
 from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.fused_ops import REFERENCE_OPS, FusedOps, rms_norm
 from deepinfer_kit.models.protocols import PagedKVStore
 from deepinfer_kit.models.records import AttentionMetadata
 from deepinfer_kit.models.rope import RotaryEmbedding
@@ -60,33 +61,30 @@ class Linear(nn.Module):
         self.load_parts(weights, [prefix.removesuffix(".")], [self.weight.shape[0]])
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim, normalized in float32.
-
-    ``weight`` is ``[size]`` or any shape broadcasting against ``x`` (e.g. ``[heads, size]``).
-    """
-    if x.dtype == torch.float32:
-        if weight.dim() == 1:
-            return F.rms_norm(x, weight.shape, weight, eps)
-        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out: torch.Tensor = weight * xf.to(x.dtype)
-    return out
-
-
 class RMSNorm(nn.Module):
-    """``y = w * x / sqrt(mean(x^2) + eps)`` over the last dim, computed in float32."""
+    """``y = w * x / sqrt(mean(x^2) + eps)`` over the last dim, computed in float32.
 
-    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: str | torch.device) -> None:
+    ``ops`` (reference or Triton, chosen once by the model) runs the norm and the fused
+    residual add + norm.
+    """
+
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: str | torch.device,
+                 ops: FusedOps = REFERENCE_OPS) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
         self.eps = eps
         self.shape = (size,)
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[..., size]`` -> same shape and dtype."""
-        return rms_norm(x, self.weight, self.eps)
+        """``x`` ``[T, size]`` -> a new ``[T, size]`` tensor, same dtype and device."""
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``: adds a sublayer's output ``x`` ``[T, size]``
+        to the residual stream ``[T, size]`` and normalizes the sum, in one pass with the
+        Triton ops. Returns new tensors; mutates nothing."""
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
         """Load ``prefix + "weight"``. Raises CheckpointError."""
@@ -95,12 +93,15 @@ class RMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` with gate and up fused."""
+    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul and
+    the activation one ``ops.silu_and_mul`` (reference or Triton, chosen once by the model)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool,
                  dtype: torch.dtype, device: str | torch.device,
-                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> None:
+                 names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                 ops: FusedOps = REFERENCE_OPS) -> None:
         super().__init__()
+        self.ops = ops
         self.intermediate_size = intermediate_size
         self.gate_up = Linear(hidden_size, 2 * intermediate_size, bias=bias, dtype=dtype, device=device)
         self.down = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype, device=device)
@@ -108,8 +109,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, H]`` -> ``[T, H]``."""
-        gate, up = torch.split(self.gate_up.forward(x), self.intermediate_size, dim=-1)
-        return self.down.forward(F.silu(gate) * up)
+        return self.down.forward(self.ops.silu_and_mul(self.gate_up.forward(x)))
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
         """Load ``prefix + gate_proj/up_proj/down_proj``. Raises CheckpointError."""

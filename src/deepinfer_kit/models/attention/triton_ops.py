@@ -8,6 +8,12 @@ request, one KV head and a tile of ``BLOCK_M`` query rows, where row ``m`` is qu
 head read each K/V tile once (GQA). Keys are gathered per position through the block
 table (``slot = table[j // P] * P + j % P``), so any block size works. Imported only when
 ``PagedAttention`` is built with the Triton implementation.
+
+Per-step sizes are runtime values, so a new batch shape reuses the compiled kernel and a
+CUDA graph captured with one batch replays correctly with others: the number of query
+tiles is a runtime argument (never specialized), and each program computes its context
+split from its own request's ``seq_lens`` entry. Only the head layout, block sizes and the
+split count are ``tl.constexpr``.
 """
 
 from __future__ import annotations
@@ -20,28 +26,28 @@ from deepinfer_kit.models.records import AttentionMetadata
 
 __all__ = ["paged_attention", "choose_num_splits"]
 
-@triton.jit
+@triton.jit(do_not_specialize=["table_stride", "num_m_tiles"])
 def _paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_ml_ptr,
     tables_ptr, qstart_ptr, seqlen_ptr,
     sm_scale,
     q_st, q_sh, k_sb, k_sp, k_sh, v_sb, v_sp, v_sh, o_st, o_sh, table_stride,
-    split_len,
+    num_m_tiles,
     NUM_HQ: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    NUM_M_TILES: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     req = tl.program_id(0)
     kvh = tl.program_id(1)
-    m_tile = tl.program_id(2) % NUM_M_TILES
-    split = tl.program_id(2) // NUM_M_TILES
+    m_tile = tl.program_id(2) % num_m_tiles
+    split = tl.program_id(2) // num_m_tiles
 
     q_start = tl.load(qstart_ptr + req)
     q_len = tl.load(qstart_ptr + req + 1) - q_start
     seq_len = tl.load(seqlen_ptr + req)
     row0 = m_tile * BLOCK_M
-    if row0 >= q_len * GROUPS:
+    if row0 >= q_len * GROUPS:  # past this request's rows, or a padded request (q_len 0)
         return
 
     rows = row0 + tl.arange(0, BLOCK_M)
@@ -61,6 +67,9 @@ def _paged_attn_kernel(
     qk_scale = sm_scale * 1.4426950408889634  # exp2 domain
 
     last_tok = tl.minimum(q_len - 1, (row0 + BLOCK_M - 1) // GROUPS)
+    # This request's own split length, a multiple of BLOCK_N so tiles never straddle two
+    # splits; a split past the causal limit is empty and stores (m, l) = (-inf, 0).
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len - q_len + last_tok + 1)
 
@@ -131,8 +140,9 @@ def _merge_splits_kernel(
         other=0.0,
     )
     m_all = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_all))
-    res = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_all))  # empty splits weigh 0
+    den = tl.sum(l_s * w, 0)
+    res = tl.sum(acc * w[:, None], 0) / tl.where(den == 0.0, 1.0, den)
     tl.store(out_ptr + t * o_st + h * o_sh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
@@ -164,6 +174,13 @@ def paged_attention(
     ``num_splits`` forces the split-K factor (``None``: :func:`choose_num_splits`). fp32
     inputs use IEEE fp32 dot products (no TF32), so they match the reference tightly.
 
+    Of the host fields of ``meta`` only ``num_requests`` and ``max_query_len`` (which
+    must bound every request's query length: it sizes the grid) are read, plus
+    ``max_seq_len`` when ``num_splits`` is ``None``; the kernel takes every context
+    length from ``meta.seq_lens`` on the device. So the call is correct with a stale or
+    too large ``max_seq_len`` (a replayed CUDA graph). A request with query length 0 (a
+    padded row) writes nothing.
+
     Returns:
         ``[T, Hq, D]`` in ``query.dtype``.
     """
@@ -184,9 +201,7 @@ def paged_attention(
         num_splits = choose_num_splits(meta, num_hkv, target)
     block_m = 16 if meta.max_query_len * groups <= 16 else 64
     block_n = 64 if query.is_cuda else 32
-    num_m_tiles = triton.cdiv(meta.max_query_len * groups, block_m)
-    # Split boundaries are multiples of BLOCK_N so tiles never straddle two splits.
-    split_len = triton.cdiv(triton.cdiv(meta.max_seq_len, num_splits), block_n) * block_n
+    num_m_tiles = max(1, triton.cdiv(meta.max_query_len * groups, block_m))
     if num_splits > 1:
         part_out = torch.empty(
             (num_tokens, num_hq, num_splits, head_dim), dtype=torch.float32, device=query.device
@@ -206,9 +221,9 @@ def paged_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         out.stride(0), out.stride(1), meta.block_tables.stride(0),
-        split_len,
+        num_m_tiles,
         NUM_HQ=num_hq, GROUPS=groups, HEAD_DIM=head_dim, PAGE=page,
-        NUM_M_TILES=num_m_tiles, NUM_SPLITS=num_splits,
+        NUM_SPLITS=num_splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if query.dtype == torch.float32 else None,
     )  # fmt: skip

@@ -1,0 +1,138 @@
+"""Elementwise ops of the decoder that fuse well (RMSNorm, residual add + RMSNorm, SiLU-and-mul):
+their torch references, and the choice between them and ``fused_triton``'s kernels.
+
+The references are the spec and the test oracle of the kernels (same signatures) and the
+numerics of the unfused model: ``add_rms_norm`` is ``x + residual`` then :func:`rms_norm`,
+``silu_and_mul`` is ``silu(gate) * up``. Shape symbols: ``T`` rows (tokens), ``H`` the
+normalized size, ``I`` the MLP intermediate size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from deepinfer_kit._kernels import resolve_impl
+
+__all__ = [
+    "rms_norm", "add_rms_norm", "silu_and_mul", "FusedOps", "REFERENCE_OPS", "select_fused_ops",
+    "RmsNormOp", "AddRmsNormOp", "SiluAndMulOp",
+]  # fmt: skip
+
+RmsNormOp = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+"""``op(x, weight, eps) -> normed``."""
+AddRmsNormOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float],
+                        tuple[torch.Tensor, torch.Tensor]]
+"""``op(x, residual, weight, eps) -> (normed, new_residual)``."""
+SiluAndMulOp = Callable[[torch.Tensor], torch.Tensor]
+"""``op(gate_up) -> out``."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim, normalized in float32.
+
+    Called by every norm of the reference model (and the per-head q/k norm of any model).
+    The normalized value is cast back to ``x.dtype`` before the multiply by ``weight``
+    (so bf16/fp16 round as Hugging Face models do).
+
+    Args:
+        x: ``[..., H]`` float32, bfloat16 or float16, any device.
+        weight: ``[H]``, or any shape broadcasting against ``x`` (e.g. ``[heads, H]``),
+            same dtype and device as ``x``.
+        eps: added to the mean square.
+
+    Returns:
+        A new tensor shaped like ``x``, in ``x.dtype``. Mutates nothing.
+    """
+    if x.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out: torch.Tensor = weight * xf.to(x.dtype)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add a sublayer's output to the residual stream, then normalize the sum.
+
+    Called by each decoder layer before attention (adding the previous layer's MLP
+    output), before the MLP (adding the attention output) and by the final norm.
+
+    Args:
+        x: ``[T, H]`` the sublayer output, float32/bfloat16/float16, any device.
+        residual: ``[T, H]`` the residual stream, same dtype and device.
+        weight: ``[H]`` the norm weight, same dtype and device.
+        eps: added to the mean square.
+
+    Returns:
+        ``(normed, new_residual)``, both new ``[T, H]`` tensors in ``x.dtype``:
+        ``new_residual = x + residual`` (rounded to ``x.dtype``) and
+        ``normed = rms_norm(new_residual, weight, eps)``. Mutates nothing.
+    """
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation: ``silu(gate) * up`` where ``gate_up = [gate | up]``.
+
+    Called by the gated MLP between its fused gate/up projection and its down projection.
+
+    Args:
+        gate_up: ``[T, 2I]``, the gate in the first ``I`` columns and up in the last ``I``;
+            float32/bfloat16/float16, any device.
+
+    Returns:
+        A new ``[T, I]`` tensor in ``gate_up.dtype`` (``silu`` rounded to the dtype, then
+        the product rounded again, as torch's unfused ops do). Mutates nothing.
+    """
+    gate, up = torch.split(gate_up, gate_up.shape[-1] // 2, dim=-1)
+    return F.silu(gate) * up
+
+
+@attrs.frozen
+class FusedOps:
+    """The three ops one model uses, all reference or all Triton, chosen at construction.
+
+    Attributes:
+        impl: ``"ref"`` or ``"triton"``.
+        rms_norm: see :func:`rms_norm` (the Triton kernel takes ``x`` ``[T, H]`` and a
+            ``[H]`` weight only).
+        add_rms_norm: see :func:`add_rms_norm`.
+        silu_and_mul: see :func:`silu_and_mul`.
+    """
+
+    impl: Literal["ref", "triton"]
+    rms_norm: RmsNormOp
+    add_rms_norm: AddRmsNormOp
+    silu_and_mul: SiluAndMulOp
+
+
+REFERENCE_OPS = FusedOps("ref", rms_norm, add_rms_norm, silu_and_mul)
+"""The torch references: the default of a layer built outside a model."""
+
+
+def select_fused_ops(impl: str, *, on_cuda: bool, field: str = "fused_impl") -> FusedOps:
+    """Resolve ``impl`` once (see :func:`deepinfer_kit._kernels.resolve_impl`) and return
+    the ops; imports ``fused_triton`` (and Triton) only when it is chosen.
+
+    Called at model construction, never per step.
+
+    Raises:
+        ConfigError: ``impl`` is not ``"auto"``, ``"ref"`` or ``"triton"``.
+        DeviceUnavailableError: ``"triton"`` without CUDA and without the interpreter.
+    """
+    if resolve_impl(impl, on_cuda=on_cuda, field=field) == "ref":
+        return REFERENCE_OPS
+    from deepinfer_kit.models import fused_triton
+
+    return FusedOps("triton", fused_triton.rms_norm, fused_triton.add_rms_norm,
+                    fused_triton.silu_and_mul)
