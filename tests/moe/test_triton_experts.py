@@ -48,3 +48,12 @@ def test_empty_batch() -> None:
     x, gate_up, down, _ = _case(0, torch.float32)
     out = triton_grouped_swiglu(x[:0], gate_up, down, [0] * gate_up.shape[0])
     assert out.shape == (0, x.shape[1])
+
+
+def test_counts_must_cover_the_rows() -> None:
+    from deepinfer_kit.errors import ConfigError
+    from deepinfer_kit.moe.triton_ops import grouped_swiglu as triton_grouped_swiglu
+
+    x, gate_up, down, counts = _case(1, torch.float32)
+    with pytest.raises(ConfigError, match=r"counts must be \d+ ints summing to"):
+        triton_grouped_swiglu(x, gate_up, down, [*counts[:-1], counts[-1] + 1])

@@ -9,20 +9,25 @@ import torch
 from torch import nn
 
 from deepinfer_kit._kernels import Impl, resolve_impl
-from deepinfer_kit.moe.ref_ops import grouped_swiglu, swiglu
+from deepinfer_kit.moe.records import Routing
+from deepinfer_kit.moe.ref_ops import grouped_swiglu, routed_swiglu, swiglu
 
 __all__ = ["GroupedExperts", "SharedExpert"]
 
 GroupedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
+RoutedFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    tuple[torch.Tensor, torch.Tensor],
+]
 
 
-def _grouped_fn(impl: Literal["ref", "triton"]) -> GroupedFn:
+def _kernels(impl: Literal["ref", "triton"]) -> tuple[GroupedFn, RoutedFn]:
     if impl == "ref":
-        return grouped_swiglu
+        return grouped_swiglu, routed_swiglu
     # Lazy: importing deepinfer_kit must never import triton.
-    from deepinfer_kit.moe.triton_ops import grouped_swiglu as triton_grouped_swiglu
+    from deepinfer_kit.moe import triton_ops
 
-    return triton_grouped_swiglu
+    return triton_ops.grouped_swiglu, triton_ops.routed_swiglu
 
 
 class GroupedExperts(nn.Module):
@@ -54,7 +59,7 @@ class GroupedExperts(nn.Module):
         super().__init__()
         dev = torch.device(device) if device is not None else torch.device("cpu")
         self.impl = resolve_impl(impl, on_cuda=dev.type == "cuda")
-        self._grouped = _grouped_fn(self.impl)
+        self._grouped, self._routed = _kernels(self.impl)
         self.gate_up = nn.Parameter(
             torch.zeros(num_slots, 2 * intermediate_size, hidden_size, dtype=dtype, device=dev),
             requires_grad=False,
@@ -71,6 +76,28 @@ class GroupedExperts(nn.Module):
             ``[M, H]`` unweighted expert outputs in the weight dtype. Mutates nothing.
         """
         return self._grouped(x.to(self.gate_up.dtype), self.gate_up, self.down, counts)
+
+    def routed(self, hidden: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every token through its ``k`` experts, weighted and summed; all slots local.
+
+        Called by a layer whose experts all live here (ids are slots). With
+        ``impl="triton"`` nothing reads the device from the host (CUDA-graph safe); with
+        ``"ref"`` the per-expert counts are read once on the host. Mutates nothing.
+
+        Args:
+            hidden: ``[T, H]``.
+            routing: ids ``[T, k]`` in ``[0, S)`` and weights ``[T, k]``, on the device
+                of ``hidden``.
+
+        Returns:
+            ``(y [T, H] in the weight dtype, counts [S] int64)``: ``counts`` are copies
+            per slot, on the device of ``hidden`` (``"triton"``) or the host (``"ref"``).
+
+        Raises:
+            ConfigError: (``"ref"`` only) an id outside ``[0, S)``; the Triton path does
+                not check, since checking would read the device.
+        """
+        return self._routed(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down)
 
 
 class SharedExpert(nn.Module):

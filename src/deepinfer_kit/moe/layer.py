@@ -12,10 +12,9 @@ from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
 from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
-from deepinfer_kit.moe.local_dispatcher import LocalDispatcher, sort_by_expert
+from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
 from deepinfer_kit.moe.protocols import Dispatcher
 from deepinfer_kit.moe.records import Routing
-from deepinfer_kit.moe.ref_ops import gather_swiglu_scatter
 from deepinfer_kit.moe.routers import DeepSeekV3Router, SoftmaxTopKRouter
 
 __all__ = ["MoELayer", "make_router"]
@@ -65,14 +64,20 @@ class MoELayer(nn.Module):
         ConfigError: bad ``impl``; a dispatcher whose local experts are out of range.
         DeviceUnavailableError: ``impl="triton"`` without CUDA or the interpreter.
 
-    Two execution plans, chosen once here and tested equal: with a
-    :class:`LocalDispatcher` and the reference experts, each expert gathers its tokens,
-    computes and scatter-adds in one cache-resident pass (``ref_ops.gather_swiglu_scatter``);
-    otherwise ``dispatch -> grouped experts -> combine`` through the dispatcher.
+    Two execution plans, chosen once here and tested equal. With a
+    :class:`LocalDispatcher` every expert is local and :meth:`GroupedExperts.routed` does
+    route-to-combine in one call: the reference experts gather, compute and scatter-add
+    per expert in one cache-resident pass (one host read of the counts, free on the CPU);
+    the Triton experts run a device-side block schedule and never synchronise the host, so
+    the forward can be captured in a CUDA graph. Otherwise
+    ``dispatch -> grouped experts -> combine`` through the dispatcher (an expert-parallel
+    exchange needs its split sizes on the host).
 
     Attributes:
-        last_expert_counts: after each forward, ``[E]`` int64 on the host: token copies
-            this rank routed to each logical expert (what EPLB records); None before the
+        last_expert_counts: after each forward, ``[E]`` int64: token copies this rank
+            routed to each logical expert (what EPLB records); on the host, except with a
+            :class:`LocalDispatcher` and ``impl="triton"``, where it stays on the device
+            (read it after the forward, outside any captured graph); None before the
             first forward.
     """
 
@@ -116,13 +121,15 @@ class MoELayer(nn.Module):
             else None
         )
         self.last_expert_counts: torch.Tensor | None = None
-        self._fused_local = isinstance(self.dispatcher, LocalDispatcher) and self.experts.impl == "ref"
+        self._all_local = isinstance(self.dispatcher, LocalDispatcher)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the layer to ``hidden`` (``[T, H]``).
 
         Sets :attr:`last_expert_counts`. With an expert-parallel dispatcher this is a
-        collective call (every rank calls it, ``T`` may differ or be 0).
+        collective call (every rank calls it, ``T`` may differ or be 0). With a
+        :class:`LocalDispatcher` and ``impl="triton"`` it reads nothing back from the
+        device, and its launch sizes depend only on ``T``.
 
         Returns:
             ``[T, H]`` in the dtype of ``hidden``.
@@ -135,7 +142,10 @@ class MoELayer(nn.Module):
                 f"hidden must be [T, {self.config.hidden_size}], got {list(hidden.shape)}"
             )
         routing = self.gate(hidden)
-        out = self._routed_fused(hidden, routing) if self._fused_local else self._routed(hidden, routing)
+        if self._all_local:
+            out, self.last_expert_counts = self.experts.routed(hidden, routing)
+        else:
+            out = self._routed(hidden, routing)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
         return out.to(hidden.dtype)
@@ -143,21 +153,9 @@ class MoELayer(nn.Module):
     def _routed(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
         dispatched = self.dispatcher.dispatch(hidden, routing)
         self.last_expert_counts = dispatched.routed_counts
+        # expert_counts is on the host by the Dispatcher contract: no device read here.
         expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
         return self.dispatcher.combine(expert_out, dispatched)
-
-    def _routed_fused(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
-        order, counts = sort_by_expert(routing, self.config.num_experts)
-        self.last_expert_counts = counts
-        top_k = routing.expert_ids.shape[1]
-        return gather_swiglu_scatter(
-            hidden,
-            order // top_k,
-            routing.weights.reshape(-1).index_select(0, order),
-            self.experts.gate_up,
-            self.experts.down,
-            counts.tolist(),
-        )
 
     @torch.no_grad()
     def load_hf_weights(self, weights: Mapping[str, torch.Tensor], prefix: str) -> None:

@@ -12,7 +12,17 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["softmax_topk", "deepseek_v3_topk", "grouped_swiglu", "swiglu", "gather_swiglu_scatter"]
+from deepinfer_kit.moe.local_dispatcher import sort_by_expert
+from deepinfer_kit.moe.records import Routing
+
+__all__ = [
+    "softmax_topk",
+    "deepseek_v3_topk",
+    "grouped_swiglu",
+    "swiglu",
+    "gather_swiglu_scatter",
+    "routed_swiglu",
+]
 
 
 def softmax_topk(
@@ -173,3 +183,37 @@ def gather_swiglu_scatter(
         out.index_add_(0, rows, torch.mm(act, down[expert].t()))
         start = end
     return out
+
+
+def routed_swiglu(
+    hidden: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routed experts and their weighted combine: sort, host counts, gather-compute-scatter.
+
+    The spec of ``triton_ops.routed_swiglu``: same arguments and result, except that
+    ``counts`` come back on the host (one device sync, free on the CPU, where this is the
+    fast path). Mutates nothing.
+
+    Args:
+        hidden: ``[T, H]``.
+        expert_ids: ``[T, k]`` int64 ids in ``[0, E)``.
+        weights: ``[T, k]`` combine weights.
+        gate_up: ``[E, 2I, H]``.
+        down: ``[E, H, I]``.
+
+    Returns:
+        ``(y [T, H] in the weight dtype, counts [E] int64 on the host)``.
+
+    Raises:
+        ConfigError: an id outside ``[0, E)``.
+    """
+    order, counts = sort_by_expert(Routing(expert_ids=expert_ids, weights=weights), gate_up.shape[0])
+    top_k = expert_ids.shape[1]
+    out = gather_swiglu_scatter(
+        hidden, order // top_k, weights.reshape(-1).index_select(0, order), gate_up, down, counts.tolist()
+    )
+    return out, counts

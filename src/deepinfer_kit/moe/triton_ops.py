@@ -1,11 +1,14 @@
 # mypy: disable-error-code="untyped-decorator, no-untyped-def"
-"""Triton grouped-GEMM SwiGLU experts (same signature as ``ref_ops.grouped_swiglu``).
+"""Triton grouped-GEMM SwiGLU experts driven by a device-side :class:`BlockSchedule`.
 
 Imported only when ``impl="triton"`` is chosen. One kernel, a grouped ``y = x W_e^T`` over
-expert-contiguous rows, runs twice: first with a SwiGLU epilogue over the fused
-``[2I, H]`` gate/up weights, then plain for the ``[H, I]`` down weights. The host builds a
-table of row tiles (expert, first row, end row) from the per-expert counts, so each program
-computes one ``BLOCK_M x BLOCK_N`` tile of one expert and empty experts cost nothing.
+the schedule's ``B``-row tiles, runs twice: first gathering token rows and applying the
+SwiGLU epilogue over the fused ``[2I, H]`` gate/up weights, then over those activations
+with the ``[H, I]`` down weights, scaling by the combine weights and storing each row at
+its flat routing position. The grid is ``(G, cdiv(n_out, BLOCK_N))`` with ``G`` fixed by
+the shapes (:func:`~deepinfer_kit.moe.align.schedule_size`); a tile whose expert is ``-1``
+returns at once and rows that are padding are masked, so nothing on this path reads the
+device from the host (:func:`routed_swiglu` can be captured in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["grouped_swiglu", "tile_table"]
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.align import BlockSchedule, align_block_size
+
+__all__ = ["choose_block_m", "grouped_swiglu", "routed_swiglu"]
+
+_BLOCK_N = 32
+_BLOCK_K = 32
 
 
 @triton.jit
@@ -32,43 +41,63 @@ def _dot(x, w, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _grouped_linear_kernel(
+def _scheduled_linear_kernel(
     x_ptr,
     w_ptr,
     out_ptr,
+    scale_ptr,
+    row_source_ptr,
     tile_expert_ptr,
-    tile_start_ptr,
-    tile_end_ptr,
+    num_copies,
     K,
     N,
     stride_xm,
     stride_we,
     stride_wn,
     stride_om,
+    GATHER_DIV: tl.constexpr,
+    SCATTER: tl.constexpr,
     SWIGLU: tl.constexpr,
+    SCALE: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """One ``BLOCK_M x BLOCK_N`` tile of ``out = x W_e^T`` for the tile's expert ``e``.
+
+    Input row of padded row ``r``: ``row_source[r] // GATHER_DIV`` when ``GATHER_DIV > 0``
+    (token rows of the hidden states), else ``r`` (padded activations). Output row:
+    ``row_source[r]`` when ``SCATTER``, else ``r``. Rows with ``row_source >= num_copies``
+    are padding: neither loaded nor stored.
+    """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
-    start = tl.load(tile_start_ptr + pid_m)
-    end = tl.load(tile_end_ptr + pid_m)
-    rows = start + tl.arange(0, BLOCK_M)
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    padded = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    source = tl.load(row_source_ptr + padded)
+    row_ok = source < num_copies
+    if GATHER_DIV > 0:
+        in_rows = source // GATHER_DIV
+    else:
+        in_rows = padded.to(tl.int64)
+    if SCATTER:
+        out_rows = source
+    else:
+        out_rows = padded.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < end
     col_ok = cols < N
-    w_base = w_ptr + expert * stride_we
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         x = tl.load(
-            x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :],
+            x_ptr + in_rows[:, None] * stride_xm + ks[None, :],
             mask=row_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
@@ -82,57 +111,118 @@ def _grouped_linear_kernel(
             acc_up = _dot(x, w_up, acc_up, IEEE, UPCAST)
     if SWIGLU:
         acc = acc * tl.sigmoid(acc) * acc_up
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    if SCALE:
+        acc = acc * tl.load(scale_ptr + source, mask=row_ok, other=0.0)[:, None]
+    out_ptrs = out_ptr + out_rows[:, None] * stride_om + cols[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def tile_table(counts: Sequence[int], block_m: int, device: torch.device) -> torch.Tensor:
-    """``[3, n_tiles]`` int32 (expert, first row, end row) of every ``block_m`` row tile."""
-    experts: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    offset = 0
-    for expert, count in enumerate(counts):
-        end = offset + count
-        for first in range(offset, end, block_m):
-            experts.append(expert)
-            starts.append(first)
-            ends.append(end)
-        offset = end
-    return torch.tensor([experts, starts, ends], dtype=torch.int32, device=device)
+def choose_block_m(num_copies: int, num_experts: int) -> int:
+    """Rows per tile: 16 when experts average at most 16 copies (decode), else 32.
+
+    A function of sizes only, so the choice is fixed for a captured shape.
+    """
+    return 16 if num_copies <= 16 * num_experts else 32
 
 
-def _grouped_linear(
-    x: torch.Tensor, w: torch.Tensor, tiles: torch.Tensor, n_out: int, swiglu: bool, block_m: int
-) -> torch.Tensor:
-    out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
-    n_tiles = tiles.shape[1]
-    if n_tiles == 0:
-        return out
-    block_n = 32
-    grid = (n_tiles, triton.cdiv(n_out, block_n))
-    _grouped_linear_kernel[grid](
+def _scheduled_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    schedule: BlockSchedule,
+    *,
+    gather_div: int,
+    scatter: bool,
+    swiglu: bool,
+    scale: torch.Tensor | None,
+) -> None:
+    n_out = out.shape[1]
+    tiles = schedule.tile_expert.shape[0]
+    if tiles == 0 or n_out == 0:
+        return
+    grid = (tiles, triton.cdiv(n_out, _BLOCK_N))
+    _scheduled_linear_kernel[grid](
         x,
         w,
         out,
-        tiles[0],
-        tiles[1],
-        tiles[2],
+        scale if scale is not None else out,
+        schedule.row_source,
+        schedule.tile_expert,
+        schedule.num_copies,
         x.shape[1],
         n_out,
         x.stride(0),
         w.stride(0),
         w.stride(1),
         out.stride(0),
+        GATHER_DIV=gather_div,
+        SCATTER=scatter,
         SWIGLU=swiglu,
+        SCALE=scale is not None,
         IEEE=x.dtype == torch.float32,
         # The interpreter's tl.dot on 16-bit floats returns garbage (triton 3.9): upcast there.
         UPCAST=x.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1",
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=32,
+        BLOCK_M=schedule.block_m,
+        BLOCK_N=_BLOCK_N,
+        BLOCK_K=_BLOCK_K,
     )
-    return out
+
+
+def _swiglu_on_schedule(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    schedule: BlockSchedule,
+    gather_div: int,
+    out: torch.Tensor,
+    scale: torch.Tensor | None,
+) -> None:
+    """Both GEMMs: ``x`` rows gathered per ``row_source``, outputs stored at ``row_source``."""
+    inter = down.shape[2]
+    act = torch.empty(schedule.row_source.shape[0], inter, dtype=x.dtype, device=x.device)
+    _scheduled_linear(x, gate_up, act, schedule, gather_div=gather_div, scatter=False, swiglu=True, scale=None)
+    _scheduled_linear(act, down, out, schedule, gather_div=0, scatter=True, swiglu=False, scale=scale)
+
+
+def routed_swiglu(
+    hidden: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routed SwiGLU experts and their weighted combine, with no host synchronisation.
+
+    ``y[t] = sum_j weights[t, j] * E_{expert_ids[t, j]}(hidden[t])``: the block schedule
+    (:func:`~deepinfer_kit.moe.align.align_block_size`), the gate/up GEMM with the SwiGLU
+    epilogue reading token rows in place, the down GEMM scaling each copy by its weight
+    (fp32) into a ``[T * k, H]`` fp32 buffer at the copy's flat position (each written
+    once, no atomics), then a sum over the ``k`` slots in slot order (deterministic).
+    Every launch size follows from the shapes, so this can run under CUDA-graph capture.
+    Mutates nothing.
+
+    Args:
+        hidden: ``[T, H]`` (cast to the weight dtype).
+        expert_ids: ``[T, k]`` int64 ids in ``[0, E)`` (not range-checked).
+        weights: ``[T, k]`` combine weights.
+        gate_up: ``[E, 2I, H]``.
+        down: ``[E, H, I]``.
+
+    Returns:
+        ``(y [T, H] in the weight dtype, counts [E] int64)``, both on the device of
+        ``hidden``; ``counts`` are copies routed to each expert.
+    """
+    x = hidden.to(gate_up.dtype).contiguous()
+    gate_up = gate_up.contiguous()
+    down = down.contiguous()
+    num_tokens, top_k = expert_ids.shape
+    num_experts, hidden_size = gate_up.shape[0], down.shape[1]
+    schedule = align_block_size(expert_ids, num_experts, choose_block_m(num_tokens * top_k, num_experts))
+    rows = torch.empty(num_tokens * top_k, hidden_size, dtype=torch.float32, device=x.device)
+    scale = weights.reshape(-1).float().contiguous()
+    _swiglu_on_schedule(x, gate_up, down, schedule, top_k, rows, scale)
+    out = rows.view(num_tokens, top_k, hidden_size).sum(dim=1).to(x.dtype)
+    return out, schedule.expert_counts
 
 
 def grouped_swiglu(
@@ -145,11 +235,24 @@ def grouped_swiglu(
 
     Same arguments and result (``x [M, H]``, ``gate_up [E, 2I, H]``, ``down [E, H, I]``,
     ``counts``: ``E`` host ints -> ``[M, H]`` in the dtype of ``x``); fp32 accumulation.
+    The rows' expert ids are expanded from ``counts`` (one host-to-device copy) and run
+    through the same block schedule and kernels as :func:`routed_swiglu` with ``k = 1``.
+
+    Raises:
+        ConfigError: ``counts`` does not have ``E`` entries summing to ``M``.
     """
+    num_experts, rows = gate_up.shape[0], x.shape[0]
+    if len(counts) != num_experts or sum(counts) != rows:
+        raise ConfigError(f"counts must be {num_experts} ints summing to {rows}, got {list(counts)}")
     x = x.contiguous()
     gate_up = gate_up.contiguous()
     down = down.contiguous()
-    block_m = 32
-    tiles = tile_table(counts, block_m, x.device)
-    act = _grouped_linear(x, gate_up, tiles, down.shape[2], True, block_m)
-    return _grouped_linear(act, down, tiles, down.shape[1], False, block_m)
+    ids = torch.repeat_interleave(
+        torch.arange(num_experts, device=x.device),
+        torch.tensor(list(counts), dtype=torch.int64, device=x.device),
+        output_size=rows,
+    )
+    schedule = align_block_size(ids.view(rows, 1), num_experts, choose_block_m(rows, num_experts))
+    out = torch.empty(rows, down.shape[1], dtype=x.dtype, device=x.device)
+    _swiglu_on_schedule(x, gate_up, down, schedule, 1, out, None)
+    return out

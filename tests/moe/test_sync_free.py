@@ -1,0 +1,183 @@
+"""The Triton MoE path reads nothing back from the device: equal to the reference layer,
+no host-reading op on its way, and (on a GPU) no sync and a replayable CUDA graph."""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from deepinfer_kit.moe import MoEConfig, MoELayer
+from deepinfer_kit.moe.align import align_block_size
+
+HOST_READS = {
+    torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.numpy,
+    torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+    torch.nonzero, torch.Tensor.nonzero, torch.bincount, torch.Tensor.bincount,
+    torch.masked_select, torch.Tensor.masked_select, torch.unique, torch.Tensor.unique,
+}  # fmt: skip
+
+
+class _NoHostReads(TorchFunctionMode):
+    """Fails on any op that must read device memory on the host (a sync on CUDA), outside
+    Triton's own interpreter (which runs kernels on the host by design)."""
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self._reads_host(func, args, kwargs) and not any(
+            "/triton/" in frame.filename for frame in traceback.extract_stack()
+        ):
+            raise AssertionError(f"host read on the sync-free path: {getattr(func, '__name__', func)}")
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _reads_host(func: Callable[..., Any], args: Any, kwargs: Any) -> bool:
+        if func in HOST_READS:
+            return True
+        if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave):
+            return "output_size" not in kwargs
+        if func is torch.Tensor.__getitem__:  # boolean-mask indexing sizes its output on the host
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+        if func is torch.Tensor.to:
+            return any(isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu" for a in args[1:])
+        return False
+
+
+@contextmanager
+def no_host_reads() -> Iterator[None]:
+    with _NoHostReads():
+        yield
+
+
+def make_layer(seed: int, *, shared: bool, impl: str, dtype: torch.dtype = torch.float32,
+               device: str = "cpu") -> MoELayer:  # fmt: skip
+    rng = random.Random(seed)
+    experts = rng.choice([4, 8])
+    deepseek = rng.random() < 0.5
+    cfg = MoEConfig(
+        hidden_size=rng.choice([16, 40]), num_experts=experts, top_k=rng.randint(1, 3),
+        intermediate_size=rng.choice([8, 36]), routing="deepseek_v3" if deepseek else "softmax",
+        norm_topk_prob=rng.random() < 0.5, n_group=2 if deepseek else 1, topk_group=2 if deepseek else 1,
+        routed_scaling_factor=1.5 if deepseek else 1.0, num_shared_experts=int(shared),
+        shared_intermediate_size=12 if shared else 0, shared_expert_gate=shared and rng.random() < 0.5,
+    )  # fmt: skip
+    layer = MoELayer(cfg, impl=impl, dtype=dtype, device=device)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        if deepseek:
+            layer.gate.get_buffer("e_score_correction_bias").copy_(torch.randn(experts, generator=gen) * 0.1)
+    return layer
+
+
+CASES = [(seed, shared, tokens) for seed in range(4) for shared in (False, True) for tokens in (0, 1, 7, 40)]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("seed", "shared", "tokens"), CASES)
+def test_triton_layer_equals_ref_layer_fp32(seed: int, shared: bool, tokens: int) -> None:
+    ref = make_layer(seed, shared=shared, impl="ref")
+    tri = make_layer(seed, shared=shared, impl="triton")
+    hidden = torch.randn(tokens, ref.config.hidden_size, generator=torch.Generator().manual_seed(seed + 100))
+    want = ref(hidden)
+    with no_host_reads():
+        got = tri(hidden)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert tri.last_expert_counts is not None and ref.last_expert_counts is not None
+    assert torch.equal(tri.last_expert_counts, ref.last_expert_counts)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("shared", [False, True])
+def test_triton_layer_bf16_within_stated_tolerance(shared: bool) -> None:
+    ref = make_layer(5, shared=shared, impl="ref")
+    tri = make_layer(5, shared=shared, impl="triton", dtype=torch.bfloat16)
+    hidden = torch.randn(30, ref.config.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
+    got = tri(hidden)
+    assert got.dtype == torch.bfloat16
+    # bf16 weights and activations against fp32 ones: about 3 significant digits
+    torch.testing.assert_close(got.float(), ref(hidden.float()), rtol=3e-2, atol=3e-2)
+
+
+def test_align_reads_nothing_back() -> None:
+    ids = torch.randint(0, 6, (33, 2), generator=torch.Generator().manual_seed(0))
+    with no_host_reads():
+        schedule = align_block_size(ids, 6, 16)
+    assert int(schedule.expert_counts.sum()) == 66
+
+
+def test_guard_catches_host_reads() -> None:
+    ids = torch.arange(6).view(3, 2)
+    for read in (lambda: ids.tolist(), lambda: torch.bincount(ids.flatten()), lambda: ids[ids > 2],
+                 lambda: bool(ids.any()), lambda: ids.flatten().repeat_interleave(2)):  # fmt: skip
+        with pytest.raises(AssertionError, match="host read"), no_host_reads():
+            read()
+
+
+def _cuda_pair(seed: int) -> tuple[MoELayer, MoELayer]:
+    pytest.importorskip("triton")
+    ref = make_layer(seed, shared=True, impl="ref")
+    tri = MoELayer(ref.config, impl="triton", device="cuda")
+    tri.load_state_dict(ref.state_dict())
+    return ref, tri
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_forward_never_syncs_on_cuda(tokens: int) -> None:
+    ref, tri = _cuda_pair(tokens)
+    hidden = torch.randn(tokens, ref.config.hidden_size, generator=torch.Generator().manual_seed(tokens))
+    on_device = hidden.cuda()
+    with torch.no_grad():
+        tri(on_device)  # compile the kernels first: compilation is not the forward
+        torch.cuda.synchronize()
+        before = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = tri(on_device)
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+        counts = tri.last_expert_counts
+        assert counts is not None and counts.is_cuda
+        torch.testing.assert_close(out.cpu(), ref(hidden), rtol=1e-4, atol=1e-4)
+        assert ref.last_expert_counts is not None
+        assert torch.equal(counts.cpu(), ref.last_expert_counts)
+
+
+@pytest.mark.cuda
+def test_forward_replays_as_a_cuda_graph() -> None:
+    ref, tri = _cuda_pair(7)
+    gen = torch.Generator().manual_seed(7)
+    first, second = (torch.randn(24, ref.config.hidden_size, generator=gen) for _ in range(2))
+    static_in = first.cuda()
+    with torch.no_grad():
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                tri(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = tri(static_in)
+        static_counts = tri.last_expert_counts
+        assert static_counts is not None
+        static_in.copy_(second.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed, replayed_counts = static_out.clone(), static_counts.clone()
+        eager = tri(static_in)
+        torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
+        assert tri.last_expert_counts is not None and torch.equal(replayed_counts, tri.last_expert_counts)
+        torch.testing.assert_close(replayed.cpu(), ref(second), rtol=1e-4, atol=1e-4)
+        assert ref.last_expert_counts is not None
+        assert torch.equal(replayed_counts.cpu(), ref.last_expert_counts)
+        assert not torch.allclose(replayed.cpu(), ref(first), atol=1e-3), "the replay ignored the new input"
