@@ -21,9 +21,10 @@ from deepinfer_kit.eplb.placement_ops import (
 from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.records import Placement, Topology
 from deepinfer_kit.eplb.refine import RefinedPlacementPolicy, plan_refined, refine_swaps
+from deepinfer_kit.eplb.window import LoadWindow
 
 __all__ = [
-    "PlacementPolicy", "Placement", "Topology",
+    "PlacementPolicy", "Placement", "Topology", "LoadWindow",
     "HierarchicalPlacementPolicy", "GlobalPlacementPolicy", "RefinedPlacementPolicy",
     "ForecastPlacementPolicy", "MovementAwarePlacementPolicy",
     "plan_placement", "plan_refined", "refine_swaps", "align_placement",
