@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from deepinfer_kit.eplb.deepseek import plan_placement
-from deepinfer_kit.eplb.packing import round_pack
+from deepinfer_kit.eplb.packing import greedy_pack
 from deepinfer_kit.eplb.placement_ops import placement_from_phy2log
 from deepinfer_kit.eplb.records import Placement, Topology
 from deepinfer_kit.errors import ConfigError
@@ -29,7 +29,7 @@ def refine_swaps(
     *,
     variance: torch.Tensor | None = None,
     risk: float = 0.0,
-    max_swaps: int = 16,
+    max_swaps: int = 6,
 ) -> torch.Tensor:
     """Lower the highest GPU score by swapping replicas, all rows at once.
 
@@ -89,7 +89,7 @@ def refine_swaps(
 
 
 class RefinedPlacementPolicy:
-    """DeepSeek's three steps with fast round packing, then :func:`refine_swaps`.
+    """DeepSeek's three steps (its greedy packing), then :func:`refine_swaps`.
 
     Args:
         mode: ``"hierarchical"`` (swaps stay inside a node; falls back to global when the
@@ -99,7 +99,7 @@ class RefinedPlacementPolicy:
     Stateless; ``place`` returns a CPU placement and mutates nothing.
     """
 
-    def __init__(self, mode: Literal["hierarchical", "global"] = "hierarchical", max_swaps: int = 16) -> None:
+    def __init__(self, mode: Literal["hierarchical", "global"] = "hierarchical", max_swaps: int = 6) -> None:
         if mode not in ("hierarchical", "global"):
             raise ConfigError(f"mode must be 'hierarchical' or 'global', got {mode!r}")
         self._mode: Literal["hierarchical", "global"] = mode
@@ -117,16 +117,16 @@ def plan_refined(
     *,
     variance: torch.Tensor | None = None,
     risk: float = 0.0,
-    max_swaps: int = 16,
+    max_swaps: int = 6,
 ) -> Placement:
-    """Round-packed DeepSeek plan of ``load`` (``[L, E]``) refined by :func:`refine_swaps`.
+    """DeepSeek's plan of ``load`` (``[L, E]``) refined by :func:`refine_swaps`.
 
     Raises:
         ConfigError: the topology does not divide.
     """
     if mode == "hierarchical" and topology.num_groups % topology.num_nodes:
         mode = "global"
-    phy2log, _, logcnt = plan_placement(load, topology, mode, round_pack)
+    phy2log, _, logcnt = plan_placement(load, topology, mode, greedy_pack)
     domains = topology.num_nodes if mode == "hierarchical" else 1
     refined = refine_swaps(
         phy2log, logcnt, load, topology.num_gpus, domains, variance=variance, risk=risk, max_swaps=max_swaps
