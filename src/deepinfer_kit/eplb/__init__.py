@@ -1,6 +1,34 @@
 """eplb/: expert load windows, replica placement, next-window evaluation."""
 
+from deepinfer_kit.eplb.deepseek import GlobalPlacementPolicy, HierarchicalPlacementPolicy, plan_placement
+from deepinfer_kit.eplb.evaluate import (
+    Evaluation,
+    TraceScore,
+    balancedness,
+    evaluate,
+    next_window_score,
+    replicas_moved,
+)
+from deepinfer_kit.eplb.forecast import ForecastPlacementPolicy
+from deepinfer_kit.eplb.movement import MovementAwarePlacementPolicy, align_placement
+from deepinfer_kit.eplb.packing import greedy_pack, replicate, round_pack, spread_replicas
+from deepinfer_kit.eplb.placement_ops import (
+    gpu_loads,
+    placement_from_phy2log,
+    placement_from_ranks,
+    validate_topology,
+)
 from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.refine import RefinedPlacementPolicy, plan_refined, refine_swaps
+from deepinfer_kit.eplb.window import LoadWindow
 
-__all__ = ["PlacementPolicy", "Placement", "Topology"]
+__all__ = [
+    "PlacementPolicy", "Placement", "Topology", "LoadWindow",
+    "HierarchicalPlacementPolicy", "GlobalPlacementPolicy", "RefinedPlacementPolicy",
+    "ForecastPlacementPolicy", "MovementAwarePlacementPolicy",
+    "plan_placement", "plan_refined", "refine_swaps", "align_placement",
+    "greedy_pack", "round_pack", "replicate", "spread_replicas",
+    "validate_topology", "placement_from_ranks", "placement_from_phy2log", "gpu_loads",
+    "Evaluation", "TraceScore", "balancedness", "evaluate", "next_window_score", "replicas_moved",
+]

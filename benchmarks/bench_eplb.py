@@ -1,0 +1,100 @@
+"""EPLB policies judged on the next window of drifting, skewed expert load.
+
+Each policy plans from window ``t`` of a drifting-Zipf trace
+(:func:`deepinfer_kit.testing.eplb_traces.drifting_zipf_trace`) and is scored on window
+``t + 1`` (balancedness = mean / max GPU load, averaged over layers and windows). The
+oracle is DeepSeek's policy planning from window ``t + 1`` itself. Planning time is the
+median of single ``place`` calls on one CPU thread.
+
+    .venv/bin/python benchmarks/bench_eplb.py            # L=8, E=256, 8 groups, 4 nodes, 32 GPUs, 288 slots
+    .venv/bin/python benchmarks/bench_eplb.py --quick    # tiny sizes, a second
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from deepinfer_kit.eplb import (
+    ForecastPlacementPolicy,
+    GlobalPlacementPolicy,
+    HierarchicalPlacementPolicy,
+    MovementAwarePlacementPolicy,
+    PlacementPolicy,
+    RefinedPlacementPolicy,
+    Topology,
+    next_window_score,
+)
+from deepinfer_kit.testing.eplb_traces import drifting_zipf_trace
+
+
+def policies(mode: str) -> dict[str, Callable[[], PlacementPolicy]]:
+    """Name -> factory of each policy for one mode (``hierarchical`` or ``global``)."""
+    deepseek: Callable[[], PlacementPolicy] = (
+        HierarchicalPlacementPolicy if mode == "hierarchical" else GlobalPlacementPolicy
+    )
+    m = "hierarchical" if mode == "hierarchical" else "global"
+    return {
+        "deepseek": deepseek,
+        "refined": lambda: RefinedPlacementPolicy(m),  # type: ignore[arg-type]
+        "forecast": lambda: ForecastPlacementPolicy(RefinedPlacementPolicy(m), decay=0.3),  # type: ignore[arg-type]
+        "movement": lambda: MovementAwarePlacementPolicy(RefinedPlacementPolicy(m), expert_bytes=1),  # type: ignore[arg-type]
+    }
+
+
+def plan_ms(factory: Callable[[], PlacementPolicy], load: torch.Tensor, topology: Topology, repeat: int) -> float:
+    """Median milliseconds of one ``place`` call."""
+    policy = factory()
+    policy.place(load, topology)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        policy.place(load, topology)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes")
+    parser.add_argument("--windows", type=int, default=16)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--exponent", type=float, default=0.8, help="Zipf exponent")
+    parser.add_argument("--correlation", type=float, default=0.98)
+    parser.add_argument("--tokens", type=int, default=1 << 17, help="routed tokens per layer per window")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.quick:
+        layers, experts, topology, args.windows, args.seeds, repeat = 2, 16, Topology(24, 4, 2, 4), 4, 1, 3
+    else:
+        layers, experts, topology, repeat = 8, 256, Topology(288, 8, 4, 32), 15
+    print(f"L={layers} E={experts} {topology} windows={args.windows} seeds={args.seeds} "
+          f"zipf={args.exponent} corr={args.correlation} tokens={args.tokens}")
+    print(f"{'mode':<13}{'policy':<10}{'next-window':>12}{'oracle':>9}{'gap':>8}{'vs deepseek':>13}{'plan ms':>9}")
+    for mode in ("hierarchical", "global"):
+        table = policies(mode)
+        oracle_factory = table["deepseek"]
+        scores: dict[str, float] = {}
+        oracle = 0.0
+        for name, factory in table.items():
+            got = []
+            for seed in range(args.seeds):
+                trace = drifting_zipf_trace(args.windows, layers, experts, exponent=args.exponent,
+                                            correlation=args.correlation, tokens_per_window=args.tokens, seed=seed)
+                score = next_window_score(factory(), trace, topology, oracle=oracle_factory())
+                got.append(score.mean)
+                oracle += score.oracle_mean / (args.seeds * len(table))
+            scores[name] = statistics.fmean(got)
+        load = drifting_zipf_trace(1, layers, experts, exponent=args.exponent, tokens_per_window=args.tokens)[0]
+        for name, factory in table.items():
+            ms = plan_ms(factory, load, topology, repeat)
+            print(f"{mode:<13}{name:<10}{scores[name]:>12.4f}{oracle:>9.4f}{oracle - scores[name]:>8.4f}"
+                  f"{scores[name] - scores['deepseek']:>+13.4f}{ms:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
