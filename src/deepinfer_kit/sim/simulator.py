@@ -23,6 +23,8 @@ from deepinfer_kit.step import StepResult
 
 __all__ = ["Simulator", "StepObserver"]
 
+_NEVER = float("inf")
+
 StepObserver = Callable[[SchedulePlan, StepResult, float, float], None]
 """``observer(plan, result, start, end)`` after each round's commit (virtual seconds)."""
 
@@ -91,19 +93,21 @@ class Simulator:
         wall = time.perf_counter()
         while True:
             now = clock.now
-            while next_root < len(roots) and roots[next_root].arrival_time <= now:
-                self._add(roots[next_root], roots[next_root].arrival_time, None, metrics)
-                next_root += 1
-            while pending and pending[0][0] <= now:
-                when, _, req, history = heapq.heappop(pending)
-                self._add(req, when, history, metrics)
-            if not sched.has_unfinished():
-                upcoming = [t for t in (
-                    roots[next_root].arrival_time if next_root < len(roots) else None,
-                    pending[0][0] if pending else None) if t is not None]
-                if not upcoming:
+            while True:  # arrivals due, in arrival order (FCFS and victims read it)
+                root_t = roots[next_root].arrival_time if next_root < len(roots) else _NEVER
+                follow_t = pending[0][0] if pending else _NEVER
+                if root_t <= follow_t and root_t <= now:
+                    self._add(roots[next_root], root_t, None, metrics)
+                    next_root += 1
+                elif follow_t < root_t and follow_t <= now:
+                    when, _, req, history = heapq.heappop(pending)
+                    self._add(req, when, history, metrics)
+                else:
                     break
-                clock.advance_to(min(upcoming))
+            if not sched.has_unfinished():
+                if root_t == _NEVER and follow_t == _NEVER:
+                    break
+                clock.advance_to(min(root_t, follow_t))
                 continue
             plan = sched.schedule()
             if plan.chunks:
