@@ -10,7 +10,7 @@ from deepinfer_kit._validators import int_at_least
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.records import StepShape
 
-__all__ = ["ModelShape", "GpuSpec", "AnalyticCost", "QWEN3_1_7B", "H200"]
+__all__ = ["ModelShape", "GpuSpec", "AnalyticCost", "QWEN3_1_7B", "TINY", "H200"]
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -82,6 +82,12 @@ class GpuSpec:
 QWEN3_1_7B = ModelShape(
     hidden_size=2048, num_layers=28, num_q_heads=16, num_kv_heads=8, head_dim=128,
     intermediate_size=6144, vocab_size=151936, dtype_bytes=2, max_position_embeddings=40960,
+)
+
+#: The embedded tiny model (``deepinfer_kit.models.tiny``), float32.
+TINY = ModelShape(
+    hidden_size=64, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=16,
+    intermediate_size=128, vocab_size=259, dtype_bytes=4, max_position_embeddings=4096,
 )
 
 #: NVIDIA H200 SXM: 4.3 TB/s HBM3e, about 790 TFLOP/s dense bf16; 0.3 ms per round of
