@@ -1,4 +1,5 @@
-"""The ``deepinfer-kit`` command: ``generate`` and ``trace`` on a checkpoint or the tiny model."""
+"""The ``deepinfer-kit`` command: ``generate`` and ``trace`` on a checkpoint or the tiny model;
+``sim`` on the real scheduler and cache with a cost model."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="print one request's path through the engine, step by step")
     _add_common(trace)
     trace.add_argument("--request", type=int, default=0, help="index of the prompt to follow")
+    from deepinfer_kit.sim.command import add_sim_parser
+
+    add_sim_parser(sub)
     return parser
 
 
@@ -160,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "trace":
             return _trace(args)
+        if args.command == "sim":
+            from deepinfer_kit.sim.command import run_sim_command
+
+            return run_sim_command(args)
         return _generate(args)
     except DeepInferError as exc:
         print(f"error: {exc}", file=sys.stderr)

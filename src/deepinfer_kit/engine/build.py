@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import attrs
 import torch
@@ -10,12 +10,10 @@ import torch
 from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.cache.manager import BlockKVCacheManager
-from deepinfer_kit.cache.protocols import KVCacheManager
-from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.static_decode import StaticDecode
 from deepinfer_kit.engine.warmup import warm_up
@@ -24,10 +22,7 @@ from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tokenizer_reason
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
-from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
-from deepinfer_kit.sched.records import SchedulerConfig
-from deepinfer_kit.sched.static import StaticBatchScheduler
+from deepinfer_kit.sched.protocols import SchedulerFactory
 
 __all__ = ["build_engine", "size_kv_pool"]
 
@@ -116,25 +111,9 @@ def build_engine(
         mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim,
         dtype=dtype, device=device, impl=attention_impl,
     )
-    cache = BlockKVCacheManager.create(
-        CacheConfig(block_size=config.block_size, num_blocks=num_blocks,
-                    enable_prefix_caching=config.enable_prefix_caching),
-        index=cast(Literal["hash", "radix"], config.prefix_index),
+    scheduler, cache = build_host_components(
+        config, num_blocks=num_blocks, max_model_len=max_model_len, make_scheduler=make_scheduler
     )
-    sched_config = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        policy=config.scheduler_policy,
-    )
-    scheduler: Scheduler
-    if make_scheduler is not None:
-        scheduler = make_scheduler(sched_config, cache)
-    elif config.scheduler == "static":
-        scheduler = StaticBatchScheduler(sched_config, cache)
-    else:
-        scheduler = ContinuousBatchScheduler(sched_config, cache)
     generator = torch.Generator(device=device).manual_seed(config.seed)
     on_cuda = device.type == "cuda"
     static = config.static_decode if config.static_decode is not None else (

@@ -1,0 +1,71 @@
+"""Simulation speed: requests simulated per wall second, the real scheduler and KV cache
+manager included (issue 15's target: 100,000 requests in <= 60 s on a 2-core machine).
+
+Workload: mean 500 prompt / 200 output tokens (lognormal), 30% opening with a shared
+256-token system prompt, Poisson arrivals; Qwen3-1.7B on an H200 (analytic cost),
+40 GiB of KV, the default EngineConfig scheduler (continuous, FCFS, budget 2048, 128 seqs).
+The baseline in the same run is the same workload's first 5% — the ratio shows whether
+the cost per request stays flat as the run grows.
+
+    .venv/bin/python benchmarks/bench_sim.py                  # 100,000 requests
+    .venv/bin/python benchmarks/bench_sim.py -n 5000          # a smoke run
+    .venv/bin/python benchmarks/bench_sim.py --profile        # cProfile, top 20 by own time
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.sim import (
+    H200, QWEN3_1_7B, AnalyticCost, LengthDist, WorkloadConfig, build_simulator, generate,
+)
+
+
+def run(n: int, rate: float, profile: bool) -> float:
+    t0 = time.perf_counter()
+    reqs = generate(WorkloadConfig(
+        num_requests=n, seed=0, rate=rate,
+        prompt_len=LengthDist("lognormal", 500, 0.6, 8, 8000),
+        output_len=LengthDist("lognormal", 200, 0.6, 1, 4000),
+        shared_fraction=0.3, shared_prefix_len=256,
+    ))
+    gen_s = time.perf_counter() - t0
+    sim = build_simulator(EngineConfig(kv_cache_memory_mb=40 * 1024, max_model_len=16384),
+                          AnalyticCost(QWEN3_1_7B, H200), QWEN3_1_7B)
+    prof = cProfile.Profile() if profile else None
+    t1 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
+    report = sim.run(reqs)
+    if prof is not None:
+        prof.disable()
+    wall = time.perf_counter() - t1
+    print(f"n={n}: generate {gen_s:.2f}s, simulate {wall:.2f}s = {n / wall:,.0f} requests/s "
+          f"({report.num_steps:,} rounds, {report.output_tokens:,} output tokens, "
+          f"{report.output_tokens / wall:,.0f} tokens/s simulated); virtual "
+          f"{report.duration_s:.1f}s, {report.output_throughput:,.0f} out tok/s, "
+          f"prefix hits {report.prefix_hit_rate:.1%}, preemptions {report.preemptions}")
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    return wall + gen_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=100_000)
+    ap.add_argument("--rate", type=float, default=100.0, help="arrivals per virtual second")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    base = run(max(args.n // 20, 1), args.rate, False)
+    total = run(args.n, args.rate, args.profile)
+    print(f"wall {total:.1f}s for {args.n:,} requests (target <= 60 s): "
+          f"{'met' if total <= 60 else 'MISSED'}; per-request cost vs the 5% baseline: "
+          f"{(total / args.n) / (base / max(args.n // 20, 1)):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

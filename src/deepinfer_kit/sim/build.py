@@ -1,0 +1,73 @@
+"""build_simulator: the engine's scheduler and KV cache manager (built by the engine's own
+code from an EngineConfig) wired to a cost-model runner and a virtual clock."""
+
+from __future__ import annotations
+
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.host import build_host_components
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sched.protocols import SchedulerFactory
+from deepinfer_kit.sim.clock import VirtualClock
+from deepinfer_kit.sim.cost_analytic import ModelShape
+from deepinfer_kit.sim.prompts import PromptBuilder
+from deepinfer_kit.sim.protocols import CostModel
+from deepinfer_kit.sim.runner import SimRunner
+from deepinfer_kit.sim.simulator import Simulator
+from deepinfer_kit.sim.tokens import SyntheticTokens
+
+__all__ = ["build_simulator", "pool_blocks"]
+
+
+def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> int:
+    """Blocks in the simulated pool: ``config.num_blocks``, or as many as
+    ``kv_cache_memory_mb`` holds at ``model``'s KV bytes per token (the same rule as
+    the engine's ``size_kv_pool``, on a shape instead of a loaded model).
+
+    Raises:
+        ConfigError: the pool holds fewer than ``max_model_len`` tokens.
+    """
+    P = config.block_size
+    if config.num_blocks is not None:
+        num_blocks = config.num_blocks
+    else:
+        num_blocks = (config.kv_cache_memory_mb << 20) // (model.kv_bytes_per_token * P)
+    if num_blocks * P < max_model_len:
+        raise ConfigError(
+            f"the KV pool holds {num_blocks} blocks of {P} tokens = {num_blocks * P} tokens, "
+            f"fewer than max_model_len={max_model_len}; raise num_blocks or "
+            f"kv_cache_memory_mb, or lower max_model_len"
+        )
+    return num_blocks
+
+
+def build_simulator(
+    config: EngineConfig,
+    cost: CostModel,
+    model: ModelShape,
+    *,
+    eos_token_id: int | None = None,
+    seed: int = 0,
+    make_scheduler: SchedulerFactory | None = None,
+) -> Simulator:
+    """A :class:`Simulator` of ``config``'s scheduler and cache on ``cost``.
+
+    ``config`` fields that concern the device (model, dtype, device, kernels, CUDA
+    graphs, overlap) are ignored; the scheduler, cache and pool fields are used exactly
+    as ``build_engine`` uses them. ``model`` sizes the pool (``kv_cache_memory_mb``)
+    and gives the vocabulary and the default ``max_model_len``. A ``make_scheduler``
+    factory must stamp metrics with the simulator's clock itself (its ``.clock``).
+
+    Raises:
+        ConfigError: a pool too small for ``max_model_len``, or bad config values.
+    """
+    max_model_len = config.max_model_len or model.max_position_embeddings
+    num_blocks = pool_blocks(config, model, max_model_len)
+    clock = VirtualClock()
+    scheduler, cache = build_host_components(
+        config, num_blocks=num_blocks, max_model_len=max_model_len,
+        make_scheduler=make_scheduler, clock=clock,
+    )
+    eos = eos_token_id if eos_token_id is not None else model.vocab_size - 1
+    tokens = SyntheticTokens(model.vocab_size, eos, seed)
+    runner = SimRunner(cost, tokens)
+    return Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)

@@ -1,0 +1,63 @@
+"""SimRunner: the ModelRunner's prepare / execute with no model — a cost model prices the
+round, a synthetic source supplies the tokens."""
+
+from __future__ import annotations
+
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.sim.protocols import CostModel
+from deepinfer_kit.sim.records import SimStep
+from deepinfer_kit.sim.shape import plan_shape
+from deepinfer_kit.sim.tokens import SyntheticTokens
+from deepinfer_kit.step import StepResult
+
+__all__ = ["SimRunner"]
+
+
+class SimRunner:
+    """Lays a plan out as a :class:`SimStep` (its shape and price) and "executes" it.
+
+    Same call order as :class:`~deepinfer_kit.engine.runner.ModelRunner`:
+    ``execute(prepare(plan))`` once per non-empty plan, in schedule order. Reads only the
+    plan's snapshots, never a live request.
+
+    Args:
+        cost: prices each round.
+        tokens: the tokens each sampled chunk draws (keyed by request id and output
+            position, so a preempted request regenerates the same ones).
+
+    Attributes:
+        num_steps: rounds executed; busy_time: their summed durations (seconds).
+    """
+
+    __slots__ = ("cost", "tokens", "num_steps", "busy_time")
+
+    def __init__(self, cost: CostModel, tokens: SyntheticTokens) -> None:
+        self.cost = cost
+        self.tokens = tokens
+        self.num_steps = 0
+        self.busy_time = 0.0
+
+    def prepare(self, plan: SchedulePlan) -> SimStep:
+        """The round's :class:`StepShape` and its duration from the cost model.
+        Pure apart from the cost model; O(chunks)."""
+        shape = plan_shape(plan)
+        return SimStep(plan, shape, self.cost.step_time(shape))
+
+    def execute(self, step: SimStep) -> StepResult:
+        """Per chunk: no token for a non-final prefill chunk, else ``num_samples`` tokens
+        from the synthetic source (a verified chunk gets one token: every draft is
+        rejected). Counts the step and its duration; mutates nothing else. O(chunks)."""
+        token = self.tokens.token
+        out: list[list[int]] = []
+        for chunk in step.plan.chunks:
+            if not chunk.sample:
+                out.append([])
+            elif chunk.num_samples == 1:
+                out.append([token(chunk.request_id, chunk.output_position)])
+            else:
+                rid, pos = chunk.request_id, chunk.output_position
+                out.append([token(rid if i == 0 else f"{rid}#{i}", pos)
+                            for i in range(chunk.num_samples)])
+        self.num_steps += 1
+        self.busy_time += step.duration
+        return StepResult(token_ids=out)

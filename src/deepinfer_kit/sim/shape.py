@@ -1,0 +1,43 @@
+"""shape_of: the StepShape of a round, from its chunks (the plan's or a trace's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.sim.records import StepShape
+
+__all__ = ["shape_of", "plan_shape"]
+
+
+def shape_of(rows: Sequence[tuple[bool, int, int, bool]]) -> StepShape:
+    """The :class:`StepShape` of chunks given as ``(is_prefill, start, num_tokens,
+    sampled)`` rows (one per chunk). Pure; O(chunks)."""
+    prefill = decode = context = sampled = pairs = 0
+    for is_prefill, start, n, sample in rows:
+        if is_prefill:
+            prefill += n
+        else:
+            decode += 1
+        context += start + n
+        pairs += n * start + n * (n + 1) // 2
+        if sample:
+            sampled += 1
+    return StepShape(prefill, decode, context, sampled, pairs, len(rows))
+
+
+def plan_shape(plan: SchedulePlan) -> StepShape:
+    """The :class:`StepShape` of ``plan`` (see :func:`shape_of`). Pure; O(chunks)."""
+    prefill = decode = context = sampled = pairs = 0
+    for chunk in plan.chunks:
+        n = chunk.num_tokens
+        start = chunk.start
+        if chunk.is_prefill:
+            prefill += n
+        else:
+            decode += 1
+        context += start + n
+        pairs += n * start + n * (n + 1) // 2
+        if chunk.sample:
+            sampled += 1
+    return StepShape(prefill, decode, context, sampled, pairs, len(plan.chunks))

@@ -1,0 +1,198 @@
+"""Simulator: the engine's synchronous round loop on a virtual clock — the real scheduler
+and KV cache manager, a SimRunner in place of the model."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+
+from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sched.protocols import Scheduler
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.sim.clock import VirtualClock
+from deepinfer_kit.sim.metrics import MetricsRecorder, SimReport
+from deepinfer_kit.sim.prompts import PromptBuilder
+from deepinfer_kit.sim.records import SimRequest
+from deepinfer_kit.sim.runner import SimRunner
+from deepinfer_kit.step import StepResult
+
+__all__ = ["Simulator", "StepObserver"]
+
+_NEVER = float("inf")
+
+StepObserver = Callable[[SchedulePlan, StepResult, float, float], None]
+"""``observer(plan, result, start, end)`` after each round's commit (virtual seconds)."""
+
+
+class Simulator:
+    """Runs a workload through injected components, round by round, like
+    :meth:`Engine.step` with a synchronous executor: ``schedule`` -> ``prepare`` ->
+    ``execute`` -> advance the clock by the round's duration -> ``commit``.
+
+    Before each round every request whose arrival time has come is added (a follow-up
+    turn arrives ``think_time`` after the previous turn finished, its prompt extended by
+    that turn's prompt and output); an idle engine jumps the clock to the next arrival.
+
+    Args:
+        scheduler: the real scheduler (built with ``clock`` as its clock, so request
+            metrics are in virtual seconds).
+        cache: its KV cache manager (read for KV usage).
+        runner: the cost-model runner.
+        clock: the virtual clock the scheduler reads.
+        prompts: materializes prompt tokens on arrival.
+        eos_token_id: stamped on every request (the synthetic EOS).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        cache: KVCacheManager,
+        runner: SimRunner,
+        clock: VirtualClock,
+        prompts: PromptBuilder,
+        eos_token_id: int | None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.cache = cache
+        self.runner = runner
+        self.clock = clock
+        self.prompts = prompts
+        self.eos_token_id = eos_token_id
+        self._params: dict[int, SamplingParams] = {}
+
+    def run(
+        self,
+        requests: Sequence[SimRequest],
+        *,
+        progress: bool = False,
+        observer: StepObserver | None = None,
+    ) -> SimReport:
+        """Simulate ``requests`` to the end; returns the run's :class:`SimReport`.
+
+        Mutates the scheduler, the cache, the runner's counters and the clock (a
+        simulator runs one workload). ``progress`` shows a tqdm bar of finished requests.
+
+        Raises:
+            ConfigError: duplicate request ids, or a follow-up whose previous turn is
+                not in ``requests``.
+            InvariantError: the scheduler stopped making progress.
+        """
+        roots, followers = _split(requests)
+        metrics = MetricsRecorder()
+        bar = _progress_bar(len(requests)) if progress else None
+        pending: list[tuple[float, int, SimRequest, list[int] | None]] = []
+        seq = 0
+        next_root = 0
+        sched, cache, runner, clock = self.scheduler, self.cache, self.runner, self.clock
+        total_blocks = cache.num_blocks
+        wall = time.perf_counter()
+        while True:
+            now = clock.now
+            while True:  # arrivals due, in arrival order (FCFS and victims read it)
+                root_t = roots[next_root].arrival_time if next_root < len(roots) else _NEVER
+                follow_t = pending[0][0] if pending else _NEVER
+                if root_t <= follow_t and root_t <= now:
+                    self._add(roots[next_root], root_t, None, metrics)
+                    next_root += 1
+                elif follow_t < root_t and follow_t <= now:
+                    when, _, req, history = heapq.heappop(pending)
+                    self._add(req, when, history, metrics)
+                else:
+                    break
+            if not sched.has_unfinished():
+                if root_t == _NEVER and follow_t == _NEVER:
+                    break
+                clock.advance_to(min(root_t, follow_t))
+                continue
+            plan = sched.schedule()
+            if plan.chunks:
+                step = runner.prepare(plan)
+                result = runner.execute(step)
+                duration = step.duration
+            else:
+                result, duration = StepResult(token_ids=[]), 0.0
+            metrics.on_step(plan, now, duration, 1.0 - cache.num_free_blocks / total_blocks)
+            clock.advance(duration)
+            outputs = sched.commit(plan, result)
+            if observer is not None:
+                observer(plan, result, now, clock.now)
+            if not plan.chunks and not outputs:
+                raise InvariantError(
+                    f"step {plan.step_id}: nothing scheduled and nothing finished with "
+                    f"requests unfinished; the scheduler is stuck"
+                )
+            for out in outputs:
+                metrics.on_finish(out)
+                rid = out.request_id
+                runner.tokens.forget(rid)
+                for nxt in followers.pop(rid, ()):
+                    history = out.prompt_token_ids + out.outputs[0].token_ids
+                    heapq.heappush(pending, (clock.now + nxt.think_time, seq, nxt, history))
+                    seq += 1
+            if bar is not None and outputs:
+                bar.update(len(outputs))
+        if bar is not None:
+            bar.close()
+        return metrics.report(time.perf_counter() - wall)
+
+    def _add(self, sim: SimRequest, when: float, history: list[int] | None,
+             metrics: MetricsRecorder) -> None:
+        """Materialize ``sim`` as a scheduler request arriving at ``when`` and queue it."""
+        params = self._params.get(sim.output_len)
+        if params is None:
+            params = self._params[sim.output_len] = SamplingParams(max_tokens=sim.output_len)
+        request = Request(
+            sim.request_id,
+            self.prompts.build(sim, history or ()),
+            params,
+            arrival_time=when,
+            eos_token_id=self.eos_token_id,
+            priority=sim.priority,
+        )
+        self.runner.tokens.register(sim.request_id, sim.output_len, sim.stop_by_eos)
+        metrics.on_arrival(when)
+        self.scheduler.add(request)
+
+
+def _split(requests: Sequence[SimRequest]) -> tuple[list[SimRequest], dict[str, list[SimRequest]]]:
+    """First turns sorted by arrival (stable), and follow-ups by the id they follow."""
+    ids: set[str] = set()
+    roots: list[SimRequest] = []
+    followers: dict[str, list[SimRequest]] = {}
+    for r in requests:
+        if r.request_id in ids:
+            raise ConfigError(f"request ids must be unique, got {r.request_id!r} twice")
+        ids.add(r.request_id)
+        if r.after is None:
+            roots.append(r)
+        else:
+            followers.setdefault(r.after, []).append(r)
+    missing = sorted(set(followers) - ids)
+    if missing:
+        raise ConfigError(f"follow-up turns name unknown previous turns: {missing[:5]}")
+    roots.sort(key=lambda r: r.arrival_time)
+    return roots, followers
+
+
+class _Bar:
+    """The part of tqdm the simulator uses."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, unit="req", desc="simulating", mininterval=0.5)
+
+    def update(self, n: int) -> None:
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _progress_bar(total: int) -> _Bar:
+    return _Bar(total)

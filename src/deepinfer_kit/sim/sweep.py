@@ -1,0 +1,167 @@
+"""Sweeps: one EngineConfig field over several values, the same workload each time; the
+table, CSV, JSON and (with matplotlib) PNG of the results."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sim.build import build_simulator
+from deepinfer_kit.sim.cost_analytic import ModelShape
+from deepinfer_kit.sim.metrics import SimReport
+from deepinfer_kit.sim.protocols import CostModel
+from deepinfer_kit.sim.records import SimRequest
+
+__all__ = ["parse_value", "parse_sweep", "with_field", "run_sweep", "format_table",
+           "write_csv", "write_json", "plot_sweep", "TABLE_COLUMNS"]
+
+SweepRow = tuple[object, SimReport]
+
+#: The columns :func:`format_table` prints (keys of ``SimReport.summary``).
+TABLE_COLUMNS = ("requests", "out_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                 "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "queueing_p99_ms",
+                 "prefix_hit_rate", "preemptions", "kv_usage_mean", "wall_s")
+
+
+def parse_value(text: str) -> object:
+    """``"512"`` -> 512, ``"0.5"`` -> 0.5, ``"true"``/``"false"`` -> bool, ``"none"`` ->
+    None, anything else stays text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_sweep(text: str) -> tuple[str, list[object]]:
+    """``"FIELD=V1,V2,..."`` -> ``(field, values)``.
+
+    Raises:
+        ConfigError: no ``=``, no values, or a field EngineConfig does not have.
+    """
+    field, sep, values = text.partition("=")
+    field = field.strip()
+    if not sep or not values.strip():
+        raise ConfigError(f"--sweep must read FIELD=V1,V2,..., got {text!r}")
+    names = [f.name for f in attrs.fields(EngineConfig)]
+    if field not in names:
+        raise ConfigError(f"--sweep field must be an EngineConfig field {names}, got {field!r}")
+    return field, [parse_value(v) for v in values.split(",") if v.strip()]
+
+
+def with_field(config: EngineConfig, field: str, value: object) -> EngineConfig:
+    """``config`` with ``field`` set to ``value`` (validated by EngineConfig).
+
+    Raises:
+        ConfigError: an unknown field or a value its validator rejects.
+    """
+    try:
+        changes: dict[str, Any] = {field: value}
+        return attrs.evolve(config, **changes)
+    except TypeError as exc:
+        raise ConfigError(f"cannot set EngineConfig.{field} = {value!r}: {exc}") from exc
+
+
+def run_sweep(
+    config: EngineConfig,
+    field: str | None,
+    values: Sequence[object],
+    requests: Sequence[SimRequest],
+    cost: CostModel,
+    model: ModelShape,
+    *,
+    seed: int = 0,
+    progress: bool = False,
+    on_row: Callable[[SweepRow], None] | None = None,
+) -> list[SweepRow]:
+    """Simulate ``requests`` once per value of ``field`` (once with ``config`` as is when
+    ``field`` is ``None``), each on freshly built components. ``on_row`` sees each
+    result as it comes.
+
+    Raises:
+        ConfigError: a value EngineConfig rejects, or a pool too small.
+    """
+    rows: list[SweepRow] = []
+    for value in (values if field is not None else [None]):
+        cfg = with_field(config, field, value) if field is not None else config
+        sim = build_simulator(cfg, cost, model, seed=seed)
+        row = (value, sim.run(requests, progress=progress))
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def format_table(field: str | None, rows: Sequence[SweepRow]) -> str:
+    """The rows as an aligned text table, one line per value."""
+    head = [field or "run", *TABLE_COLUMNS]
+    body = [[_fmt(v), *(_fmt(r.summary()[c]) for c in TABLE_COLUMNS)] for v, r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    lines = ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in [head, *body]]
+    return "\n".join(lines)
+
+
+def write_csv(path: str, field: str | None, rows: Sequence[SweepRow]) -> None:
+    """Every scalar metric of every row as CSV (first column: the swept value)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        keys = list(rows[0][1].summary()) if rows else []
+        w.writerow([field or "run", *keys])
+        for v, r in rows:
+            s = r.summary()
+            w.writerow([v, *(s[k] for k in keys)])
+
+
+def write_json(path: str, field: str | None, rows: Sequence[SweepRow]) -> None:
+    """The full reports (percentiles, KV usage series) as JSON."""
+    data = {"field": field,
+            "runs": [{"value": v, "report": attrs.asdict(r)} for v, r in rows]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+
+
+def plot_sweep(path: str, field: str | None, rows: Sequence[SweepRow]) -> None:
+    """A PNG of throughput and TTFT / TPOT p50 and p99 against the swept value.
+
+    Raises:
+        ConfigError: matplotlib is not installed (it is optional).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib (pip install matplotlib)") from exc
+    xs = [str(v) for v, _ in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    axes[0].bar(xs, [r.output_throughput for _, r in rows])
+    axes[0].set_title("output tokens/s")
+    for ax, name in ((axes[1], "ttft"), (axes[2], "tpot")):
+        for q in ("p50", "p99"):
+            ax.plot(xs, [getattr(getattr(r, name), q) * 1e3 for _, r in rows], marker="o", label=q)
+        ax.set_title(f"{name.upper()} (ms)")
+        ax.legend()
+    for ax in axes:
+        ax.set_xlabel(field or "run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

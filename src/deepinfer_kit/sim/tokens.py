@@ -1,0 +1,92 @@
+"""SyntheticTokens: the seeded stand-in for a model's sampled tokens, and prompt tokens.
+
+A request's output is fixed by its id and the position alone — whatever the batch,
+preemptions or the step it runs in — so runs are reproducible and a real engine given the
+same stand-in (see ``tests/sim``) makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["SyntheticTokens", "token_stream", "request_base"]
+
+_STRIDE = 40503  # an odd stride: consecutive positions differ
+
+
+def request_base(seed: int, request_id: str) -> int:
+    """A 64-bit integer fixed by ``(seed, request_id)`` (BLAKE2b, not ``hash()``, so it
+    is the same in every process). Pure."""
+    digest = hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def token_stream(key: str, n: int, vocab_size: int) -> list[int]:
+    """``n`` token ids in ``[0, min(vocab_size, 65536))`` drawn from SHAKE-128 of ``key``:
+    the same key gives the same ids in every process. Pure; O(n), in C but for the
+    final list (and the modulo when the vocabulary is smaller than 65536)."""
+    raw = array("H", hashlib.shake_128(key.encode()).digest(2 * n))
+    if vocab_size >= 1 << 16:
+        return raw.tolist()
+    return [t % vocab_size for t in raw]
+
+
+class SyntheticTokens:
+    """Tokens a synthetic model samples: request ``r``'s output position ``p`` is a fixed
+    non-EOS id, except the last position of a request registered to stop by EOS, which
+    is ``eos_token_id``.
+
+    Args:
+        vocab_size: ids lie in ``[0, vocab_size)``.
+        eos_token_id: never produced except as a registered stop; ``None``: no EOS.
+        seed: varies every request's tokens.
+
+    Raises:
+        ConfigError: ``vocab_size`` < 2 or ``eos_token_id`` outside the vocabulary.
+    """
+
+    __slots__ = ("vocab_size", "eos_token_id", "seed", "_plans", "_span")
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None, seed: int = 0) -> None:
+        if vocab_size < 2:
+            raise ConfigError(f"vocab_size must be >= 2, got {vocab_size}")
+        if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
+            raise ConfigError(f"eos_token_id must lie in [0, {vocab_size}), got {eos_token_id}")
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.seed = seed
+        self._span = vocab_size - 1 if eos_token_id is not None else vocab_size
+        # request id -> (base, position of the EOS token or -1)
+        self._plans: dict[str, tuple[int, int]] = {}
+
+    def register(self, request_id: str, output_len: int, stop_by_eos: bool) -> None:
+        """Fix ``request_id``'s output: ``output_len`` tokens, the last one EOS when
+        ``stop_by_eos`` (and an EOS id exists). Mutates the registry; O(1)."""
+        eos_at = output_len - 1 if stop_by_eos and self.eos_token_id is not None else -1
+        self._plans[request_id] = (request_base(self.seed, request_id), eos_at)
+
+    def forget(self, request_id: str) -> None:
+        """Drop ``request_id``'s entry (after it finished); unknown ids are ignored."""
+        self._plans.pop(request_id, None)
+
+    def token(self, request_id: str, position: int) -> int:
+        """The token at output ``position`` of ``request_id`` (an unregistered id is
+        registered with no EOS). Mutates the registry only for a new id; O(1)."""
+        plan = self._plans.get(request_id)
+        if plan is None:
+            plan = self._plans[request_id] = (request_base(self.seed, request_id), -1)
+        base, eos_at = plan
+        if position == eos_at:
+            assert self.eos_token_id is not None
+            return self.eos_token_id
+        t = (base + position * _STRIDE) % self._span
+        eos = self.eos_token_id
+        return t + 1 if eos is not None and t >= eos else t
+
+    def output(self, request_id: str, length: int) -> Sequence[int]:
+        """The first ``length`` output tokens of ``request_id`` (see :meth:`token`)."""
+        return [self.token(request_id, p) for p in range(length)]

@@ -1,0 +1,38 @@
+"""``deepinfer-kit sim``: a sweep prints its table and writes CSV and JSON; bad input is
+an error message, not a traceback."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from deepinfer_kit.cli import main
+
+
+def test_sim_sweep_prints_a_table_and_writes_csv_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_csv, out_json, trace = tmp_path / "s.csv", tmp_path / "s.json", tmp_path / "t.jsonl"
+    rc = main(["sim", "--num-requests", "200", "--rate", "100", "--multi-turn-fraction", "0.3",
+               "--sweep", "block_size=16,32", "--csv", str(out_csv), "--json", str(out_json),
+               "--save-trace", str(trace), "--no-progress"])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[0] == "block_size" and len(lines) == 3
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [r["block_size"] for r in rows] == ["16", "32"]
+    assert all(int(r["requests"]) == 200 for r in rows)
+    data = json.loads(out_json.read_text())
+    assert data["field"] == "block_size" and len(data["runs"]) == 2
+    assert main(["sim", "--workload", str(trace), "--no-progress"]) == 0  # the trace replays
+    assert capsys.readouterr().out.splitlines()[1].split()[1] == "200"
+
+
+def test_sim_rejects_bad_flags_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--sweep", "nonsense=1,2"]) == 2
+    assert "EngineConfig field" in capsys.readouterr().err
+    assert main(["sim", "--set", "max_num_seqs=0", "--num-requests", "5"]) == 2
+    assert "max_num_seqs" in capsys.readouterr().err
