@@ -7,7 +7,7 @@ without torch (tensors appear in annotations only), so configs and planners stay
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -56,6 +56,14 @@ class VerifyResult:
     num_accepted: list[int]
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _float_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
 @attrs.frozen(slots=True)
 class SpsCurve:
     """Profiled steps per second as a function of verified tokens in a step, ``SPS(B)``.
@@ -66,8 +74,8 @@ class SpsCurve:
             constant beyond the ends).
     """
 
-    batch_tokens: tuple[int, ...] = attrs.field(converter=tuple)
-    steps_per_second: tuple[float, ...] = attrs.field(converter=tuple)
+    batch_tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    steps_per_second: tuple[float, ...] = attrs.field(converter=_float_tuple)
 
     def __attrs_post_init__(self) -> None:
         xs, ys = self.batch_tokens, self.steps_per_second
