@@ -21,7 +21,10 @@ class StepResult:
             (token ``i`` starts completion ``i``).
         logprobs: per chunk, aligned with ``token_ids``, the logprob maps (chosen token
             plus top alternatives); ``None`` when no request asked for logprobs.
-        num_drafted: per chunk, drafts verified (for traces); empty when no speculation.
+        num_drafted: per chunk, drafts verified (for traces); empty when no chunk of the
+            round verified drafts.
+        num_accepted: per chunk, drafts accepted (``len(token_ids[i]) - 1`` for a verified
+            chunk, 0 otherwise); empty exactly when ``num_drafted`` is.
         errors: per chunk, ``None`` or why that chunk's sample is unusable (e.g. its
             logits were not finite); the scheduler ends such a request with reason
             ``error`` instead of appending ``token_ids[i]``. Empty means no errors.
@@ -32,5 +35,6 @@ class StepResult:
     token_ids: list[list[int]]
     logprobs: list[list[dict[int, Logprob]]] | None = None
     num_drafted: list[int] = attrs.field(factory=list)
+    num_accepted: list[int] = attrs.field(factory=list)
     errors: list[str | None] = attrs.field(factory=list)
     expert_counts: list[list[int]] | None = None

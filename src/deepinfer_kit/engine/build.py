@@ -23,8 +23,14 @@ from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tok
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
+from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.spec.ngram import NgramDrafter
+from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
+from deepinfer_kit.spec.protocols import DraftVerifier, VerifyPlanner
+from deepinfer_kit.spec.records import SpecConfig, SpsCurve
+from deepinfer_kit.spec.rejection import RejectionVerifier
 
-__all__ = ["build_engine", "size_kv_pool"]
+__all__ = ["build_engine", "size_kv_pool", "build_speculation"]
 
 
 def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
@@ -118,14 +124,17 @@ def build_engine(
     on_cuda = device.type == "cuda"
     static = config.static_decode if config.static_decode is not None else (
         on_cuda and config.cuda_graphs)
+    sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
+    speculation, verifier = build_speculation(config.speculative, sampler)
     runner = ModelRunner(
         loaded.model,
         kv_cache,
-        sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl)),
+        sampler,
         device=device,
         generator=generator,
         static_decode=StaticDecode(loaded.model, kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_model_len=max_model_len) if static else None,
+        verifier=verifier,
     )
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
@@ -148,7 +157,26 @@ def build_engine(
         executor=executor if executor is not None else _default_executor(config),
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
+        speculation=speculation,
     )
+
+
+def build_speculation(
+    spec: SpecConfig | None, sampler: Sampler
+) -> tuple[Speculation | None, DraftVerifier | None]:
+    """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it): an
+    n-gram drafter, the named planner, strict rejection sampling with ``sampler``."""
+    if spec is None:
+        return None, None
+    planner: VerifyPlanner
+    if spec.planner == "threshold":
+        planner = ThresholdPlanner(spec.threshold)
+    elif spec.planner == "dspark":
+        planner = DSparkPlanner(spec.sps if spec.sps is not None else SpsCurve((1,), (1.0,)))
+    else:
+        planner = FixedPlanner(spec.num_draft)
+    drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    return Speculation(drafter, planner, spec.num_draft), RejectionVerifier(sampler)
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.spec.records import SpecConfig
 
 __all__ = ["EngineConfig"]
 
@@ -27,6 +30,11 @@ def _check_device(instance: object, attribute: attrs.Attribute[str], value: obje
         raise ConfigError(
             f"{attribute.name} must be 'cpu', 'cuda' or 'cuda:<index>', got {value!r}"
         )
+
+
+def _coerce_spec(value: Any) -> SpecConfig | None:
+    """``speculative`` from a SpecConfig, a dict with its keys, or None."""
+    return SpecConfig.coerce(value)
 
 
 @attrs.frozen(slots=True)
@@ -63,6 +71,9 @@ class EngineConfig:
             ladder (what graphs replay); ``None`` means exactly when graphs are captured.
             ``True`` on CPU runs the same padded path eagerly (tests pin it to the
             unpadded one); ``False`` turns graphs off too.
+        speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
+            dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
+            decodes one token per round. Not combinable with ``overlap``.
     """
 
     model: str = "tiny"
@@ -90,6 +101,13 @@ class EngineConfig:
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
     )
 
+    speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
+
     def __attrs_post_init__(self) -> None:
+        if self.speculative is not None and self.overlap:
+            raise ConfigError(
+                "speculative and overlap=True cannot be combined (verification needs each "
+                "round's tokens before the next is planned); set overlap=False or speculative=None"
+            )
         if not self.model:
             raise ConfigError(f"model must be a checkpoint path or 'tiny', got {self.model!r}")

@@ -8,10 +8,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
 
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.engine.inflight import InFlight, failed_result
 from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder
@@ -68,10 +69,13 @@ class Engine:
         max_logprobs: the most ``logprobs`` a request may ask for.
         max_failed_steps: failed steps in a row after which the engine is dead.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
+        speculation: drafts for the decoding sequences before each round (the runner's
+            verifier checks them); ``None`` decodes one token per round.
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
-            size or the number of blocks; an executor whose depth is not 0 or 1.
+            size or the number of blocks; an executor whose depth is not 0 or 1;
+            speculation with an overlapped executor or a scheduler that takes no drafts.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Engine:
         max_logprobs: int = 20,
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         kv = runner.kv_cache
         if (kv.block_size, kv.num_blocks) != (cache.block_size, cache.num_blocks):
@@ -106,7 +111,9 @@ class Engine:
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
             )
-        self._inflight: deque[_InFlight] = deque()
+        self.speculation = speculation
+        self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
+        self._inflight: deque[InFlight] = deque()
         self.trace = trace
         self.max_failed_steps = max_failed_steps
         self._builder = RequestBuilder(
@@ -243,12 +250,14 @@ class Engine:
             free_before = self.cache.num_free_blocks
             evicted_before = self._evicted()
             try:
+                if self.speculation is not None and self._drafts is not None:
+                    self.speculation.draft(self._drafts)
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._die("the scheduler failed to plan a round", exc) from exc
             launched = self._launch(plan)
             self._inflight.append(
-                _InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
+                InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
             outputs: list[RequestOutput] = []
             while len(self._inflight) > self.executor.depth:
@@ -301,7 +310,7 @@ class Engine:
             return self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
         except Exception as exc:
             self._count_failure(exc)
-            return _failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+            return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
 
     def _commit_oldest(self) -> list[RequestOutput]:
         """Wait for the oldest round in flight and commit it."""
@@ -315,13 +324,13 @@ class Engine:
                 self._failed_steps = 0
             except Exception as exc:
                 self._count_failure(exc)
-                result = _failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+                result = failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
         t2 = time.perf_counter()
         try:
             finished = self.scheduler.commit(plan, result)
         except Exception as exc:
             finished = self._fail_step(plan, "commit", exc)
-            result = _failed_result(plan, "")
+            result = failed_result(plan, "")
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
@@ -342,7 +351,7 @@ class Engine:
         self._count_failure(exc)
         try:
             return self.scheduler.commit(
-                plan, _failed_result(plan, f"step {plan.step_id} {phase} failed: {exc!r}")
+                plan, failed_result(plan, f"step {plan.step_id} {phase} failed: {exc!r}")
             )
         except Exception as again:
             raise self._die(f"the scheduler could not fail step {plan.step_id}", again) from exc
@@ -377,21 +386,3 @@ class Engine:
     def _evicted(self) -> int:
         stats = self.cache.stats
         return stats.evicted_blocks if stats is not None else 0
-
-
-@attrs.define(slots=True, eq=False)
-class _InFlight:
-    """A round scheduled and launched, not yet committed (with what its trace needs)."""
-
-    plan: SchedulePlan
-    launched: PendingStep | StepResult
-    free_before: int
-    evicted_before: int
-    t0: float
-    t1: float
-
-
-def _failed_result(plan: SchedulePlan, message: str) -> StepResult:
-    """A result that fails every chunk of ``plan`` with ``message``."""
-    n = len(plan.chunks)
-    return StepResult(token_ids=[[] for _ in range(n)], errors=[message] * n)

@@ -11,6 +11,7 @@ import torch
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import fork_seed
@@ -19,6 +20,7 @@ from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.spec.protocols import DraftVerifier
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class PreparedStep:
             filled in by :meth:`ModelRunner.execute`.
         placeholder_rows: ``(sampling row, sequence id)`` of rows whose token history
             (penalties, ``min_tokens``) must include that in-flight token.
+        verified: the chunks whose drafts this round verifies (``1 + len(drafts)`` rows
+            each), in row order.
     """
 
     plan: SchedulePlan
@@ -54,6 +58,7 @@ class PreparedStep:
     staged: StagedDecode | None = None
     placeholder_inputs: list[tuple[int, str]] = attrs.field(factory=list)
     placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
+    verified: list[VerifiedChunk] = attrs.field(factory=list)
 
 
 class ModelRunner:
@@ -67,7 +72,10 @@ class ModelRunner:
         generator: random source of unseeded requests (on ``device``).
         static_decode: run decode rounds (one token per request, at most the top of its
             ladder) on these static buffers / captured graphs; ``None``: every round
-            eagerly on freshly copied inputs.
+            eagerly on freshly copied inputs. Rounds that verify drafts (more tokens
+            than chunks) always run eagerly.
+        verifier: checks the drafts of chunks with ``spec_token_ids``; ``None`` when the
+            engine does not speculate (such a chunk is then an error).
 
     Attributes:
         record_expert_counts: return the MoE routing counts of each round in
@@ -83,6 +91,7 @@ class ModelRunner:
         device: torch.device,
         generator: torch.Generator | None = None,
         static_decode: StaticDecode | None = None,
+        verifier: DraftVerifier | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -94,6 +103,7 @@ class ModelRunner:
         self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled
         self._pin = device.type == "cuda"
         self.static = static_decode
+        self.verifier = verifier
 
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
@@ -106,9 +116,12 @@ class ModelRunner:
         decode round that fits the static ladder is only staged on the host (copied into
         the static buffers by :meth:`execute`). O(T + R * max_blocks).
 
+        A chunk with drafts gets ``1 + len(spec_token_ids)`` sampling rows (see
+        :class:`VerifiedChunk`).
+
         Raises:
-            InvariantError: a chunk with more than one placeholder, or placeholders
-                together with drafts.
+            InvariantError: a chunk with more than one placeholder, placeholders or a fork
+                together with drafts, or drafts without a verifier.
         """
         input_ids: list[int] = []
         positions: list[int] = []
@@ -126,7 +139,8 @@ class ModelRunner:
         eos: list[int | None] = []
         holes: list[tuple[int, str]] = []
         hole_rows: list[tuple[int, str]] = []
-        for chunk in plan.chunks:
+        verified: list[VerifiedChunk] = []
+        for index, chunk in enumerate(plan.chunks):
             start, n = chunk.start, chunk.num_tokens
             end = start + n
             input_ids.extend(chunk.token_ids)
@@ -149,8 +163,27 @@ class ModelRunner:
             if row is None:
                 row_counts.append(0)
                 continue
-            last = num_tokens - len(chunk.spec_token_ids) - 1
+            spec = chunk.spec_token_ids
+            last = num_tokens - len(spec) - 1
             rows = chunk.num_samples
+            if spec:
+                if rows != 1 or self.verifier is None:
+                    raise InvariantError(
+                        f"chunk of {chunk.request_id}: drafts with {rows} samples and "
+                        f"{'a' if self.verifier else 'no'} verifier; one sample and a verifier needed"
+                    )
+                verified.append(VerifiedChunk(index, len(params), tuple(spec)))
+                row_counts.append(len(spec) + 1)
+                base = tuple(chunk.output_token_ids)
+                for j in range(len(spec) + 1):
+                    logits_rows.append(last + j)
+                    params.append(row.params)
+                    seeds.append(row.seed)
+                    out_pos.append(chunk.output_position + j)
+                    prompts.append(row.prompt_token_ids)
+                    outputs.append(base + tuple(spec[:j]) if row.needs_history and j else base)
+                    eos.append(row.eos_token_id)
+                continue
             row_counts.append(rows)
             if chunk.num_placeholders and row.needs_history:
                 hole_rows.extend((len(params) + i, chunk.request_id) for i in range(rows))
@@ -197,6 +230,7 @@ class ModelRunner:
             staged=staged,
             placeholder_inputs=holes,
             placeholder_rows=hole_rows,
+            verified=verified,
         )
 
     def execute(self, step: PreparedStep) -> StepResult:
@@ -235,14 +269,24 @@ class ModelRunner:
                     token_ids=[[] for _ in step.row_counts], expert_counts=expert_counts
                 )
             finite = torch.isfinite(logits).all(dim=-1)
-            sampled = self.sampler(logits.masked_fill(~finite[:, None], 0.0), step.sampling)
+            clean = logits.masked_fill(~finite[:, None], 0.0)
+            emitted: list[int] = []
+            if step.verified:
+                assert self.verifier is not None  # prepare checked it
+                sampled, emitted = verify_round(
+                    self.sampler, self.verifier, clean, step.sampling, step.verified
+                )
+            else:
+                sampled = self.sampler(clean, step.sampling)
             flagged = torch.where(finite, sampled.token_ids, -1)
         tokens, logprobs_host = _to_host(flagged, sampled)
+        logprobs = _logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
+        kept = dict(zip((v.chunk for v in step.verified), emitted))
         token_ids: list[list[int]] = []
         errors: list[str | None] = []
         row = 0
-        for chunk, count in zip(step.plan.chunks, step.row_counts):
-            drawn = tokens[row : row + count]
+        for i, (chunk, count) in enumerate(zip(step.plan.chunks, step.row_counts)):
+            drawn = tokens[row : row + kept.get(i, count)]
             if chunk.request_id in unresolved:
                 errors.append("the in-flight token this step continues from was never sampled")
                 drawn = []
@@ -255,13 +299,17 @@ class ModelRunner:
             else:
                 errors.append(None)
                 if drawn:
-                    self._last[chunk.request_id] = drawn[0]
+                    self._last[chunk.request_id] = drawn[-1] if i in kept else drawn[0]
+            if logprobs is not None and i in kept:
+                logprobs[i] = logprobs[i][: len(drawn)]
             token_ids.append(drawn)
             row += count
-        logprobs = _logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
+        drafted = [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
         return StepResult(
             token_ids=token_ids,
             logprobs=logprobs,
+            num_drafted=drafted,
+            num_accepted=[max(len(t) - 1, 0) if d else 0 for t, d in zip(token_ids, drafted)],
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
         )

@@ -23,6 +23,8 @@ class TracedChunk:
         num_cached_tokens: prompt tokens served from the prefix cache (on admission).
         sampled: tokens appended to the sequence by this step.
         num_blocks: blocks the request held when the step ran.
+        num_drafted: draft tokens verified in this chunk (0 without speculation).
+        num_accepted: drafts accepted (``sampled`` holds them plus one target token).
     """
 
     request_id: str
@@ -32,6 +34,8 @@ class TracedChunk:
     num_cached_tokens: int
     sampled: tuple[int, ...]
     num_blocks: int
+    num_drafted: int = 0
+    num_accepted: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -48,6 +52,7 @@ class StepTrace:
         block_copies: copy-on-write copies performed.
         preempted: ids preempted this step; finished: ids that finished this step.
         expert_counts: per MoE layer, tokens routed to each expert (``[L_moe][E]``).
+        num_drafted, num_accepted: drafts verified and accepted over all chunks.
         schedule_s, execute_s, commit_s: wall time of each phase.
         committed_in: the newest step scheduled when this one was committed: ``step_id``
             for a synchronous engine, ``step_id + 1`` under overlap (tokens sampled in
@@ -72,6 +77,16 @@ class StepTrace:
     commit_s: float
     committed_in: int = -1
 
+    @property
+    def num_drafted(self) -> int:
+        """Draft tokens verified in this step."""
+        return sum(c.num_drafted for c in self.chunks)
+
+    @property
+    def num_accepted(self) -> int:
+        """Draft tokens accepted in this step."""
+        return sum(c.num_accepted for c in self.chunks)
+
     def describe(self) -> str:
         """A few human-readable lines."""
         lines = [
@@ -86,6 +101,7 @@ class StepTrace:
             lines.append(
                 f"  {c.request_id}: {c.kind} [{c.start}, {c.start + c.num_tokens}) "
                 f"cached={c.num_cached_tokens} blocks={c.num_blocks} sampled={list(c.sampled)}"
+                + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
         if self.preempted:
             lines.append(f"  preempted: {', '.join(self.preempted)}")
@@ -119,6 +135,8 @@ def make_trace(
                 num_cached_tokens=chunk.num_cached_tokens,
                 sampled=tuple(sampled),
                 num_blocks=len(chunk.block_table),
+                num_drafted=result.num_drafted[i] if i < len(result.num_drafted) else 0,
+                num_accepted=result.num_accepted[i] if i < len(result.num_accepted) else 0,
             )
         )
     counts = result.expert_counts

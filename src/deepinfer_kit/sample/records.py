@@ -43,6 +43,19 @@ class SamplingBatch:
     def __len__(self) -> int:
         return len(self.params)
 
+    def select(self, rows: Sequence[int]) -> SamplingBatch:
+        """A batch of the given rows, in that order (the lists are new, their entries
+        shared; the generator is the same object). O(len(rows))."""
+        return SamplingBatch(
+            params=[self.params[i] for i in rows],
+            seeds=[self.seeds[i] for i in rows],
+            positions=[self.positions[i] for i in rows],
+            prompt_token_ids=[self.prompt_token_ids[i] for i in rows],
+            output_token_ids=[self.output_token_ids[i] for i in rows],
+            eos_token_ids=[self.eos_token_ids[i] for i in rows],
+            generator=self.generator,
+        )
+
     @property
     def max_logprobs(self) -> int:
         """Top alternatives to return per row (the largest ``logprobs`` asked), or -1 when

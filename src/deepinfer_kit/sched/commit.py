@@ -173,6 +173,9 @@ def _commit_spec(
         )
     appended = append_tokens(req, tokens, lps, state.config.max_model_len)
     valid_end = chunk.start + chunk.num_tokens - num_spec + min(appended, len(tokens) - 1)
+    # A stop inside the accepted run drops what follows; like a plain decode, the KV of
+    # the last token (never fed as context) is not published.
+    valid_end = min(valid_end, len(req.all_token_ids) - 1)
     if req.status is _RUNNING:
         req.num_computed_tokens = valid_end
         if valid_end < chunk.start + chunk.num_tokens:

@@ -21,6 +21,7 @@ __all__ = [
     "PreemptionPolicy",
     "BatchingPolicy",
     "WaitingQueue",
+    "DraftTarget",
 ]
 
 
@@ -89,6 +90,23 @@ class Scheduler(Protocol):
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting, running or preempted."""
+        ...
+
+
+class DraftTarget(Protocol):
+    """A scheduler that takes speculative drafts (the engine's drafting phase talks to it)."""
+
+    @property
+    def running(self) -> Sequence[Request]:
+        """The running sequences in scheduling order (read only)."""
+        ...
+
+    def set_spec_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Drafts for ``request_id``'s next decode chunk, verified in the next round.
+
+        Raises:
+            ConfigError: ``request_id`` is not a live sequence.
+        """
         ...
 
 

@@ -30,7 +30,7 @@ from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sched.protocols import Scheduler
+    from deepinfer_kit.sched.protocols import DraftTarget, Scheduler
 
 __all__ = ["BatchScheduler"]
 
@@ -205,7 +205,8 @@ class BatchScheduler:
 
         The next ``schedule()`` appends them to the chunk as ``spec_token_ids``, trimmed to
         the round's remaining budget and to the request's length limit; they are dropped
-        if the request is not decoding then. Not supported together with overlap.
+        if the request is not decoding then. Not supported together with overlap: a
+        verified chunk never carries a placeholder.
 
         Raises:
             ConfigError: ``request_id`` is not a live sequence.
@@ -245,3 +246,4 @@ class BatchScheduler:
 
 if TYPE_CHECKING:
     _check: type[Scheduler] = BatchScheduler
+    _drafts: type[DraftTarget] = BatchScheduler

@@ -1,6 +1,47 @@
-"""spec/: draft then verify; verify-length planning."""
+"""spec/: draft then verify; verify-length planning.
 
-from deepinfer_kit.spec.protocols import DraftVerifier, Drafter, VerifyPlanner
-from deepinfer_kit.spec.records import DraftProposal, SpsCurve, VerifyResult
+Names are resolved on first use (PEP 562), so the host-only parts (``SpecConfig``,
+``SpsCurve``, the planners) import without torch.
+"""
 
-__all__ = ["Drafter", "VerifyPlanner", "DraftVerifier", "DraftProposal", "VerifyResult", "SpsCurve"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deepinfer_kit.spec.greedy import GreedyVerifier
+    from deepinfer_kit.spec.ngram import NgramDrafter
+    from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
+    from deepinfer_kit.spec.protocols import DraftVerifier, Drafter, VerifyPlanner
+    from deepinfer_kit.spec.records import DraftProposal, SpecConfig, SpsCurve, VerifyResult
+    from deepinfer_kit.spec.rejection import RejectionVerifier
+
+_LAZY = {
+    "Drafter": "deepinfer_kit.spec.protocols",
+    "VerifyPlanner": "deepinfer_kit.spec.protocols",
+    "DraftVerifier": "deepinfer_kit.spec.protocols",
+    "DraftProposal": "deepinfer_kit.spec.records",
+    "VerifyResult": "deepinfer_kit.spec.records",
+    "SpsCurve": "deepinfer_kit.spec.records",
+    "SpecConfig": "deepinfer_kit.spec.records",
+    "GreedyVerifier": "deepinfer_kit.spec.greedy",
+    "RejectionVerifier": "deepinfer_kit.spec.rejection",
+    "NgramDrafter": "deepinfer_kit.spec.ngram",
+    "FixedPlanner": "deepinfer_kit.spec.planners",
+    "ThresholdPlanner": "deepinfer_kit.spec.planners",
+    "DSparkPlanner": "deepinfer_kit.spec.planners",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'deepinfer_kit.spec' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,14 +1,24 @@
 """Records of the spec package: a draft proposal, a verification result, an SPS curve.
 
-Shape symbols: ``R`` requests, ``γ`` (gamma) draft length, ``V`` vocabulary.
+Shape symbols: ``R`` requests, ``γ`` (gamma) draft length, ``V`` vocabulary. Imports
+without torch (tensors appear in annotations only), so configs and planners stay host-only.
 """
 
 from __future__ import annotations
 
-import attrs
-import torch
+import math
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DraftProposal", "VerifyResult", "SpsCurve"]
+import attrs
+
+from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DraftProposal", "VerifyResult", "SpsCurve", "SpecConfig"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -46,6 +56,14 @@ class VerifyResult:
     num_accepted: list[int]
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _float_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
 @attrs.frozen(slots=True)
 class SpsCurve:
     """Profiled steps per second as a function of verified tokens in a step, ``SPS(B)``.
@@ -56,8 +74,20 @@ class SpsCurve:
             constant beyond the ends).
     """
 
-    batch_tokens: tuple[int, ...]
-    steps_per_second: tuple[float, ...]
+    batch_tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    steps_per_second: tuple[float, ...] = attrs.field(converter=_float_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        xs, ys = self.batch_tokens, self.steps_per_second
+        if not xs or len(xs) != len(ys):
+            raise ConfigError(
+                f"SpsCurve needs as many batch_tokens as steps_per_second (at least one), "
+                f"got {len(xs)} and {len(ys)}"
+            )
+        if any(b >= a for a, b in zip(xs[1:], xs)):
+            raise ConfigError(f"SpsCurve batch_tokens must increase, got {xs}")
+        if not all(math.isfinite(y) and y > 0 for y in ys):
+            raise ConfigError(f"SpsCurve steps_per_second must be finite and > 0, got {ys}")
 
     def __call__(self, tokens: int) -> float:
         """``SPS(tokens)`` by linear interpolation."""
@@ -69,3 +99,63 @@ class SpsCurve:
                 frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
                 return ys[i - 1] + frac * (ys[i] - ys[i - 1])
         return ys[-1]
+
+
+_SPEC_KEYS = ("drafter", "num_draft", "planner", "threshold", "ngram_min", "ngram_max", "sps")
+
+
+def _check_threshold(instance: Any, attribute: attrs.Attribute[float], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ConfigError(f"speculative.threshold must be a finite number >= 0, got {value!r}")
+
+
+def _check_sps(instance: Any, attribute: attrs.Attribute[SpsCurve | None], value: Any) -> None:
+    if value is not None and not isinstance(value, SpsCurve):
+        raise ConfigError(f"speculative.sps must be an SpsCurve or None, got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class SpecConfig:
+    """Speculative decoding of an engine: who drafts, how many, who picks the lengths.
+
+    Attributes:
+        drafter: ``"ngram"`` (prompt lookup over the request's own tokens).
+        num_draft: ``γ``, drafts proposed per request and round (``>= 1``).
+        planner: ``"fixed"`` (verify all ``γ``), ``"threshold"`` (while the cumulative
+            survival is ``>= threshold``) or ``"dspark"`` (maximise ``τ · SPS(B)``).
+        threshold: the static planner's survival threshold.
+        ngram_min, ngram_max: n-gram sizes the n-gram drafter tries (longest first).
+        sps: the ``SPS(B)`` curve of the DSpark planner; ``None`` is flat (every draft
+            admitted: the curve of a device far from saturation).
+    """
+
+    drafter: str = attrs.field(default="ngram", validator=one_of(("ngram",)))
+    num_draft: int = attrs.field(default=4, validator=int_at_least(1))
+    planner: str = attrs.field(default="fixed", validator=one_of(("fixed", "threshold", "dspark")))
+    threshold: float = attrs.field(default=0.3, validator=_check_threshold)
+    ngram_min: int = attrs.field(default=1, validator=int_at_least(1))
+    ngram_max: int = attrs.field(default=3, validator=int_at_least(1))
+    sps: SpsCurve | None = attrs.field(default=None, validator=_check_sps)
+
+    def __attrs_post_init__(self) -> None:
+        if self.ngram_max < self.ngram_min:
+            raise ConfigError(
+                f"speculative.ngram_max must be >= ngram_min ({self.ngram_min}), got {self.ngram_max}"
+            )
+
+    @classmethod
+    def coerce(cls, value: SpecConfig | Mapping[str, Any] | None) -> SpecConfig | None:
+        """A :class:`SpecConfig` from itself, ``None``, or a plain dict with the same keys
+        (as vLLM's ``speculative_config``).
+
+        Raises:
+            ConfigError: another type, an unknown key, or a bad value.
+        """
+        if value is None or isinstance(value, SpecConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"speculative must be a SpecConfig, a dict or None, got {value!r}")
+        unknown = sorted(str(k) for k in value if k not in _SPEC_KEYS)
+        if unknown:
+            raise ConfigError(f"speculative has unknown keys {unknown}; known: {list(_SPEC_KEYS)}")
+        return cls(**value)

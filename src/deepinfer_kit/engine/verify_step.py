@@ -1,0 +1,92 @@
+"""The draw of a round that verifies drafts: plain rows through the sampler, verified
+chunks through the DraftVerifier, one token tensor for both (and their logprobs)."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from deepinfer_kit.sample.logprobs import attach_logprobs
+from deepinfer_kit.sample.protocols import Sampler
+from deepinfer_kit.sample.records import SampleResult, SamplingBatch
+from deepinfer_kit.spec.protocols import DraftVerifier
+from deepinfer_kit.spec.records import DraftProposal
+
+__all__ = ["VerifiedChunk", "verify_round"]
+
+
+@attrs.frozen(slots=True)
+class VerifiedChunk:
+    """A chunk whose drafts are verified this round.
+
+    Attributes:
+        chunk: its index in the plan.
+        first_row: its first sampling row; rows ``first_row + j`` for ``j <= len(drafts)``
+            draw output position ``output_position + j`` from the logits after draft
+            ``j - 1``, with ``drafts[:j]`` in their history.
+        drafts: the drafts fed after the chunk's known tokens.
+    """
+
+    chunk: int
+    first_row: int
+    drafts: tuple[int, ...]
+
+
+def verify_round(
+    sampler: Sampler,
+    verifier: DraftVerifier,
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    verified: list[VerifiedChunk],
+) -> tuple[SampleResult, list[int]]:
+    """Draw every row of a round with verified chunks.
+
+    Rows of no verified chunk are drawn by ``sampler`` (one call); the verified chunks go
+    to ``verifier`` as one :class:`DraftProposal` (width ``G`` = the most drafts, shorter
+    rows padded by repeating their last logits row), whose result is written back into
+    the rows: row ``first_row + j`` holds the ``j``-th emitted token; rows past the
+    emitted ones hold token 0 and are to be ignored. Logprobs are attached for all rows
+    when any row asked for them.
+
+    Args:
+        logits: ``[N, V]`` float logits of every sampling row (non-finite rows already
+            zeroed by the caller); not mutated.
+        batch: ``N`` sampling rows.
+        verified: the verified chunks, in row order.
+
+    Returns:
+        ``(result, emitted)``: tokens ``[N]`` int64 on ``logits``' device (plus logprob
+        fields), and per verified chunk the number of tokens emitted (accepted + 1).
+    """
+    dev = logits.device
+    num_rows = logits.shape[0]
+    tokens = torch.zeros(num_rows, dtype=torch.int64, device=dev)
+    in_verify = [False] * num_rows
+    for v in verified:
+        for j in range(len(v.drafts) + 1):
+            in_verify[v.first_row + j] = True
+    plain = [i for i, used in enumerate(in_verify) if not used]
+    if plain:
+        index = torch.tensor(plain, dtype=torch.int64, device=dev)
+        tokens[index] = sampler(logits.index_select(0, index), batch.select(plain)).token_ids
+    width = max(len(v.drafts) for v in verified)
+    rows = [v.first_row + min(j, len(v.drafts)) for v in verified for j in range(width + 1)]
+    target = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=dev))
+    padded = [t for v in verified for t in (*v.drafts, *([0] * (width - len(v.drafts))))]
+    lengths = [len(v.drafts) for v in verified]
+    proposal = DraftProposal(
+        token_ids=torch.tensor(padded, dtype=torch.int64).view(len(verified), width),
+        num_drafted=lengths,
+    )
+    result = verifier.verify(
+        proposal, lengths, target.view(len(verified), width + 1, -1),
+        batch.select([v.first_row for v in verified]),
+    )
+    where = [v.first_row + j for v, toks in zip(verified, result.token_ids) for j in range(len(toks))]
+    values = [t for toks in result.token_ids for t in toks]
+    tokens[torch.tensor(where, dtype=torch.int64, device=dev)] = torch.tensor(
+        values, dtype=torch.int64).to(dev)
+    sampled = SampleResult(token_ids=tokens)
+    if batch.max_logprobs >= 0:
+        attach_logprobs(sampled, logits.to(torch.float32), batch.max_logprobs)
+    return sampled, [len(toks) for toks in result.token_ids]

@@ -1,0 +1,116 @@
+"""Verify-length planners: fixed γ, a static survival threshold, and DSpark's
+hardware-aware prefix scheduler. Pure host logic over Python floats."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.spec.records import SpsCurve
+
+if TYPE_CHECKING:
+    from deepinfer_kit.spec.protocols import VerifyPlanner
+
+__all__ = ["FixedPlanner", "ThresholdPlanner", "DSparkPlanner", "survival"]
+
+
+def survival(confidence: Sequence[float], limit: int) -> list[float]:
+    """``a_j = prod_{i <= j} c_i`` for ``j < limit``: the estimated probability that drafts
+    ``0..j`` are all accepted. Confidences are clamped to ``[0, 1]``."""
+    out: list[float] = []
+    a = 1.0
+    for c in confidence[:limit]:
+        a *= min(1.0, max(0.0, float(c)))
+        out.append(a)
+    return out
+
+
+class FixedPlanner:
+    """Verify every available draft, up to ``num_draft`` (``None``: all of them)."""
+
+    def __init__(self, num_draft: int | None = None) -> None:
+        if num_draft is not None and (isinstance(num_draft, bool) or num_draft < 0):
+            raise ConfigError(f"num_draft must be >= 0, got {num_draft!r}")
+        self.num_draft = num_draft
+
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
+        """``min(num_draft, max_lengths[r])`` per request; see :meth:`VerifyPlanner.plan`."""
+        cap = self.num_draft
+        return [m if cap is None else min(cap, m) for m in max_lengths]
+
+
+class ThresholdPlanner:
+    """Verify a request's drafts while their cumulative survival ``a_{r,j}`` stays at or
+    above ``threshold`` (0 verifies everything, above 1 nothing).
+
+    Raises:
+        ConfigError: ``threshold`` negative or not finite.
+    """
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        if not 0.0 <= float(threshold) < float("inf"):
+            raise ConfigError(f"threshold must be a finite number >= 0, got {threshold!r}")
+        self.threshold = float(threshold)
+
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
+        """See :meth:`VerifyPlanner.plan`. O(sum max_lengths)."""
+        out = []
+        for conf, m in zip(confidence, max_lengths):
+            n = 0
+            for a in survival(conf, m):
+                if a < self.threshold:
+                    break
+                n += 1
+            out.append(n)
+        return out
+
+
+class DSparkPlanner:
+    """DSpark's hardware-aware prefix scheduler: verify the drafts that maximise
+    ``Θ = τ · SPS(B)``.
+
+    Each of the ``R`` requests verifies its base token (``B`` starts at ``R``, expected
+    tokens ``τ`` at ``R``). Candidates ``(r, j)`` are admitted in decreasing order of
+    survival ``a_{r,j} = prod_{i <= j} c_{r,i}`` (ties: earlier ``j`` first, so a request's
+    ``j``-th draft always follows its ``(j-1)``-th — survival never grows with ``j``); each
+    admission adds ``a_{r,j}`` to ``τ`` and 1 to ``B``. Admission stops at the first
+    candidate that would lower ``Θ``. For a fixed ``B`` the top-``B`` survivals maximise
+    ``τ``, and with a concave positive ``SPS`` ``log Θ`` is concave in ``B``, so the early
+    stop finds the global maximum over prefix-closed selections.
+
+    Args:
+        sps: the profiled steps-per-second curve ``SPS(B)``.
+    """
+
+    def __init__(self, sps: SpsCurve) -> None:
+        self.sps = sps
+
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
+        """See :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``."""
+        num_req = len(max_lengths)
+        candidates = [
+            (-a, j, r)
+            for r, (conf, m) in enumerate(zip(confidence, max_lengths))
+            for j, a in enumerate(survival(conf, m))
+        ]
+        candidates.sort()
+        lengths = [0] * num_req
+        tau = float(num_req)
+        tokens = num_req
+        theta = tau * self.sps(tokens)
+        for neg_a, j, r in candidates:
+            if j != lengths[r]:
+                continue  # unreachable: survival is non-increasing in j
+            nxt = (tau - neg_a) * self.sps(tokens + 1)
+            if nxt < theta:
+                break
+            tau, tokens, theta = tau - neg_a, tokens + 1, nxt
+            lengths[r] = j + 1
+        return lengths
+
+
+if TYPE_CHECKING:
+    _fixed: type[VerifyPlanner] = FixedPlanner
+    _threshold: type[VerifyPlanner] = ThresholdPlanner
+    _dspark: type[VerifyPlanner] = DSparkPlanner

@@ -1,0 +1,100 @@
+"""RejectionVerifier: strict speculative rejection sampling under each request's sampling
+parameters, so the output follows the target distribution exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer_kit.sample.distribution import target_probs
+from deepinfer_kit.sample.protocols import Sampler
+from deepinfer_kit.sample.records import SamplingBatch
+from deepinfer_kit.spec.records import DraftProposal, VerifyResult
+from deepinfer_kit.spec.ref_ops import accept_uniforms, draw_uniforms, rejection_sample
+from deepinfer_kit.spec.rows import VerifyRows, accept_matching, flatten_verify
+
+if TYPE_CHECKING:
+    from deepinfer_kit.spec.protocols import DraftVerifier
+
+__all__ = ["RejectionVerifier"]
+
+
+class RejectionVerifier:
+    """Verify drafts by strict rejection sampling against ``p_t``, the distribution the
+    sampler draws from (penalties, ``min_tokens``, temperature, top-k, top-p, min-p).
+
+    Deterministic drafts (``proposal.draft_probs is None``, i.e. one-hot): the sampler
+    itself draws every verified row and drafts are accepted while they equal its token
+    (:func:`~deepinfer_kit.spec.rows.accept_matching`) — exact rejection sampling for a
+    one-hot draft, and token for token what plain decoding with the same seeds draws
+    from the same logits. Probabilistic drafts: :func:`~deepinfer_kit.spec.ref_ops.rejection_sample`
+    over ``p_t`` from :func:`~deepinfer_kit.sample.distribution.target_probs`. Greedy rows
+    have a one-hot ``p_t``, so both paths reduce to greedy verification.
+
+    Seeded rows are reproducible and batch-invariant: the acceptance test and the draw of
+    output position ``q`` use streams keyed by ``(seed, q)``; unseeded rows consume
+    ``batch.generator``.
+
+    Args:
+        sampler: draws the rows of deterministic drafts (the engine's own sampler).
+    """
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+
+    def verify(
+        self,
+        proposal: DraftProposal,
+        lengths: Sequence[int],
+        target_logits: torch.Tensor,
+        batch: SamplingBatch,
+    ) -> VerifyResult:
+        """See :meth:`DraftVerifier.verify`. ``target_logits`` ``[R, G + 1, V]`` on any
+        device; ``proposal.draft_probs`` ``[R, G, V]`` on the same device when given.
+        Not mutated. One device-to-host copy of the result.
+
+        Raises:
+            InvariantError: shapes that disagree, lengths out of range, or a history
+                token outside ``[0, V)``.
+        """
+        rows = flatten_verify(proposal, lengths, target_logits, batch)
+        if proposal.draft_probs is None:
+            tokens: list[int] = self.sampler(rows.logits, rows.batch).token_ids.tolist()
+            return accept_matching(rows, tokens)
+        return self._strict(proposal.draft_probs, rows, target_logits.shape[1])
+
+    def _strict(self, draft_probs: torch.Tensor, rows: VerifyRows, depth: int) -> VerifyResult:
+        """Rejection sampling over probabilities; ``depth = G + 1``."""
+        num_req, vocab = len(rows.drafts), rows.logits.shape[1]
+        dev = rows.logits.device
+        flat_p = target_probs(rows.logits, rows.batch)
+        where = torch.tensor(
+            [r * depth + j for r, d in enumerate(rows.drafts) for j in range(len(d) + 1)],
+            dtype=torch.int64, device=dev,
+        )
+        target = torch.zeros(num_req * depth, vocab, dtype=torch.float64, device=dev)
+        target[where] = flat_p
+        target = target.view(num_req, depth, vocab)
+        fb = rows.batch
+        u_draw = torch.zeros(num_req * depth, dtype=torch.float64, device=dev)
+        u_draw[where] = draw_uniforms(fb.seeds, fb.positions, fb.generator, dev)
+        u_acc = torch.zeros(num_req * depth, dtype=torch.float64, device=dev)
+        u_acc[where] = accept_uniforms(fb.seeds, fb.positions, fb.generator, dev)
+        width = depth - 1
+        padded = [t for d in rows.drafts for t in d + [0] * (width - len(d))]
+        ids = torch.tensor(padded, dtype=torch.int64, device=dev).view(num_req, width)
+        lengths = torch.tensor([len(d) for d in rows.drafts], dtype=torch.int64, device=dev)
+        num_acc, token = rejection_sample(
+            target, draft_probs.to(dev, torch.float64), ids, lengths,
+            u_acc.view(num_req, depth)[:, :width], u_draw.view(num_req, depth),
+        )
+        accepted: list[int] = num_acc.tolist()
+        final: list[int] = token.tolist()
+        out = [d[:a] + [t] for d, a, t in zip(rows.drafts, accepted, final)]
+        return VerifyResult(token_ids=out, num_accepted=accepted)
+
+
+if TYPE_CHECKING:
+    _check: type[DraftVerifier] = RejectionVerifier

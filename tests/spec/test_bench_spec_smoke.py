@@ -1,0 +1,15 @@
+"""The speculative benchmark's --quick path runs (it exits non-zero if spec != plain)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_spec.py"
+
+
+def test_bench_spec_quick_runs() -> None:
+    done = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True,
+                          timeout=300, check=True)
+    assert done.stdout.count("mean acceptance length") == 6, done.stdout
