@@ -107,8 +107,10 @@ class SparseMLP(Protocol):
 
     @property
     def last_expert_counts(self) -> torch.Tensor | None:
-        """``[E]`` int64 tokens routed to each expert in the last call (``MoELayer`` keeps
-        it on the host); ``None`` before any call. Read by ``CausalLM.expert_counts``."""
+        """``[E]`` int64 tokens routed to each expert in the last call; ``None`` before any
+        call. ``MoELayer`` leaves it where it was computed — on the device on its Triton
+        path, so the forward never waits for the host — and it is read only after the
+        forward, by ``CausalLM.expert_counts`` (traces)."""
         ...
 
     def __call__(self, hidden: torch.Tensor, /) -> torch.Tensor:
