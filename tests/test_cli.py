@@ -37,6 +37,25 @@ def test_trace_follows_one_request(capsys: pytest.CaptureFixture[str]) -> None:
     assert "finished: req-1" in out
 
 
+def test_trace_shows_drafted_and_accepted_tokens_with_speculation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    prompt = "abc" * 8
+    args = ["trace", "--num-draft", "4", "--prompt", prompt, "--max-tokens", "16"]
+    assert main(args) == 0
+    spec_out = capsys.readouterr().out
+    assert "drafted=" in spec_out and "accepted=" in spec_out
+    assert main(["trace", "--prompt", prompt, "--max-tokens", "16"]) == 0
+    plain_out = capsys.readouterr().out
+    assert "drafted=" not in plain_out
+
+    def sampled(out: str) -> list[str]:
+        return [t for line in out.splitlines() if "sampled=[" in line
+                for t in line.split("sampled=[")[1].split("]")[0].split(", ") if t]
+
+    assert sampled(spec_out) == sampled(plain_out)  # greedy: the same tokens either way
+
+
 def test_bad_input_exits_2_with_the_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--max-tokens", "0"]) == 2
     assert "max_tokens must be >= 1, got 0" in capsys.readouterr().err

@@ -40,6 +40,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--overlap", action="store_true",
                    help="schedule step k+1 while step k runs (tokens committed one step late)")
+    p.add_argument("--num-draft", type=int, default=0,
+                   help="speculative decoding: n-gram drafts verified per round (0: off)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch intra-op threads (default: 1 for the tiny model, torch's default otherwise)",
@@ -82,6 +86,8 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         num_blocks=args.num_blocks,
         block_size=args.block_size,
         overlap=args.overlap,
+        cuda_graphs=not args.no_cuda_graphs,
+        speculative=({"drafter": "ngram", "num_draft": args.num_draft} if args.num_draft else None),
     )
     params = SamplingParams(
         temperature=args.temperature,
@@ -143,6 +149,7 @@ def _trace(args: argparse.Namespace) -> int:
             print(
                 f"  {c.kind:7s} positions [{c.start}, {c.start + c.num_tokens}) cached={c.num_cached_tokens} "
                 f"blocks={c.num_blocks} sampled={list(c.sampled)}"
+                + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
         if target in t.preempted:
             print("  preempted (blocks released; will recompute)")
