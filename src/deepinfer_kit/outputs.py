@@ -49,12 +49,17 @@ class CompletionOutput:
 
 @attrs.define(slots=True)
 class RequestMetrics:
-    """Wall-clock times (``time.monotonic()`` seconds) of a request's life."""
+    """Wall-clock times (``time.monotonic()`` seconds) of a request's life, and its
+    speculative-decoding counts: drafts verified, and drafts accepted (each verify round
+    also yields one target token, not counted). Mean acceptance length per verify round is
+    ``1 + num_accepted_tokens / verify rounds``."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @attrs.define(slots=True)

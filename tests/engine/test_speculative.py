@@ -225,3 +225,24 @@ def test_static_decode_rounds_and_verify_rounds_mix() -> None:
                             params, prompts, num_blocks=128, max_model_len=128, static_decode=True)
     assert any(t.num_drafted for t in traces) and any(
         not t.num_drafted and all(c.kind == "decode" for c in t.chunks) for t in traces)
+
+
+def test_request_metrics_count_drafts_and_accepted_tokens() -> None:
+    """A request's metrics add up its verify rounds as the step traces record them; a
+    plain run counts nothing."""
+    prompt = list(b"the cat sat on the mat. " * 6)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    traces: list[StepTrace] = []
+    engine = build_engine(speculative={"num_draft": 4}, num_blocks=64, max_model_len=256)
+    engine.trace = traces.append
+    engine.add_request("r", prompt, params)
+    out = {o.request_id: o for o in engine.run()}["r"]
+    drafted = sum(c.num_drafted for t in traces for c in t.chunks)
+    accepted = sum(c.num_accepted for t in traces for c in t.chunks)
+    assert out.metrics is not None and drafted > 0
+    assert (out.metrics.num_draft_tokens, out.metrics.num_accepted_tokens) == (drafted, accepted)
+    assert 0 < accepted <= drafted
+    plain = build_engine(num_blocks=64, max_model_len=256)
+    plain.add_request("r", prompt, params)
+    metrics = plain.run()[0].metrics
+    assert metrics is not None and metrics.num_draft_tokens == metrics.num_accepted_tokens == 0

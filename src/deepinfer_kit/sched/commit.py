@@ -89,6 +89,9 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
                 _commit_fork(state, req, chunk, tokens, lps, finished)
             elif chunk.spec_token_ids:
                 end = _commit_spec(state, req, chunk, tokens, lps)
+                if req.metrics is not None:
+                    req.metrics.num_draft_tokens += len(chunk.spec_token_ids)
+                    req.metrics.num_accepted_tokens += max(len(tokens) - 1, 0)
             elif len(tokens) != 1:
                 raise InvariantError(
                     f"chunk {i} ({req.request_id}) expects 1 token, got {tokens!r}"
