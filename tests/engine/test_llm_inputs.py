@@ -135,3 +135,16 @@ def test_unknown_llm_option_is_named_with_the_valid_ones() -> None:
     assert "'bogus'" in message
     for valid in ("num_blocks", "device", "dtype", "kv_cache_memory_mb"):
         assert valid in message, message
+
+
+def test_enforce_eager_is_vllms_name_for_no_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deepinfer_kit.engine.llm as llm_module
+
+    built: list[Any] = []
+    real = llm_module.build_engine
+    monkeypatch.setattr(llm_module, "build_engine", lambda config: built.append(config) or real(config))
+    LLM(num_blocks=256, enforce_eager=True)
+    LLM(num_blocks=256)
+    assert [c.cuda_graphs for c in built] == [False, True]
+    with pytest.raises(ConfigError, match="enforce_eager must be a bool, got 'yes'"):
+        LLM(num_blocks=256, enforce_eager="yes")

@@ -146,7 +146,8 @@ class LLM:
     Args:
         model: a Hugging Face checkpoint folder, or ``"tiny"`` (the embedded model).
         engine: an already built :class:`Engine` to use instead of building one.
-        **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``…).
+        **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``…);
+            ``enforce_eager=True`` is vLLM's name for ``cuda_graphs=False``.
 
     Raises:
         ConfigError: an option that is not an :class:`EngineConfig` field (named, with the
@@ -154,6 +155,11 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
+        if "enforce_eager" in config:  # vLLM's name: never capture CUDA graphs
+            eager = config.pop("enforce_eager")
+            if not isinstance(eager, bool):
+                raise ConfigError(f"enforce_eager must be a bool, got {eager!r}")
+            config["cuda_graphs"] = not eager
         valid = [f.name for f in attrs.fields(EngineConfig) if f.name != "model"]
         unknown = sorted(k for k in config if k not in valid)
         if unknown:
