@@ -10,23 +10,11 @@ from collections.abc import Sequence
 
 import torch
 
-from deepinfer_kit.sample.rng import mix64, row_uniforms, seeded_uniform
+from deepinfer_kit.sample.rng import mix64, row_uniforms
 
-__all__ = ["accept_uniforms", "draw_uniforms", "inverse_cdf", "rejection_sample"]
+__all__ = ["accept_uniforms", "inverse_cdf", "rejection_sample"]
 
 _ACCEPT_SALT = 0x632BE59BD9B4E019  # separates the acceptance stream from the sampler's
-
-
-def draw_uniforms(
-    seeds: Sequence[int | None],
-    positions: Sequence[int],
-    generator: torch.Generator | None,
-    device: torch.device,
-) -> torch.Tensor:
-    """``[n]`` float64: the uniform the sampler itself uses for each row's draw (seeded rows
-    keyed by ``(seed, position)``, so a recovered or bonus token at output position ``q``
-    uses the same stream plain sampling would; unseeded rows read ``generator``)."""
-    return row_uniforms(seeds, positions, generator, device)
 
 
 def accept_uniforms(
@@ -37,20 +25,13 @@ def accept_uniforms(
 ) -> torch.Tensor:
     """``[n]`` float64 in ``[0, 1)``: the acceptance test's uniform for each row.
 
-    A stream of its own, independent of :func:`draw_uniforms`: seeded rows use
+    A stream of its own, independent of the draw's (``sample.rng.row_uniforms``, which a
+    recovered or bonus token uses so that it matches plain sampling): seeded rows use
     ``seeded_uniform(mix64(seed ^ salt) >> 1, position)`` (batch-invariant); unseeded rows
     consume one double each from ``generator``.
     """
-    values = [
-        0.0 if s is None else seeded_uniform(mix64(s ^ _ACCEPT_SALT) >> 1, p)
-        for s, p in zip(seeds, positions)
-    ]
-    out = torch.tensor(values, dtype=torch.float64, device=device)
-    unseeded = [i for i, s in enumerate(seeds) if s is None]
-    if unseeded:
-        drawn = torch.rand(len(unseeded), dtype=torch.float64, device=device, generator=generator)
-        out[torch.tensor(unseeded, dtype=torch.int64, device=device)] = drawn
-    return out
+    keyed = [None if s is None else mix64(s ^ _ACCEPT_SALT) >> 1 for s in seeds]
+    return row_uniforms(keyed, positions, generator, device)
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ from deepinfer_kit.sample.distribution import target_probs
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
-from deepinfer_kit.spec.ref_ops import accept_uniforms, draw_uniforms, rejection_sample
+from deepinfer_kit.sample.rng import row_uniforms
+from deepinfer_kit.spec.ref_ops import accept_uniforms, rejection_sample
 from deepinfer_kit.spec.rows import VerifyRows, accept_matching, flatten_verify
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class RejectionVerifier:
         target = target.view(num_req, depth, vocab)
         fb = rows.batch
         u_draw = torch.zeros(num_req * depth, dtype=torch.float64, device=dev)
-        u_draw[where] = draw_uniforms(fb.seeds, fb.positions, fb.generator, dev)
+        u_draw[where] = row_uniforms(fb.seeds, fb.positions, fb.generator, dev)
         u_acc = torch.zeros(num_req * depth, dtype=torch.float64, device=dev)
         u_acc[where] = accept_uniforms(fb.seeds, fb.positions, fb.generator, dev)
         width = depth - 1
