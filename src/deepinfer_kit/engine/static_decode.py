@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.step_inputs import append_tables
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
@@ -126,9 +127,7 @@ class StaticDecode:
         values += slots
         values += [self.kv_cache.pad_slot] * pad
         values += padded_lens
-        for table in tables:
-            values += table
-            values += [0] * (width - len(table))
+        append_tables(values, tables, width)
         values += [0] * (width * pad)
         host = torch.tensor(values, dtype=torch.int64, pin_memory=self._pin)
         return StagedDecode(host=host, size=size, num_requests=n, width=width, seq_lens=padded_lens)

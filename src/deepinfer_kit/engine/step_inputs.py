@@ -18,7 +18,7 @@ import torch
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 
-__all__ = ["InputLayout", "pack_inputs", "unpack_inputs"]
+__all__ = ["InputLayout", "append_tables", "pack_inputs", "unpack_inputs"]
 
 
 @attrs.frozen(slots=True)
@@ -32,12 +32,6 @@ class InputLayout:
     width: int
     query_lens: list[int]
     seq_lens: list[int]
-
-    @property
-    def size(self) -> int:
-        """Elements of the packed buffer."""
-        t, r = self.num_tokens, self.num_requests
-        return 3 * t + (r + 1) + r + self.num_logits + r * self.width
 
 
 def pack_inputs(
@@ -65,9 +59,7 @@ def pack_inputs(
     values: list[int] = [*input_ids, *positions, *slots, 0, *itertools.accumulate(query_lens)]
     values += seq_lens
     values += logits_rows
-    for table in tables:
-        values += table
-        values += [0] * (width - len(table))
+    append_tables(values, tables, width)
     layout = InputLayout(
         num_tokens=len(input_ids),
         num_requests=len(query_lens),
@@ -77,6 +69,13 @@ def pack_inputs(
         seq_lens=list(seq_lens),
     )
     return torch.tensor(values, dtype=torch.int64, pin_memory=pin_memory), layout
+
+
+def append_tables(values: list[int], tables: Sequence[Sequence[int]], width: int) -> None:
+    """Append each block table to ``values``, padded with block 0 to ``width`` columns."""
+    for table in tables:
+        values += table
+        values += [0] * (width - len(table))
 
 
 def unpack_inputs(buffer: torch.Tensor, layout: InputLayout) -> ForwardBatch:
