@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_kit.errors import ConfigError, DeviceUnavailableError
+from moe_layers import randomize_moe_layer
+
 from deepinfer_kit.moe import Dispatched, LocalDispatcher, MoEConfig, MoELayer, Routing
 
 
@@ -25,13 +27,7 @@ def _random_layer(seed: int, impl: str = "ref", dtype: torch.dtype = torch.float
         shared_intermediate_size=12 * shared, shared_expert_gate=bool(shared) and rng.random() < 0.5,
     )
     layer = MoELayer(cfg, impl=impl, dtype=dtype)  # type: ignore[arg-type]
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        if deepseek:
-            layer.gate.get_buffer("e_score_correction_bias").copy_(torch.randn(experts, generator=gen) * 0.1)
-    return layer
+    return randomize_moe_layer(layer, seed, experts, deepseek)
 
 
 def _loop_reference(layer: MoELayer, hidden: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from moe_layers import randomize_moe_layer
+
 from deepinfer_kit.moe import MoEConfig, MoELayer
 from deepinfer_kit.moe.align import align_block_size
 
@@ -69,13 +71,7 @@ def make_layer(seed: int, *, shared: bool, impl: str, dtype: torch.dtype = torch
         shared_intermediate_size=12 if shared else 0, shared_expert_gate=shared and rng.random() < 0.5,
     )  # fmt: skip
     layer = MoELayer(cfg, impl=impl, dtype=dtype, device=device)  # type: ignore[arg-type]
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        if deepseek:
-            layer.gate.get_buffer("e_score_correction_bias").copy_(torch.randn(experts, generator=gen) * 0.1)
-    return layer
+    return randomize_moe_layer(layer, seed, experts, deepseek)
 
 
 CASES = [(seed, shared, tokens) for seed in range(4) for shared in (False, True) for tokens in (0, 1, 7, 40)]
