@@ -8,6 +8,8 @@ blocks keep their contents.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from deepinfer_kit.engine.runner import ModelRunner
@@ -50,16 +52,13 @@ def warm_up(
         seq_lens = list(query_lens)
         tables = [[0] * -(-q // cache.block_size) for q in query_lens]
         total = sum(query_lens)
-        rows = list(range(len(query_lens)))
+        ends = [end - 1 for end in itertools.accumulate(query_lens)]  # each request's logits row
         host, layout = pack_inputs(
             [0] * total, [p for q in query_lens for p in range(q)], query_lens, seq_lens,
-            tables, rows, block_size=cache.block_size, pin_memory=False,
+            tables, ends, block_size=cache.block_size, pin_memory=False,
         )  # fmt: skip
         forward = unpack_inputs(host.to(runner.device), layout)
         forward.attn.slot_mapping.fill_(cache.pad_slot)
-        # The query rows that end each request: its logits.
-        ends = torch.tensor(query_lens).cumsum(0) - 1
-        forward.logits_indices.copy_(ends.to(runner.device))
         with torch.inference_mode():
             logits = runner.model(forward, cache)
             _sample_variants(runner, logits)
