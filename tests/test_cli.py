@@ -24,7 +24,7 @@ def test_generate_prints_generations_and_a_summary(capsys: pytest.CaptureFixture
 
 def test_no_arguments_runs_the_default_generation(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("requests=4 output_tokens=96 ")
+    assert capsys.readouterr().out.splitlines()[-1].startswith("requests=4 output_tokens=256 ")
 
 
 def test_trace_follows_one_request(capsys: pytest.CaptureFixture[str]) -> None:
