@@ -140,6 +140,7 @@ class TraceRecorder:
         self._traces: list[StepTrace] = []
         self._finished: list[str] = []
         self._num_outputs: dict[str, int] = {}
+        self._seqs: dict[str, Request] = {}  # live sequences seen in the queues
         self._cached: set[int] = set()
 
     @classmethod
@@ -168,13 +169,18 @@ class TraceRecorder:
         document; forwards ``trace`` to the previous callback."""
         self._traces.append(trace)
         for request in (*self._queues.running, *self._queues.waiting):
-            self._register(request.request_id, request.params, len(request.prompt_token_ids),
-                           request.parent_id)
+            rid = request.request_id
+            self._register(rid, request.params, len(request.prompt_token_ids), request.parent_id)
+            if self._seqs.get(rid) is not request:  # a new sequence (or a reused id)
+                self._seqs[rid] = request
+                self._num_outputs[rid] = 0
         sampling: list[SampleDoc] = []
         tokens: list[TokenDoc] = []
         for chunk in trace.chunks:
             self._sampled(chunk, trace, sampling, tokens)
         self._finished.extend(trace.finished)
+        for rid in trace.finished:
+            self._seqs.pop(rid, None)
         step: StepDoc = {
             "step": trace.step_id,
             "committed_in": trace.committed_in,
@@ -213,30 +219,40 @@ class TraceRecorder:
 
     def _sampled(self, chunk: TracedChunk, trace: StepTrace, sampling: list[SampleDoc],
                  tokens: list[TokenDoc]) -> None:
-        """The draws of one chunk: a fork's first sample gives token ``i`` to completion
-        ``i``; a verified chunk appends all its tokens to the one sequence."""
+        """The draws of one chunk and the tokens they committed. A fork's first sample
+        gives draw ``i`` to completion ``i``; a verified chunk's draws all go to its one
+        sequence. What was committed is read from the sequence itself (its new output
+        tokens): a commit drops draws for a sequence preempted or finished since the
+        step was scheduled, and the drafts after a stop inside an accepted run."""
         if not chunk.sampled or chunk.row is None:
             return
         params = chunk.row.params
-        fork = chunk.num_drafted == 0 and len(chunk.sampled) > 1
         rid = chunk.request_id
-        for i, token in enumerate(chunk.sampled):
-            owner = f"{rid}#{i}" if fork and i else rid
+        fork = chunk.num_drafted == 0 and len(chunk.sampled) > 1
+        shares = ([(f"{rid}#{i}" if i else rid, [t]) for i, t in enumerate(chunk.sampled)]
+                  if fork else [(rid, list(chunk.sampled))])
+        position = 0
+        for owner, drawn in shares:
             self._register(owner, params, len(chunk.row.prompt_token_ids), rid if owner != rid else None)
-            if owner in self._finished:
-                continue  # overlap: a token sampled for a sequence the previous step ended
             index = self._num_outputs.get(owner, 0)
-            self._num_outputs[owner] = index + 1
-            tokens.append({"request": owner, "index": index, "token": token,
-                           "sampled_in": trace.step_id, "committed_in": trace.committed_in})
-            cands = chunk.candidates[i] if i < len(chunk.candidates) else ()
-            sampling.append({
-                "request": owner,
-                "token": token,
-                "text": self._text(token),
-                "filter": filter_name(params),
-                "candidates": [self._candidate(t, lp, rank) for t, lp, rank in cands],
-            })
+            seq = self._seqs.get(owner)
+            kept = drawn if seq is None else list(seq.output_token_ids[index:index + len(drawn)])
+            self._num_outputs[owner] = index + len(kept)
+            for j, token in enumerate(drawn):
+                committed = j < len(kept)
+                if committed:
+                    tokens.append({"request": owner, "index": index + j, "token": token,
+                                   "sampled_in": trace.step_id, "committed_in": trace.committed_in})
+                cands = chunk.candidates[position] if position < len(chunk.candidates) else ()
+                position += 1
+                sampling.append({
+                    "request": owner,
+                    "token": token,
+                    "text": self._text(token),
+                    "filter": filter_name(params),
+                    "committed": committed,
+                    "candidates": [self._candidate(t, lp, rank) for t, lp, rank in cands],
+                })
 
     def _candidate(self, token: int, logprob: float, rank: int) -> CandidateDoc:
         return {"token": token, "text": self._text(token),

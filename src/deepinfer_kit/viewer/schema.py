@@ -86,12 +86,14 @@ class CandidateDoc(TypedDict):
 
 
 class SampleDoc(TypedDict):
-    """One drawn token, the filter that applied and, with logprobs, its candidates."""
+    """One drawn token, the filter that applied and, with logprobs, its candidates;
+    ``committed`` is false for a draw the commit dropped."""
 
     request: str
     token: int
     text: str
     filter: str
+    committed: bool
     candidates: list[CandidateDoc]
 
 

@@ -125,10 +125,10 @@
     sync(box, s.sampling, function (d, i) { return d.request + "/" + i; }, function () {
       var d = el("div", "draw"); d.appendChild(el("div", "head")); d.appendChild(el("div", "cands")); return d;
     }, function (node, d) {
-      setData(node, { request: d.request, token: d.token, filter: d.filter });
+      setData(node, { request: d.request, token: d.token, filter: d.filter, committed: d.committed ? 1 : 0 });
       node.querySelector(".head").innerHTML = "";
       node.querySelector(".head").appendChild(document.createTextNode(d.request + " drew " + d.token + " " + show_text(d.text) + " "));
-      node.querySelector(".head").appendChild(el("span", "filter", {}, "[" + d.filter + "]"));
+      node.querySelector(".head").appendChild(el("span", "filter", {}, "[" + d.filter + "]" + (d.committed ? "" : " dropped by the commit")));
       sync(node.querySelector(".cands"), d.candidates, function (c) { return c.token; }, function () {
         var c = el("div", "cand"); c.appendChild(el("span", "lbl")); c.appendChild(el("div", "pbar")); c.appendChild(el("span", "p")); return c;
       }, function (cn, c) {
