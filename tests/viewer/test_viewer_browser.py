@@ -1,5 +1,5 @@
 """The HTML viewer in a real browser: headless Chromium loads the file from file://, steps
-through a 30+-step run (prefix hits, preemption, forks) and every panel's rendered state,
+through a 30+-step run (prefix hits, preemption, forks, speculative drafts) and every panel's rendered state,
 read back from the DOM's data-* attributes, equals the trace JSON at that step.
 
 Needs Chromium, chromedriver and selenium (``apt-get install chromium chromium-driver``;
@@ -138,10 +138,11 @@ def test_viewer_steps_through_a_real_run(browser: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    run = record_run(min_steps=30)
+    run = record_run(min_steps=30, speculative={"drafter": "ngram", "num_draft": 3})
     doc = run.doc
     steps = doc["steps"]
     assert any(s["preempted"] for s in steps) and any(s["blocks"]["prefix_hits"] for s in steps)
+    assert any(c["accepted"] for s in steps for c in s["chunks"])
     assert any(r["parent"] for r in doc["requests"].values())
     path = tmp_path / "run.html"
     write_html(run.recorder, path)
@@ -162,6 +163,10 @@ def test_viewer_steps_through_a_real_run(browser: Any, tmp_path: Path) -> None:
     check(browser, doc, 0)
 
     slider = browser.find_element(By.ID, "scrub")
+    right = slider.size["width"] // 2 - 2
+    ActionChains(browser).move_to_element_with_offset(slider, right, 0).click().perform()
+    assert int(slider.get_attribute("value")) == len(steps) - 1  # the track's right end
+    check(browser, doc, len(steps) - 1)
     ActionChains(browser).move_to_element(slider).click().perform()  # the middle of the track
     index = int(slider.get_attribute("value"))
     assert 0 < index < len(steps) - 1
