@@ -45,6 +45,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=1, help="completions per prompt (n > 1 needs --temperature > 0)")
     p.add_argument("--logprobs", type=int, default=None, help="top candidates to report per drawn token")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
+                   help="continuous batching (admit every round) or static (a batch runs to completion)")
     p.add_argument("--overlap", action="store_true",
                    help="schedule step k+1 while step k runs (tokens committed one step late)")
     p.add_argument("--num-draft", type=int, default=0,
@@ -105,6 +107,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         max_model_len=max_model_len,
         block_size=args.block_size,
         overlap=args.overlap,
+        scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
         speculative=({"drafter": "ngram", "num_draft": args.num_draft} if args.num_draft else None),
     )
