@@ -182,7 +182,7 @@ def test_viewer_steps_through_a_real_run(browser: Any, tmp_path: Path) -> None:
     assert play.get_attribute("data-playing") == "0"
     now = browser.execute_script(current)
     assert now >= index + 2
-    time.sleep(1.0)  # paused: no further frame
+    time.sleep(0.8)  # paused: no frame in longer than one period (0.7 s)
     assert browser.execute_script(current) == now
     check(browser, doc, now)
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
