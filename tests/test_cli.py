@@ -87,3 +87,21 @@ def test_corrupt_checkpoint_exits_2_naming_the_file(
 def test_trace_of_a_missing_prompt_index_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "--prompt", "only one", "--request", "1", "--max-tokens", "2"]) == 2
     assert capsys.readouterr().err == "error: --request must be in [0, 1), got 1\n"
+
+
+def test_trace_html_and_json_hold_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from deepinfer_kit.viewer import loads, read_html
+
+    html, doc_path = tmp_path / "run.html", tmp_path / "run.json"
+    args = ["trace", "--html", str(html), "--json", str(doc_path), "--n", "2", "--temperature", "0.8",
+            "--seed", "1", "--max-tokens", "6", "--prompt", "shared prefix one", "--prompt", "shared prefix two"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"to {html}" in out and f"to {doc_path}" in out
+    doc = read_html(html)
+    assert doc == loads(doc_path.read_text("utf-8"))
+    assert doc["meta"]["num_blocks"] == 48 and doc["meta"]["model"] == "tiny"
+    assert set(doc["requests"]) == {"req-0", "req-0#1", "req-1", "req-1#1"}
+    draws = [d for s in doc["steps"] for d in s["sampling"]]
+    assert len(draws) == 4 * 6 and all(len(d["candidates"]) >= 5 for d in draws)  # --logprobs 5
+    assert main(["trace", "--prompt", "x", "--max-tokens", "2", "--scheduler", "static"]) == 0

@@ -26,6 +26,9 @@ DEFAULT_PROMPTS = (
 )
 
 
+_HTML_BLOCKS = 48  # a pool the viewer can draw cell by cell
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (embedded, default)")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: built-in prompts")
@@ -37,7 +40,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output tokens of one request at most (default: the model's)")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt (n > 1 needs --temperature > 0)")
+    p.add_argument("--logprobs", type=int, default=None, help="top candidates to report per drawn token")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
+                   help="continuous batching (admit every round) or static (a batch runs to completion)")
     p.add_argument("--overlap", action="store_true",
                    help="schedule step k+1 while step k runs (tokens committed one step late)")
     p.add_argument("--num-draft", type=int, default=0,
@@ -59,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="print one request's path through the engine, step by step")
     _add_common(trace)
     trace.add_argument("--request", type=int, default=0, help="index of the prompt to follow")
+    trace.add_argument(
+        "--html", default=None, metavar="PATH",
+        help="also write a self-contained step-through viewer of the run (one HTML file); "
+        f"without --num-blocks the pool is then {_HTML_BLOCKS} blocks, and --logprobs defaults to 5",
+    )
+    trace.add_argument("--json", default=None, metavar="PATH",
+                       help="also write the run's trace document (docs/trace_schema.md)")
     from deepinfer_kit.sim.command import add_sim_parser
 
     add_sim_parser(sub)
@@ -79,13 +95,19 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
     threads = args.threads if args.threads is not None else (1 if args.model == "tiny" else 0)
     if threads > 0:
         torch.set_num_threads(threads)
+    num_blocks, max_model_len = args.num_blocks, args.max_model_len
+    if getattr(args, "html", None) and num_blocks is None:
+        num_blocks = _HTML_BLOCKS
+        max_model_len = max_model_len or num_blocks * args.block_size
     config = EngineConfig(
         model=args.model,
         device=args.device,
         dtype=args.dtype,
-        num_blocks=args.num_blocks,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
         block_size=args.block_size,
         overlap=args.overlap,
+        scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
         speculative=({"drafter": "ngram", "num_draft": args.num_draft} if args.num_draft else None),
     )
@@ -95,6 +117,8 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         top_k=args.top_k,
         seed=args.seed,
         max_tokens=args.max_tokens,
+        n=args.n,
+        logprobs=args.logprobs if args.logprobs is not None or not getattr(args, "html", None) else 5,
     )
     prompts = list(args.prompt) if args.prompt else list(DEFAULT_PROMPTS)
     return build_engine(config), params, prompts
@@ -128,8 +152,12 @@ def _trace(args: argparse.Namespace) -> int:
     if not 0 <= args.request < len(prompts):
         print(f"error: --request must be in [0, {len(prompts)}), got {args.request}", file=sys.stderr)
         return 2
+    from deepinfer_kit.viewer import TraceRecorder, write_html
+
     traces: list[StepTrace] = []
     engine.trace = traces.append
+    # The recorder reads the whole pool every step: only when a document is asked for.
+    recorder = TraceRecorder.attach(engine, model=args.model) if args.html or args.json else None
     ids = [engine.add_request(None, p, params) for p in prompts]
     engine.run()
     target = ids[args.request]
@@ -155,6 +183,13 @@ def _trace(args: argparse.Namespace) -> int:
             print("  preempted (blocks released; will recompute)")
         for f in done:
             print(f"  finished: {f}")
+    if recorder is not None and args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(recorder.to_json(indent=1))
+        print(f"wrote the trace of {len(traces)} steps to {args.json}")
+    if recorder is not None and args.html:
+        write_html(recorder, args.html)
+        print(f"wrote a step-through viewer of {len(traces)} steps to {args.html}")
     return 0
 
 
