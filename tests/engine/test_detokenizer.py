@@ -178,3 +178,11 @@ def test_logprobs_get_their_decoded_token() -> None:
     ]
 
 
+
+
+def test_a_character_cut_by_the_length_limit_is_flushed_as_a_full_decode_would() -> None:
+    tok = ByteTokenizer()
+    tokens = tok.encode("a€")[:-1]
+    req, text = _drive(tok, tokens, SamplingParams(max_tokens=len(tokens)))
+    assert req.finish_reason is not None and req.finish_reason.value == "length"
+    assert text == tok.decode(tokens) == "a\ufffd"
