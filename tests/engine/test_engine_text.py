@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import attrs
 import pytest
 
 from deepinfer_kit import LLM, RequestOutputKind, SamplingParams, build_engine
@@ -154,3 +155,15 @@ def test_logprobs_carry_decoded_tokens() -> None:
         for tid, lp in entry.items():
             assert lp.decoded_token == TOK.decode([tid], skip_special_tokens=False)
         assert token in entry
+
+
+def test_skip_special_tokens_false_names_them_in_the_text() -> None:
+    llm = LLM("tiny")
+    sp = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    (skipped,) = llm.generate("Hello there", sp)
+    (named,) = llm.generate("Hello there", attrs.evolve(sp, skip_special_tokens=False))
+    ids = skipped.outputs[0].token_ids
+    assert TOK.PAD in ids  # the tiny model's greedy continuation holds a special token
+    assert skipped.outputs[0].text == TOK.decode(ids)
+    assert named.outputs[0].text == TOK.decode(ids, skip_special_tokens=False)
+    assert "<pad>" in named.outputs[0].text
