@@ -144,7 +144,9 @@ class OutputGroups:
                         prompt_token_ids=list(req.prompt_token_ids),
                         outputs=outputs,
                         finished=complete,
-                        num_cached_tokens=group.num_cached_tokens,
+                        num_cached_tokens=(
+                            group.num_cached_tokens if complete else req.num_cached_tokens
+                        ),
                         metrics=group.metrics if group.metrics is not None else req.metrics,
                     )
                 )
