@@ -5,6 +5,7 @@ with multi-byte UTF-8 characters split over tokens."""
 from __future__ import annotations
 
 from pathlib import Path
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ from deepinfer_kit.models.tokenizer import ByteTokenizer, HFTokenizer
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.stops import append_token
 
-from text_reference import CORPUS, SPECIAL, bpe_tokenizer_json, stop_reference
+from text_reference import (
+    CORPUS, SPECIAL, bpe_tokenizer_json, byte_fallback_tokenizer_json, stop_reference,
+)
 
 pytest.importorskip("tokenizers")
 
@@ -72,6 +75,30 @@ def test_bpe_incremental_text_equals_transformers_decode(
     assert detok.text == full == bpe.decode(tokens, skip_special_tokens=skip)
     for text in shown:  # never a character that a later token changes
         assert full.startswith(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_byte_fallback_text_continues_the_prompt(data: st.DataObject, tmp_path_factory: Any) -> None:
+    tok = HFTokenizer(byte_fallback_tokenizer_json(str(tmp_path_factory.getbasetemp())))
+    prompt = tok.encode("The prompt")
+    line = data.draw(st.sampled_from(CORPUS))
+    out = tok.encode(line[data.draw(st.integers(0, len(line) - 1)):])[1:]  # no Prepend marker
+    if not out:
+        return
+    detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=True)
+    shown = _run(detok, out)
+    full = tok.decode(prompt + out)
+    continuation = full[len(tok.decode(prompt)):]
+    assert detok.text == continuation  # the leading space the decoder strips at the start stays
+    assert all(continuation.startswith(t) and "\ufffd" not in t for t in shown)
+
+
+def test_byte_fallback_fixture_spells_characters_in_bytes(tmp_path: Path) -> None:
+    tok = HFTokenizer(byte_fallback_tokenizer_json(str(tmp_path)))
+    ids = tok.encode("café 東")
+    pieces = [tok._backend.id_to_token(t) for t in ids]
+    assert "<0xC3>" in pieces and "<0xE6>" in pieces and tok.decode(ids) == "café 東"
 
 
 def test_byte_tokenizer_holds_back_split_characters() -> None:

@@ -4,6 +4,7 @@ it whole."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -71,3 +72,31 @@ def stop_reference(
             stop = stops[order]
             return k, stop, text[: start + len(stop) if include else start]
     return len(tokens), None, tokenizer.decode(tokens)
+
+
+@lru_cache(maxsize=1)
+def byte_fallback_tokenizer_json(folder: str) -> Path:
+    """A SentencePiece-style BPE ``tokenizer.json`` (``▁`` for spaces, byte fallback) trained
+    on ASCII only, so every other character is spelled as ``<0xNN>`` byte tokens and the
+    decoder strips the first leading space, as Llama's does."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, trainers
+
+    backend = Backend(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    backend.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0),
+    ])
+    trainer = trainers.BpeTrainer(vocab_size=150, special_tokens=["<unk>", "<s>", "</s>"])
+    backend.train_from_iterator([CORPUS[0], CORPUS[4]] * 20, trainer)
+    path = Path(folder) / "tokenizer.json"
+    backend.save(str(path))
+    data = json.loads(path.read_text())  # the byte tokens are plain vocabulary, not specials
+    vocab = data["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    path.write_text(json.dumps(data))
+    return path
