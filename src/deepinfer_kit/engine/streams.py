@@ -113,3 +113,7 @@ class SequenceStream:
             hold = max(len(s) for s in params.stop) - 1
             return detok.text[: max(len(detok.text) - hold, 0)] if hold else detok.text
         return detok.text
+
+
+if TYPE_CHECKING:
+    _check: type[TokenObserver] = SequenceStream
