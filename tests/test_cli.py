@@ -105,3 +105,36 @@ def test_trace_html_and_json_hold_the_run(tmp_path: Path, capsys: pytest.Capture
     draws = [d for s in doc["steps"] for d in s["sampling"]]
     assert len(draws) == 4 * 6 and all(len(d["candidates"]) >= 5 for d in draws)  # --logprobs 5
     assert main(["trace", "--prompt", "x", "--max-tokens", "2", "--scheduler", "static"]) == 0
+
+
+def test_options_without_a_subcommand_mean_generate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "tiny", "--prompt", "hi", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[req-0] 'hi' -> ") and "(3 tokens, length)" in out[0]
+
+
+def test_vllm_sampling_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--prompt", "Hello there", "--max-tokens", "20", "--n", "2", "--temperature", "0.8",
+            "--seed", "3", "--min-p", "0.05", "--logprobs", "1", "--ignore-eos"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[req-0] ") and out[1].startswith("[req-0#1] ")
+    assert all("(20 tokens, length, logprob -" in line for line in out[:2])
+    assert out[-1].startswith("requests=1 output_tokens=40 ")
+
+
+def test_stop_flag_cuts_the_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--prompt", "Hello there", "--max-tokens", "20", "--ignore-eos"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "\\x05!" in first  # the tiny model's greedy continuation holds it
+    assert main(["--prompt", "Hello there", "--max-tokens", "20", "--stop", "\x05!"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith("-> '0' (3 tokens, stop '\\x05!')"), line
+
+
+def test_context_and_memory_flags_reach_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--prompt", "0123456789", "--max-model-len", "16", "--max-tokens", "50",
+                 "--ignore-eos", "--kv-cache-memory-mb", "1"]) == 0
+    assert "(6 tokens, length)" in capsys.readouterr().out
+    assert main(["--kv-cache-memory-mb", "0"]) == 2
+    assert "kv_cache_memory_mb" in capsys.readouterr().err

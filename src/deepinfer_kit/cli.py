@@ -36,14 +36,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt")
+    p.add_argument("--logprobs", type=int, default=None,
+                   help="return this many top logprobs per token (prints the cumulative logprob)")
+    p.add_argument("--stop", action="append", default=None,
+                   help="a stop string (repeatable); the text is cut before it")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
+                   help="KV memory budget (MiB) that sizes the pool when --num-blocks is not given")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="prompt + output tokens of one request at most (default: the model's)")
-    p.add_argument("--n", type=int, default=1, help="completions per prompt (n > 1 needs --temperature > 0)")
-    p.add_argument("--logprobs", type=int, default=None, help="top candidates to report per drawn token")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
                    help="continuous batching (admit every round) or static (a batch runs to completion)")
@@ -104,6 +111,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         device=args.device,
         dtype=args.dtype,
         num_blocks=num_blocks,
+        kv_cache_memory_mb=args.kv_cache_memory_mb,
         max_model_len=max_model_len,
         block_size=args.block_size,
         overlap=args.overlap,
@@ -115,10 +123,13 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
         seed=args.seed,
         max_tokens=args.max_tokens,
         n=args.n,
         logprobs=args.logprobs if args.logprobs is not None or not getattr(args, "html", None) else 5,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
     )
     prompts = list(args.prompt) if args.prompt else list(DEFAULT_PROMPTS)
     return build_engine(config), params, prompts
@@ -135,7 +146,10 @@ def _generate(args: argparse.Namespace) -> int:
         out = finished[rid]
         for c in out.outputs:
             tokens += len(c.token_ids)
-            print(f"[{rid}] {out.prompt!r} -> {c.text!r} ({len(c.token_ids)} tokens, {c.finish_reason})")
+            name = rid if c.index == 0 else f"{rid}#{c.index}"
+            why = c.finish_reason if c.stop_reason is None else f"{c.finish_reason} {c.stop_reason!r}"
+            logprob = "" if c.cumulative_logprob is None else f", logprob {c.cumulative_logprob:.3f}"
+            print(f"[{name}] {out.prompt!r} -> {c.text!r} ({len(c.token_ids)} tokens, {why}{logprob})")
     prompt_tokens = engine.num_prompt_tokens
     hit = engine.num_cached_prompt_tokens / prompt_tokens if prompt_tokens else 0.0
     print(
@@ -196,13 +210,17 @@ def _trace(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``deepinfer-kit`` command; returns the exit status.
 
+    Options with no subcommand (``deepinfer-kit --model X``), or nothing at all, mean
+    ``generate``.
+
     A library error (any :class:`DeepInferError`: bad option, unreadable checkpoint, pool
     too large) prints ``error: <message>`` to stderr, with no traceback, and returns 2.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["generate", *(argv or [])])
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help")):
+        args_list = ["generate", *args_list]  # options alone mean `generate`
+    args = parser.parse_args(args_list)
     try:
         if args.command == "trace":
             return _trace(args)

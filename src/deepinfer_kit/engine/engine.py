@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
 from deepinfer_kit.engine.inflight import InFlight, failed_result
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.speculation import Speculation
@@ -21,6 +22,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.overlap.sync import SyncExecutor
+from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
@@ -120,7 +122,7 @@ class Engine:
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note,
         )
-        self._groups = OutputGroups(self._decode)
+        self._groups = OutputGroups(self._detokenizer)
         self._auto_ids = 0
         self._lock = threading.RLock()
         self._failed_steps = 0
@@ -228,7 +230,11 @@ class Engine:
     # ---- the round -----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one round; returns the requests that finished in it (all completions).
+        """Run one round; returns the outputs its commit produced: every request whose
+        completions all finished, and every request with ``output_kind`` CUMULATIVE or
+        DELTA that produced tokens (its output so far, or what is new since its last
+        output; ``finished`` False until the end). FINAL_ONLY requests (the default) are
+        returned only when finished.
 
         Synchronous (executor depth 0): schedule, execute, commit this round. Overlapped
         (depth 1): schedule and launch this round, then commit the previous one while
@@ -265,7 +271,7 @@ class Engine:
             return outputs
 
     def flush(self) -> list[RequestOutput]:
-        """Commit every round still in flight; returns the requests that finished."""
+        """Commit every round still in flight; returns their outputs, as :meth:`step`."""
         with self._lock:
             self._check_alive()
             outputs: list[RequestOutput] = []
@@ -379,9 +385,14 @@ class Engine:
             if not self._groups.is_live(rid):
                 return rid
 
-    def _decode(self, token_ids: Sequence[int]) -> str:
+    def _detokenizer(self, request: Request) -> IncrementalDetokenizer | None:
         tokenizer = self._builder.tokenizer
-        return tokenizer.decode(token_ids) if tokenizer is not None else ""
+        params = request.params
+        if tokenizer is None or not params.detokenize:
+            return None
+        return IncrementalDetokenizer(
+            tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens
+        )
 
     def _evicted(self) -> int:
         stats = self.cache.stats
