@@ -113,6 +113,8 @@ class Engine:
             )
         self.speculation = speculation
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
+        if speculation is not None:
+            runner.draft_probs = speculation.draft_probs
         self._inflight: deque[InFlight] = deque()
         self.trace = trace
         self.max_failed_steps = max_failed_steps
@@ -285,7 +287,8 @@ class Engine:
         """Raise :class:`InvariantError` unless no request and no block is held.
 
         Every block must be free or cached-evictable (reference count 0), and the cache
-        manager's own integrity check must pass.
+        manager's own integrity check must pass; a drafter with KV of its own (a draft
+        model) must hold no sequence and no block either.
         """
         if self._inflight:
             raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
@@ -297,6 +300,8 @@ class Engine:
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
         self.cache.check_integrity()
+        if self.speculation is not None:
+            self.speculation.check_idle()
 
     # ---- failure -----------------------------------------------------------------------
 
@@ -331,6 +336,8 @@ class Engine:
         except Exception as exc:
             finished = self._fail_step(plan, "commit", exc)
             result = failed_result(plan, "")
+        if self.speculation is not None and self._drafts is not None:
+            self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
