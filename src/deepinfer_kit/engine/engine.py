@@ -215,13 +215,17 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Abort a request and all its completions; its output (reason ``abort``) comes
-        from the next :meth:`step`, and the id may be reused at once. Returns False for
-        an unknown or finished id."""
+        from the next :meth:`step`, and the id may be reused at once. Its blocks (and a
+        model drafter's blocks of it) are freed now. Returns False for an unknown or
+        finished id."""
         with self._lock:
             sid = self._groups.close_live(request_id)
             if sid is None:
                 return False
-            return self.scheduler.abort(sid)  # the scheduler aborts fork children too
+            aborted = self.scheduler.abort(sid)  # the scheduler aborts fork children too
+            if self.speculation is not None and self._drafts is not None:
+                self.speculation.sync(self._drafts.running)  # their draft KV too
+            return aborted
 
     def has_unfinished_requests(self) -> bool:
         """True while any request has not been reported finished."""

@@ -36,6 +36,7 @@ class LayerTruncatedLM:
         config: the model's config with ``num_layers = k`` (and its per-layer lists cut),
             so a :class:`~deepinfer_kit.cache.kv_cache.PagedKVCache` sized from it holds
             exactly the view's layers.
+        dtype: the model's parameter dtype.
 
     Raises:
         ConfigError: ``num_layers`` not an int in that range (names the field and value).
@@ -50,6 +51,7 @@ class LayerTruncatedLM:
             )
         self.model = model
         self.num_layers = num_layers
+        self.dtype = model.dtype
         base = model.config
         self.config: ModelConfig = attrs.evolve(
             base,
