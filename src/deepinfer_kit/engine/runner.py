@@ -176,10 +176,8 @@ class ModelRunner:
                         f"chunk of {chunk.request_id}: drafts with {rows} samples and "
                         f"{'a' if self.verifier else 'no'} verifier; one sample and a verifier needed"
                     )
-                lookup = self.draft_probs
-                verified.append(VerifiedChunk(
-                    index, len(params), tuple(spec),
-                    lookup(chunk.request_id, spec) if lookup is not None else None))
+                probs = self.draft_probs(chunk.request_id, spec) if self.draft_probs else None
+                verified.append(VerifiedChunk(index, len(params), tuple(spec), probs))
                 row_counts.append(len(spec) + 1)
                 base = tuple(chunk.output_token_ids)
                 for j in range(len(spec) + 1):
@@ -320,7 +318,6 @@ class ModelRunner:
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
         )
-
 
     def _logits(self, step: PreparedStep, forward: ForwardBatch) -> torch.Tensor:
         """``[rows, V]`` float32 logits of the sampling rows: an eager forward, or the
