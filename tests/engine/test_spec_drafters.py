@@ -239,3 +239,26 @@ def test_drafter_config_errors(models: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="vocab_size 259, the target has 160"):
         build_engine(model=models["dense"], num_blocks=64, max_model_len=128,
                      speculative={"drafter": "draft_model", "draft_model": "tiny"})
+
+
+def test_threshold_planner_stops_drafting_early_without_changing_what_is_verified() -> None:
+    """With the threshold planner the drafter stops a request once its survival falls
+    below the threshold: the same drafts are verified as when it drafts all γ and the
+    planner cuts them, with fewer draft forwards."""
+    spec = {"drafter": "self", "draft_layers": 1, "num_draft": 5, "planner": "threshold",
+            "threshold": 0.05}
+    prompts = _prompts(17, 256, 4)
+    params = _greedy(len(prompts), max_tokens=20)
+    runs = []
+    for stop in (True, False):
+        engine = build_engine(speculative=spec, **CONFIG)
+        if not stop:
+            _drafter(engine).stop_below = 0.0
+        traces: list[StepTrace] = []
+        outs = _run(engine, prompts, params, traces)
+        verified = [(c.request_id, c.num_drafted, c.num_accepted) for t in traces for c in t.chunks]
+        runs.append((outs, verified, _drafter(engine).num_forwards))
+    (outs_a, ver_a, fwd_a), (outs_b, ver_b, fwd_b) = runs
+    assert outs_a == outs_b and ver_a == ver_b
+    assert any(n for _, n, _ in ver_a) and any(0 < n < 5 for _, n, _ in ver_a)
+    assert fwd_a < fwd_b
