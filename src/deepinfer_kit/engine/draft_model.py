@@ -48,6 +48,7 @@ class _Row:
     start: int  # first token the draft has no KV for
     depth: int  # drafts it gets (<= γ)
     table: list[int]
+    survival: float = 1.0  # product of its drafts' confidences so far
 
 
 class DraftModelDrafter:
@@ -64,6 +65,10 @@ class DraftModelDrafter:
             device); ``None`` uses torch's default generator.
         max_model_len: positions the draft may write stay below it (the draft model's
             ``max_position_embeddings`` at most).
+        stop_below: stop drafting a request once the cumulative product of its drafts'
+            confidences (their survival) falls below this: the threshold planner would
+            not verify past that draft, so the forwards after it are saved. 0 drafts all
+            ``γ``.
 
     Raises:
         ConfigError: the book's block size or pool differs from ``kv_cache``'s, or the
@@ -71,7 +76,8 @@ class DraftModelDrafter:
     """
 
     def __init__(self, model: CausalLM, kv_cache: PagedKVCache, book: DraftKVBook, *,
-                 generator: torch.Generator | None = None, max_model_len: int) -> None:
+                 generator: torch.Generator | None = None, max_model_len: int,
+                 stop_below: float = 0.0) -> None:
         alloc = book.allocator
         if (alloc.block_size, alloc.num_blocks) != (kv_cache.block_size, kv_cache.num_blocks):
             raise ConfigError(
@@ -89,6 +95,7 @@ class DraftModelDrafter:
         self.generator = generator
         self.max_model_len = min(max_model_len, model.config.max_position_embeddings)
         self.vocab_size = model.config.vocab_size
+        self.stop_below = stop_below
         self.num_forwards = 0  # draft forwards run (catch-up rounds included)
 
     def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
@@ -124,6 +131,11 @@ class DraftModelDrafter:
                 ids[row.index][j] = tok
             where = torch.tensor([row.index for row in step], dtype=torch.int64)
             conf[where, j] = c
+            if self.stop_below > 0:
+                for row, cj in zip(step, c.tolist()):
+                    row.survival *= cj
+                    if row.survival < self.stop_below:
+                        row.depth = j + 1  # this draft is its last
             if probs is not None and q is not None:
                 probs[where.to(probs.device), j] = q
         for row in rows:

@@ -77,7 +77,9 @@ def build_drafter(
                       dtype=dtype, device=device, impl=attention_impl)
     book = DraftKVBook(FreeListBlockAllocator(blocks, block_size))
     generator = torch.Generator(device=device).manual_seed(seed + 1)
-    return DraftModelDrafter(model, kv, book, generator=generator, max_model_len=max_model_len)
+    stop = spec.threshold if spec.planner == "threshold" else 0.0  # it verifies no further
+    return DraftModelDrafter(model, kv, book, generator=generator, max_model_len=max_model_len,
+                             stop_below=stop)
 
 
 def _load_draft(path: str, target: LoadedModel, *, seed: int, dtype: torch.dtype,
