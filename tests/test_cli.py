@@ -56,6 +56,20 @@ def test_trace_shows_drafted_and_accepted_tokens_with_speculation(
     assert sampled(spec_out) == sampled(plain_out)  # greedy: the same tokens either way
 
 
+@pytest.mark.parametrize("flags", [["--drafter", "self", "--draft-layers", "1"],
+                                   ["--drafter", "draft_model", "--draft-model", "tiny"]])
+def test_trace_with_a_model_drafter(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = "abc" * 8
+    assert main(["trace", "--num-draft", "3", *flags, "--prompt", prompt, "--max-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "drafted=" in out and "accepted=" in out
+
+
+def test_a_model_drafter_without_its_field_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--num-draft", "3", "--drafter", "self"]) == 2
+    assert "speculative.draft_layers" in capsys.readouterr().err
+
+
 def test_bad_input_exits_2_with_the_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--max-tokens", "0"]) == 2
     assert "max_tokens must be >= 1, got 0" in capsys.readouterr().err

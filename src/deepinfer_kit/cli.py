@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit.errors import DeepInferError
@@ -57,7 +57,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="schedule step k+1 while step k runs (tokens committed one step late)")
     p.add_argument("--num-draft", type=int, default=0,
-                   help="speculative decoding: n-gram drafts verified per round (0: off)")
+                   help="speculative decoding: drafts verified per round (0: off)")
+    p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self"),
+                   help="who drafts: prompt lookup, a draft checkpoint, the target's first layers")
+    p.add_argument("--draft-model", default=None,
+                   help="the draft checkpoint folder of --drafter draft_model ('tiny': embedded)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="k, the target layers --drafter self drafts with")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
     p.add_argument(
@@ -86,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sim_parser(sub)
     return parser
+
+
+def _speculative(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``speculative`` dict of the flags (``None`` without ``--num-draft``); only the
+    draft fields given are passed, so SpecConfig names a missing or misplaced one."""
+    if not args.num_draft:
+        return None
+    spec: dict[str, Any] = {"drafter": args.drafter, "num_draft": args.num_draft}
+    if args.draft_model is not None:
+        spec["draft_model"] = args.draft_model
+    if args.draft_layers is not None:
+        spec["draft_layers"] = args.draft_layers
+    return spec
 
 
 def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams, list[str]]:
@@ -117,7 +136,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         overlap=args.overlap,
         scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
-        speculative=({"drafter": "ngram", "num_draft": args.num_draft} if args.num_draft else None),
+        speculative=_speculative(args),
     )
     params = SamplingParams(
         temperature=args.temperature,

@@ -23,10 +23,11 @@ from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tok
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
+from deepinfer_kit.engine.drafters import build_drafter
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.spec.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
-from deepinfer_kit.spec.protocols import DraftVerifier, VerifyPlanner
+from deepinfer_kit.spec.protocols import Drafter, DraftVerifier, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 from deepinfer_kit.spec.rejection import RejectionVerifier
 
@@ -125,7 +126,12 @@ def build_engine(
     static = config.static_decode if config.static_decode is not None else (
         on_cuda and config.cuda_graphs)
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
-    speculation, verifier = build_speculation(config.speculative, sampler)
+    drafter = None if config.speculative is None else build_drafter(
+        config.speculative, loaded, seed=config.seed, block_size=config.block_size,
+        num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
+        dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
+    )
+    speculation, verifier = build_speculation(config.speculative, sampler, drafter)
     runner = ModelRunner(
         loaded.model,
         kv_cache,
@@ -162,10 +168,12 @@ def build_engine(
 
 
 def build_speculation(
-    spec: SpecConfig | None, sampler: Sampler
+    spec: SpecConfig | None, sampler: Sampler, drafter: Drafter | None = None
 ) -> tuple[Speculation | None, DraftVerifier | None]:
-    """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it): an
-    n-gram drafter, the named planner, strict rejection sampling with ``sampler``."""
+    """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it):
+    ``drafter`` (default: the n-gram drafter of ``spec``; ``engine.drafters.build_drafter``
+    builds the model drafters), the named planner, strict rejection sampling with
+    ``sampler``."""
     if spec is None:
         return None, None
     planner: VerifyPlanner
@@ -175,7 +183,8 @@ def build_speculation(
         planner = DSparkPlanner(spec.sps if spec.sps is not None else SpsCurve((1,), (1.0,)))
     else:
         planner = FixedPlanner(spec.num_draft)
-    drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if drafter is None:
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
     return Speculation(drafter, planner, spec.num_draft), RejectionVerifier(sampler)
 
 

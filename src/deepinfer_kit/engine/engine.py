@@ -115,6 +115,8 @@ class Engine:
             )
         self.speculation = speculation
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
+        if speculation is not None:
+            runner.draft_probs = speculation.draft_probs
         self._inflight: deque[InFlight] = deque()
         self.trace = trace
         self.max_failed_steps = max_failed_steps
@@ -215,13 +217,17 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Abort a request and all its completions; its output (reason ``abort``) comes
-        from the next :meth:`step`, and the id may be reused at once. Returns False for
-        an unknown or finished id."""
+        from the next :meth:`step`, and the id may be reused at once. Its blocks (and a
+        model drafter's blocks of it) are freed now. Returns False for an unknown or
+        finished id."""
         with self._lock:
             sid = self._groups.close_live(request_id)
             if sid is None:
                 return False
-            return self.scheduler.abort(sid)  # the scheduler aborts fork children too
+            aborted = self.scheduler.abort(sid)  # the scheduler aborts fork children too
+            if self.speculation is not None and self._drafts is not None:
+                self.speculation.sync(self._drafts.running)  # their draft KV too
+            return aborted
 
     def has_unfinished_requests(self) -> bool:
         """True while any request has not been reported finished."""
@@ -291,7 +297,8 @@ class Engine:
         """Raise :class:`InvariantError` unless no request and no block is held.
 
         Every block must be free or cached-evictable (reference count 0), and the cache
-        manager's own integrity check must pass.
+        manager's own integrity check must pass; a drafter with KV of its own (a draft
+        model) must hold no sequence and no block either.
         """
         if self._inflight:
             raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
@@ -303,6 +310,8 @@ class Engine:
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
         self.cache.check_integrity()
+        if self.speculation is not None:
+            self.speculation.check_idle()
 
     # ---- failure -----------------------------------------------------------------------
 
@@ -337,6 +346,8 @@ class Engine:
         except Exception as exc:
             finished = self._fail_step(plan, "commit", exc)
             result = failed_result(plan, "")
+        if self.speculation is not None and self._drafts is not None:
+            self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()

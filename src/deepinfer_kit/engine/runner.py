@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -80,6 +80,9 @@ class ModelRunner:
     Attributes:
         record_expert_counts: return the MoE routing counts of each round in
             ``StepResult.expert_counts`` (the engine sets it when tracing).
+        draft_probs: ``(sequence id, drafts) -> [len(drafts), V]`` the distributions a
+            model drafter drew the drafts from (``None``: one-hot drafts); the engine sets
+            it to its speculation's lookup.
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class ModelRunner:
         self._pin = device.type == "cuda"
         self.static = static_decode
         self.verifier = verifier
+        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
 
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
@@ -172,7 +176,8 @@ class ModelRunner:
                         f"chunk of {chunk.request_id}: drafts with {rows} samples and "
                         f"{'a' if self.verifier else 'no'} verifier; one sample and a verifier needed"
                     )
-                verified.append(VerifiedChunk(index, len(params), tuple(spec)))
+                probs = self.draft_probs(chunk.request_id, spec) if self.draft_probs else None
+                verified.append(VerifiedChunk(index, len(params), tuple(spec), probs))
                 row_counts.append(len(spec) + 1)
                 base = tuple(chunk.output_token_ids)
                 for j in range(len(spec) + 1):
@@ -313,7 +318,6 @@ class ModelRunner:
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
         )
-
 
     def _logits(self, step: PreparedStep, forward: ForwardBatch) -> torch.Tensor:
         """``[rows, V]`` float32 logits of the sampling rows: an eager forward, or the
