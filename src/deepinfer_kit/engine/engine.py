@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
+from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, failed_result
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder
-from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
@@ -119,7 +120,7 @@ class Engine:
             runner.draft_probs = speculation.draft_probs
         self._inflight: deque[InFlight] = deque()
         self.trace = trace
-        self.max_failed_steps = max_failed_steps
+        self._failures = StepFailures(max_failed_steps)
         self._builder = RequestBuilder(
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note,
@@ -127,8 +128,6 @@ class Engine:
         self._groups = OutputGroups(self._detokenizer)
         self._auto_ids = 0
         self._lock = threading.RLock()
-        self._failed_steps = 0
-        self._dead: EngineDeadError | None = None
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
         self.num_cached_prompt_tokens = 0
@@ -194,7 +193,7 @@ class Engine:
             EngineDeadError: the engine is dead.
         """
         with self._lock:
-            self._check_alive()
+            self._failures.check_alive()
             if request_id is None:
                 rid = self._next_auto_id()
             elif not isinstance(request_id, str) or not request_id:
@@ -256,7 +255,7 @@ class Engine:
                 ``max_failed_steps`` steps failed in a row.
         """
         with self._lock:
-            self._check_alive()
+            self._failures.check_alive()
             t0 = time.perf_counter()
             self.runner.record_expert_counts = self.trace is not None
             free_before = self.cache.num_free_blocks
@@ -266,7 +265,7 @@ class Engine:
                     self.speculation.draft(self._drafts)
                 plan = self.scheduler.schedule()
             except Exception as exc:
-                raise self._die("the scheduler failed to plan a round", exc) from exc
+                raise self._failures.die("the scheduler failed to plan a round", exc) from exc
             launched = self._launch(plan)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
@@ -279,7 +278,7 @@ class Engine:
     def flush(self) -> list[RequestOutput]:
         """Commit every round still in flight; returns their outputs, as :meth:`step`."""
         with self._lock:
-            self._check_alive()
+            self._failures.check_alive()
             outputs: list[RequestOutput] = []
             while self._inflight:
                 outputs.extend(self._commit_oldest())
@@ -324,7 +323,7 @@ class Engine:
             prepared = self.runner.prepare(plan)
             return self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
         except Exception as exc:
-            self._count_failure(exc)
+            self._failures.count(exc)
             return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
 
     def _commit_oldest(self) -> list[RequestOutput]:
@@ -336,9 +335,9 @@ class Engine:
         if not isinstance(result, StepResult):
             try:
                 result = self.executor.wait(result)
-                self._failed_steps = 0
+                self._failures.succeeded()
             except Exception as exc:
-                self._count_failure(exc)
+                self._failures.count(exc)
                 result = failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
         t2 = time.perf_counter()
         try:
@@ -365,27 +364,13 @@ class Engine:
 
     def _fail_step(self, plan: SchedulePlan, phase: str, exc: Exception) -> list[RequestOutput]:
         """The commit of ``plan`` raised: fail its requests instead, or die trying."""
-        self._count_failure(exc)
+        self._failures.count(exc)
         try:
             return self.scheduler.commit(
                 plan, failed_result(plan, f"step {plan.step_id} {phase} failed: {exc!r}")
             )
         except Exception as again:
-            raise self._die(f"the scheduler could not fail step {plan.step_id}", again) from exc
-
-    def _count_failure(self, exc: Exception) -> None:
-        self._failed_steps += 1
-        if self._failed_steps >= self.max_failed_steps:
-            raise self._die(f"{self._failed_steps} steps in a row failed", exc) from exc
-
-    def _die(self, why: str, exc: BaseException) -> EngineDeadError:
-        self._dead = EngineDeadError(f"engine is dead: {why}: {exc!r}")
-        self._dead.__cause__ = exc
-        return self._dead
-
-    def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise self._dead
+            raise self._failures.die(f"the scheduler could not fail step {plan.step_id}", again) from exc
 
     # ---- helpers -------------------------------------------------------------------------
 
