@@ -8,6 +8,7 @@ import attrs
 
 from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
 
@@ -35,6 +36,11 @@ def _check_device(instance: object, attribute: attrs.Attribute[str], value: obje
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
+
+
+def _coerce_eplb(value: Any) -> EplbConfig | None:
+    """``eplb`` from an EplbConfig, a dict with its keys, or None."""
+    return EplbConfig.coerce(value)
 
 
 @attrs.frozen(slots=True)
@@ -74,6 +80,11 @@ class EngineConfig:
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round. Not combinable with ``overlap``.
+        eplb: live expert load balancing (an :class:`~deepinfer_kit.eplb.EplbConfig` or a
+            dict with its keys, e.g. ``{"window": 32, "interval": 32, "num_redundant": 8,
+            "num_gpus": 4}``); ``None``: each expert in its own slot, no rebalancing. A
+            model without MoE layers is a ConfigError at build. Decode rounds then run
+            eagerly (no static buffers or CUDA graphs yet).
     """
 
     model: str = "tiny"
@@ -102,6 +113,7 @@ class EngineConfig:
     )
 
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
+    eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
     def __attrs_post_init__(self) -> None:
         if self.speculative is not None and self.overlap:

@@ -8,7 +8,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.inflight import InFlight, failed_result
 from deepinfer_kit.engine.runner import ModelRunner
@@ -237,7 +236,7 @@ class Engine:
 
         A failure of the runner or the executor ends that round's requests with finish
         reason ``error`` (they are returned like any finished request) and the engine
-        goes on.
+        goes on. With EPLB on, a due rebalance runs first, between rounds.
 
         Raises:
             EngineDeadError: the scheduler could not plan (or fail) a round, or
@@ -245,6 +244,7 @@ class Engine:
         """
         with self._lock:
             self._check_alive()
+            outputs = self._rebalance_if_due()
             t0 = time.perf_counter()
             self.runner.record_expert_counts = self.trace is not None
             free_before = self.cache.num_free_blocks
@@ -259,10 +259,19 @@ class Engine:
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
-            outputs: list[RequestOutput] = []
             while len(self._inflight) > self.executor.depth:
                 outputs.extend(self._commit_oldest())
             return outputs
+
+    def _rebalance_if_due(self) -> list[RequestOutput]:
+        """With EPLB on (``runner.balancer``) and a rebalance due: commit every round in
+        flight (weights move only between forwards), then re-place the experts."""
+        balancer = self.runner.balancer
+        if balancer is None or not balancer.due():
+            return []
+        outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
+        balancer.rebalance()
+        return outputs
 
     def flush(self) -> list[RequestOutput]:
         """Commit every round still in flight; returns the requests that finished."""
