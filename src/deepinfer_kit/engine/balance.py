@@ -17,7 +17,7 @@ from deepinfer_kit.eplb.evaluate import balancedness
 from deepinfer_kit.eplb.placement_ops import gpu_loads, placement_from_phy2log
 from deepinfer_kit.eplb.records import Placement, Topology
 from deepinfer_kit.eplb.window import LoadWindow
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.moe.layer import MoELayer
 
@@ -125,15 +125,18 @@ class ExpertBalancer:
         holds at least one step)."""
         return self.num_steps - self._last_plan >= self.config.interval
 
-    def rebalance(self) -> Rebalance:
+    def rebalance(self, *, in_flight: int = 0) -> Rebalance:
         """Plan from the window with the policy and apply it to every layer: copy the
         weights of moved slots, then swap each layer's routing table. Call only between
-        steps (nothing in flight). One host read of the window. Appends to
-        :attr:`history` and returns the record.
+        steps; ``in_flight`` is the caller's count of steps launched and not yet waited
+        for. One host read of the window. Appends to :attr:`history` and returns the record.
 
         Raises:
+            InvariantError: ``in_flight > 0`` (a forward could read half-moved weights).
             ConfigError: as :meth:`PlacementPolicy.place` (not after construction checks).
         """
+        if in_flight:
+            raise InvariantError(f"rebalance with {in_flight} steps in flight; commit them first")
         t0 = time.perf_counter()
         load = self.window.total().cpu()
         new = self.policy.place(load, self.topology)

@@ -270,21 +270,21 @@ class Engine:
         if balancer is None or not balancer.due():
             return []
         outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
-        balancer.rebalance()
+        balancer.rebalance(in_flight=len(self._inflight))
         return outputs
 
     def flush(self) -> list[RequestOutput]:
         """Commit every round still in flight; returns the requests that finished."""
         with self._lock:
             self._check_alive()
-            outputs: list[RequestOutput] = []
+            outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
             while self._inflight:
                 outputs.extend(self._commit_oldest())
             return outputs
 
     def run(self) -> list[RequestOutput]:
         """Step until every request finished; returns their outputs in finishing order."""
-        outputs: list[RequestOutput] = []
+        outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
         while self.has_unfinished_requests():
             outputs.extend(self.step())
         outputs.extend(self.flush())
