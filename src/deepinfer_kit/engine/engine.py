@@ -277,14 +277,14 @@ class Engine:
         """Commit every round still in flight; returns the requests that finished."""
         with self._lock:
             self._check_alive()
-            outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
+            outputs: list[RequestOutput] = []
             while self._inflight:
                 outputs.extend(self._commit_oldest())
             return outputs
 
     def run(self) -> list[RequestOutput]:
         """Step until every request finished; returns their outputs in finishing order."""
-        outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
+        outputs: list[RequestOutput] = []
         while self.has_unfinished_requests():
             outputs.extend(self.step())
         outputs.extend(self.flush())
