@@ -85,9 +85,10 @@ class ReplicaTable(nn.Module):
     def logical_counts(self, slot_counts: torch.Tensor) -> torch.Tensor:
         """``[E]`` int64 copies per logical expert from ``[P]`` copies per slot, on the
         device of ``slot_counts`` (no host sync)."""
-        index = self.phy2log if slot_counts.device == self.phy2log.device else torch.tensor(self._host)
-        out = torch.zeros(self.num_experts, dtype=torch.int64, device=slot_counts.device)
-        return out.index_add_(0, index.to(slot_counts.device), slot_counts.to(torch.int64))
+        device = slot_counts.device
+        index = self.phy2log if device == self.phy2log.device else torch.tensor(self._host, device=device)
+        out = torch.zeros(self.num_experts, dtype=torch.int64, device=device)
+        return out.index_add_(0, index, slot_counts.to(torch.int64))
 
     def sources(self, phy2log: Sequence[int]) -> list[int]:
         """For the map ``phy2log``: per slot, a slot that holds that expert now (the slot
