@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.eplb.window import LoadWindow
     from deepinfer_kit.eplb.config import EplbConfig, POLICY_NAMES
     from deepinfer_kit.eplb.named import make_policy
+    from deepinfer_kit.eplb.heatmap import save_heatmaps, text_heatmap
 
 _LAZY = {
     "GlobalPlacementPolicy": "deepinfer_kit.eplb.deepseek",
@@ -53,6 +54,8 @@ _LAZY = {
     "EplbConfig": "deepinfer_kit.eplb.config",
     "POLICY_NAMES": "deepinfer_kit.eplb.config",
     "make_policy": "deepinfer_kit.eplb.named",
+    "text_heatmap": "deepinfer_kit.eplb.heatmap",
+    "save_heatmaps": "deepinfer_kit.eplb.heatmap",
 }
 
 __all__ = list(_LAZY)
