@@ -60,7 +60,7 @@ def _run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     [
         ("tiny", REBALANCING),
         ("tiny", REBALANCING | {"policy": "forecast", "num_redundant": 2, "num_gpus": 2}),
-        ("mixtral", REBALANCING | {"policy": "refine", "num_gpus": 2}),
+        ("mixtral", REBALANCING | {"policy": "refine", "num_redundant": 2, "num_gpus": 2}),
         ("glm4_moe", REBALANCING | {"num_nodes": 2, "num_groups": 2}),
     ],
 )
@@ -76,6 +76,11 @@ def test_greedy_tokens_unchanged_across_rebalances(
     assert balancer is not None
     assert len(balancer.history) >= 3  # requests were in flight across several swaps
     assert sum(r.moved_slots for r in balancer.history) > 0
+    previous = balancer.history[0].phy2log
+    for r in balancer.history[1:]:  # a slot is copied exactly when its expert changes
+        assert r.moved_slots == int((r.phy2log != previous).sum())
+        assert r.balancedness_after >= r.balancedness_before  # no layer takes a worse plan
+        previous = r.phy2log
 
 
 def test_overlapped_engine_rebalances_between_steps() -> None:

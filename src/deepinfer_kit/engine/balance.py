@@ -14,6 +14,7 @@ import torch
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.eplb.named import make_policy
 from deepinfer_kit.eplb.evaluate import balancedness
+from deepinfer_kit.eplb.movement import align_placement
 from deepinfer_kit.eplb.placement_ops import gpu_loads, placement_from_phy2log
 from deepinfer_kit.eplb.records import Placement, Topology
 from deepinfer_kit.eplb.window import LoadWindow
@@ -126,8 +127,10 @@ class ExpertBalancer:
         return self.num_steps - self._last_plan >= self.config.interval
 
     def rebalance(self, *, in_flight: int = 0) -> Rebalance:
-        """Plan from the window with the policy and apply it to every layer: copy the
-        weights of moved slots, then swap each layer's routing table. Call only between
+        """Plan from the window with the policy, relabel the plan to keep replicas in their
+        slots (:func:`align_placement`: GPU loads unchanged), keep the current placement
+        of each layer it balances the window no worse than the plan, and apply the rest:
+        copy the weights of moved slots, then swap each layer's routing table. Call only between
         steps; ``in_flight`` is the caller's count of steps launched and not yet waited
         for. One host read of the window. Appends to :attr:`history` and returns the record.
 
@@ -139,11 +142,20 @@ class ExpertBalancer:
             raise InvariantError(f"rebalance with {in_flight} steps in flight; commit them first")
         t0 = time.perf_counter()
         load = self.window.total().cpu()
-        new = self.policy.place(load, self.topology)
+        gpus, nodes = self.topology.num_gpus, self.topology.num_nodes
+        planned = self.policy.place(load, self.topology).phy2log
+        # Same GPU loads, fewer copies: GPUs of a node and slots of a GPU relabelled to
+        # keep the replicas that stay where they are.
+        aligned = align_placement(planned, self.placement.phy2log, gpus, nodes)
+        # A layer whose current placement already balances the window at least as well
+        # keeps it (greedy packing can lose to it): never pay copies for a worse plan.
+        old_bal = balancedness(gpu_loads(self.placement, load, gpus))
+        new_bal = balancedness(gpu_loads(placement_from_phy2log(aligned, self.num_experts), load, gpus))
+        keep = (old_bal >= new_bal)[:, None]
+        new = placement_from_phy2log(torch.where(keep, self.placement.phy2log, aligned), self.num_experts)
         t1 = time.perf_counter()
         moved = sum(layer.apply_placement(row) for layer, row in zip(self.layers, new.phy2log.tolist()))
         t2 = time.perf_counter()
-        gpus = self.topology.num_gpus
         before, after = gpu_loads(self.placement, load, gpus), gpu_loads(new, load, gpus)
         record = Rebalance(
             after_step=self.num_steps, window=load, before=before, after=after,
@@ -152,7 +164,7 @@ class ExpertBalancer:
             phy2log=new.phy2log.clone(), moved_slots=moved, moved_bytes=moved * self.expert_bytes,
             plan_s=t1 - t0, apply_s=t2 - t1,
         )  # fmt: skip
-        self.placement = placement_from_phy2log(new.phy2log, self.num_experts)
+        self.placement = new
         self._last_plan = self.num_steps
         self.history.append(record)
         return record

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
-from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
+
+if TYPE_CHECKING:
+    from deepinfer_kit.eplb.config import EplbConfig
 
 __all__ = ["EngineConfig"]
 
@@ -39,7 +41,13 @@ def _coerce_spec(value: Any) -> SpecConfig | None:
 
 
 def _coerce_eplb(value: Any) -> EplbConfig | None:
-    """``eplb`` from an EplbConfig, a dict with its keys, or None."""
+    """``eplb`` from an EplbConfig, a dict with its keys, or None (the eplb package, which
+    needs torch, is imported only when EPLB is asked for: the simulator imports this
+    module without torch)."""
+    if value is None:
+        return None
+    from deepinfer_kit.eplb.config import EplbConfig
+
     return EplbConfig.coerce(value)
 
 

@@ -1,17 +1,15 @@
-"""EplbConfig: live expert rebalancing of an engine (host-only: imports without torch)."""
+"""EplbConfig: live expert rebalancing of an engine, validated where it is given."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from deepinfer_kit._validators import Validator, require_ints_at_least
+from deepinfer_kit.eplb.records import Topology
 from deepinfer_kit.errors import ConfigError
-
-if TYPE_CHECKING:
-    from deepinfer_kit.eplb.records import Topology
 
 __all__ = ["EplbConfig", "POLICY_NAMES"]
 
@@ -99,8 +97,6 @@ class EplbConfig:
                 nodes, or the groups do not divide the experts (each message names the
                 eplb field to change).
         """
-        from deepinfer_kit.eplb.records import Topology
-
         slots = num_experts + self.num_redundant
         groups = self.num_groups if self.num_groups is not None else router_groups
         if slots % self.num_gpus:
