@@ -10,7 +10,7 @@ and the load per GPU before and after the first one.
 
 from __future__ import annotations
 
-from deepinfer_kit import SamplingParams, build_engine
+from deepinfer_kit import Engine, SamplingParams, build_engine
 from deepinfer_kit.eplb import EplbConfig, text_heatmap
 
 PROMPTS = [
@@ -20,7 +20,7 @@ PROMPTS = [
 ]
 
 
-def generate(eplb: EplbConfig | None) -> tuple[list[list[int]], object]:
+def generate(eplb: EplbConfig | None) -> tuple[list[list[int]], Engine]:
     engine = build_engine(max_model_len=256, num_blocks=64, eplb=eplb)
     params = SamplingParams(max_tokens=16)
     ids = [engine.add_request(None, p, params) for p in PROMPTS]
@@ -35,7 +35,8 @@ def main() -> None:
     balanced, engine = generate(config)
     if balanced != plain:
         raise SystemExit("rebalancing changed the greedy tokens")
-    balancer = engine.runner.balancer  # type: ignore[attr-defined]
+    balancer = engine.balancer
+    assert balancer is not None
     print(f"greedy tokens identical with and without EPLB ({len(balancer.history)} rebalances)")
     for r in balancer.history:
         print(

@@ -163,8 +163,8 @@ def _trace(args: argparse.Namespace) -> int:
                 f"blocks={c.num_blocks} sampled={list(c.sampled)}"
                 + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
-        if t.slot_counts is not None and engine.runner.balancer is not None:
-            gpus = engine.runner.balancer.topology.num_gpus
+        if t.slot_counts is not None and engine.balancer is not None:
+            gpus = engine.balancer.topology.num_gpus
             per = [[sum(row[g * len(row) // gpus:(g + 1) * len(row) // gpus]) for g in range(gpus)]
                    for row in t.slot_counts]
             print(f"  expert copies per GPU, per MoE layer: {per}")
@@ -181,7 +181,7 @@ def _print_rebalance(engine: Engine, png: str | None) -> None:
     PNG at ``png`` when given and matplotlib is installed)."""
     from deepinfer_kit.eplb.heatmap import save_heatmaps, text_heatmap
 
-    balancer = engine.runner.balancer
+    balancer = engine.balancer
     if balancer is None:
         return
     if not balancer.history:

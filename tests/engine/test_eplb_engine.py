@@ -72,7 +72,7 @@ def test_greedy_tokens_unchanged_across_rebalances(
     want = _run(build_engine(**common), prompts)
     engine = build_engine(**common, eplb=eplb)
     assert _run(engine, prompts) == want
-    balancer = engine.runner.balancer
+    balancer = engine.balancer
     assert balancer is not None
     assert len(balancer.history) >= 3  # requests were in flight across several swaps
     assert sum(r.moved_slots for r in balancer.history) > 0
@@ -90,7 +90,7 @@ def test_overlapped_engine_rebalances_between_steps() -> None:
     engine = build_engine(block_size=4, max_num_batched_tokens=40, overlap=True,
                           eplb=REBALANCING | {"policy": "global", "num_redundant": 8, "num_gpus": 8})
     assert _run(engine, prompts) == want
-    assert engine.runner.balancer is not None and len(engine.runner.balancer.history) >= 3
+    assert engine.balancer is not None and len(engine.balancer.history) >= 3
 
 
 def test_slots_hold_copies_of_their_expert_and_tables_agree() -> None:
@@ -98,7 +98,7 @@ def test_slots_hold_copies_of_their_expert_and_tables_agree() -> None:
     engine = build_engine(block_size=4, eplb=REBALANCING | {"policy": "movement"})
     layers = moe_layers(engine.runner.model)
     _run(engine, _prompts(3))
-    balancer = engine.runner.balancer
+    balancer = engine.balancer
     assert balancer is not None and balancer.history
     for ref, layer, phy2log in zip(reference, layers, balancer.placement.phy2log):
         table = layer.replicas
@@ -131,7 +131,7 @@ def test_window_equals_the_routers_counts() -> None:
     for i, layer in enumerate(layers):
         layer.gate.register_forward_hook(hook(i))
     _run(engine, _prompts(5))
-    balancer = engine.runner.balancer
+    balancer = engine.balancer
     assert balancer is not None
     steps = len(seen[0])
     assert steps > 5 and balancer.window.num_recorded == steps
@@ -144,7 +144,7 @@ def test_trace_reports_per_slot_counts() -> None:
     engine = build_engine(block_size=4, eplb=REBALANCING | {"interval": 3})
     engine.trace = traces.append
     _run(engine, _prompts(9))
-    balancer = engine.runner.balancer
+    balancer = engine.balancer
     assert balancer is not None
     assert all(t.slot_counts is not None and t.expert_counts is not None for t in traces if t.chunks)
     spread = 0

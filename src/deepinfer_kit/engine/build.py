@@ -162,6 +162,7 @@ def build_engine(
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,
+        balancer=balancer,
     )
 
 

@@ -26,6 +26,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.balance import ExpertBalancer
     from deepinfer_kit.models.tokenizer import Tokenizer
 
 __all__ = ["Engine"]
@@ -70,6 +71,7 @@ class Engine:
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
         speculation: drafts for the decoding sequences before each round (the runner's
             verifier checks them); ``None`` decodes one token per round.
+        balancer: live EPLB (the runner feeds its window); rebalances run between rounds.
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
@@ -93,6 +95,7 @@ class Engine:
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
         speculation: Speculation | None = None,
+        balancer: ExpertBalancer | None = None,
     ) -> None:
         kv = runner.kv_cache
         if (kv.block_size, kv.num_blocks) != (cache.block_size, cache.num_blocks):
@@ -110,7 +113,7 @@ class Engine:
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
             )
-        self.speculation = speculation
+        self.speculation, self.balancer = speculation, balancer
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
         self._inflight: deque[InFlight] = deque()
         self.trace = trace
@@ -264,9 +267,8 @@ class Engine:
             return outputs
 
     def _rebalance_if_due(self) -> list[RequestOutput]:
-        """With EPLB on (``runner.balancer``) and a rebalance due: commit every round in
-        flight (weights move only between forwards), then re-place the experts."""
-        balancer = self.runner.balancer
+        """A rebalance due: commit the rounds in flight (weights move between forwards only), then re-place."""
+        balancer = self.balancer
         if balancer is None or not balancer.due():
             return []
         outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]

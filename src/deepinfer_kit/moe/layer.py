@@ -12,6 +12,8 @@ from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
 from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from deepinfer_kit.moe.ep_rebalance import exchange_slots, plan_transfers
 from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
 from deepinfer_kit.moe.protocols import Dispatcher
 from deepinfer_kit.moe.records import Routing
@@ -225,10 +227,22 @@ class MoELayer(nn.Module):
         slot holding that expert now, then swap the routing table. Call between forwards
         only. Returns the slots whose weights were copied.
 
+        With an :class:`ExpertParallelDispatcher` ``phy2log`` covers every rank's slots;
+        the weights move rank to rank (:func:`exchange_slots`, a collective call: every
+        rank calls it with the same map) and the dispatcher routes by the new map.
+
         Raises:
-            ConfigError: no replicas in use (see :meth:`use_replicas`), or a bad map
-                (checked before anything is copied).
+            ConfigError: no replicas in use (see :meth:`use_replicas`) on a local layer,
+                or a bad map (checked before anything is copied).
         """
+        dispatcher = self.dispatcher
+        if isinstance(dispatcher, ExpertParallelDispatcher):
+            old = dispatcher.phy2log
+            plan_transfers(old, phy2log, dispatcher.world_size)  # checks before any collective
+            moved = exchange_slots((self.experts.gate_up, self.experts.down), old, phy2log,
+                                   dispatcher.rank, dispatcher.world_size, dispatcher.group)
+            dispatcher.assign(phy2log)
+            return moved
         table = self.replicas
         if table is None:
             raise ConfigError("apply_placement needs physical slots: call use_replicas first")
