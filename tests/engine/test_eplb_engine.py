@@ -177,6 +177,11 @@ def test_bad_eplb_config_names_the_field(eplb: Any, message: str) -> None:
         build_engine(eplb=eplb)
 
 
+def test_static_decode_is_refused_with_eplb() -> None:
+    with pytest.raises(ConfigError, match="eplb and static_decode=True cannot be combined yet"):
+        build_engine(eplb={}, static_decode=True)
+
+
 def test_dense_model_is_refused(folder_of: Callable[[str], str]) -> None:
     with pytest.raises(ConfigError, match="eplb needs a model with MoE layers; this model has none"):
         build_engine(model=folder_of("qwen3"), eplb={})

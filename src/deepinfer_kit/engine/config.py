@@ -92,7 +92,8 @@ class EngineConfig:
             dict with its keys, e.g. ``{"window": 32, "interval": 32, "num_redundant": 8,
             "num_gpus": 4}``); ``None``: each expert in its own slot, no rebalancing. A
             model without MoE layers is a ConfigError at build. Decode rounds then run
-            eagerly (no static buffers or CUDA graphs yet).
+            eagerly (no static buffers or CUDA graphs yet; ``static_decode=True`` with it is
+            a ConfigError).
     """
 
     model: str = "tiny"
@@ -128,6 +129,11 @@ class EngineConfig:
             raise ConfigError(
                 "speculative and overlap=True cannot be combined (verification needs each "
                 "round's tokens before the next is planned); set overlap=False or speculative=None"
+            )
+        if self.eplb is not None and self.static_decode:
+            raise ConfigError(
+                "eplb and static_decode=True cannot be combined yet (padded static rows would "
+                "count as routed tokens); leave static_decode unset or set eplb=None"
             )
         if not self.model:
             raise ConfigError(f"model must be a checkpoint path or 'tiny', got {self.model!r}")
