@@ -66,6 +66,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="k, the target layers --drafter self drafts with")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
+    p.add_argument("--eplb-interval", type=int, default=0,
+                   help="live expert rebalancing every N steps (0: off; needs an MoE model)")
+    p.add_argument("--eplb-window", type=int, default=8, help="steps of expert counts a rebalance plans from")
+    p.add_argument("--eplb-redundant", type=int, default=4, help="redundant expert slots per MoE layer")
+    p.add_argument("--eplb-gpus", type=int, default=4, help="GPUs the expert slots are split over")
+    p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch intra-op threads (default: 1 for the tiny model, torch's default otherwise)",
@@ -88,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("--json", default=None, metavar="PATH",
                        help="also write the run's trace document (docs/trace_schema.md)")
+    trace.add_argument("--heatmap", default=None,
+                       help="with --eplb-interval: also write the first rebalance's heatmaps to this PNG "
+                            "(needs matplotlib)")
     from deepinfer_kit.sim.command import add_sim_parser
 
     add_sim_parser(sub)
@@ -137,6 +146,9 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
         speculative=_speculative(args),
+        eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
+               "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus}
+              if args.eplb_interval else None),
     )
     params = SamplingParams(
         temperature=args.temperature,
@@ -212,6 +224,11 @@ def _trace(args: argparse.Namespace) -> int:
                 f"blocks={c.num_blocks} sampled={list(c.sampled)}"
                 + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
+        if t.slot_counts is not None and engine.balancer is not None:
+            gpus = engine.balancer.topology.num_gpus
+            per = [[sum(row[g * len(row) // gpus:(g + 1) * len(row) // gpus]) for g in range(gpus)]
+                   for row in t.slot_counts]
+            print(f"  expert copies per GPU, per MoE layer: {per}")
         if target in t.preempted:
             print("  preempted (blocks released; will recompute)")
         for f in done:
@@ -223,7 +240,34 @@ def _trace(args: argparse.Namespace) -> int:
     if recorder is not None and args.html:
         write_html(recorder, args.html)
         print(f"wrote a step-through viewer of {len(traces)} steps to {args.html}")
+    _print_rebalance(engine, args.heatmap)
     return 0
+
+
+def _print_rebalance(engine: Engine, png: str | None) -> None:
+    """The expert load per GPU before and after the engine's first rebalance (text, and a
+    PNG at ``png`` when given and matplotlib is installed)."""
+    from deepinfer_kit.eplb.heatmap import save_heatmaps, text_heatmap
+
+    balancer = engine.balancer
+    if balancer is None:
+        return
+    if not balancer.history:
+        print(f"no rebalance ran ({balancer.num_steps} steps < interval {balancer.config.interval})")
+        return
+    r = balancer.history[0]
+    scale = float(max(r.before.max(), r.after.max()))
+    print(f"expert load per GPU over the {balancer.config.window}-step window, rebalance after step "
+          f"{r.after_step} ({len(balancer.history)} rebalances; {r.moved_slots} slots moved, "
+          f"{r.moved_bytes} bytes, planned in {r.plan_s * 1e3:.1f} ms, applied in {r.apply_s * 1e3:.1f} ms)")
+    print(text_heatmap(r.before, "before (old placement):", scale=scale))
+    print(text_heatmap(r.after, "after (new placement):", scale=scale))
+    if png is not None:
+        try:
+            save_heatmaps(r.before, r.after, png, f"expert load per GPU, rebalance after step {r.after_step}")
+            print(f"heatmap written to {png}")
+        except DeepInferError as exc:
+            print(f"heatmap not written: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

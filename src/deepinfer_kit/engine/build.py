@@ -11,6 +11,7 @@ from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
@@ -123,8 +124,10 @@ def build_engine(
     )
     generator = torch.Generator(device=device).manual_seed(config.seed)
     on_cuda = device.type == "cuda"
-    static = config.static_decode if config.static_decode is not None else (
-        on_cuda and config.cuda_graphs)
+    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
+                if config.eplb is not None else None)
+    static = balancer is None and (config.static_decode if config.static_decode is not None else (
+        on_cuda and config.cuda_graphs))
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
     drafter = None if config.speculative is None else build_drafter(
         config.speculative, loaded, seed=config.seed, block_size=config.block_size,
@@ -146,6 +149,7 @@ def build_engine(
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 capture=config.cuda_graphs and static)
+    runner.balancer = balancer  # after warm-up: its dummy rounds stay out of the window
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
     if isinstance(tokenizer, ByteTokenizer) and tokenizer.vocab_size != mc.vocab_size:
@@ -164,6 +168,7 @@ def build_engine(
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,
+        balancer=balancer,
     )
 
 

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from deepinfer_kit.models.protocols import Tokenizer
+    from deepinfer_kit.request import Request
 
-__all__ = ["IncrementalDetokenizer", "find_stop", "CONTEXT_TOKENS"]
+__all__ = ["IncrementalDetokenizer", "detokenizer_for", "find_stop", "CONTEXT_TOKENS"]
 
 CONTEXT_TOKENS = 5
 """Prompt tokens decoded ahead of the output, so tokenizers whose decoders treat the first
@@ -113,3 +114,13 @@ def find_stop(text: str, new_from: int, stops: Sequence[str]) -> tuple[str, int]
         if start != -1 and (best is None or start < best[1]):
             best = (stop, start)
     return best
+
+
+def detokenizer_for(tokenizer: Tokenizer | None, request: Request) -> IncrementalDetokenizer | None:
+    """A new detokenizer of ``request``'s output under its ``skip_special_tokens``, or
+    ``None`` when it gets no text (no tokenizer, or ``detokenize=False``)."""
+    if tokenizer is None or not request.params.detokenize:
+        return None
+    return IncrementalDetokenizer(
+        tokenizer, request.prompt_token_ids, skip_special_tokens=request.params.skip_special_tokens
+    )

@@ -6,11 +6,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-
 from deepinfer_kit.cache.protocols import KVCacheManager
-from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
+from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, failed_result
 from deepinfer_kit.engine.runner import ModelRunner
@@ -23,13 +23,13 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.overlap.sync import SyncExecutor
-from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.balance import ExpertBalancer
     from deepinfer_kit.models.tokenizer import Tokenizer
 
 __all__ = ["Engine"]
@@ -74,6 +74,7 @@ class Engine:
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
         speculation: drafts for the decoding sequences before each round (the runner's
             verifier checks them); ``None`` decodes one token per round.
+        balancer: live EPLB (the runner feeds its window); rebalances run between rounds.
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
@@ -97,6 +98,7 @@ class Engine:
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
         speculation: Speculation | None = None,
+        balancer: ExpertBalancer | None = None,
     ) -> None:
         kv = runner.kv_cache
         if (kv.block_size, kv.num_blocks) != (cache.block_size, cache.num_blocks):
@@ -114,7 +116,7 @@ class Engine:
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
             )
-        self.speculation = speculation
+        self.speculation, self.balancer = speculation, balancer
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
         if speculation is not None:
             runner.draft_probs = speculation.draft_probs
@@ -125,8 +127,7 @@ class Engine:
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note,
         )
-        self._groups = OutputGroups(self._detokenizer)
-        self._auto_ids = 0
+        self._groups = OutputGroups(partial(detokenizer_for, tokenizer))
         self._lock = threading.RLock()
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
@@ -194,14 +195,7 @@ class Engine:
         """
         with self._lock:
             self._failures.check_alive()
-            if request_id is None:
-                rid = self._next_auto_id()
-            elif not isinstance(request_id, str) or not request_id:
-                raise ConfigError(f"request_id must be a non-empty str, got {request_id!r}")
-            elif self._groups.is_live(request_id):
-                raise ConfigError(f"request_id {request_id!r} is already in use by a live request")
-            else:
-                rid = request_id
+            rid = self._groups.claim(request_id)
             request = self._builder.build(
                 self._groups.scheduler_id(rid), prompt, params, priority, cache_context
             )
@@ -248,7 +242,7 @@ class Engine:
 
         A failure of the runner or the executor ends that round's requests with finish
         reason ``error`` (they are returned like any finished request) and the engine
-        goes on.
+        goes on. With EPLB on, a due rebalance runs first, between rounds.
 
         Raises:
             EngineDeadError: the scheduler could not plan (or fail) a round, or
@@ -256,6 +250,7 @@ class Engine:
         """
         with self._lock:
             self._failures.check_alive()
+            outputs = self._rebalance_if_due()
             t0 = time.perf_counter()
             self.runner.record_expert_counts = self.trace is not None
             free_before = self.cache.num_free_blocks
@@ -270,10 +265,18 @@ class Engine:
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
-            outputs: list[RequestOutput] = []
             while len(self._inflight) > self.executor.depth:
                 outputs.extend(self._commit_oldest())
             return outputs
+
+    def _rebalance_if_due(self) -> list[RequestOutput]:
+        """A rebalance due: commit the rounds in flight (weights move between forwards only), then re-place."""
+        balancer = self.balancer
+        if balancer is None or not balancer.due():
+            return []
+        outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
+        balancer.rebalance(in_flight=len(self._inflight))
+        return outputs
 
     def flush(self) -> list[RequestOutput]:
         """Commit every round still in flight; returns their outputs, as :meth:`step`."""
@@ -373,22 +376,6 @@ class Engine:
             raise self._failures.die(f"the scheduler could not fail step {plan.step_id}", again) from exc
 
     # ---- helpers -------------------------------------------------------------------------
-
-    def _next_auto_id(self) -> str:
-        while True:
-            rid = f"req-{self._auto_ids}"
-            self._auto_ids += 1
-            if not self._groups.is_live(rid):
-                return rid
-
-    def _detokenizer(self, request: Request) -> IncrementalDetokenizer | None:
-        tokenizer = self._builder.tokenizer
-        params = request.params
-        if tokenizer is None or not params.detokenize:
-            return None
-        return IncrementalDetokenizer(
-            tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens
-        )
 
     def _evicted(self) -> int:
         stats = self.cache.stats

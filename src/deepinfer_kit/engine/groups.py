@@ -10,6 +10,7 @@ import attrs
 
 from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
 from deepinfer_kit.engine.streams import SequenceStream
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import RequestOutputKind
@@ -51,6 +52,25 @@ class OutputGroups:
         self._live: dict[str, str] = {}  # user id -> scheduler id, until aborted or done
         self._streaming: dict[str, _Group] = {}  # groups reported while they run
         self._reuse = 0
+        self._auto_ids = 0
+
+    def claim(self, request_id: str | None) -> str:
+        """The user id of a new request: ``request_id``, or a fresh ``req-N`` when ``None``.
+
+        Raises:
+            ConfigError: ``request_id`` is not a non-empty str, or names a live request.
+        """
+        if request_id is None:
+            while True:
+                rid = f"req-{self._auto_ids}"
+                self._auto_ids += 1
+                if rid not in self._live:
+                    return rid
+        if not isinstance(request_id, str) or not request_id:
+            raise ConfigError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._live:
+            raise ConfigError(f"request_id {request_id!r} is already in use by a live request")
+        return request_id
 
     def __len__(self) -> int:
         """User requests added and not yet handed out."""

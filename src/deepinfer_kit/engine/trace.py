@@ -65,6 +65,8 @@ class StepTrace:
             ``(source, destination)`` physical block of each.
         preempted: ids preempted this step; finished: ids that finished this step.
         expert_counts: per MoE layer, tokens routed to each expert (``[L_moe][E]``).
+        slot_counts: with EPLB on, per MoE layer, token copies each physical expert slot
+            served (``[L_moe][P]``; slot ``s`` is on GPU ``s // (P / G)``); else None.
         num_drafted, num_accepted: drafts verified and accepted over all chunks.
         schedule_s, execute_s, commit_s: wall time of each phase.
         committed_in: the newest step scheduled when this one was committed: ``step_id``
@@ -90,6 +92,7 @@ class StepTrace:
     commit_s: float
     committed_in: int = -1
     copied_blocks: tuple[tuple[int, int], ...] = ()
+    slot_counts: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -186,6 +189,7 @@ def make_trace(
         execute_s=t2 - t1,
         commit_s=t3 - t2,
         committed_in=plan.step_id if committed_in is None else committed_in,
+        slot_counts=tuple(tuple(r) for r in result.slot_counts) if result.slot_counts else None,
     )
 
 
