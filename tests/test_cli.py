@@ -56,6 +56,20 @@ def test_trace_shows_drafted_and_accepted_tokens_with_speculation(
     assert sampled(spec_out) == sampled(plain_out)  # greedy: the same tokens either way
 
 
+@pytest.mark.parametrize("flags", [["--drafter", "self", "--draft-layers", "1"],
+                                   ["--drafter", "draft_model", "--draft-model", "tiny"]])
+def test_trace_with_a_model_drafter(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = "abc" * 8
+    assert main(["trace", "--num-draft", "3", *flags, "--prompt", prompt, "--max-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "drafted=" in out and "accepted=" in out
+
+
+def test_a_model_drafter_without_its_field_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--num-draft", "3", "--drafter", "self"]) == 2
+    assert "speculative.draft_layers" in capsys.readouterr().err
+
+
 def test_bad_input_exits_2_with_the_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--max-tokens", "0"]) == 2
     assert "max_tokens must be >= 1, got 0" in capsys.readouterr().err
@@ -87,3 +101,55 @@ def test_corrupt_checkpoint_exits_2_naming_the_file(
 def test_trace_of_a_missing_prompt_index_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "--prompt", "only one", "--request", "1", "--max-tokens", "2"]) == 2
     assert capsys.readouterr().err == "error: --request must be in [0, 1), got 1\n"
+
+
+def test_trace_html_and_json_hold_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from deepinfer_kit.viewer import loads, read_html
+
+    html, doc_path = tmp_path / "run.html", tmp_path / "run.json"
+    args = ["trace", "--model", "tiny", "--html", str(html), "--json", str(doc_path), "--n", "2",
+            "--temperature", "0.8", "--seed", "1", "--max-tokens", "6", "--prompt", "shared prefix one", "--prompt", "shared prefix two"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"to {html}" in out and f"to {doc_path}" in out
+    doc = read_html(html)
+    assert doc == loads(doc_path.read_text("utf-8"))
+    assert doc["meta"]["num_blocks"] == 48 and doc["meta"]["model"] == "tiny"
+    assert set(doc["requests"]) == {"req-0", "req-0#1", "req-1", "req-1#1"}
+    draws = [d for s in doc["steps"] for d in s["sampling"]]
+    assert len(draws) == 4 * 6 and all(len(d["candidates"]) >= 5 for d in draws)  # --logprobs 5
+    assert main(["trace", "--prompt", "x", "--max-tokens", "2", "--scheduler", "static"]) == 0
+
+
+def test_options_without_a_subcommand_mean_generate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "tiny", "--prompt", "hi", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[req-0] 'hi' -> ") and "(3 tokens, length)" in out[0]
+
+
+def test_vllm_sampling_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--prompt", "Hello there", "--max-tokens", "20", "--n", "2", "--temperature", "0.8",
+            "--seed", "3", "--min-p", "0.05", "--logprobs", "1", "--ignore-eos"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[req-0] ") and out[1].startswith("[req-0#1] ")
+    assert all("(20 tokens, length, logprob -" in line for line in out[:2])
+    assert out[-1].startswith("requests=1 output_tokens=40 ")
+
+
+def test_stop_flag_cuts_the_text(capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = ["--model", "tiny", "--prompt", "Hello there", "--max-tokens", "20"]
+    assert main([*tiny, "--ignore-eos"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "\\x05!" in first  # the tiny model's greedy continuation holds it
+    assert main([*tiny, "--stop", "\x05!"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith("-> '0' (3 tokens, stop '\\x05!')"), line
+
+
+def test_context_and_memory_flags_reach_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--prompt", "0123456789", "--max-model-len", "16", "--max-tokens", "50",
+                 "--ignore-eos", "--kv-cache-memory-mb", "1"]) == 0
+    assert "(6 tokens, length)" in capsys.readouterr().out
+    assert main(["--kv-cache-memory-mb", "0"]) == 2
+    assert "kv_cache_memory_mb" in capsys.readouterr().err

@@ -51,6 +51,8 @@ _CHILD = textwrap.dedent(
     stats = cache.stats
     assert stats is not None and stats.hit_blocks == 2, stats
 
+    import deepinfer_kit.engine.config  # noqa: F401 (the simulator imports it; eplb/ stays unloaded)
+
     leaked = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
     assert not leaked, leaked
     print("host core ok")

@@ -21,7 +21,7 @@ from deepinfer_kit.errors import (
 )
 from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer_kit.request import FinishReason, Request, RequestStatus
-from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,7 @@ __all__ = [
     "EngineConfig",
     "build_engine",
     "SamplingParams",
+    "RequestOutputKind",
     "RequestOutput",
     "CompletionOutput",
     "Logprob",

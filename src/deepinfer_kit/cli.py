@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit.errors import DeepInferError
@@ -26,6 +26,9 @@ DEFAULT_PROMPTS = (
 )
 
 
+_HTML_BLOCKS = 48  # a pool the viewer can draw cell by cell
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default="tiny-words",
@@ -37,17 +40,42 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt")
+    p.add_argument("--logprobs", type=int, default=None,
+                   help="return this many top logprobs per token (prints the cumulative logprob)")
+    p.add_argument("--stop", action="append", default=None,
+                   help="a stop string (repeatable); the text is cut before it")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
+                   help="KV memory budget (MiB) that sizes the pool when --num-blocks is not given")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output tokens of one request at most (default: the model's)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
+                   help="continuous batching (admit every round) or static (a batch runs to completion)")
     p.add_argument("--overlap", action="store_true",
                    help="schedule step k+1 while step k runs (tokens committed one step late)")
     p.add_argument("--num-draft", type=int, default=0,
-                   help="speculative decoding: n-gram drafts verified per round (0: off)")
+                   help="speculative decoding: drafts verified per round (0: off)")
+    p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self"),
+                   help="who drafts: prompt lookup, a draft checkpoint, the target's first layers")
+    p.add_argument("--draft-model", default=None,
+                   help="the draft checkpoint folder of --drafter draft_model ('tiny': embedded)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="k, the target layers --drafter self drafts with")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
+    p.add_argument("--eplb-interval", type=int, default=0,
+                   help="live expert rebalancing every N steps (0: off; needs an MoE model)")
+    p.add_argument("--eplb-window", type=int, default=8, help="steps of expert counts a rebalance plans from")
+    p.add_argument("--eplb-redundant", type=int, default=4, help="redundant expert slots per MoE layer")
+    p.add_argument("--eplb-gpus", type=int, default=4, help="GPUs the expert slots are split over")
+    p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch intra-op threads (default: 1 for the embedded models, torch's default otherwise)",
@@ -63,10 +91,33 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="print one request's path through the engine, step by step")
     _add_common(trace)
     trace.add_argument("--request", type=int, default=0, help="index of the prompt to follow")
+    trace.add_argument(
+        "--html", default=None, metavar="PATH",
+        help="also write a self-contained step-through viewer of the run (one HTML file); "
+        f"without --num-blocks the pool is then {_HTML_BLOCKS} blocks, and --logprobs defaults to 5",
+    )
+    trace.add_argument("--json", default=None, metavar="PATH",
+                       help="also write the run's trace document (docs/trace_schema.md)")
+    trace.add_argument("--heatmap", default=None,
+                       help="with --eplb-interval: also write the first rebalance's heatmaps to this PNG "
+                            "(needs matplotlib)")
     from deepinfer_kit.sim.command import add_sim_parser
 
     add_sim_parser(sub)
     return parser
+
+
+def _speculative(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``speculative`` dict of the flags (``None`` without ``--num-draft``); only the
+    draft fields given are passed, so SpecConfig names a missing or misplaced one."""
+    if not args.num_draft:
+        return None
+    spec: dict[str, Any] = {"drafter": args.drafter, "num_draft": args.num_draft}
+    if args.draft_model is not None:
+        spec["draft_model"] = args.draft_model
+    if args.draft_layers is not None:
+        spec["draft_layers"] = args.draft_layers
+    return spec
 
 
 def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams, list[str]]:
@@ -84,22 +135,37 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
     threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)
     if threads > 0:
         torch.set_num_threads(threads)
+    num_blocks, max_model_len = args.num_blocks, args.max_model_len
+    if getattr(args, "html", None) and num_blocks is None:
+        num_blocks = _HTML_BLOCKS
+        max_model_len = max_model_len or num_blocks * args.block_size
     config = EngineConfig(
         model=args.model,
         device=args.device,
         dtype=args.dtype,
-        num_blocks=args.num_blocks,
+        num_blocks=num_blocks,
+        kv_cache_memory_mb=args.kv_cache_memory_mb,
+        max_model_len=max_model_len,
         block_size=args.block_size,
         overlap=args.overlap,
+        scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
-        speculative=({"drafter": "ngram", "num_draft": args.num_draft} if args.num_draft else None),
+        speculative=_speculative(args),
+        eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
+               "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus}
+              if args.eplb_interval else None),
     )
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
         seed=args.seed,
         max_tokens=args.max_tokens,
+        n=args.n,
+        logprobs=args.logprobs if args.logprobs is not None or not getattr(args, "html", None) else 5,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
     )
     prompts = list(args.prompt) if args.prompt else list(DEFAULT_PROMPTS)
     return build_engine(config), params, prompts
@@ -116,7 +182,10 @@ def _generate(args: argparse.Namespace) -> int:
         out = finished[rid]
         for c in out.outputs:
             tokens += len(c.token_ids)
-            print(f"[{rid}] {out.prompt!r} -> {c.text!r} ({len(c.token_ids)} tokens, {c.finish_reason})")
+            name = rid if c.index == 0 else f"{rid}#{c.index}"
+            why = c.finish_reason if c.stop_reason is None else f"{c.finish_reason} {c.stop_reason!r}"
+            logprob = "" if c.cumulative_logprob is None else f", logprob {c.cumulative_logprob:.3f}"
+            print(f"[{name}] {out.prompt!r} -> {c.text!r} ({len(c.token_ids)} tokens, {why}{logprob})")
     prompt_tokens = engine.num_prompt_tokens
     hit = engine.num_cached_prompt_tokens / prompt_tokens if prompt_tokens else 0.0
     print(
@@ -133,8 +202,12 @@ def _trace(args: argparse.Namespace) -> int:
     if not 0 <= args.request < len(prompts):
         print(f"error: --request must be in [0, {len(prompts)}), got {args.request}", file=sys.stderr)
         return 2
+    from deepinfer_kit.viewer import TraceRecorder, write_html
+
     traces: list[StepTrace] = []
     engine.trace = traces.append
+    # The recorder reads the whole pool every step: only when a document is asked for.
+    recorder = TraceRecorder.attach(engine, model=args.model) if args.html or args.json else None
     ids = [engine.add_request(None, p, params) for p in prompts]
     engine.run()
     target = ids[args.request]
@@ -156,23 +229,66 @@ def _trace(args: argparse.Namespace) -> int:
                 f"blocks={c.num_blocks} sampled={list(c.sampled)}"
                 + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
+        if t.slot_counts is not None and engine.balancer is not None:
+            gpus = engine.balancer.topology.num_gpus
+            per = [[sum(row[g * len(row) // gpus:(g + 1) * len(row) // gpus]) for g in range(gpus)]
+                   for row in t.slot_counts]
+            print(f"  expert copies per GPU, per MoE layer: {per}")
         if target in t.preempted:
             print("  preempted (blocks released; will recompute)")
         for f in done:
             print(f"  finished: {f}")
+    if recorder is not None and args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(recorder.to_json(indent=1))
+        print(f"wrote the trace of {len(traces)} steps to {args.json}")
+    if recorder is not None and args.html:
+        write_html(recorder, args.html)
+        print(f"wrote a step-through viewer of {len(traces)} steps to {args.html}")
+    _print_rebalance(engine, args.heatmap)
     return 0
+
+
+def _print_rebalance(engine: Engine, png: str | None) -> None:
+    """The expert load per GPU before and after the engine's first rebalance (text, and a
+    PNG at ``png`` when given and matplotlib is installed)."""
+    from deepinfer_kit.eplb.heatmap import save_heatmaps, text_heatmap
+
+    balancer = engine.balancer
+    if balancer is None:
+        return
+    if not balancer.history:
+        print(f"no rebalance ran ({balancer.num_steps} steps < interval {balancer.config.interval})")
+        return
+    r = balancer.history[0]
+    scale = float(max(r.before.max(), r.after.max()))
+    print(f"expert load per GPU over the {balancer.config.window}-step window, rebalance after step "
+          f"{r.after_step} ({len(balancer.history)} rebalances; {r.moved_slots} slots moved, "
+          f"{r.moved_bytes} bytes, planned in {r.plan_s * 1e3:.1f} ms, applied in {r.apply_s * 1e3:.1f} ms)")
+    print(text_heatmap(r.before, "before (old placement):", scale=scale))
+    print(text_heatmap(r.after, "after (new placement):", scale=scale))
+    if png is not None:
+        try:
+            save_heatmaps(r.before, r.after, png, f"expert load per GPU, rebalance after step {r.after_step}")
+            print(f"heatmap written to {png}")
+        except DeepInferError as exc:
+            print(f"heatmap not written: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``deepinfer-kit`` command; returns the exit status.
 
+    Options with no subcommand (``deepinfer-kit --model X``), or nothing at all, mean
+    ``generate``.
+
     A library error (any :class:`DeepInferError`: bad option, unreadable checkpoint, pool
     too large) prints ``error: <message>`` to stderr, with no traceback, and returns 2.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["generate", *(argv or [])])
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help")):
+        args_list = ["generate", *args_list]  # options alone mean `generate`
+    args = parser.parse_args(args_list)
     try:
         if args.command == "trace":
             return _trace(args)

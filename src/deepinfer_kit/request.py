@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable
+from typing import Protocol
 
 import attrs
 
 from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["FinishReason", "RequestStatus", "Request", "fork_seed"]
+__all__ = ["FinishReason", "RequestStatus", "Request", "TokenObserver", "fork_seed"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -28,6 +29,27 @@ def fork_seed(seed: int | None, index: int) -> int | None:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (z ^ (z >> 31)) >> 1
+
+
+class TokenObserver(Protocol):
+    """Follows one sequence's output token by token: its text, and the stop strings that
+    need it. The engine attaches one to each request it builds (``Request.observer``);
+    a scheduler used alone runs without.
+    """
+
+    def on_token(self, request: Request, stop_terminated: bool) -> str | None:
+        """Called by the scheduler's commit right after each token is appended to
+        ``request.output_token_ids`` (and its logprob map to ``request.logprobs``, which
+        the observer may replace with one whose ``decoded_token`` is filled).
+        ``stop_terminated``: the token is an EOS or stop token id that already finished
+        the request. Returns the stop string the output now contains, which finishes the
+        request with reason ``stop``; ``None`` otherwise. Never raises for valid ids."""
+        ...
+
+    def fork(self, child: Request) -> TokenObserver:
+        """An observer for fork child ``child`` of the observed request, in the state of
+        this one (called when the child is spawned, before its first token)."""
+        ...
 
 
 class FinishReason(str, enum.Enum):
@@ -86,6 +108,7 @@ class Request:
         num_preemptions: how many times this request was preempted.
         cumulative_logprob, logprobs: filled when ``params.logprobs`` is set.
         metrics: the timings reported in :class:`RequestOutput`.
+        observer: told of every appended token (text, stop strings); ``None`` to skip.
     """
 
     request_id: str
@@ -113,6 +136,7 @@ class Request:
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, Logprob]] | None = None
     metrics: RequestMetrics | None = None
+    observer: TokenObserver | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.all_token_ids:

@@ -30,6 +30,8 @@ class StepResult:
             ``error`` instead of appending ``token_ids[i]``. Empty means no errors.
         expert_counts: ``[L][E]`` tokens routed to each expert in this round, when the
             runner was asked for them (traces); ``None`` otherwise.
+        slot_counts: ``[L][P]`` token copies each physical expert slot served in this
+            round, when tracing an engine with EPLB on; ``None`` otherwise.
     """
 
     token_ids: list[list[int]]
@@ -38,3 +40,4 @@ class StepResult:
     num_accepted: list[int] = attrs.field(factory=list)
     errors: list[str | None] = attrs.field(factory=list)
     expert_counts: list[list[int]] | None = None
+    slot_counts: list[list[int]] | None = None

@@ -1,4 +1,5 @@
-"""Expert parallelism over 2 and 4 gloo processes equals the single-process MoELayer."""
+"""Expert parallelism over 2 and 4 gloo processes equals the single-process MoELayer, also
+after EPLB rebalances that move expert weights rank to rank."""
 
 from __future__ import annotations
 
@@ -70,6 +71,17 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
                 torch.testing.assert_close(got, reference(hidden), rtol=1e-5, atol=1e-5, msg=f"{name} step {step}")
                 counts = layer.last_expert_counts
                 assert counts is not None and int(counts.sum()) == tokens * cfg.top_k
+            for round_ in range(2):  # EPLB rebalances: weights move rank to rank
+                old, new = dispatcher.phy2log, _phy2log(cfg.num_experts, world, 10 + round_)
+                assert layer.apply_placement(new) == sum(o != n for o, n in zip(old, new))
+                local = torch.tensor(dispatcher.local_experts)
+                per = len(new) // world
+                assert dispatcher.local_experts == tuple(new[rank * per : (rank + 1) * per])
+                assert torch.equal(layer.experts.gate_up, reference.experts.gate_up[local])
+                assert torch.equal(layer.experts.down, reference.experts.down[local])
+                hidden = torch.randn(9 + rank, cfg.hidden_size, generator=torch.Generator().manual_seed(7 * rank + round_))
+                torch.testing.assert_close(layer(hidden), reference(hidden), rtol=1e-5, atol=1e-5,
+                                           msg=f"{name} after rebalance {round_}")
         dist.barrier()
         dist.destroy_process_group()
         Path(out_dir, f"rank{rank}").write_text("ok")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_kit import ConfigError, SamplingParams
+from deepinfer_kit import ConfigError, RequestOutputKind, SamplingParams
 
 BAD = [
     ({"temperature": -0.1}, "temperature must be >= 0, got -0.1"),
@@ -30,8 +30,6 @@ BAD = [
     ({"min_tokens": -1}, "min_tokens must be >= 0, got -1"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens must be <= max_tokens (4), got 5"),
     ({"n": 0}, "n must be >= 1, got 0"),
-    ({"n": 2, "temperature": 0.0}, "n must be 1 with greedy sampling (temperature 0 or top_k 1), got n=2"),
-    ({"n": 3, "top_k": 1}, "n must be 1 with greedy sampling (temperature 0 or top_k 1), got n=3"),
     ({"seed": -1}, "seed must be in [0, 2**63), got -1"),
     ({"seed": 2**63}, f"seed must be in [0, 2**63), got {2**63}"),
     ({"seed": 1.0}, "seed must be an int, got 1.0"),
@@ -39,6 +37,15 @@ BAD = [
     ({"stop_token_ids": "ab"}, "stop_token_ids must be a sequence of ints, got 'ab'"),
     ({"logprobs": -1}, "logprobs must be >= 0, got -1"),
     ({"ignore_eos": 1}, "ignore_eos must be a bool, got 1"),
+    ({"stop": 5}, "stop must be a str or a list of str, got 5"),
+    ({"stop": ["ok", ""]}, "stop must hold non-empty strings, got ''"),
+    ({"stop": [b"x"]}, "stop must hold non-empty strings, got b'x'"),
+    ({"stop": "x", "detokenize": False}, "stop strings need detokenize=True, got stop=['x']"),
+    ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output must be a bool, got 'yes'"),
+    ({"skip_special_tokens": None}, "skip_special_tokens must be a bool, got None"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be >= 1, got 0"),
+    ({"truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens must be an int, got 1.5"),
+    ({"output_kind": "delta"}, "output_kind must be a RequestOutputKind, got 'delta'"),
 ]
 
 
@@ -57,6 +64,16 @@ def test_defaults_and_disabled_values_are_accepted() -> None:
     assert SamplingParams(temperature=0).is_greedy
     assert SamplingParams(top_k=1).is_greedy
     assert SamplingParams(repetition_penalty=1.2).has_penalties
+
+
+def test_vllm_shaped_values_are_accepted() -> None:
+    assert SamplingParams(n=3, temperature=0.0).n == 3  # vLLM allows n > 1 with greedy
+    assert SamplingParams(max_tokens=None, min_tokens=100).max_tokens is None
+    assert SamplingParams(stop="x").stop == ("x",)
+    assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
+    assert SamplingParams(stop=None).stop == ()
+    assert SamplingParams().output_kind is RequestOutputKind.FINAL_ONLY
+    assert SamplingParams().skip_special_tokens and SamplingParams().detokenize
 
 
 def test_params_are_frozen_and_hashable() -> None:

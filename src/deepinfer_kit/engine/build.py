@@ -11,6 +11,7 @@ from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
@@ -24,10 +25,11 @@ from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tok
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
+from deepinfer_kit.engine.drafters import build_drafter
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.spec.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
-from deepinfer_kit.spec.protocols import DraftVerifier, VerifyPlanner
+from deepinfer_kit.spec.protocols import Drafter, DraftVerifier, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 from deepinfer_kit.spec.rejection import RejectionVerifier
 
@@ -124,10 +126,17 @@ def build_engine(
     )
     generator = torch.Generator(device=device).manual_seed(config.seed)
     on_cuda = device.type == "cuda"
-    static = config.static_decode if config.static_decode is not None else (
-        on_cuda and config.cuda_graphs)
+    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
+                if config.eplb is not None else None)
+    static = balancer is None and (config.static_decode if config.static_decode is not None else (
+        on_cuda and config.cuda_graphs))
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
-    speculation, verifier = build_speculation(config.speculative, sampler)
+    drafter = None if config.speculative is None else build_drafter(
+        config.speculative, loaded, seed=config.seed, block_size=config.block_size,
+        num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
+        dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
+    )
+    speculation, verifier = build_speculation(config.speculative, sampler, drafter)
     runner = ModelRunner(
         loaded.model,
         kv_cache,
@@ -142,6 +151,7 @@ def build_engine(
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 capture=config.cuda_graphs and static)
+    runner.balancer = balancer  # after warm-up: its dummy rounds stay out of the window
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
     if isinstance(tokenizer, ByteTokenizer) and tokenizer.vocab_size != mc.vocab_size:
@@ -160,14 +170,17 @@ def build_engine(
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,
+        balancer=balancer,
     )
 
 
 def build_speculation(
-    spec: SpecConfig | None, sampler: Sampler
+    spec: SpecConfig | None, sampler: Sampler, drafter: Drafter | None = None
 ) -> tuple[Speculation | None, DraftVerifier | None]:
-    """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it): an
-    n-gram drafter, the named planner, strict rejection sampling with ``sampler``."""
+    """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it):
+    ``drafter`` (default: the n-gram drafter of ``spec``; ``engine.drafters.build_drafter``
+    builds the model drafters), the named planner, strict rejection sampling with
+    ``sampler``."""
     if spec is None:
         return None, None
     planner: VerifyPlanner
@@ -177,7 +190,8 @@ def build_speculation(
         planner = DSparkPlanner(spec.sps if spec.sps is not None else SpsCurve((1,), (1.0,)))
     else:
         planner = FixedPlanner(spec.num_draft)
-    drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if drafter is None:
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
     return Speculation(drafter, planner, spec.num_draft), RejectionVerifier(sampler)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -10,6 +10,9 @@ from deepinfer_kit._dtypes import DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
+
+if TYPE_CHECKING:
+    from deepinfer_kit.eplb.config import EplbConfig
 
 __all__ = ["EngineConfig"]
 
@@ -35,6 +38,17 @@ def _check_device(instance: object, attribute: attrs.Attribute[str], value: obje
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
+
+
+def _coerce_eplb(value: Any) -> EplbConfig | None:
+    """``eplb`` from an EplbConfig, a dict with its keys, or None (the eplb package, which
+    needs torch, is imported only when EPLB is asked for: the simulator imports this
+    module without torch)."""
+    if value is None:
+        return None
+    from deepinfer_kit.eplb.config import EplbConfig
+
+    return EplbConfig.coerce(value)
 
 
 @attrs.frozen(slots=True)
@@ -76,6 +90,12 @@ class EngineConfig:
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round. Not combinable with ``overlap``.
+        eplb: live expert load balancing (an :class:`~deepinfer_kit.eplb.EplbConfig` or a
+            dict with its keys, e.g. ``{"window": 32, "interval": 32, "num_redundant": 8,
+            "num_gpus": 4}``); ``None``: each expert in its own slot, no rebalancing. A
+            model without MoE layers is a ConfigError at build. Decode rounds then run
+            eagerly (no static buffers or CUDA graphs yet; ``static_decode=True`` with it is
+            a ConfigError).
     """
 
     model: str = "tiny"
@@ -104,12 +124,18 @@ class EngineConfig:
     )
 
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
+    eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
     def __attrs_post_init__(self) -> None:
         if self.speculative is not None and self.overlap:
             raise ConfigError(
                 "speculative and overlap=True cannot be combined (verification needs each "
                 "round's tokens before the next is planned); set overlap=False or speculative=None"
+            )
+        if self.eplb is not None and self.static_decode:
+            raise ConfigError(
+                "eplb and static_decode=True cannot be combined yet (padded static rows would "
+                "count as routed tokens); leave static_decode unset or set eplb=None"
             )
         if not self.model:
             raise ConfigError(

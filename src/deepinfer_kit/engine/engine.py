@@ -6,17 +6,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.engine.detokenizer import detokenizer_for
+from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, failed_result
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder
-from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
@@ -27,6 +29,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.balance import ExpertBalancer
     from deepinfer_kit.models.tokenizer import Tokenizer
 
 __all__ = ["Engine"]
@@ -71,6 +74,7 @@ class Engine:
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
         speculation: drafts for the decoding sequences before each round (the runner's
             verifier checks them); ``None`` decodes one token per round.
+        balancer: live EPLB (the runner feeds its window); rebalances run between rounds.
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
@@ -94,6 +98,7 @@ class Engine:
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
         speculation: Speculation | None = None,
+        balancer: ExpertBalancer | None = None,
     ) -> None:
         kv = runner.kv_cache
         if (kv.block_size, kv.num_blocks) != (cache.block_size, cache.num_blocks):
@@ -111,20 +116,19 @@ class Engine:
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
             )
-        self.speculation = speculation
+        self.speculation, self.balancer = speculation, balancer
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
+        if speculation is not None:
+            runner.draft_probs = speculation.draft_probs
         self._inflight: deque[InFlight] = deque()
         self.trace = trace
-        self.max_failed_steps = max_failed_steps
+        self._failures = StepFailures(max_failed_steps)
         self._builder = RequestBuilder(
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note,
         )
-        self._groups = OutputGroups(self._decode)
-        self._auto_ids = 0
+        self._groups = OutputGroups(partial(detokenizer_for, tokenizer))
         self._lock = threading.RLock()
-        self._failed_steps = 0
-        self._dead: EngineDeadError | None = None
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
         self.num_cached_prompt_tokens = 0
@@ -190,15 +194,8 @@ class Engine:
             EngineDeadError: the engine is dead.
         """
         with self._lock:
-            self._check_alive()
-            if request_id is None:
-                rid = self._next_auto_id()
-            elif not isinstance(request_id, str) or not request_id:
-                raise ConfigError(f"request_id must be a non-empty str, got {request_id!r}")
-            elif self._groups.is_live(request_id):
-                raise ConfigError(f"request_id {request_id!r} is already in use by a live request")
-            else:
-                rid = request_id
+            self._failures.check_alive()
+            rid = self._groups.claim(request_id)
             request = self._builder.build(
                 self._groups.scheduler_id(rid), prompt, params, priority, cache_context
             )
@@ -213,13 +210,17 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Abort a request and all its completions; its output (reason ``abort``) comes
-        from the next :meth:`step`, and the id may be reused at once. Returns False for
-        an unknown or finished id."""
+        from the next :meth:`step`, and the id may be reused at once. Its blocks (and a
+        model drafter's blocks of it) are freed now. Returns False for an unknown or
+        finished id."""
         with self._lock:
             sid = self._groups.close_live(request_id)
             if sid is None:
                 return False
-            return self.scheduler.abort(sid)  # the scheduler aborts fork children too
+            aborted = self.scheduler.abort(sid)  # the scheduler aborts fork children too
+            if self.speculation is not None and self._drafts is not None:
+                self.speculation.sync(self._drafts.running)  # their draft KV too
+            return aborted
 
     def has_unfinished_requests(self) -> bool:
         """True while any request has not been reported finished."""
@@ -228,7 +229,11 @@ class Engine:
     # ---- the round -----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one round; returns the requests that finished in it (all completions).
+        """Run one round; returns the outputs its commit produced: every request whose
+        completions all finished, and every request with ``output_kind`` CUMULATIVE or
+        DELTA that produced tokens (its output so far, or what is new since its last
+        output; ``finished`` False until the end). FINAL_ONLY requests (the default) are
+        returned only when finished.
 
         Synchronous (executor depth 0): schedule, execute, commit this round. Overlapped
         (depth 1): schedule and launch this round, then commit the previous one while
@@ -237,14 +242,15 @@ class Engine:
 
         A failure of the runner or the executor ends that round's requests with finish
         reason ``error`` (they are returned like any finished request) and the engine
-        goes on.
+        goes on. With EPLB on, a due rebalance runs first, between rounds.
 
         Raises:
             EngineDeadError: the scheduler could not plan (or fail) a round, or
                 ``max_failed_steps`` steps failed in a row.
         """
         with self._lock:
-            self._check_alive()
+            self._failures.check_alive()
+            outputs = self._rebalance_if_due()
             t0 = time.perf_counter()
             self.runner.record_expert_counts = self.trace is not None
             free_before = self.cache.num_free_blocks
@@ -254,20 +260,28 @@ class Engine:
                     self.speculation.draft(self._drafts)
                 plan = self.scheduler.schedule()
             except Exception as exc:
-                raise self._die("the scheduler failed to plan a round", exc) from exc
+                raise self._failures.die("the scheduler failed to plan a round", exc) from exc
             launched = self._launch(plan)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
-            outputs: list[RequestOutput] = []
             while len(self._inflight) > self.executor.depth:
                 outputs.extend(self._commit_oldest())
             return outputs
 
+    def _rebalance_if_due(self) -> list[RequestOutput]:
+        """A rebalance due: commit the rounds in flight (weights move between forwards only), then re-place."""
+        balancer = self.balancer
+        if balancer is None or not balancer.due():
+            return []
+        outputs = [out for _ in range(len(self._inflight)) for out in self._commit_oldest()]
+        balancer.rebalance(in_flight=len(self._inflight))
+        return outputs
+
     def flush(self) -> list[RequestOutput]:
-        """Commit every round still in flight; returns the requests that finished."""
+        """Commit every round still in flight; returns their outputs, as :meth:`step`."""
         with self._lock:
-            self._check_alive()
+            self._failures.check_alive()
             outputs: list[RequestOutput] = []
             while self._inflight:
                 outputs.extend(self._commit_oldest())
@@ -285,7 +299,8 @@ class Engine:
         """Raise :class:`InvariantError` unless no request and no block is held.
 
         Every block must be free or cached-evictable (reference count 0), and the cache
-        manager's own integrity check must pass.
+        manager's own integrity check must pass; a drafter with KV of its own (a draft
+        model) must hold no sequence and no block either.
         """
         if self._inflight:
             raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
@@ -297,6 +312,8 @@ class Engine:
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
         self.cache.check_integrity()
+        if self.speculation is not None:
+            self.speculation.check_idle()
 
     # ---- failure -----------------------------------------------------------------------
 
@@ -309,7 +326,7 @@ class Engine:
             prepared = self.runner.prepare(plan)
             return self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
         except Exception as exc:
-            self._count_failure(exc)
+            self._failures.count(exc)
             return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
 
     def _commit_oldest(self) -> list[RequestOutput]:
@@ -321,9 +338,9 @@ class Engine:
         if not isinstance(result, StepResult):
             try:
                 result = self.executor.wait(result)
-                self._failed_steps = 0
+                self._failures.succeeded()
             except Exception as exc:
-                self._count_failure(exc)
+                self._failures.count(exc)
                 result = failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
         t2 = time.perf_counter()
         try:
@@ -331,6 +348,8 @@ class Engine:
         except Exception as exc:
             finished = self._fail_step(plan, "commit", exc)
             result = failed_result(plan, "")
+        if self.speculation is not None and self._drafts is not None:
+            self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
@@ -348,40 +367,15 @@ class Engine:
 
     def _fail_step(self, plan: SchedulePlan, phase: str, exc: Exception) -> list[RequestOutput]:
         """The commit of ``plan`` raised: fail its requests instead, or die trying."""
-        self._count_failure(exc)
+        self._failures.count(exc)
         try:
             return self.scheduler.commit(
                 plan, failed_result(plan, f"step {plan.step_id} {phase} failed: {exc!r}")
             )
         except Exception as again:
-            raise self._die(f"the scheduler could not fail step {plan.step_id}", again) from exc
-
-    def _count_failure(self, exc: Exception) -> None:
-        self._failed_steps += 1
-        if self._failed_steps >= self.max_failed_steps:
-            raise self._die(f"{self._failed_steps} steps in a row failed", exc) from exc
-
-    def _die(self, why: str, exc: BaseException) -> EngineDeadError:
-        self._dead = EngineDeadError(f"engine is dead: {why}: {exc!r}")
-        self._dead.__cause__ = exc
-        return self._dead
-
-    def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise self._dead
+            raise self._failures.die(f"the scheduler could not fail step {plan.step_id}", again) from exc
 
     # ---- helpers -------------------------------------------------------------------------
-
-    def _next_auto_id(self) -> str:
-        while True:
-            rid = f"req-{self._auto_ids}"
-            self._auto_ids += 1
-            if not self._groups.is_live(rid):
-                return rid
-
-    def _decode(self, token_ids: Sequence[int]) -> str:
-        tokenizer = self._builder.tokenizer
-        return tokenizer.decode(token_ids) if tokenizer is not None else ""
 
     def _evicted(self) -> int:
         stats = self.cache.stats

@@ -1,26 +1,37 @@
 """OutputGroups: gathers the completions of each user request (``n`` of them) and hands
-a request's output out once every completion finished."""
+its outputs out as its ``output_kind`` asks: every round it produced tokens (cumulative or
+delta), or once every completion finished."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 
-from deepinfer_kit.outputs import CompletionOutput, RequestOutput
+from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
+from deepinfer_kit.engine.streams import SequenceStream
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import RequestOutputKind
 
 __all__ = ["OutputGroups"]
+
+_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+_DELTA = RequestOutputKind.DELTA
 
 
 @attrs.define(slots=True, eq=False)
 class _Group:
-    """The completions of one user request gathered until all ``n`` finish."""
+    """The completions of one user request: a stream per started completion, and the
+    finished ones as the scheduler reported them."""
 
     user_id: str
     request: Request
+    streams: dict[int, SequenceStream] = attrs.field(factory=dict)
     completions: dict[int, CompletionOutput] = attrs.field(factory=dict)
     num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None  # of the last completion that finished
 
 
 class OutputGroups:
@@ -32,14 +43,34 @@ class OutputGroups:
     outputs are routed by it.
 
     Args:
-        decode: token ids -> text of a completion.
+        detokenizer: a new detokenizer for a request, or ``None`` when it gets no text.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
-        self._decode = decode
+    def __init__(self, detokenizer: Callable[[Request], IncrementalDetokenizer | None]) -> None:
+        self._detokenizer = detokenizer
         self._groups: dict[str, _Group] = {}  # scheduler id -> group
         self._live: dict[str, str] = {}  # user id -> scheduler id, until aborted or done
+        self._streaming: dict[str, _Group] = {}  # groups reported while they run
         self._reuse = 0
+        self._auto_ids = 0
+
+    def claim(self, request_id: str | None) -> str:
+        """The user id of a new request: ``request_id``, or a fresh ``req-N`` when ``None``.
+
+        Raises:
+            ConfigError: ``request_id`` is not a non-empty str, or names a live request.
+        """
+        if request_id is None:
+            while True:
+                rid = f"req-{self._auto_ids}"
+                self._auto_ids += 1
+                if rid not in self._live:
+                    return rid
+        if not isinstance(request_id, str) or not request_id:
+            raise ConfigError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._live:
+            raise ConfigError(f"request_id {request_id!r} is already in use by a live request")
+        return request_id
 
     def __len__(self) -> int:
         """User requests added and not yet handed out."""
@@ -65,15 +96,21 @@ class OutputGroups:
                 return sid
 
     def open(self, user_id: str, request: Request) -> None:
-        """Register ``request`` (whose ``request_id`` is its scheduler id) for ``user_id``."""
-        self._groups[request.request_id] = _Group(user_id, request)
+        """Register ``request`` (whose ``request_id`` is its scheduler id) for ``user_id``
+        and attach its :class:`SequenceStream` as ``request.observer``."""
+        group = _Group(user_id, request)
+        request.observer = SequenceStream(request, self._detokenizer(request), group.streams)
+        self._groups[request.request_id] = group
         self._live[user_id] = request.request_id
+        if request.params.output_kind is not _FINAL_ONLY:
+            self._streaming[request.request_id] = group
 
     def discard(self, user_id: str) -> None:
         """Forget a request that was never queued (the scheduler refused it)."""
         sid = self._live.pop(user_id, None)
         if sid is not None:
             self._groups.pop(sid, None)
+            self._streaming.pop(sid, None)
 
     def close_live(self, user_id: str) -> str | None:
         """Free ``user_id`` for reuse (an abort); returns its scheduler id, or ``None``
@@ -81,37 +118,91 @@ class OutputGroups:
         return self._live.pop(user_id, None)
 
     def collect(self, finished: list[RequestOutput]) -> tuple[list[RequestOutput], int]:
-        """Merge finished sequences (reported by the scheduler under scheduler ids) into
-        their user request; returns the requests whose every completion finished, under
-        the user's id, and their prefix-cache hit tokens summed."""
-        done: list[RequestOutput] = []
-        cached = 0
+        """The outputs of one committed round, under the users' ids: every request whose
+        completions all finished, and every streaming (CUMULATIVE / DELTA) request that
+        produced tokens or finished a completion in it. ``finished`` are the sequences the
+        scheduler reported finished (under scheduler ids). Also returns the finished
+        requests' prefix-cache hit tokens summed."""
+        touched: dict[str, _Group] = {}
         for out in finished:
             group = self._groups.get(out.request_id)
             if group is None:
                 continue
             for completion in out.outputs:
-                completion.text = self._decode(completion.token_ids)
+                stream = group.streams.get(completion.index)
+                completion.text = stream.text() if stream is not None else ""
                 group.completions[completion.index] = completion
             if out.outputs and out.outputs[0].index == 0:
                 group.num_cached_tokens = out.num_cached_tokens
+            group.metrics = out.metrics
+            touched[out.request_id] = group
+        for sid, group in self._streaming.items():
+            if sid not in touched and any(
+                s.request.num_output_tokens > s.sent_tokens for s in group.streams.values()
+            ):
+                touched[sid] = group
+        done: list[RequestOutput] = []
+        cached = 0
+        for sid, group in touched.items():
             req = group.request
-            n = req.params.n
-            if len(group.completions) < n:
+            complete = len(group.completions) >= req.params.n
+            if complete:
+                del self._groups[sid]
+                self._streaming.pop(sid, None)
+                if self._live.get(group.user_id) == sid:
+                    del self._live[group.user_id]
+                cached += group.num_cached_tokens
+            kind = req.params.output_kind
+            if kind is _FINAL_ONLY and not complete:
                 continue
-            del self._groups[out.request_id]
-            if self._live.get(group.user_id) == out.request_id:
-                del self._live[group.user_id]
-            cached += group.num_cached_tokens
-            done.append(
-                RequestOutput(
-                    request_id=group.user_id,
-                    prompt=req.prompt_text,
-                    prompt_token_ids=list(req.prompt_token_ids),
-                    outputs=[group.completions[i] for i in range(n)],
-                    finished=True,
-                    num_cached_tokens=group.num_cached_tokens,
-                    metrics=out.metrics,
+            outputs = self._completions(group, kind)
+            if outputs or complete:
+                done.append(
+                    RequestOutput(
+                        request_id=group.user_id,
+                        prompt=req.prompt_text,
+                        prompt_token_ids=list(req.prompt_token_ids),
+                        outputs=outputs,
+                        finished=complete,
+                        num_cached_tokens=(
+                            group.num_cached_tokens if complete else req.num_cached_tokens
+                        ),
+                        metrics=group.metrics if group.metrics is not None else req.metrics,
+                    )
                 )
-            )
         return done, cached
+
+    def _completions(self, group: _Group, kind: RequestOutputKind) -> list[CompletionOutput]:
+        """The completions to report for ``group``: all of them (cumulative, and final
+        only) or those with news since the last report, trimmed to the news (delta)."""
+        n = group.request.params.n
+        if kind is _FINAL_ONLY:
+            return [group.completions[i] for i in range(n)]
+        outputs: list[CompletionOutput] = []
+        for i in range(n):
+            stream = group.streams.get(i)
+            done = group.completions.get(i)
+            if done is None and stream is None:
+                continue
+            if done is None:
+                assert stream is not None
+                done = stream.request.completion(stream.text())
+            sent_tokens, sent_chars = (0, 0) if stream is None else (stream.sent_tokens, stream.sent_chars)
+            news = len(done.token_ids) > sent_tokens or (
+                done.finish_reason is not None and not (stream is not None and stream.sent_finished)
+            )
+            if stream is not None:
+                stream.sent_tokens = len(done.token_ids)
+                stream.sent_chars = len(done.text)
+                stream.sent_finished = done.finish_reason is not None
+            if kind is _DELTA:
+                if not news:
+                    continue
+                done = attrs.evolve(
+                    done,
+                    text=done.text[sent_chars:],
+                    token_ids=done.token_ids[sent_tokens:],
+                    logprobs=done.logprobs[sent_tokens:] if done.logprobs is not None else None,
+                )
+            outputs.append(done)
+        return outputs

@@ -13,7 +13,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import RequestOutput
-from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
 __all__ = ["LLM", "PromptInput", "TextPrompt", "TokensPrompt"]
 
@@ -196,7 +196,11 @@ class LLM:
                 already queued were aborted and drained.
         """
         items = _normalize(prompts)
-        params = _params_list(sampling_params, len(items))
+        params = [  # like vLLM: generate reports each request once, finished
+            sp if sp.output_kind is RequestOutputKind.FINAL_ONLY
+            else attrs.evolve(sp, output_kind=RequestOutputKind.FINAL_ONLY)
+            for sp in _params_list(sampling_params, len(items))
+        ]
         for p, sp in zip(items, params):
             self.engine.check_request(p, sp)  # validate all before queuing any
         ids: list[str] = []

@@ -93,6 +93,8 @@ class RequestBuilder:
     ) -> Request:
         """A validated, not yet queued request under scheduler id ``sid``.
 
+        ``truncate_prompt_tokens`` keeps the prompt's last tokens (the text stays as given).
+
         Raises:
             ConfigError: bad prompt (:meth:`encode`), params not SamplingParams,
                 ``logprobs`` above ``max_logprobs``, a non-int ``priority``, or a request
@@ -108,6 +110,8 @@ class RequestBuilder:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError(f"priority must be an int, got {priority!r}")
         ids, text = self.encode(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]  # vLLM keeps the prompt's end
         if self.extra_eos_token_ids and not params.ignore_eos:
             extra = tuple(t for t in self.extra_eos_token_ids if t not in params.stop_token_ids)
             params = attrs.evolve(params, stop_token_ids=params.stop_token_ids + extra)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -11,13 +11,13 @@ import torch
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.step_output import logprob_maps, to_host
 from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
-from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sample.records import SampleResult, SamplingBatch
+from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.spec.protocols import DraftVerifier
@@ -25,6 +25,7 @@ from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.cache.kv_cache import PagedKVCache
+    from deepinfer_kit.engine.balance import ExpertBalancer
 
 __all__ = ["PreparedStep", "ModelRunner"]
 
@@ -76,10 +77,16 @@ class ModelRunner:
             than chunks) always run eagerly.
         verifier: checks the drafts of chunks with ``spec_token_ids``; ``None`` when the
             engine does not speculate (such a chunk is then an error).
+        balancer: live EPLB; after every forward it records the routed counts into its
+            window (on the device). Rounds then run eagerly (padded static rows would
+            count as routed).
 
     Attributes:
         record_expert_counts: return the MoE routing counts of each round in
             ``StepResult.expert_counts`` (the engine sets it when tracing).
+        draft_probs: ``(sequence id, drafts) -> [len(drafts), V]`` the distributions a
+            model drafter drew the drafts from (``None``: one-hot drafts); the engine sets
+            it to its speculation's lookup.
     """
 
     def __init__(
@@ -92,6 +99,7 @@ class ModelRunner:
         generator: torch.Generator | None = None,
         static_decode: StaticDecode | None = None,
         verifier: DraftVerifier | None = None,
+        balancer: ExpertBalancer | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -104,6 +112,8 @@ class ModelRunner:
         self._pin = device.type == "cuda"
         self.static = static_decode
         self.verifier = verifier
+        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
+        self.balancer = balancer
 
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
@@ -172,7 +182,8 @@ class ModelRunner:
                         f"chunk of {chunk.request_id}: drafts with {rows} samples and "
                         f"{'a' if self.verifier else 'no'} verifier; one sample and a verifier needed"
                     )
-                verified.append(VerifiedChunk(index, len(params), tuple(spec)))
+                probs = self.draft_probs(chunk.request_id, spec) if self.draft_probs else None
+                verified.append(VerifiedChunk(index, len(params), tuple(spec), probs))
                 row_counts.append(len(spec) + 1)
                 base = tuple(chunk.output_token_ids)
                 for j in range(len(spec) + 1):
@@ -200,7 +211,7 @@ class ModelRunner:
         static = self.static
         if (
             static is not None
-            and not self.record_expert_counts  # padded rows would count as routed
+            and not self.record_expert_counts and self.balancer is None  # padded rows would count
             and num_tokens == len(plan.chunks) > 0
             and static.size_for(num_tokens) is not None
         ):
@@ -262,12 +273,10 @@ class ModelRunner:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():
             logits = self._logits(step, forward)
-            counts = self.model.expert_counts() if self.record_expert_counts else None
-            expert_counts: list[list[int]] | None = counts.tolist() if counts is not None else None
+            expert_counts, slot_counts = self._expert_counts()
             if not step.sampling.params:
-                return StepResult(
-                    token_ids=[[] for _ in step.row_counts], expert_counts=expert_counts
-                )
+                return StepResult(token_ids=[[] for _ in step.row_counts],
+                                  expert_counts=expert_counts, slot_counts=slot_counts)
             finite = torch.isfinite(logits).all(dim=-1)
             clean = logits.masked_fill(~finite[:, None], 0.0)
             emitted: list[int] = []
@@ -279,8 +288,8 @@ class ModelRunner:
             else:
                 sampled = self.sampler(clean, step.sampling)
             flagged = torch.where(finite, sampled.token_ids, -1)
-        tokens, logprobs_host = _to_host(flagged, sampled)
-        logprobs = _logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
+        tokens, logprobs_host = to_host(flagged, sampled)
+        logprobs = logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
         kept = dict(zip((v.chunk for v in step.verified), emitted))
         token_ids: list[list[int]] = []
         errors: list[str | None] = []
@@ -312,8 +321,20 @@ class ModelRunner:
             num_accepted=[max(len(t) - 1, 0) if d else 0 for t, d in zip(token_ids, drafted)],
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
+            slot_counts=slot_counts,
         )
 
+
+    def _expert_counts(self) -> tuple[list[list[int]] | None, list[list[int]] | None]:
+        """Feed the balancer's window; when tracing, the round's per-expert and per-slot
+        counts on the host."""
+        if self.balancer is not None:
+            self.balancer.record(self.model)
+        if not self.record_expert_counts:
+            return None, None
+        counts = self.model.expert_counts()
+        slots = self.balancer.slot_counts() if self.balancer is not None else None
+        return (counts.tolist() if counts is not None else None), slots
 
     def _logits(self, step: PreparedStep, forward: ForwardBatch) -> torch.Tensor:
         """``[rows, V]`` float32 logits of the sampling rows: an eager forward, or the
@@ -344,51 +365,3 @@ class ModelRunner:
             if sid in last:
                 histories[r] = (*histories[r], last[sid])
         return unresolved
-
-
-_HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
-"""Per row: the chosen token's logprob and rank, the top ids and their logprobs."""
-
-
-def _to_host(flagged: torch.Tensor, sampled: SampleResult) -> tuple[list[int], _HostLogprobs | None]:
-    """The step's one copy back: the tokens (``-1`` for a non-finite row) and, when a row
-    asked for logprobs, their ranks and top ids in the same int64 copy, the float
-    logprobs in one more."""
-    if sampled.logprobs is None or sampled.ranks is None:
-        tokens: list[int] = flagged.tolist()
-        return tokens, None
-    n = flagged.shape[0]
-    top_ids = sampled.top_token_ids
-    top_lp = sampled.top_logprobs
-    k = top_ids.shape[1] if top_ids is not None else 0
-    ints: list[int] = torch.cat(
-        [flagged, sampled.ranks] + ([top_ids.reshape(-1)] if top_ids is not None else [])
-    ).tolist()
-    floats: list[float] = torch.cat(
-        [sampled.logprobs] + ([top_lp.reshape(-1)] if top_lp is not None else [])
-    ).tolist()
-    tops = [ints[2 * n + r * k : 2 * n + (r + 1) * k] for r in range(n)]
-    top_floats = [floats[n + r * k : n + (r + 1) * k] for r in range(n)]
-    return ints[:n], (floats[:n], ints[n : 2 * n], tops, top_floats)
-
-
-def _logprob_maps(
-    chosen: list[int], host: _HostLogprobs, step: PreparedStep
-) -> list[list[dict[int, Logprob]]]:
-    """Per chunk, per drawn token: the chosen token's Logprob plus the asked top alternatives."""
-    chosen_lp, ranks, top_ids, top_lp = host
-    maps: list[list[dict[int, Logprob]]] = []
-    row = 0
-    for count in step.row_counts:
-        per_chunk: list[dict[int, Logprob]] = []
-        for r in range(row, row + count):
-            want = step.sampling.params[r].logprobs
-            entry: dict[int, Logprob] = {}
-            if want is not None:
-                for rank, (tok, lp) in enumerate(zip(top_ids[r][:want], top_lp[r][:want]), 1):
-                    entry[tok] = Logprob(logprob=lp, rank=rank)
-                entry[chosen[r]] = Logprob(logprob=chosen_lp[r], rank=ranks[r])
-            per_chunk.append(entry)
-        maps.append(per_chunk)
-        row += count
-    return maps

@@ -3,11 +3,15 @@ plan their verification lengths, and hand them to the scheduler before it plans 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
+import torch
+
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.request import Request
 from deepinfer_kit.sched.protocols import DraftTarget
-from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
+from deepinfer_kit.spec.protocols import Drafter, StatefulDrafter, VerifyPlanner
 
 __all__ = ["Speculation"]
 
@@ -18,7 +22,12 @@ class Speculation:
     Every running sequence whose KV covers all its tokens but the last (it decodes next)
     is drafted for, fork children included; a sequence still prefilling (an ``n > 1``
     request before its fork among them) is not. The verification itself is the runner's
-    (a :class:`~deepinfer_kit.spec.protocols.DraftVerifier`), and rollback the scheduler's.
+    (a :class:`~deepinfer_kit.spec.protocols.DraftVerifier`), and rollback the scheduler's
+    (target KV) and the drafter's (its own KV, through :meth:`sync`).
+
+    When the drafter returns ``draft_probs`` (a draft model), each drafted sequence's
+    probabilities are kept until the next drafting phase, for the runner to hand to the
+    verifier with the drafts the scheduler kept (:meth:`draft_probs`).
 
     Args:
         drafter: proposes drafts and per-position confidences.
@@ -37,6 +46,7 @@ class Speculation:
         self.num_draft = num_draft
         self.num_drafted = 0
         self.num_planned = 0
+        self._probs: dict[str, tuple[list[int], torch.Tensor]] = {}
 
     def target(self, scheduler: Any, depth: int) -> DraftTarget:
         """The scheduler as a :class:`DraftTarget`; called once when the engine is built.
@@ -64,8 +74,11 @@ class Speculation:
         running sequences; mutates the scheduler's pending drafts (every drafted sequence
         gets a list, possibly empty, replacing any stale one). O(drafter + planner).
         """
+        self._probs.clear()
+        running = scheduler.running
+        self.sync(running)
         live = [
-            r for r in scheduler.running
+            r for r in running
             if r.block_table and r.num_computed_tokens == len(r.all_token_ids) - 1
         ]
         if not live:
@@ -73,6 +86,7 @@ class Speculation:
         gamma = self.num_draft
         proposal = self.drafter.propose(live, gamma)
         ids: list[list[int]] = proposal.token_ids.tolist()
+        probs = proposal.draft_probs
         conf: list[list[float]] = (
             proposal.confidence.tolist() if proposal.confidence is not None
             else [[1.0] * gamma for _ in live]
@@ -82,3 +96,33 @@ class Speculation:
             self.num_drafted += made
             self.num_planned += n
             scheduler.set_spec_tokens(req.request_id, row[:n])
+        if probs is not None:
+            for r, (req, row, n) in enumerate(zip(live, ids, lengths)):
+                if n:
+                    self._probs[req.request_id] = (row[:n], probs[r, :n])
+
+    def draft_probs(self, request_id: str, drafts: Sequence[int]) -> torch.Tensor | None:
+        """``[len(drafts), V]`` the distributions ``drafts`` were drawn from, or ``None``
+        (a deterministic drafter, or drafts that are not a prefix of this round's).
+
+        Called by the runner while it lays out a verified chunk; read only.
+        """
+        kept = self._probs.get(request_id)
+        if kept is None or len(drafts) > len(kept[0]) or list(drafts) != kept[0][: len(drafts)]:
+            return None
+        return kept[1][: len(drafts)]
+
+    def sync(self, running: Sequence[Request]) -> None:
+        """Tell a stateful drafter which sequences still run (see
+        :meth:`StatefulDrafter.sync`); a no-op for a stateless one.
+
+        Called by the engine after every committed round and before each drafting phase.
+        """
+        if isinstance(self.drafter, StatefulDrafter):
+            self.drafter.sync(running)
+
+    def check_idle(self) -> None:
+        """Raise :class:`~deepinfer_kit.errors.InvariantError` if a stateful drafter still
+        holds sequences or blocks (part of the engine's idle check)."""
+        if isinstance(self.drafter, StatefulDrafter):
+            self.drafter.check_idle()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from deepinfer_kit.outputs import RequestOutput
-from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.sched.records import SamplingRow, SchedulePlan
 from deepinfer_kit.step import StepResult
 
 __all__ = ["TracedChunk", "StepTrace", "make_trace"]
@@ -25,6 +25,14 @@ class TracedChunk:
         num_blocks: blocks the request held when the step ran.
         num_drafted: draft tokens verified in this chunk (0 without speculation).
         num_accepted: drafts accepted (``sampled`` holds them plus one target token).
+        drafted: the draft token ids verified in this chunk (empty without speculation).
+        candidates: per token of ``sampled``, ``(token_id, logprob, rank)`` of the drawn
+            token and the top alternatives, rank order (rank 1 = most likely under the
+            raw logits, before penalties and filters); empty unless the request asked
+            for ``logprobs``.
+        block_table: the physical blocks the request held when the step ran.
+        row: the request's sampling row (params, prompt) when the chunk samples, else
+            ``None``.
     """
 
     request_id: str
@@ -36,6 +44,10 @@ class TracedChunk:
     num_blocks: int
     num_drafted: int = 0
     num_accepted: int = 0
+    drafted: tuple[int, ...] = ()
+    candidates: tuple[tuple[tuple[int, float, int], ...], ...] = ()
+    block_table: tuple[int, ...] = ()
+    row: SamplingRow | None = None
 
 
 @attrs.frozen(slots=True)
@@ -49,9 +61,12 @@ class StepTrace:
         free_blocks_before, free_blocks_after: free + evictable blocks around the step.
         blocks_evicted: cached blocks whose identity was evicted during the step.
         prefix_hit_tokens: prompt tokens served from the prefix cache in this step.
-        block_copies: copy-on-write copies performed.
+        block_copies: copy-on-write copies performed; ``copied_blocks`` the
+            ``(source, destination)`` physical block of each.
         preempted: ids preempted this step; finished: ids that finished this step.
         expert_counts: per MoE layer, tokens routed to each expert (``[L_moe][E]``).
+        slot_counts: with EPLB on, per MoE layer, token copies each physical expert slot
+            served (``[L_moe][P]``; slot ``s`` is on GPU ``s // (P / G)``); else None.
         num_drafted, num_accepted: drafts verified and accepted over all chunks.
         schedule_s, execute_s, commit_s: wall time of each phase.
         committed_in: the newest step scheduled when this one was committed: ``step_id``
@@ -76,6 +91,8 @@ class StepTrace:
     execute_s: float
     commit_s: float
     committed_in: int = -1
+    copied_blocks: tuple[tuple[int, int], ...] = ()
+    slot_counts: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_drafted(self) -> int:
@@ -124,8 +141,10 @@ def make_trace(
     ``perf_counter`` at the start, after scheduling, after executing, after committing;
     ``committed_in`` the newest step scheduled at the commit (default: ``plan.step_id``)."""
     chunks = []
+    logprobs = result.logprobs
     for i, chunk in enumerate(plan.chunks):
         sampled = result.token_ids[i] if i < len(result.token_ids) else []
+        maps = logprobs[i] if logprobs is not None and i < len(logprobs) else []
         chunks.append(
             TracedChunk(
                 request_id=chunk.request_id,
@@ -137,6 +156,13 @@ def make_trace(
                 num_blocks=len(chunk.block_table),
                 num_drafted=result.num_drafted[i] if i < len(result.num_drafted) else 0,
                 num_accepted=result.num_accepted[i] if i < len(result.num_accepted) else 0,
+                drafted=tuple(chunk.spec_token_ids),
+                candidates=tuple(
+                    tuple(sorted(((t, lp.logprob, lp.rank) for t, lp in m.items()), key=_by_rank))
+                    for m in maps
+                ),
+                block_table=tuple(chunk.block_table),
+                row=chunk.sampling,
             )
         )
     counts = result.expert_counts
@@ -151,6 +177,7 @@ def make_trace(
         blocks_evicted=blocks_evicted,
         prefix_hit_tokens=plan.num_cached_tokens,
         block_copies=len(plan.block_copies),
+        copied_blocks=tuple((src, dst) for src, dst in plan.block_copies),
         preempted=tuple(plan.preempted_ids),
         finished=tuple(
             f"{o.request_id}#{c.index}" if c.index else o.request_id
@@ -162,4 +189,9 @@ def make_trace(
         execute_s=t2 - t1,
         commit_s=t3 - t2,
         committed_in=plan.step_id if committed_in is None else committed_in,
+        slot_counts=tuple(tuple(r) for r in result.slot_counts) if result.slot_counts else None,
     )
+
+
+def _by_rank(entry: tuple[int, float, int]) -> tuple[int, int]:
+    return entry[2], entry[0]

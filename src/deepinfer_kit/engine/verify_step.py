@@ -25,11 +25,14 @@ class VerifiedChunk:
             draw output position ``output_position + j`` from the logits after draft
             ``j - 1``, with ``drafts[:j]`` in their history.
         drafts: the drafts fed after the chunk's known tokens.
+        draft_probs: ``[len(drafts), V]`` the distributions they were drawn from (a draft
+            model's), or ``None`` for one-hot drafts.
     """
 
     chunk: int
     first_row: int
     drafts: tuple[int, ...]
+    draft_probs: torch.Tensor | None = attrs.field(default=None, eq=False)
 
 
 def verify_round(
@@ -43,7 +46,8 @@ def verify_round(
 
     Rows of no verified chunk are drawn by ``sampler`` (one call); the verified chunks go
     to ``verifier`` as one :class:`DraftProposal` (width ``G`` = the most drafts, shorter
-    rows padded by repeating their last logits row), whose result is written back into
+    rows padded by repeating their last logits row; ``draft_probs`` ``[R, G, V]`` when any
+    chunk has them, one-hot rows for the chunks without), whose result is written back into
     the rows: row ``first_row + j`` holds the ``j``-th emitted token; rows past the
     emitted ones hold token 0 and are to be ignored. Logprobs are attached for all rows
     when any row asked for them.
@@ -77,6 +81,7 @@ def verify_round(
     proposal = DraftProposal(
         token_ids=torch.tensor(padded, dtype=torch.int64).view(len(verified), width),
         num_drafted=lengths,
+        draft_probs=_stack_probs(verified, width, logits.shape[1], dev),
     )
     result = verifier.verify(
         proposal, lengths, target.view(len(verified), width + 1, -1),
@@ -90,3 +95,23 @@ def verify_round(
     if batch.max_logprobs >= 0:
         attach_logprobs(sampled, logits.to(torch.float32), batch.max_logprobs)
     return sampled, [len(toks) for toks in result.token_ids]
+
+
+def _stack_probs(verified: list[VerifiedChunk], width: int, vocab: int,
+                 device: torch.device) -> torch.Tensor | None:
+    """``[R, G, V]`` float64 draft distributions of the verified chunks (zeros past each
+    chunk's drafts; one-hot on the drafts of a chunk without probabilities), or ``None``
+    when no chunk has any."""
+    if all(v.draft_probs is None for v in verified):
+        return None
+    out = torch.zeros(len(verified), width, vocab, dtype=torch.float64, device=device)
+    for r, v in enumerate(verified):
+        n = len(v.drafts)
+        if not n:
+            continue
+        if v.draft_probs is not None:
+            out[r, :n] = v.draft_probs.to(device, torch.float64)
+        else:
+            ids = torch.tensor(v.drafts, dtype=torch.int64, device=device)
+            out[r, :n].scatter_(1, ids.unsqueeze(1), 1.0)
+    return out

@@ -1,5 +1,6 @@
-"""eplb/: expert load windows, replica placement, next-window evaluation."""
+"""eplb/: expert load windows, replica placement, next-window evaluation, the engine's EplbConfig."""
 
+from deepinfer_kit.eplb.config import POLICY_NAMES, EplbConfig
 from deepinfer_kit.eplb.deepseek import GlobalPlacementPolicy, HierarchicalPlacementPolicy, plan_placement
 from deepinfer_kit.eplb.evaluate import (
     Evaluation,
@@ -10,7 +11,9 @@ from deepinfer_kit.eplb.evaluate import (
     replicas_moved,
 )
 from deepinfer_kit.eplb.forecast import ForecastPlacementPolicy
+from deepinfer_kit.eplb.heatmap import save_heatmaps, text_heatmap
 from deepinfer_kit.eplb.movement import MovementAwarePlacementPolicy, align_placement
+from deepinfer_kit.eplb.named import make_policy
 from deepinfer_kit.eplb.packing import greedy_pack, replicate, round_pack, spread_replicas
 from deepinfer_kit.eplb.placement_ops import (
     gpu_loads,
@@ -24,6 +27,7 @@ from deepinfer_kit.eplb.refine import RefinedPlacementPolicy, plan_refined, refi
 from deepinfer_kit.eplb.window import LoadWindow
 
 __all__ = [
+    "EplbConfig", "POLICY_NAMES", "make_policy", "text_heatmap", "save_heatmaps",
     "PlacementPolicy", "Placement", "Topology", "LoadWindow",
     "HierarchicalPlacementPolicy", "GlobalPlacementPolicy", "RefinedPlacementPolicy",
     "ForecastPlacementPolicy", "MovementAwarePlacementPolicy",

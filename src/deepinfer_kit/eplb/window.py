@@ -43,6 +43,11 @@ class LoadWindow:
         self._group = group
 
     @property
+    def device(self) -> torch.device:
+        """Where the ring lives; :meth:`record` takes counts on this device."""
+        return self._ring.device
+
+    @property
     def num_recorded(self) -> int:
         """Steps recorded since construction or :meth:`reset` (the ring keeps the last ``W``)."""
         return self._steps

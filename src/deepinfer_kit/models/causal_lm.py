@@ -159,11 +159,21 @@ class TransformerCausalLM(nn.Module):
         Only the ``N`` rows of ``batch.logits_indices`` go through the final residual add,
         the final norm and the LM head.
         """
+        return self.forward_layers(batch, kv_cache, len(self.layers))
+
+    def forward_layers(self, batch: ForwardBatch, kv_cache: PagedKVStore,
+                       num_layers: int) -> torch.Tensor:
+        """:meth:`forward` through the first ``num_layers`` decoder layers only, then the
+        final norm and the LM head (self-speculation drafts with it).
+
+        Writes the K/V of layers ``0 .. num_layers - 1`` into the same cache layers of
+        ``kv_cache`` (which may hold only those layers). Returns ``[N, V]`` float32.
+        """
         with torch.inference_mode():
             hidden = F.embedding(batch.input_ids, self.embed_tokens)
             cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
             residual: torch.Tensor | None = None
-            for layer in self.decoder_layers:
+            for layer in self.decoder_layers[:num_layers]:
                 hidden, residual = layer.forward(hidden, residual, cos, sin, kv_cache, batch)
             rows = batch.logits_indices
             if residual is None:

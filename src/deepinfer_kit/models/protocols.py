@@ -93,8 +93,10 @@ class Tokenizer(Protocol):
         """Token ids of ``text`` (with the special tokens the tokenizer adds by design)."""
         ...
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; special tokens are skipped. Never raises on valid ids."""
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; special tokens are left out unless ``skip_special_tokens`` is
+        False. Bytes that are not valid UTF-8 (e.g. a character whose bytes are split
+        over tokens and ``ids`` ends inside it) become U+FFFD. Never raises on valid ids."""
         ...
 
 

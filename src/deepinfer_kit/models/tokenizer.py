@@ -20,12 +20,15 @@ from deepinfer_kit.models.protocols import Tokenizer
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "missing_tokenizer_reason"]
 
 
+_BYTE_SPECIALS = ("<bos>", "<eos>", "<pad>")
+
+
 class ByteTokenizer:
     """UTF-8 bytes as ids ``0..255`` plus three specials: ``<bos>`` 256, ``<eos>`` 257,
     ``<pad>`` 258 (``vocab_size`` 259).
 
-    ``encode`` adds no special token; ``decode`` skips special ids and replaces invalid
-    UTF-8 with U+FFFD. Stateless and O(len) both ways.
+    ``encode`` adds no special token; ``decode`` skips special ids (or writes their names)
+    and replaces invalid UTF-8 with U+FFFD. Stateless and O(len) both ways.
 
     Args:
         fallback_reason: set by :func:`load_tokenizer` when it stands in for a checkpoint
@@ -70,8 +73,9 @@ class ByteTokenizer:
         """The UTF-8 bytes of ``text``."""
         return list(text.encode("utf-8"))
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of the byte ids in ``ids`` (special ids skipped).
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of the byte ids in ``ids``; special ids are skipped, or written as
+        ``<bos>`` / ``<eos>`` / ``<pad>`` when ``skip_special_tokens`` is False.
 
         Raises:
             ConfigError: an id outside ``[0, 259)``.
@@ -79,7 +83,19 @@ class ByteTokenizer:
         for token in ids:
             if not 0 <= token < 259:
                 raise ConfigError(f"token id must be in [0, 259), got {token}")
-        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+        if skip_special_tokens or all(t < 256 for t in ids):
+            return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+        parts: list[str] = []
+        run: list[int] = []
+        for t in ids:
+            if t < 256:
+                run.append(t)
+                continue
+            parts.append(bytes(run).decode("utf-8", errors="replace"))
+            parts.append(_BYTE_SPECIALS[t - 256])
+            run = []
+        parts.append(bytes(run).decode("utf-8", errors="replace"))
+        return "".join(parts)
 
 
 class HFTokenizer:
@@ -132,9 +148,9 @@ class HFTokenizer:
         """Ids of ``text``, with the specials the tokenizer's post-processor adds."""
         return list(self._backend.encode(text).ids)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``, special tokens skipped."""
-        return str(self._backend.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; special tokens skipped unless ``skip_special_tokens`` is False."""
+        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
 def _special_tokens(folder: Path) -> dict[str, str]:

@@ -64,27 +64,62 @@ class ExpertParallelDispatcher:
         phy2log: Sequence[int],
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        self._group = group
+        self.group = group
         self._world = dist.get_world_size(group)
         self._rank = dist.get_rank(group)
+        self._num_experts = num_experts
+        self._slots_per_rank = 0
+        self.assign(phy2log)
+
+    def assign(self, phy2log: Sequence[int]) -> None:
+        """Route by the slot map ``phy2log`` from now on (the weights of this rank's slots
+        must already be in place: see :func:`deepinfer_kit.moe.ep_rebalance.exchange_slots`).
+        Call between dispatches, on every rank with the same map; the slots per rank
+        cannot change.
+
+        Raises:
+            ConfigError: as the constructor, or a map of another length.
+        """
         slots = [int(e) for e in phy2log]
-        if len(slots) % self._world:
+        num_experts = self._num_experts
+        if len(slots) % self._world or (self._slots_per_rank and len(slots) != self.num_slots):
             raise ConfigError(
-                f"phy2log length must be divisible by the world size {self._world}, got {len(slots)}"
+                f"phy2log length must be divisible by the world size {self._world} and keep the "
+                f"slots per rank, got {len(slots)}"
             )
         if any(not 0 <= e < num_experts for e in slots):
             raise ConfigError(f"phy2log entries must be in [0, {num_experts}), got {slots}")
         missing = sorted(set(range(num_experts)) - set(slots))
         if missing:
             raise ConfigError(f"phy2log must give every expert a slot, got none for {missing}")
-        self._num_experts = num_experts
         self._slots_per_rank = len(slots) // self._world
         first = self._rank * self._slots_per_rank
+        self._phy2log = tuple(slots)
         self._local = tuple(slots[first : first + self._slots_per_rank])
         replicas = [[s for s, e in enumerate(slots) if e == expert] for expert in range(num_experts)]
         width = max(len(r) for r in replicas)
         self._log2phy = torch.tensor([r + [-1] * (width - len(r)) for r in replicas], dtype=torch.int64)
         self._logcnt = torch.tensor([len(r) for r in replicas], dtype=torch.int64)
+
+    @property
+    def phy2log(self) -> tuple[int, ...]:
+        """The logical expert of every physical slot of the group (``P`` ints)."""
+        return self._phy2log
+
+    @property
+    def num_slots(self) -> int:
+        """``P``, physical slots over all ranks."""
+        return self._slots_per_rank * self._world
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group (it holds slots ``[rank*S, (rank+1)*S)``)."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group."""
+        return self._world
 
     @classmethod
     def from_placement(
@@ -126,7 +161,7 @@ class ExpertParallelDispatcher:
         world, per_rank = self._world, self._slots_per_rank
         send_slot_counts = torch.bincount(phys, minlength=world * per_rank)
         recv_slot_counts = torch.empty_like(send_slot_counts)
-        dist.all_to_all_single(recv_slot_counts, send_slot_counts, group=self._group)
+        dist.all_to_all_single(recv_slot_counts, send_slot_counts, group=self.group)
         send_splits = send_slot_counts.view(world, per_rank).sum(1).tolist()
         recv_matrix = recv_slot_counts.view(world, per_rank).cpu()
         recv_splits = recv_matrix.sum(1).tolist()
@@ -169,7 +204,7 @@ class ExpertParallelDispatcher:
     def _exchange(self, rows: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
         out = rows.new_empty((sum(recv), *rows.shape[1:]))
         dist.all_to_all_single(
-            out, rows.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=self._group
+            out, rows.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=self.group
         )
         return out
 

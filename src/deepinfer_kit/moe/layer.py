@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -12,9 +12,12 @@ from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
 from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from deepinfer_kit.moe.ep_rebalance import exchange_slots, plan_transfers
 from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
 from deepinfer_kit.moe.protocols import Dispatcher
 from deepinfer_kit.moe.records import Routing
+from deepinfer_kit.moe.replicas import ReplicaTable, move_slots
 from deepinfer_kit.moe.routers import DeepSeekV3Router, SoftmaxTopKRouter
 
 __all__ = ["MoELayer", "make_router"]
@@ -79,6 +82,10 @@ class MoELayer(nn.Module):
             :class:`LocalDispatcher` and ``impl="triton"``, where it stays on the device
             (read it after the forward, outside any captured graph); None before the
             first forward.
+        replicas: with physical slots (:meth:`use_replicas`), the logical -> physical
+            table; ``None`` while each expert has exactly its own slot.
+        last_slot_counts: with ``replicas``, ``[P]`` int64 copies each physical slot
+            served in the last forward (where ``last_expert_counts`` lives); else None.
     """
 
     def __init__(
@@ -121,6 +128,8 @@ class MoELayer(nn.Module):
             else None
         )
         self.last_expert_counts: torch.Tensor | None = None
+        self.last_slot_counts: torch.Tensor | None = None
+        self.replicas: ReplicaTable | None = None
         self._all_local = isinstance(self.dispatcher, LocalDispatcher)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -142,7 +151,12 @@ class MoELayer(nn.Module):
                 f"hidden must be [T, {self.config.hidden_size}], got {list(hidden.shape)}"
             )
         routing = self.gate(hidden)
-        if self._all_local:
+        table = self.replicas
+        if table is not None:
+            slots = Routing(table.physical(routing.expert_ids), routing.weights)
+            out, self.last_slot_counts = self.experts.routed(hidden, slots)
+            self.last_expert_counts = table.logical_counts(self.last_slot_counts)
+        elif self._all_local:
             out, self.last_expert_counts = self.experts.routed(hidden, routing)
         else:
             out = self._routed(hidden, routing)
@@ -170,7 +184,8 @@ class MoELayer(nn.Module):
             CheckpointError: a missing, mis-shaped or unexpected tensor under ``prefix``
                 (the message names it).
         """
-        tensors = read_moe_layer(weights, prefix, self.config, self.dispatcher.local_experts)
+        held = self.replicas.slot_experts if self.replicas is not None else self.dispatcher.local_experts
+        tensors = read_moe_layer(weights, prefix, self.config, held)
         if tensors.gate is None or tensors.gate_up is None or tensors.down is None:
             raise CheckpointError(f"no router or expert tensors under {prefix!r}")
         self.gate.weight.copy_(tensors.gate)
@@ -185,6 +200,55 @@ class MoELayer(nn.Module):
                 shared.down.copy_(tensors.shared_down)
             if shared.gate is not None and tensors.shared_gate is not None:
                 shared.gate.copy_(tensors.shared_gate)
+
+    @torch.no_grad()
+    def use_replicas(self, phy2log: Sequence[int]) -> None:
+        """Hold the experts in ``P = len(phy2log)`` physical slots, slot ``s`` a copy of
+        logical expert ``phy2log[s]``, and route every copy to one of its expert's replicas
+        (:class:`ReplicaTable`). Called once, after the weights are loaded and before any
+        graph capture. Replaces the expert parameters (``[P, ...]`` now); outputs are
+        unchanged.
+
+        Raises:
+            ConfigError: an expert-parallel dispatcher (its own ``phy2log`` places the
+                slots), replicas already in use, or a ``phy2log`` missing an expert.
+        """
+        if not self._all_local or self.replicas is not None:
+            raise ConfigError("use_replicas needs a layer with a LocalDispatcher and no replicas yet")
+        table = ReplicaTable(phy2log, self.config.num_experts, device=self.experts.gate_up.device)
+        index = torch.tensor(table.slot_experts, device=self.experts.gate_up.device)
+        for name in ("gate_up", "down"):
+            old = getattr(self.experts, name)
+            setattr(self.experts, name, nn.Parameter(old.index_select(0, index), requires_grad=False))
+        self.replicas = table
+
+    def apply_placement(self, phy2log: Sequence[int]) -> int:
+        """Move to the slot map ``phy2log``: copy each slot whose expert changes from a
+        slot holding that expert now, then swap the routing table. Call between forwards
+        only. Returns the slots whose weights were copied.
+
+        With an :class:`ExpertParallelDispatcher` ``phy2log`` covers every rank's slots;
+        the weights move rank to rank (:func:`exchange_slots`, a collective call: every
+        rank calls it with the same map) and the dispatcher routes by the new map.
+
+        Raises:
+            ConfigError: no replicas in use (see :meth:`use_replicas`) on a local layer,
+                or a bad map (checked before anything is copied).
+        """
+        dispatcher = self.dispatcher
+        if isinstance(dispatcher, ExpertParallelDispatcher):
+            old = dispatcher.phy2log
+            plan_transfers(old, phy2log, dispatcher.world_size)  # checks before any collective
+            moved = exchange_slots((self.experts.gate_up, self.experts.down), old, phy2log,
+                                   dispatcher.rank, dispatcher.world_size, dispatcher.group)
+            dispatcher.assign(phy2log)
+            return moved
+        table = self.replicas
+        if table is None:
+            raise ConfigError("apply_placement needs physical slots: call use_replicas first")
+        moved = move_slots((self.experts.gate_up, self.experts.down), table.sources(phy2log))
+        table.assign(phy2log)
+        return moved
 
     def extra_repr(self) -> str:
         """One line of the config for ``print(layer)``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from deepinfer_kit.sample.naive import NaiveSampler
@@ -30,6 +30,7 @@ _LAZY = {
 
 __all__ = [
     "SamplingParams",
+    "RequestOutputKind",
     "Sampler",
     "DrawOps",
     "SamplingBatch",

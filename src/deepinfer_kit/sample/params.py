@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -10,7 +11,7 @@ import attrs
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["SamplingParams"]
+__all__ = ["RequestOutputKind", "SamplingParams"]
 
 _SEED_LIMIT = 2**63
 
@@ -21,6 +22,29 @@ def _to_int_tuple(value: Iterable[int] | None) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)):
         raise ConfigError(f"stop_token_ids must be a sequence of ints, got {value!r}")
     return tuple(value)
+
+
+def _to_str_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, bytes) or not isinstance(value, Iterable):
+        raise ConfigError(f"stop must be a str or a list of str, got {value!r}")
+    return tuple(value)
+
+
+class RequestOutputKind(enum.Enum):
+    """What ``Engine.step()`` reports for a request while it runs (vLLM's names).
+
+    CUMULATIVE: every round that gave it tokens, its whole output so far; DELTA: every
+    such round, only what is new since the last report; FINAL_ONLY: nothing until it
+    finished, then its whole output.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 def _is_int(value: Any) -> bool:
@@ -50,7 +74,7 @@ class SamplingParams:
     Attributes:
         n: completions to generate for the prompt (``n > 1`` forks the request after its
             prompt is computed; the children share the prompt's KV blocks). Needs sampling
-            (``temperature > 0``): greedy would give ``n`` identical copies.
+            With greedy sampling the ``n`` completions are identical (as in vLLM).
         temperature: logits are divided by it; ``0`` means greedy (argmax).
         top_k: keep the ``k`` most likely tokens; ``0`` or ``-1`` disables it.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``;
@@ -64,12 +88,23 @@ class SamplingParams:
             the prompt or the output; ``> 0``, ``1`` disables it.
         seed: makes sampling reproducible and batch-invariant; ``None`` draws from the
             engine's generator. In ``[0, 2**63)``.
-        max_tokens: generated tokens at most (finish reason ``length``); ``>= 1``.
+        max_tokens: generated tokens at most (finish reason ``length``); ``>= 1``, or
+            ``None``: until the context is full (``max_model_len``).
         min_tokens: EOS and stop tokens are masked until this many tokens are generated.
         stop_token_ids: generation stops (reason ``stop``) after any of these tokens.
         ignore_eos: keep generating past the model's EOS token.
         logprobs: when set, return the chosen token's logprob and the top-``logprobs``
             alternatives at each step; ``0`` returns only the chosen token's.
+        stop: strings that end the generation (reason ``stop``, ``stop_reason`` the
+            string) as soon as the detokenised output contains one; the text is cut
+            before it. A str or a list of non-empty str; needs ``detokenize``.
+        include_stop_str_in_output: keep the stop string (and the text of a stop
+            token) at the end of the text.
+        skip_special_tokens: leave special tokens out of the text.
+        detokenize: produce text (``False``: ``text`` stays empty; token ids only).
+        truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``).
+        output_kind: what ``Engine.step()`` reports while the request runs (see
+            :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
     """
 
     n: int = 1
@@ -81,11 +116,17 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_int_tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_to_str_tuple)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    detokenize: bool = True
+    truncate_prompt_tokens: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
 
     def __attrs_post_init__(self) -> None:
         _require_int("n", self.n)
@@ -114,13 +155,14 @@ class SamplingParams:
             _require_int("seed", self.seed)
             if not 0 <= self.seed < _SEED_LIMIT:
                 raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
-        _require_int("max_tokens", self.max_tokens)
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None:
+            _require_int("max_tokens", self.max_tokens)
+            if self.max_tokens < 1:
+                raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         _require_int("min_tokens", self.min_tokens)
         if self.min_tokens < 0:
             raise ConfigError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ConfigError(
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
@@ -133,9 +175,26 @@ class SamplingParams:
             _require_int("logprobs", self.logprobs)
             if self.logprobs < 0:
                 raise ConfigError(f"logprobs must be >= 0, got {self.logprobs}")
-        if self.n > 1 and self.is_greedy:
+        self._check_output_fields()
+
+    def _check_output_fields(self) -> None:
+        for stop in self.stop:
+            if not isinstance(stop, str) or not stop:
+                raise ConfigError(f"stop must hold non-empty strings, got {stop!r}")
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.stop and not self.detokenize:
+            raise ConfigError(f"stop strings need detokenize=True, got stop={list(self.stop)!r}")
+        if self.truncate_prompt_tokens is not None:
+            _require_int("truncate_prompt_tokens", self.truncate_prompt_tokens)
+            if self.truncate_prompt_tokens < 1:
+                raise ConfigError(
+                    f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}"
+                )
+        if not isinstance(self.output_kind, RequestOutputKind):
             raise ConfigError(
-                f"n must be 1 with greedy sampling (temperature 0 or top_k 1), got n={self.n}"
+                f"output_kind must be a RequestOutputKind, got {self.output_kind!r}"
             )
 
     @property

@@ -50,6 +50,7 @@ def common_never_fits(request: Request, state: SchedulerState) -> str | None:
     if need > state.cache.num_blocks:
         return (
             f"prompt of {num_prompt} tokens plus max_tokens={request.params.max_tokens} "
+            f"(up to {length_limit(request, cfg.max_model_len)} tokens) "
             f"needs {need} KV blocks of {state.cache.block_size} tokens, more than "
             f"num_blocks={state.cache.num_blocks}"
         )

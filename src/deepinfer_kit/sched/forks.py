@@ -20,14 +20,15 @@ def spawn_child(parent: Request, index: int, num_computed_tokens: int) -> Reques
     context and cached-token count; it gets its own seed (:func:`fork_seed`), its own
     metrics (arrival and first scheduling copied) and starts RUNNING with the prompt's
     ``num_computed_tokens`` and no generated token yet. It holds no blocks: the caller
-    gives it the parent's by ``KVCacheManager.fork``. The parent is not mutated.
+    gives it the parent's by ``KVCacheManager.fork``. The parent is not mutated; its
+    observer, when it has one, forks one for the child.
     """
     parent_metrics = parent.metrics
     metrics = RequestMetrics(
         arrival_time=parent.arrival_time,
         first_scheduled_time=parent_metrics.first_scheduled_time if parent_metrics else None,
     )
-    return Request(
+    child = Request(
         request_id=child_id(parent.request_id, index),
         prompt_token_ids=parent.prompt_token_ids,
         params=parent.params,
@@ -45,6 +46,9 @@ def spawn_child(parent: Request, index: int, num_computed_tokens: int) -> Reques
         cache_context=parent.cache_context,
         metrics=metrics,
     )
+    if parent.observer is not None:
+        child.observer = parent.observer.fork(child)
+    return child
 
 
 def will_fork(request: Request) -> bool:

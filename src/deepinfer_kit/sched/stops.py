@@ -13,9 +13,12 @@ __all__ = ["length_limit", "check_stop", "append_token", "append_tokens"]
 def length_limit(request: Request, max_model_len: int) -> int:
     """The one length rule: the total token count (prompt plus outputs) at which
     ``request`` ends with :attr:`FinishReason.LENGTH` — ``max_tokens`` outputs or
-    ``max_model_len`` tokens, whichever comes first. Its KV never needs more than
+    ``max_model_len`` tokens, whichever comes first (``max_tokens=None``: the latter). Its KV never needs more than
     ``length_limit - 1`` positions (the last token is sampled, never fed). O(1)."""
-    return min(len(request.prompt_token_ids) + request.params.max_tokens, max_model_len)
+    max_tokens = request.params.max_tokens
+    if max_tokens is None:
+        return max_model_len
+    return min(len(request.prompt_token_ids) + max_tokens, max_model_len)
 
 
 def check_stop(request: Request, token: int, max_model_len: int) -> bool:
@@ -25,8 +28,11 @@ def check_stop(request: Request, token: int, max_model_len: int) -> bool:
     ``stop_token_ids`` token ends it with :attr:`FinishReason.STOP` (``stop_reason`` the
     stop token id; ``None`` for EOS), but only once more than ``min_tokens`` tokens were
     generated (the sampler masks them before; this keeps the rule even if it did not).
-    Then reaching :func:`length_limit` ends it with :attr:`FinishReason.LENGTH`. A stop
-    token at the last allowed position counts as STOP.
+    Then the request's ``observer`` (when set) sees the token and may report a stop
+    string the text now contains: :attr:`FinishReason.STOP` with the string as
+    ``stop_reason``. Then reaching :func:`length_limit` ends it with
+    :attr:`FinishReason.LENGTH`. A stop token or string at the last allowed position
+    counts as STOP.
 
     Mutates ``status``/``finish_reason``/``stop_reason`` when it finishes. O(len(stop ids)).
 
@@ -35,12 +41,18 @@ def check_stop(request: Request, token: int, max_model_len: int) -> bool:
     """
     params = request.params
     num_out = len(request.output_token_ids)
+    observer = request.observer
     if num_out > params.min_tokens:
-        if token == request.eos_token_id and not params.ignore_eos:
-            request.finish(FinishReason.STOP)
+        eos = token == request.eos_token_id and not params.ignore_eos
+        if eos or token in params.stop_token_ids:
+            request.finish(FinishReason.STOP, None if eos else token)
+            if observer is not None:
+                observer.on_token(request, True)
             return True
-        if token in params.stop_token_ids:
-            request.finish(FinishReason.STOP, token)
+    if observer is not None:
+        stop = observer.on_token(request, False)
+        if stop is not None:
+            request.finish(FinishReason.STOP, stop)
             return True
     if len(request.all_token_ids) >= length_limit(request, max_model_len):
         request.finish(FinishReason.LENGTH)

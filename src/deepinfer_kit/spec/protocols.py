@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -11,7 +11,7 @@ from deepinfer_kit.request import Request
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
 
-__all__ = ["Drafter", "VerifyPlanner", "DraftVerifier"]
+__all__ = ["Drafter", "StatefulDrafter", "VerifyPlanner", "DraftVerifier"]
 
 
 class Drafter(Protocol):
@@ -23,6 +23,30 @@ class Drafter(Protocol):
         Called once per round before the verify forward; reads ``all_token_ids`` and
         mutates only the drafter's own state (e.g. a draft model's KV).
         """
+        ...
+
+
+@runtime_checkable
+class StatefulDrafter(Drafter, Protocol):
+    """A drafter that keeps per-sequence state between rounds (a draft model's own KV).
+
+    The engine tells it which sequences are still running after every committed round, so
+    it can roll its state back to the tokens actually accepted and release the state of
+    sequences that finished, were aborted or were preempted.
+    """
+
+    def sync(self, running: Sequence[Request]) -> None:
+        """Keep state only for ``running`` (the scheduler's running sequences), each rolled
+        back to what its ``all_token_ids`` still agree with; release everything else.
+
+        Called by the engine after each committed round and before each drafting phase.
+        Mutates only the drafter's own state; never raises for unknown ids.
+        """
+        ...
+
+    def check_idle(self) -> None:
+        """Raise :class:`~deepinfer_kit.errors.InvariantError` unless the drafter holds no
+        sequence state and all of its KV blocks are free (the engine's idle check)."""
         ...
 
 

@@ -101,7 +101,9 @@ class SpsCurve:
         return ys[-1]
 
 
-_SPEC_KEYS = ("drafter", "num_draft", "planner", "threshold", "ngram_min", "ngram_max", "sps")
+_SPEC_KEYS = ("drafter", "num_draft", "planner", "threshold", "ngram_min", "ngram_max", "sps",
+              "draft_model", "draft_layers")
+DRAFTERS = ("ngram", "draft_model", "self")
 
 
 def _check_threshold(instance: Any, attribute: attrs.Attribute[float], value: Any) -> None:
@@ -119,7 +121,9 @@ class SpecConfig:
     """Speculative decoding of an engine: who drafts, how many, who picks the lengths.
 
     Attributes:
-        drafter: ``"ngram"`` (prompt lookup over the request's own tokens).
+        drafter: ``"ngram"`` (prompt lookup over the request's own tokens),
+            ``"draft_model"`` (a small checkpoint sharing the tokenizer, ``draft_model``)
+            or ``"self"`` (the target's first ``draft_layers`` layers and its LM head).
         num_draft: ``γ``, drafts proposed per request and round (``>= 1``).
         planner: ``"fixed"`` (verify all ``γ``), ``"threshold"`` (while the cumulative
             survival is ``>= threshold``) or ``"dspark"`` (maximise ``τ · SPS(B)``).
@@ -127,20 +131,52 @@ class SpecConfig:
         ngram_min, ngram_max: n-gram sizes the n-gram drafter tries (longest first).
         sps: the ``SPS(B)`` curve of the DSpark planner; ``None`` is flat (every draft
             admitted: the curve of a device far from saturation).
+        draft_model: the draft checkpoint folder of ``drafter="draft_model"`` (``"tiny"``:
+            the embedded model built from the engine's seed). Its vocabulary must be the
+            target's.
+        draft_layers: ``k`` of ``drafter="self"``, in ``[1, target layers]``.
     """
 
-    drafter: str = attrs.field(default="ngram", validator=one_of(("ngram",)))
+    drafter: str = attrs.field(default="ngram", validator=one_of(DRAFTERS))
     num_draft: int = attrs.field(default=4, validator=int_at_least(1))
     planner: str = attrs.field(default="fixed", validator=one_of(("fixed", "threshold", "dspark")))
     threshold: float = attrs.field(default=0.3, validator=_check_threshold)
     ngram_min: int = attrs.field(default=1, validator=int_at_least(1))
     ngram_max: int = attrs.field(default=3, validator=int_at_least(1))
     sps: SpsCurve | None = attrs.field(default=None, validator=_check_sps)
+    draft_model: str | None = attrs.field(default=None)
+    draft_layers: int | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.ngram_max < self.ngram_min:
             raise ConfigError(
                 f"speculative.ngram_max must be >= ngram_min ({self.ngram_min}), got {self.ngram_max}"
+            )
+        self._check_draft_fields()
+
+    def _check_draft_fields(self) -> None:
+        """``draft_model`` / ``draft_layers``: required by their drafter, refused by others."""
+        model, layers = self.draft_model, self.draft_layers
+        if self.drafter == "draft_model":
+            if not isinstance(model, str) or not model:
+                raise ConfigError(
+                    f"speculative.draft_model must name a checkpoint folder (or 'tiny') when "
+                    f"drafter='draft_model', got {model!r}"
+                )
+        elif model is not None:
+            raise ConfigError(
+                f"speculative.draft_model is read only by drafter='draft_model' (drafter is "
+                f"{self.drafter!r}), got {model!r}"
+            )
+        if self.drafter == "self":
+            if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+                raise ConfigError(
+                    f"speculative.draft_layers must be an int >= 1 when drafter='self', got {layers!r}"
+                )
+        elif layers is not None:
+            raise ConfigError(
+                f"speculative.draft_layers is read only by drafter='self' (drafter is "
+                f"{self.drafter!r}), got {layers!r}"
             )
 
     @classmethod

@@ -1,0 +1,170 @@
+"""ExpertBalancer: the engine's live EPLB — windows of routed counts, and rebalances between steps.
+
+Shape symbols: ``L`` MoE layers, ``E`` logical experts, ``P`` physical slots per layer,
+``G`` GPUs the slots are split over, ``W`` window steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from deepinfer_kit.eplb.config import EplbConfig
+from deepinfer_kit.eplb.named import make_policy
+from deepinfer_kit.eplb.evaluate import balancedness
+from deepinfer_kit.eplb.movement import align_placement
+from deepinfer_kit.eplb.placement_ops import gpu_loads, placement_from_phy2log
+from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.window import LoadWindow
+from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.moe.layer import MoELayer
+
+__all__ = ["ExpertBalancer", "Rebalance", "moe_layers"]
+
+
+@attrs.frozen(slots=True)
+class Rebalance:
+    """What one rebalance did (kept in :attr:`ExpertBalancer.history`).
+
+    Attributes:
+        after_step: rebalanced once this many forward steps had run.
+        window: ``[L, E]`` int64 counts (CPU) the plan was made from.
+        before, after: ``[L, G]`` float64 load of each GPU under the old and the new
+            placement, both on ``window`` (what the heatmaps draw).
+        balancedness_before, balancedness_after: mean over layers of mean / max GPU load.
+        phy2log: ``[L, P]`` int64, the new slot map.
+        moved_slots: slots whose weights were copied; ``moved_bytes`` their size.
+        plan_s, apply_s: time planning, and copying weights plus swapping tables.
+    """
+
+    after_step: int
+    window: torch.Tensor
+    before: torch.Tensor
+    after: torch.Tensor
+    balancedness_before: float
+    balancedness_after: float
+    phy2log: torch.Tensor
+    moved_slots: int
+    moved_bytes: int
+    plan_s: float
+    apply_s: float
+
+
+def moe_layers(model: CausalLM) -> list[MoELayer]:
+    """The model's :class:`MoELayer` modules, in layer order (empty for a dense model)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return [m for m in model.modules() if isinstance(m, MoELayer)]
+
+
+class ExpertBalancer:
+    """Counts routed tokens per layer and expert on the device, and rebalances on schedule.
+
+    Construction turns every MoE layer to ``P = E + num_redundant`` physical slots under
+    the placement the policy makes of a uniform load (:meth:`MoELayer.use_replicas`). The
+    runner calls :meth:`record` after every forward; the engine calls :meth:`due` before
+    each step and, when true and no step is in flight, :meth:`rebalance`.
+
+    Args:
+        config: the window, interval, policy and topology.
+        layers: the model's MoE layers (all with the same ``E``), weights loaded.
+        device: where the window lives (the model's device).
+
+    Raises:
+        ConfigError: no MoE layers, layers that are not all local, layers of different
+            ``E``, or a topology the slots do not divide over (the message names the field).
+    """
+
+    def __init__(self, config: EplbConfig, layers: list[MoELayer], device: torch.device) -> None:
+        if not layers:
+            raise ConfigError("eplb needs a model with MoE layers; this model has none")
+        experts = {layer.config.num_experts for layer in layers}
+        if len(experts) != 1:
+            raise ConfigError(f"eplb needs one expert count over the MoE layers, got {sorted(experts)}")
+        self.config = config
+        self.layers = layers
+        self.num_experts = experts.pop()
+        groups = layers[0].config.n_group if layers[0].config.routing == "deepseek_v3" else 1
+        self.topology: Topology = config.topology(self.num_experts, groups)
+        gate_up, down = layers[0].experts.gate_up, layers[0].experts.down
+        self.expert_bytes = (gate_up[0].numel() * gate_up.element_size()
+                             + down[0].numel() * down.element_size())
+        self.policy = make_policy(config, self.expert_bytes)
+        self.window = LoadWindow(len(layers), self.num_experts, config.window, device=device)
+        uniform = torch.ones(len(layers), self.num_experts, dtype=torch.int64)
+        first = make_policy(attrs.evolve(config, policy="deepseek"), 0).place(uniform, self.topology)
+        for layer, row in zip(layers, first.phy2log.tolist()):
+            layer.use_replicas(row)
+        self.placement: Placement = first
+        self.num_steps = 0
+        self._last_plan = 0
+        self.history: list[Rebalance] = []
+
+    def record(self, model: CausalLM) -> None:
+        """After a forward: push its ``[L, E]`` routed counts into the window (device copy,
+        no host sync) and count the step. Mutates the window."""
+        counts = model.expert_counts()
+        if counts is None:
+            return
+        self.window.record(counts.to(self.window.device))
+        self.num_steps += 1
+
+    def slot_counts(self) -> list[list[int]] | None:
+        """``[L][P]`` copies each physical slot served in the last forward (a host read;
+        for traces), or None before any forward."""
+        counts = [layer.last_slot_counts for layer in self.layers]
+        if any(c is None for c in counts):
+            return None
+        rows: list[list[int]] = torch.stack([c.cpu() for c in counts if c is not None]).tolist()
+        return rows
+
+    def due(self) -> bool:
+        """True once ``interval`` forward steps ran since the last plan (and the window
+        holds at least one step)."""
+        return self.num_steps - self._last_plan >= self.config.interval
+
+    def rebalance(self, *, in_flight: int = 0) -> Rebalance:
+        """Plan from the window with the policy, relabel the plan to keep replicas in their
+        slots (:func:`align_placement`: GPU loads unchanged), keep the current placement
+        of each layer it balances the window no worse than the plan, and apply the rest:
+        copy the weights of moved slots, then swap each layer's routing table. Call only between
+        steps; ``in_flight`` is the caller's count of steps launched and not yet waited
+        for. One host read of the window. Appends to :attr:`history` and returns the record.
+
+        Raises:
+            InvariantError: ``in_flight > 0`` (a forward could read half-moved weights).
+            ConfigError: as :meth:`PlacementPolicy.place` (not after construction checks).
+        """
+        if in_flight:
+            raise InvariantError(f"rebalance with {in_flight} steps in flight; commit them first")
+        t0 = time.perf_counter()
+        load = self.window.total().cpu()
+        gpus, nodes = self.topology.num_gpus, self.topology.num_nodes
+        planned = self.policy.place(load, self.topology).phy2log
+        # Same GPU loads, fewer copies: GPUs of a node and slots of a GPU relabelled to
+        # keep the replicas that stay where they are.
+        aligned = align_placement(planned, self.placement.phy2log, gpus, nodes)
+        # A layer whose current placement already balances the window at least as well
+        # keeps it (greedy packing can lose to it): never pay copies for a worse plan.
+        old_bal = balancedness(gpu_loads(self.placement, load, gpus))
+        new_bal = balancedness(gpu_loads(placement_from_phy2log(aligned, self.num_experts), load, gpus))
+        keep = (old_bal >= new_bal)[:, None]
+        new = placement_from_phy2log(torch.where(keep, self.placement.phy2log, aligned), self.num_experts)
+        t1 = time.perf_counter()
+        moved = sum(layer.apply_placement(row) for layer, row in zip(self.layers, new.phy2log.tolist()))
+        t2 = time.perf_counter()
+        before, after = gpu_loads(self.placement, load, gpus), gpu_loads(new, load, gpus)
+        record = Rebalance(
+            after_step=self.num_steps, window=load, before=before, after=after,
+            balancedness_before=float(balancedness(before).mean()),
+            balancedness_after=float(balancedness(after).mean()),
+            phy2log=new.phy2log.clone(), moved_slots=moved, moved_bytes=moved * self.expert_bytes,
+            plan_s=t1 - t0, apply_s=t2 - t1,
+        )  # fmt: skip
+        self.placement = new
+        self._last_plan = self.num_steps
+        self.history.append(record)
+        return record

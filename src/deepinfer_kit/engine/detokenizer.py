@@ -1,0 +1,126 @@
+"""IncrementalDetokenizer: the text of one sequence's generated tokens, built token by
+token, never showing a character whose bytes are still split over tokens; and
+``find_stop``, the incremental stop-string search over that text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepinfer_kit.models.protocols import Tokenizer
+    from deepinfer_kit.request import Request
+
+__all__ = ["IncrementalDetokenizer", "detokenizer_for", "find_stop", "CONTEXT_TOKENS"]
+
+CONTEXT_TOKENS = 5
+"""Prompt tokens decoded ahead of the output, so tokenizers whose decoders treat the first
+token specially (a leading-space marker) give the output's text as a continuation."""
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """The text of the tokens pushed so far, for one sequence.
+
+    Keeps two offsets into the tokens (context plus outputs): ``prefix`` where the last
+    decoded window starts and ``read`` where its already-emitted part ends. Each push
+    decodes ``tokens[prefix:]`` and emits what it adds to ``tokens[prefix:read]``, unless
+    the window ends in U+FFFD: then the last character's bytes are not all there yet (a
+    multi-byte UTF-8 character split over byte-fallback or byte-level tokens) and the
+    text is held back until a later token completes it. :meth:`flush` emits what is still
+    held when the sequence ends, so the final text equals the tokenizer's decode of the
+    whole output. Two short decodes per token, O(window) each.
+
+    Args:
+        tokenizer: decodes token ids (any :class:`~deepinfer_kit.models.protocols.Tokenizer`).
+        prompt_ids: the prompt; its last :data:`CONTEXT_TOKENS` tokens are the context.
+        skip_special_tokens: leave special tokens out of the text.
+    """
+
+    __slots__ = ("_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "text")
+
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], *, skip_special_tokens: bool = True
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
+        self._prefix = 0
+        self._read = len(self._ids)
+        self._prefix_text = self._decode(self._ids)
+        self.text = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def push(self, token: int) -> str:
+        """Append ``token``; returns the text it completed (``""`` while held back).
+
+        Mutates ``text`` and the offsets. Raises what the tokenizer raises for an id
+        outside its vocabulary.
+        """
+        self._ids.append(token)
+        window = self._decode(self._ids[self._prefix:])
+        if len(window) <= len(self._prefix_text) or window.endswith(_REPLACEMENT):
+            return ""
+        delta = window[len(self._prefix_text):]
+        self.text += delta
+        self._prefix, self._read = self._read, len(self._ids)
+        self._prefix_text = self._decode(self._ids[self._prefix:self._read])
+        return delta
+
+    def flush(self) -> str:
+        """Emit the text still held back (an incomplete character at the end becomes
+        U+FFFD, as in a full decode); returns it. Called once, when the sequence ends."""
+        if self._read == len(self._ids):
+            return ""
+        window = self._decode(self._ids[self._prefix:])
+        delta = window[len(self._prefix_text):]
+        self.text += delta
+        self._prefix, self._read = self._read, len(self._ids)
+        self._prefix_text = self._decode(self._ids[self._prefix:self._read])
+        return delta
+
+    def decode_one(self, token: int) -> str:
+        """``token`` decoded alone with its special-token name kept (what a logprob's
+        ``decoded_token`` shows; a lone byte of a multi-byte character is U+FFFD)."""
+        return self._tokenizer.decode([token], skip_special_tokens=False)
+
+    def copy(self) -> IncrementalDetokenizer:
+        """An independent detokenizer in the same state (a fork child's starts here)."""
+        twin = IncrementalDetokenizer.__new__(IncrementalDetokenizer)
+        twin._tokenizer = self._tokenizer
+        twin._skip = self._skip
+        twin._ids = list(self._ids)
+        twin._prefix, twin._read = self._prefix, self._read
+        twin._prefix_text = self._prefix_text
+        twin.text = self.text
+        return twin
+
+
+def find_stop(text: str, new_from: int, stops: Sequence[str]) -> tuple[str, int] | None:
+    """The stop string occurrence in ``text`` that ends after ``new_from`` (the first
+    index of the text added since the last search) and starts earliest; ties go to the
+    first string in ``stops``. Returns ``(stop, start index)`` or ``None``.
+
+    An occurrence ending at or before ``new_from`` was the previous search's to find, so
+    searching only ``text[new_from - len(stop) + 1:]`` finds a stop split across tokens
+    exactly once. O(len(stops) * (new text + longest stop)).
+    """
+    best: tuple[str, int] | None = None
+    for stop in stops:
+        start = text.find(stop, max(0, new_from - len(stop) + 1))
+        if start != -1 and (best is None or start < best[1]):
+            best = (stop, start)
+    return best
+
+
+def detokenizer_for(tokenizer: Tokenizer | None, request: Request) -> IncrementalDetokenizer | None:
+    """A new detokenizer of ``request``'s output under its ``skip_special_tokens``, or
+    ``None`` when it gets no text (no tokenizer, or ``detokenize=False``)."""
+    if tokenizer is None or not request.params.detokenize:
+        return None
+    return IncrementalDetokenizer(
+        tokenizer, request.prompt_token_ids, skip_special_tokens=request.params.skip_special_tokens
+    )

@@ -1,0 +1,238 @@
+"""DraftModelDrafter: a small causal LM (or a layer-truncated view of the target) drafts γ
+tokens per request autoregressively, over paged KV blocks of its own.
+
+Each round, for every request: roll the drafter's KV back to the tokens it still agrees
+with (:class:`~deepinfer_kit.spec.draft_kv.DraftKVBook`), then one batched forward
+computes the tokens it has not seen (catch-up prefill: the emitted token of the last
+round, a new request's whole prompt, a resumed request's history) and draws the first
+draft; ``γ - 1`` batched one-token forwards draw the others. Drafts are drawn from the
+draft model's distribution under each request's own sampling parameters (``q``, kept as
+``draft_probs`` for strict rejection sampling); greedy requests draft the argmax.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.errors import ConfigError, OutOfBlocksError
+from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.request import Request
+from deepinfer_kit.sample.distribution import target_probs
+from deepinfer_kit.sample.records import SamplingBatch
+from deepinfer_kit.sample.rng import mix64, row_uniforms
+from deepinfer_kit.spec.draft_kv import DraftKVBook
+from deepinfer_kit.spec.records import DraftProposal
+from deepinfer_kit.spec.ref_ops import inverse_cdf
+
+if TYPE_CHECKING:
+    from deepinfer_kit.spec.protocols import StatefulDrafter
+
+__all__ = ["DraftModelDrafter"]
+
+_DRAFT_SALT = 0x2545F4914F6CDD1D  # separates the draft's stream from the sampler's and acceptance's
+
+
+@attrs.define(slots=True, eq=False)
+class _Row:
+    """One request drafted this round."""
+
+    index: int  # its row in the proposal
+    req: Request
+    start: int  # first token the draft has no KV for
+    depth: int  # drafts it gets (<= γ)
+    table: list[int]
+    survival: float = 1.0  # product of its drafts' confidences so far
+
+
+class DraftModelDrafter:
+    """Drafts with a causal LM over its own paged KV (implements
+    :class:`~deepinfer_kit.spec.protocols.StatefulDrafter`).
+
+    Args:
+        model: the draft model (any :class:`CausalLM` sharing the target's vocabulary:
+            a small checkpoint, or ``models.truncated.LayerTruncatedLM`` of the target).
+        kv_cache: the draft's own KV pool, one layer per draft layer, the target's block
+            size; written only by this drafter.
+        book: per-sequence bookkeeping over the allocator of ``kv_cache``'s blocks.
+        generator: random source of unseeded sampled requests' drafts (on the model's
+            device); ``None`` uses torch's default generator.
+        max_model_len: positions the draft may write stay below it (the draft model's
+            ``max_position_embeddings`` at most).
+        stop_below: stop drafting a request once the cumulative product of its drafts'
+            confidences (their survival) falls below this: the threshold planner would
+            not verify past that draft, so the forwards after it are saved. 0 drafts all
+            ``γ``.
+
+    Raises:
+        ConfigError: the book's block size or pool differs from ``kv_cache``'s, or the
+            cache has fewer layers than the model.
+    """
+
+    def __init__(self, model: CausalLM, kv_cache: PagedKVCache, book: DraftKVBook, *,
+                 generator: torch.Generator | None = None, max_model_len: int,
+                 stop_below: float = 0.0) -> None:
+        alloc = book.allocator
+        if (alloc.block_size, alloc.num_blocks) != (kv_cache.block_size, kv_cache.num_blocks):
+            raise ConfigError(
+                f"draft KV: the allocator has {alloc.num_blocks} blocks of {alloc.block_size}, "
+                f"the cache {kv_cache.num_blocks} of {kv_cache.block_size}; build both from one size"
+            )
+        if kv_cache.num_layers < model.config.num_layers:
+            raise ConfigError(
+                f"draft KV holds {kv_cache.num_layers} layers, the draft model has "
+                f"{model.config.num_layers}"
+            )
+        self.model = model
+        self.kv_cache = kv_cache
+        self.book = book
+        self.generator = generator
+        self.max_model_len = min(max_model_len, model.config.max_position_embeddings)
+        self.vocab_size = model.config.vocab_size
+        self.stop_below = stop_below
+        self.num_forwards = 0  # draft forwards run (catch-up rounds included)
+
+    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+        """Draft up to ``num_draft`` (γ) tokens after each request's ``all_token_ids``.
+
+        Mutates the drafter's KV and book: afterwards each drafted request holds the KV
+        of its tokens plus its first ``num_drafted - 1`` drafts. A request whose next
+        positions pass ``max_model_len``, or whose blocks do not fit the draft pool this
+        round, gets fewer (or no) drafts. At most ``γ`` forwards, each one device-to-host
+        copy of ``R`` tokens.
+
+        Returns:
+            ``token_ids [R, γ]`` int64 and ``confidence [R, γ]`` float32 (the draft
+            model's own probability of each draft, temperature 1) on the CPU;
+            ``draft_probs [R, γ, V]`` float64 on the model's device (the distribution each
+            draft was drawn from; zeros past ``num_drafted``), or ``None`` when every
+            request is greedy (one-hot drafts).
+        """
+        num_req, gamma = len(requests), num_draft
+        ids = [[0] * gamma for _ in range(num_req)]
+        conf = torch.zeros(num_req, gamma, dtype=torch.float32)
+        greedy = all(r.params.is_greedy for r in requests)
+        probs = None if greedy else torch.zeros(
+            num_req, gamma, self.vocab_size, dtype=torch.float64, device=self.kv_cache.device)
+        rows = self._plan(requests, gamma)
+        for j in range(gamma):
+            step = [row for row in rows if row.depth > j]
+            if not step:
+                break
+            logits = self._forward(step, ids, j)
+            tokens, q, c = self._draw(logits, step, ids, j, greedy)
+            for row, tok in zip(step, tokens):
+                ids[row.index][j] = tok
+            where = torch.tensor([row.index for row in step], dtype=torch.int64)
+            conf[where, j] = c
+            if self.stop_below > 0:
+                for row, cj in zip(step, c.tolist()):
+                    row.survival *= cj
+                    if row.survival < self.stop_below:
+                        row.depth = j + 1  # this draft is its last
+            if probs is not None and q is not None:
+                probs[where.to(probs.device), j] = q
+        for row in rows:
+            toks = row.req.all_token_ids
+            self.book.written(row.req.request_id, toks + ids[row.index][: row.depth - 1])
+        counts = [0] * num_req
+        for row in rows:
+            counts[row.index] = row.depth
+        return DraftProposal(
+            token_ids=torch.tensor(ids, dtype=torch.int64).view(num_req, gamma),
+            num_drafted=counts, draft_probs=probs, confidence=conf,
+        )
+
+    def sync(self, running: Sequence[Request]) -> None:
+        """See :meth:`StatefulDrafter.sync`: roll back to the accepted tokens, release the
+        blocks of every sequence no longer running. O(running + held tokens)."""
+        self.book.sync({r.request_id: r.all_token_ids for r in running})
+
+    def check_idle(self) -> None:
+        """See :meth:`StatefulDrafter.check_idle`."""
+        self.book.check_idle()
+
+    # ---- one round -----------------------------------------------------------------
+
+    def _plan(self, requests: Sequence[Request], gamma: int) -> list[_Row]:
+        """Roll back, size and reserve each request's drafts; requests that cannot draft
+        this round are left out (their valid KV is kept)."""
+        rows: list[_Row] = []
+        for index, req in enumerate(requests):
+            sid, toks = req.request_id, req.all_token_ids
+            n = len(toks)
+            # draft j is drawn after feeding position n - 1 + j; those must be < max len
+            depth = min(gamma, self.max_model_len - n + 1)
+            start = min(self.book.reusable(sid, toks), n - 1)
+            if depth <= 0:
+                continue
+            try:
+                table = self.book.reserve(sid, n + depth - 1)
+            except OutOfBlocksError:
+                continue
+            rows.append(_Row(index, req, start, depth, table))
+        return rows
+
+    def _forward(self, step: list[_Row], ids: list[list[int]], j: int) -> torch.Tensor:
+        """Draft step ``j``: the catch-up tokens (``j == 0``) or draft ``j - 1`` of each
+        row; returns ``[len(step), V]`` logits after each row's last fed token."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        for row in step:
+            toks = row.req.all_token_ids
+            n = len(toks)
+            if j == 0:
+                input_ids += toks[row.start:]
+                positions += range(row.start, n)
+                query_lens.append(n - row.start)
+                seq_lens.append(n)
+            else:
+                input_ids.append(ids[row.index][j - 1])
+                positions.append(n - 1 + j)
+                query_lens.append(1)
+                seq_lens.append(n + j)
+        last = list(itertools.accumulate(query_lens))
+        host, layout = pack_inputs(
+            input_ids, positions, query_lens, seq_lens, [row.table for row in step],
+            [x - 1 for x in last], block_size=self.kv_cache.block_size, pin_memory=False,
+        )
+        forward = unpack_inputs(host.to(self.kv_cache.device), layout)
+        self.num_forwards += 1
+        with torch.inference_mode():
+            return self.model(forward, self.kv_cache)
+
+    def _draw(self, logits: torch.Tensor, step: list[_Row], ids: list[list[int]], j: int,
+              greedy: bool) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
+        """Draw draft ``j`` of each row: ``(tokens, q [n, V] float64 or None when greedy,
+        confidence [n] float32 on the CPU)``."""
+        q: torch.Tensor | None = None
+        if greedy and not any(r.req.params.has_penalties or r.req.params.min_tokens for r in step):
+            tok = logits.argmax(dim=-1)
+        else:
+            batch = SamplingBatch(
+                params=[r.req.params for r in step],
+                seeds=[None if r.req.seed is None else mix64(r.req.seed ^ _DRAFT_SALT) >> 1
+                       for r in step],
+                positions=[len(r.req.output_token_ids) + j for r in step],
+                prompt_token_ids=[r.req.prompt_token_ids for r in step],
+                output_token_ids=[(*r.req.output_token_ids, *ids[r.index][:j]) for r in step],
+                eos_token_ids=[r.req.eos_token_id for r in step],
+                generator=self.generator,
+            )
+            q = target_probs(logits, batch)
+            u = row_uniforms(batch.seeds, batch.positions, self.generator, logits.device)
+            tok = inverse_cdf(q, u)
+        c = torch.softmax(logits.float(), dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
+        return tok.tolist(), q, c.cpu()
+
+
+if TYPE_CHECKING:
+    _check: type[StatefulDrafter] = DraftModelDrafter

@@ -1,0 +1,100 @@
+"""build_drafter: the drafter a SpecConfig names, wired to the target model and its pool size.
+
+``"ngram"`` needs nothing; ``"draft_model"`` loads a second checkpoint (or the embedded
+tiny model) and ``"self"`` takes a layer-truncated view of the target; both get a KV pool
+and a block allocator of their own, the target's block size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kit._kernels import Impl
+from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.draft_model import DraftModelDrafter
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.loader import LoadedModel
+from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.models.truncated import LayerTruncatedLM
+from deepinfer_kit.spec.draft_kv import DraftKVBook
+from deepinfer_kit.spec.ngram import NgramDrafter
+from deepinfer_kit.spec.protocols import Drafter
+from deepinfer_kit.spec.records import SpecConfig
+
+__all__ = ["build_drafter", "draft_pool_blocks"]
+
+
+def draft_pool_blocks(num_blocks: int, block_size: int, max_num_seqs: int, num_draft: int) -> int:
+    """Blocks of a model drafter's own pool: the target's, plus room for every running
+    sequence's ``γ`` draft positions (the draft writes ahead of the target). Sequences that
+    share prefix blocks in the target's pool do not share them here; when the draft pool
+    runs out, the sequences that do not fit get no drafts that round."""
+    return num_blocks + max_num_seqs * -(-num_draft // block_size)
+
+
+def build_drafter(
+    spec: SpecConfig,
+    target: LoadedModel,
+    *,
+    seed: int,
+    block_size: int,
+    num_blocks: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention_impl: Impl,
+    moe_impl: Impl,
+) -> Drafter:
+    """The drafter of ``spec`` for ``target``.
+
+    Args:
+        seed: the engine's seed (the embedded draft model's weights, the draft's
+            generator of unseeded requests).
+        block_size, num_blocks, max_num_seqs: the target pool's geometry and the round's
+            sequence limit (sizing the draft pool, :func:`draft_pool_blocks`).
+        max_model_len: the engine's limit; drafts never write past it.
+
+    Raises:
+        ConfigError: a draft model whose vocabulary differs from the target's, or
+            ``draft_layers`` beyond the target's layers (both name the field and value).
+        CheckpointError: a draft checkpoint that cannot be loaded.
+    """
+    if spec.drafter == "ngram":
+        return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    model: CausalLM
+    if spec.drafter == "self":
+        assert spec.draft_layers is not None  # SpecConfig checked it
+        model = LayerTruncatedLM(target.model, spec.draft_layers)
+    else:
+        model = _load_draft(spec.draft_model or "", target, seed=seed, dtype=dtype, device=device,
+                            attention_impl=attention_impl, moe_impl=moe_impl)
+    mc = model.config
+    blocks = draft_pool_blocks(num_blocks, block_size, max_num_seqs, spec.num_draft)
+    kv = PagedKVCache(mc.num_layers, blocks, block_size, mc.num_kv_heads, mc.head_dim,
+                      dtype=dtype, device=device, impl=attention_impl)
+    book = DraftKVBook(FreeListBlockAllocator(blocks, block_size))
+    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    stop = spec.threshold if spec.planner == "threshold" else 0.0  # it verifies no further
+    return DraftModelDrafter(model, kv, book, generator=generator, max_model_len=max_model_len,
+                             stop_below=stop)
+
+
+def _load_draft(path: str, target: LoadedModel, *, seed: int, dtype: torch.dtype,
+                device: torch.device, attention_impl: Impl, moe_impl: Impl) -> CausalLM:
+    """Load the draft checkpoint and check it shares the target's vocabulary."""
+    if path == "tiny":
+        loaded = build_tiny_model(seed=seed, dtype=dtype, device=device,
+                                  attention_impl=attention_impl, moe_impl=moe_impl)
+    else:
+        loaded = load_model(path, dtype=dtype, device=device, attention_impl=attention_impl,
+                            moe_impl=moe_impl)
+    draft_vocab, vocab = loaded.config.vocab_size, target.config.vocab_size
+    if draft_vocab != vocab:
+        raise ConfigError(
+            f"speculative.draft_model {path!r} has vocab_size {draft_vocab}, the target has "
+            f"{vocab}; a draft model must share the target's tokenizer"
+        )
+    return loaded.model
