@@ -24,7 +24,7 @@ def test_generate_prints_generations_and_a_summary(capsys: pytest.CaptureFixture
 
 def test_no_arguments_runs_the_default_generation(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("requests=4 output_tokens=96 ")
+    assert capsys.readouterr().out.splitlines()[-1].startswith("requests=4 output_tokens=256 ")
 
 
 def test_trace_follows_one_request(capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,8 +107,8 @@ def test_trace_html_and_json_hold_the_run(tmp_path: Path, capsys: pytest.Capture
     from deepinfer_kit.viewer import loads, read_html
 
     html, doc_path = tmp_path / "run.html", tmp_path / "run.json"
-    args = ["trace", "--html", str(html), "--json", str(doc_path), "--n", "2", "--temperature", "0.8",
-            "--seed", "1", "--max-tokens", "6", "--prompt", "shared prefix one", "--prompt", "shared prefix two"]
+    args = ["trace", "--model", "tiny", "--html", str(html), "--json", str(doc_path), "--n", "2",
+            "--temperature", "0.8", "--seed", "1", "--max-tokens", "6", "--prompt", "shared prefix one", "--prompt", "shared prefix two"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"to {html}" in out and f"to {doc_path}" in out
@@ -138,10 +138,11 @@ def test_vllm_sampling_flags(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_stop_flag_cuts_the_text(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--prompt", "Hello there", "--max-tokens", "20", "--ignore-eos"]) == 0
+    tiny = ["--model", "tiny", "--prompt", "Hello there", "--max-tokens", "20"]
+    assert main([*tiny, "--ignore-eos"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert "\\x05!" in first  # the tiny model's greedy continuation holds it
-    assert main(["--prompt", "Hello there", "--max-tokens", "20", "--stop", "\x05!"]) == 0
+    assert main([*tiny, "--stop", "\x05!"]) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.endswith("-> '0' (3 tokens, stop '\\x05!')"), line
 

@@ -30,9 +30,13 @@ _HTML_BLOCKS = 48  # a pool the viewer can draw cell by cell
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (embedded, default)")
+    p.add_argument(
+        "--model", default="tiny-words",
+        help="checkpoint folder, or an embedded model: 'tiny-words' (trained on the project's "
+             "docs; default) or 'tiny' (random weights)",
+    )
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: built-in prompts")
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -74,7 +78,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
     p.add_argument(
         "--threads", type=int, default=None,
-        help="torch intra-op threads (default: 1 for the tiny model, torch's default otherwise)",
+        help="torch intra-op threads (default: 1 for the embedded models, torch's default otherwise)",
     )
 
 
@@ -125,9 +129,10 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
 
     from deepinfer_kit.engine.build import build_engine
     from deepinfer_kit.engine.config import EngineConfig
+    from deepinfer_kit.models.embedded import is_embedded
     from deepinfer_kit.sample.params import SamplingParams
 
-    threads = args.threads if args.threads is not None else (1 if args.model == "tiny" else 0)
+    threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)
     if threads > 0:
         torch.set_num_threads(threads)
     num_blocks, max_model_len = args.num_blocks, args.max_model_len

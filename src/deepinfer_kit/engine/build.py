@@ -19,6 +19,7 @@ from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.static_decode import StaticDecode
 from deepinfer_kit.engine.warmup import warm_up
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tokenizer_reason
 from deepinfer_kit.overlap.protocols import OverlapExecutor
@@ -99,13 +100,14 @@ def build_engine(
     dtype = torch_dtype(config.dtype)
     attention_impl = cast(Impl, config.attention_impl)
     moe_impl = cast(Impl, config.moe_impl)
-    if config.model == "tiny":
+    if config.model == TINY:
         loaded = build_tiny_model(
             seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
         )
     else:
+        path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
         loaded = load_model(
-            config.model, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
+            path, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
         )
     mc = loaded.config
     max_model_len = config.max_model_len or mc.max_position_embeddings

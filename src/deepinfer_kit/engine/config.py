@@ -56,7 +56,9 @@ class EngineConfig:
     """How to build an :class:`~deepinfer_kit.engine.engine.Engine` from defaults.
 
     Attributes:
-        model: a Hugging Face checkpoint folder, or ``"tiny"`` for the embedded model.
+        model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (seeded
+            random weights, the default, which tests rely on) or ``"tiny-words"`` (trained on
+            the project's docs; writes English-looking words).
         dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, … (a torch device string of type cpu
             or cuda; anything else, ``"meta"`` included, is a ConfigError).
@@ -136,4 +138,6 @@ class EngineConfig:
                 "count as routed tokens); leave static_decode unset or set eplb=None"
             )
         if not self.model:
-            raise ConfigError(f"model must be a checkpoint path or 'tiny', got {self.model!r}")
+            raise ConfigError(
+                f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
+            )

@@ -144,7 +144,8 @@ class LLM:
     """Generate completions for a batch of prompts.
 
     Args:
-        model: a Hugging Face checkpoint folder, or ``"tiny"`` (the embedded model).
+        model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (random
+            weights) or ``"tiny-words"`` (trained on the project's docs).
         engine: an already built :class:`Engine` to use instead of building one.
         **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``…);
             ``enforce_eager=True`` is vLLM's name for ``cuda_graphs=False``.
