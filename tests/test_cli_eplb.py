@@ -11,7 +11,7 @@ import pytest
 from deepinfer_kit.cli import main
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-ARGS = ["trace", "--max-tokens", "8", "--eplb-interval", "3", "--eplb-window", "4",
+ARGS = ["trace", "--model", "tiny", "--max-tokens", "8", "--eplb-interval", "3", "--eplb-window", "4",
         "--eplb-redundant", "4", "--eplb-gpus", "4"]
 
 
@@ -55,5 +55,5 @@ def test_without_matplotlib_the_text_heatmap_still_prints(tmp_path: Path, capsys
 
 
 def test_indivisible_slots_exit_2_naming_the_field(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["trace", "--eplb-interval", "2", "--eplb-redundant", "1", "--eplb-gpus", "2"]) == 2
+    assert main(["trace", "--model", "tiny", "--eplb-interval", "2", "--eplb-redundant", "1", "--eplb-gpus", "2"]) == 2
     assert "eplb.num_redundant=1 gives 8 experts + 1 = 9 slots" in capsys.readouterr().err
