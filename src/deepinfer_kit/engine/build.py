@@ -16,6 +16,7 @@ from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.static_decode import StaticDecode
+from deepinfer_kit.engine.token_slots import TokenSlots
 from deepinfer_kit.engine.warmup import warm_up
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import LoadedModel
@@ -126,6 +127,8 @@ def build_engine(
         on_cuda and config.cuda_graphs)
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
     speculation, verifier = build_speculation(config.speculative, sampler)
+    executor = executor if executor is not None else _default_executor(config)
+    depth = executor.depth if executor is not None else 0
     runner = ModelRunner(
         loaded.model,
         kv_cache,
@@ -135,6 +138,7 @@ def build_engine(
         static_decode=StaticDecode(loaded.model, kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_model_len=max_model_len) if static else None,
         verifier=verifier,
+        token_slots=TokenSlots((depth + 1) * config.max_num_seqs, device) if depth else None,
     )
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
@@ -154,7 +158,7 @@ def build_engine(
         vocab_size=mc.vocab_size,
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
-        executor=executor if executor is not None else _default_executor(config),
+        executor=executor,
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,

@@ -74,8 +74,9 @@ class Engine:
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
-            size or the number of blocks; an executor whose depth is not 0 or 1;
-            speculation with an overlapped executor or a scheduler that takes no drafts.
+            size or the number of blocks; an executor whose depth is not 0 or 1, or of
+            depth 1 with a runner that has no token slots; speculation with an overlapped
+            executor or a scheduler that takes no drafts.
     """
 
     def __init__(
@@ -110,6 +111,11 @@ class Engine:
             raise ConfigError(
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
+            )
+        if self.executor.depth and runner.token_slots is None:
+            raise ConfigError(
+                "an overlapped executor (depth 1) needs a runner with token_slots (placeholder "
+                "inputs are gathered from them); build the runner with TokenSlots"
             )
         self.speculation = speculation
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
@@ -284,8 +290,8 @@ class Engine:
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless no request and no block is held.
 
-        Every block must be free or cached-evictable (reference count 0), and the cache
-        manager's own integrity check must pass.
+        Every block must be free or cached-evictable (reference count 0), every token
+        slot free, and the cache manager's own integrity check must pass.
         """
         if self._inflight:
             raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
@@ -295,6 +301,11 @@ class Engine:
         if free != self.cache.num_blocks:
             raise InvariantError(
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
+            )
+        slots = self.runner.token_slots
+        if slots is not None and slots.num_free != slots.capacity:
+            raise InvariantError(
+                f"{slots.capacity - slots.num_free} token slots still leased with no request live"
             )
         self.cache.check_integrity()
 
@@ -331,6 +342,9 @@ class Engine:
         except Exception as exc:
             finished = self._fail_step(plan, "commit", exc)
             result = failed_result(plan, "")
+        slots = self.runner.token_slots
+        if slots is not None:  # the step's device work is done: its slot leases may end
+            slots.release_through(plan.step_id)
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
