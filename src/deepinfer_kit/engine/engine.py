@@ -302,11 +302,8 @@ class Engine:
             raise InvariantError(
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
-        slots = self.runner.token_slots
-        if slots is not None and slots.num_free != slots.capacity:
-            raise InvariantError(
-                f"{slots.capacity - slots.num_free} token slots still leased with no request live"
-            )
+        if self.runner.token_slots is not None:
+            self.runner.token_slots.check_all_free()
         self.cache.check_integrity()
 
     # ---- failure -----------------------------------------------------------------------

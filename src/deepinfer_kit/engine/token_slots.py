@@ -112,6 +112,14 @@ class TokenSlots:
                 freed.append(slot)
         return freed
 
+    def check_all_free(self) -> None:
+        """Raise :class:`InvariantError` unless no slot is leased (the idle check)."""
+        if len(self._free) != self.capacity:
+            raise InvariantError(
+                f"{self.capacity - len(self._free)} token slots still leased with no request "
+                f"live: {sorted(self._slot)}"
+            )
+
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """``[H]`` int64 tokens of ``slots`` (``[H]`` int64 on the slots' device);
         ``-1`` where never sampled. Device op, no host sync."""
