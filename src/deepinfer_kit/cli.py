@@ -38,8 +38,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--overlap", action="store_true",
-                   help="schedule step k+1 while step k runs (tokens committed one step late)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule step k+1 while step k runs (tokens committed one step late); "
+                        "default: on unless --num-draft")
     p.add_argument("--num-draft", type=int, default=0,
                    help="speculative decoding: n-gram drafts verified per round (0: off)")
     p.add_argument("--no-cuda-graphs", action="store_true",
@@ -122,7 +123,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from deepinfer_kit.engine.trace import StepTrace
+    from deepinfer_kit.engine.trace import StepTrace, token_timeline
 
     engine, params, prompts = _engine_and_params(args)
     if not 0 <= args.request < len(prompts):
@@ -131,7 +132,7 @@ def _trace(args: argparse.Namespace) -> int:
     traces: list[StepTrace] = []
     engine.trace = traces.append
     ids = [engine.add_request(None, p, params) for p in prompts]
-    engine.run()
+    finished = {o.request_id: o for o in engine.run()}
     target = ids[args.request]
     print(f"following {target}: {prompts[args.request]!r}")
     for t in traces:
@@ -155,6 +156,10 @@ def _trace(args: argparse.Namespace) -> int:
             print("  preempted (blocks released; will recompute)")
         for f in done:
             print(f"  finished: {f}")
+    print("its tokens (output index: id, the step that sampled it, the step that committed it):")
+    for index, tok, sampled, committed in token_timeline(traces, target, finished[target].outputs[0].token_ids):
+        late = f"committed in step {committed}" if committed is not None else "discarded (never committed)"
+        print(f"  {index}: {tok} sampled in step {sampled}, {late}")
     return 0
 
 

@@ -184,9 +184,9 @@ def build_speculation(
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
-    """With ``config.overlap``: a depth-1 executor, its kernels on their own CUDA stream on
-    a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
-    if not config.overlap:
+    """When ``config.overlapped``: a depth-1 executor, its kernels on their own CUDA stream
+    on a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
+    if not config.overlapped:
         return None
     if torch.device(config.device).type == "cuda":
         from deepinfer_kit.overlap.cuda_stream import CudaStreamExecutor

@@ -61,7 +61,12 @@ class EngineConfig:
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
         overlap: schedule round ``k + 1`` on the host while round ``k`` runs on a worker
-            thread, committing tokens one step late (same outputs as synchronous).
+            (a CUDA stream on a GPU, a thread on CPU), committing tokens one step late;
+            outputs are token for token those of the synchronous engine. ``None`` (the
+            default) means on wherever that holds: off with ``speculative`` (drafts need
+            each round's tokens before the next is planned), on otherwise, on every
+            device (see :attr:`overlapped` and docs/overlap.md for why). ``True`` with
+            ``speculative`` is a ConfigError; ``False`` forces the synchronous engine.
         max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
             logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
         cuda_graphs: on a CUDA device, capture the forward of decode rounds as CUDA graphs
@@ -95,7 +100,9 @@ class EngineConfig:
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
-    overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    overlap: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
     cuda_graphs: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     static_decode: bool | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
@@ -104,10 +111,16 @@ class EngineConfig:
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
 
     def __attrs_post_init__(self) -> None:
-        if self.speculative is not None and self.overlap:
+        if self.speculative is not None and self.overlap is True:
             raise ConfigError(
                 "speculative and overlap=True cannot be combined (verification needs each "
                 "round's tokens before the next is planned); set overlap=False or speculative=None"
             )
         if not self.model:
             raise ConfigError(f"model must be a checkpoint path or 'tiny', got {self.model!r}")
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether the engine built from this config overlaps: ``overlap`` when set, else
+        True unless ``speculative`` is set."""
+        return self.overlap if self.overlap is not None else self.speculative is None
