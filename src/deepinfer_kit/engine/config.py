@@ -32,6 +32,12 @@ def _check_device(instance: object, attribute: attrs.Attribute[str], value: obje
         )
 
 
+def _check_optional_bool(instance: object, attribute: attrs.Attribute[bool | None], value: object) -> None:
+    """``None``, ``True`` or ``False`` (a ConfigError naming the field otherwise)."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True, False or None, got {value!r}")
+
+
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
@@ -100,9 +106,7 @@ class EngineConfig:
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
-    overlap: bool | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
-    )
+    overlap: bool | None = attrs.field(default=None, validator=_check_optional_bool)
     cuda_graphs: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     static_decode: bool | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))

@@ -117,6 +117,7 @@ class Engine:
                 "an overlapped executor (depth 1) needs a runner with token_slots (placeholder "
                 "inputs are gathered from them); build the runner with TokenSlots"
             )
+        self._slots = runner.token_slots  # released as steps commit (see TokenSlots)
         self.speculation = speculation
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
         self._inflight: deque[InFlight] = deque()
@@ -302,8 +303,8 @@ class Engine:
             raise InvariantError(
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
-        if self.runner.token_slots is not None:
-            self.runner.token_slots.check_all_free()
+        if self._slots is not None:
+            self._slots.check_all_free()
         self.cache.check_integrity()
 
     # ---- failure -----------------------------------------------------------------------
@@ -339,9 +340,8 @@ class Engine:
         except Exception as exc:
             finished = self._fail_step(plan, "commit", exc)
             result = failed_result(plan, "")
-        slots = self.runner.token_slots
-        if slots is not None:  # the step's device work is done: its slot leases may end
-            slots.release_through(plan.step_id)
+        if self._slots is not None:  # the step's device work is done: its leases may end
+            self._slots.release_through(plan.step_id)
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
