@@ -58,8 +58,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
                    help="continuous batching (admit every round) or static (a batch runs to completion)")
-    p.add_argument("--overlap", action="store_true",
-                   help="schedule step k+1 while step k runs (tokens committed one step late)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule step k+1 while step k runs (tokens committed one step late); "
+                        "default: on on CUDA unless --num-draft, off on CPU")
     p.add_argument("--num-draft", type=int, default=0,
                    help="speculative decoding: drafts verified per round (0: off)")
     p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self"),
@@ -196,7 +197,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from deepinfer_kit.engine.trace import StepTrace
+    from deepinfer_kit.engine.trace import StepTrace, token_timeline
 
     engine, params, prompts = _engine_and_params(args)
     if not 0 <= args.request < len(prompts):
@@ -209,7 +210,7 @@ def _trace(args: argparse.Namespace) -> int:
     # The recorder reads the whole pool every step: only when a document is asked for.
     recorder = TraceRecorder.attach(engine, model=args.model) if args.html or args.json else None
     ids = [engine.add_request(None, p, params) for p in prompts]
-    engine.run()
+    finished = {o.request_id: o for o in engine.run()}
     target = ids[args.request]
     print(f"following {target}: {prompts[args.request]!r}")
     for t in traces:
@@ -238,6 +239,10 @@ def _trace(args: argparse.Namespace) -> int:
             print("  preempted (blocks released; will recompute)")
         for f in done:
             print(f"  finished: {f}")
+    print("its tokens (output index: id, the step that sampled it, the step that committed it):")
+    for index, tok, sampled, committed in token_timeline(traces, target, finished[target].outputs[0].token_ids):
+        late = f"committed in step {committed}" if committed is not None else "discarded (never committed)"
+        print(f"  {index}: {tok} sampled in step {sampled}, {late}")
     if recorder is not None and args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             out.write(recorder.to_json(indent=1))

@@ -17,6 +17,7 @@ from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.static_decode import StaticDecode
+from deepinfer_kit.engine.token_slots import TokenSlots
 from deepinfer_kit.engine.warmup import warm_up
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
@@ -137,6 +138,8 @@ def build_engine(
         dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
     )
     speculation, verifier = build_speculation(config.speculative, sampler, drafter)
+    executor = executor if executor is not None else _default_executor(config)
+    depth = executor.depth if executor is not None else 0
     runner = ModelRunner(
         loaded.model,
         kv_cache,
@@ -146,6 +149,7 @@ def build_engine(
         static_decode=StaticDecode(loaded.model, kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_model_len=max_model_len) if static else None,
         verifier=verifier,
+        token_slots=TokenSlots((depth + 1) * config.max_num_seqs, device) if depth else None,
     )
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
@@ -166,7 +170,7 @@ def build_engine(
         vocab_size=mc.vocab_size,
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
-        executor=executor if executor is not None else _default_executor(config),
+        executor=executor,
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,
@@ -196,9 +200,9 @@ def build_speculation(
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
-    """With ``config.overlap``: a depth-1 executor, its kernels on their own CUDA stream on
-    a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
-    if not config.overlap:
+    """When ``config.overlapped``: a depth-1 executor, its kernels on their own CUDA stream
+    on a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
+    if not config.overlapped:
         return None
     if torch.device(config.device).type == "cuda":
         from deepinfer_kit.overlap.cuda_stream import CudaStreamExecutor

@@ -35,6 +35,12 @@ def _check_device(instance: object, attribute: attrs.Attribute[str], value: obje
         )
 
 
+def _check_optional_bool(instance: object, attribute: attrs.Attribute[bool | None], value: object) -> None:
+    """``None``, ``True`` or ``False`` (a ConfigError naming the field otherwise)."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True, False or None, got {value!r}")
+
+
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
@@ -77,7 +83,13 @@ class EngineConfig:
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
         overlap: schedule round ``k + 1`` on the host while round ``k`` runs on a worker
-            thread, committing tokens one step late (same outputs as synchronous).
+            (a CUDA stream on a GPU, a thread on CPU), committing tokens one step late;
+            outputs are token for token those of the synchronous engine. ``None`` (the
+            default) means on where it is both correct and measured faster: on a CUDA
+            device without ``speculative`` (drafts need each round's tokens before the
+            next is planned); off on CPU, where it is correct but was measured slower
+            (see :attr:`overlapped` and docs/overlap.md). ``True`` with
+            ``speculative`` is a ConfigError; ``False`` forces the synchronous engine.
         max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
             logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
         cuda_graphs: on a CUDA device, capture the forward of decode rounds as CUDA graphs
@@ -117,7 +129,7 @@ class EngineConfig:
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
-    overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    overlap: bool | None = attrs.field(default=None, validator=_check_optional_bool)
     cuda_graphs: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     static_decode: bool | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
@@ -127,7 +139,7 @@ class EngineConfig:
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
     def __attrs_post_init__(self) -> None:
-        if self.speculative is not None and self.overlap:
+        if self.speculative is not None and self.overlap is True:
             raise ConfigError(
                 "speculative and overlap=True cannot be combined (verification needs each "
                 "round's tokens before the next is planned); set overlap=False or speculative=None"
@@ -141,3 +153,13 @@ class EngineConfig:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether the engine built from this config overlaps: ``overlap`` when set, else
+        True on a CUDA device unless ``speculative`` is set (on CPU the worker thread
+        competes with the host for the same cores: measured slower on the bench_engine
+        workload, see docs/overlap.md)."""
+        if self.overlap is not None:
+            return self.overlap
+        return self.speculative is None and self.device.startswith("cuda")

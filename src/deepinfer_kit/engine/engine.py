@@ -78,8 +78,9 @@ class Engine:
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
-            size or the number of blocks; an executor whose depth is not 0 or 1;
-            speculation with an overlapped executor or a scheduler that takes no drafts.
+            size or the number of blocks; an executor whose depth is not 0 or 1, or of
+            depth 1 with a runner that has no token slots; speculation with an overlapped
+            executor or a scheduler that takes no drafts.
     """
 
     def __init__(
@@ -116,6 +117,12 @@ class Engine:
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
             )
+        if self.executor.depth and runner.token_slots is None:
+            raise ConfigError(
+                "an overlapped executor (depth 1) needs a runner with token_slots (placeholder "
+                "inputs are gathered from them); build the runner with TokenSlots"
+            )
+        self._slots = runner.token_slots  # released as steps commit (see TokenSlots)
         self.speculation, self.balancer = speculation, balancer
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
         if speculation is not None:
@@ -298,9 +305,9 @@ class Engine:
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless no request and no block is held.
 
-        Every block must be free or cached-evictable (reference count 0), and the cache
-        manager's own integrity check must pass; a drafter with KV of its own (a draft
-        model) must hold no sequence and no block either.
+        Every block must be free or cached-evictable (reference count 0), every token
+        slot free, and the cache manager's own integrity check must pass; a drafter
+        with KV of its own (a draft model) must hold no sequence and no block either.
         """
         if self._inflight:
             raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
@@ -311,6 +318,8 @@ class Engine:
             raise InvariantError(
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
+        if self._slots is not None:
+            self._slots.check_all_free()
         self.cache.check_integrity()
         if self.speculation is not None:
             self.speculation.check_idle()
@@ -350,6 +359,8 @@ class Engine:
             result = failed_result(plan, "")
         if self.speculation is not None and self._drafts is not None:
             self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
+        if self._slots is not None:  # the step's device work is done: its leases may end
+            self._slots.release_through(plan.step_id)
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()

@@ -228,10 +228,11 @@ class LLM:
 
     def _abort_and_drain(self, ids: list[str]) -> None:
         """Abort the requests ``ids`` and step until the engine reported them finished, so
-        nothing of a failed call stays queued or holds blocks."""
+        nothing of a failed call stays queued or holds blocks (nor a round in flight)."""
         pending = {rid for rid in ids if self.engine.abort(rid)}
         while pending and self.engine.has_unfinished_requests():
             pending -= {out.request_id for out in self.engine.step()}
+        self.engine.flush()
 
 
 def _progress(total: int) -> Any:
