@@ -17,7 +17,7 @@ def _trace(step: int, committed: int, *chunks: TracedChunk) -> StepTrace:
 
 
 def _chunk(rid: str, position: int, sampled: tuple[int, ...], drafted: int = 0) -> TracedChunk:
-    return TracedChunk(rid, "decode", 0, 1, 0, sampled, 1, drafted, 0, position)
+    return TracedChunk(rid, "decode", 0, 1, 0, sampled, 1, drafted, 0, output_position=position)
 
 
 def test_a_preempted_sample_is_discarded_and_its_recompute_committed() -> None:
