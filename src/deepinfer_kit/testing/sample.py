@@ -40,17 +40,9 @@ def make_batch(
     eos: list[int | None] | None = None,
     generator: torch.Generator | None = None,
 ) -> SamplingBatch:
-    """A batch with the given parameters; history defaults to none, seeds to ``p.seed``,
-    positions to 0."""
-    n = len(params)
-    return SamplingBatch(
-        params=params,
-        seeds=seeds if seeds is not None else [p.seed for p in params],
-        positions=positions if positions is not None else [0] * n,
-        prompt_token_ids=[list(t) for t in prompts] if prompts is not None else [[] for _ in range(n)],
-        output_token_ids=[list(t) for t in outputs] if outputs is not None else [[] for _ in range(n)],
-        eos_token_ids=eos if eos is not None else [None] * n,
-        generator=generator,
+    """:meth:`SamplingBatch.build` (kept under this name for the suites and tests)."""
+    return SamplingBatch.build(
+        params, seeds=seeds, positions=positions, prompts=prompts, outputs=outputs, eos=eos, generator=generator
     )
 
 
