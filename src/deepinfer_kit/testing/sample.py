@@ -8,7 +8,7 @@ Every check builds fresh samplers from ``factory()`` and uses CPU tensors.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -30,20 +30,8 @@ SAMPLER_SUITE: Suite[SamplerFactory] = Suite("Sampler", "factory() -> Sampler")
 _NEG_INF = float("-inf")
 
 
-def make_batch(
-    params: list[SamplingParams],
-    *,
-    seeds: list[int | None] | None = None,
-    positions: list[int] | None = None,
-    prompts: Sequence[Sequence[int]] | None = None,
-    outputs: Sequence[Sequence[int]] | None = None,
-    eos: list[int | None] | None = None,
-    generator: torch.Generator | None = None,
-) -> SamplingBatch:
-    """:meth:`SamplingBatch.build` (kept under this name for the suites and tests)."""
-    return SamplingBatch.build(
-        params, seeds=seeds, positions=positions, prompts=prompts, outputs=outputs, eos=eos, generator=generator
-    )
+make_batch = SamplingBatch.build
+"""A batch of the given rows (:meth:`SamplingBatch.build`, under the name the suites use)."""
 
 
 def random_params(rnd: random.Random, vocab: int, seed: int | None) -> SamplingParams:
