@@ -11,7 +11,8 @@ from deepinfer_kit.cache.integrity import check_block_accounting
 from deepinfer_kit.cache.prefix_state import PrefixState as _PrefixState
 from deepinfer_kit.cache.prefix_state import state_of as _state
 from deepinfer_kit.cache.protocols import BlockAllocator, PrefixIndex
-from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats
+from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats, SlotGrant
+from deepinfer_kit.cache.slots import allocate_slots
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 
@@ -344,6 +345,24 @@ class BlockKVCacheManager:
             start=st.num_published,
         )
         st.num_published = n_full
+
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached block when no block is referenced; False (nothing changed)
+        otherwise. See :meth:`KVCacheManager.reset_prefix_cache`. O(cached blocks)."""
+        index = self._index
+        evictable = index.num_evictable if index is not None else 0
+        if self._allocator.num_free + evictable != self._allocator.num_blocks:
+            return False
+        if index is not None and evictable:
+            self._evict(index, evictable)
+        return True
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, num_computed_tokens: int | None = None
+    ) -> SlotGrant:
+        """Publish, take the cached prefix and allocate in one call; see
+        :func:`deepinfer_kit.cache.slots.allocate_slots` (same arguments and errors)."""
+        return allocate_slots(self, request, num_new_tokens, num_computed_tokens)
 
     def check_integrity(self, requests: Iterable[Request] | None = None) -> None:
         """Conservation (free + evictable + in use == total) and, when ``requests`` lists

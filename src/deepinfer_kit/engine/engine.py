@@ -324,6 +324,15 @@ class Engine:
         if self.speculation is not None:
             self.speculation.check_idle()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name and contract): returns False,
+        changing nothing, while a request is unfinished or a round is in flight; else
+        empties the prefix index (:meth:`KVCacheManager.reset_prefix_cache`)."""
+        with self._lock:
+            if self._inflight or self.has_unfinished_requests():
+                return False
+            return self.cache.reset_prefix_cache()
+
     # ---- failure -----------------------------------------------------------------------
 
     def _launch(self, plan: SchedulePlan) -> PendingStep | StepResult:

@@ -226,6 +226,11 @@ class LLM:
                 bar.close()
         return [results[i] for i in ids]
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block, e.g. between benchmark runs over one prompt
+        set; False (nothing changed) while requests run. See :meth:`Engine.reset_prefix_cache`."""
+        return self.engine.reset_prefix_cache()
+
     def _abort_and_drain(self, ids: list[str]) -> None:
         """Abort the requests ``ids`` and step until the engine reported them finished, so
         nothing of a failed call stays queued or holds blocks (nor a round in flight)."""
