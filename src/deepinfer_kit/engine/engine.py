@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
-from deepinfer_kit.engine.inflight import InFlight, failed_result
+from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
@@ -21,12 +21,9 @@ from deepinfer_kit.engine.requests import RequestBuilder
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
-from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.overlap.sync import SyncExecutor
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
-from deepinfer_kit.sched.records import SchedulePlan
-from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.balance import ExpertBalancer
@@ -268,7 +265,7 @@ class Engine:
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._failures.die("the scheduler failed to plan a round", exc) from exc
-            launched = self._launch(plan)
+            launched = launch_round(self.runner, self.executor, self._failures, plan)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
@@ -333,39 +330,14 @@ class Engine:
                 return False
             return self.cache.reset_prefix_cache()
 
-    # ---- failure -----------------------------------------------------------------------
-
-    def _launch(self, plan: SchedulePlan) -> PendingStep | StepResult:
-        """Lay ``plan`` out and start its device part; an empty plan, or one whose
-        layout or launch failed, is already its result."""
-        if not plan.chunks:
-            return StepResult(token_ids=[])
-        try:
-            prepared = self.runner.prepare(plan)
-            return self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
-        except Exception as exc:
-            self._failures.count(exc)
-            return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+    # ---- commit ------------------------------------------------------------------------
 
     def _commit_oldest(self) -> list[RequestOutput]:
-        """Wait for the oldest round in flight and commit it."""
+        """Wait for the oldest round in flight and commit it (see :func:`commit_round`)."""
         entry = self._inflight.popleft()
         plan = entry.plan
         t1 = time.perf_counter()
-        result = entry.launched
-        if not isinstance(result, StepResult):
-            try:
-                result = self.executor.wait(result)
-                self._failures.succeeded()
-            except Exception as exc:
-                self._failures.count(exc)
-                result = failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
-        t2 = time.perf_counter()
-        try:
-            finished = self.scheduler.commit(plan, result)
-        except Exception as exc:
-            finished = self._fail_step(plan, "commit", exc)
-            result = failed_result(plan, "")
+        result, finished, t2 = commit_round(entry, self.executor, self.scheduler, self._failures)
         if self.speculation is not None and self._drafts is not None:
             self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
         if self._slots is not None:  # the step's device work is done: its leases may end
@@ -384,16 +356,6 @@ class Engine:
                 )
             )
         return outputs
-
-    def _fail_step(self, plan: SchedulePlan, phase: str, exc: Exception) -> list[RequestOutput]:
-        """The commit of ``plan`` raised: fail its requests instead, or die trying."""
-        self._failures.count(exc)
-        try:
-            return self.scheduler.commit(
-                plan, failed_result(plan, f"step {plan.step_id} {phase} failed: {exc!r}")
-            )
-        except Exception as again:
-            raise self._failures.die(f"the scheduler could not fail step {plan.step_id}", again) from exc
 
     # ---- helpers -------------------------------------------------------------------------
 
