@@ -139,7 +139,7 @@ def build_engine(
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                capture=config.cuda_graphs and static)
+                max_model_len=max_model_len, capture=config.cuda_graphs and static)
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
     if isinstance(tokenizer, ByteTokenizer) and tokenizer.vocab_size != mc.vocab_size:
