@@ -154,7 +154,7 @@ def build_engine(
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                capture=config.cuda_graphs and static)
+                max_model_len=max_model_len, capture=config.cuda_graphs and static)
     runner.balancer = balancer  # after warm-up: its dummy rounds stay out of the window
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
