@@ -71,17 +71,20 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
     block_size = state.cache.block_size
     cache = state.cache
     finished: list[Request] = []
+    requests = entry.requests
     for i, chunk in enumerate(chunks):
-        req = entry.requests[i]
+        req = requests[i]
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
-        message = errors[i] if errors else None
-        if message is not None:
-            req.error = message
-            state.finish(req, FinishReason.ERROR, message)
-            finished.append(req)
-            continue
-        end = chunk.start + chunk.num_tokens
+        if errors:
+            message = errors[i]
+            if message is not None:
+                req.error = message
+                state.finish(req, FinishReason.ERROR, message)
+                finished.append(req)
+                continue
+        start = chunk.start
+        end = start + chunk.num_tokens
         if chunk.sample:
             tokens = token_ids[i]
             lps = logprobs[i] if logprobs is not None else None
@@ -101,7 +104,7 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             metrics = req.metrics
             if metrics is not None and metrics.first_token_time is None:
                 metrics.first_token_time = state.clock()
-        if end // block_size > chunk.start // block_size:
+        if end // block_size > start // block_size:
             cache.cache_full_blocks(req, end)
         if req.status is _FINISHED:
             finished.append(req)
@@ -183,6 +186,7 @@ def _commit_spec(
         req.num_computed_tokens = valid_end
         if valid_end < chunk.start + chunk.num_tokens:
             state.cache.truncate(req, valid_end)
+            state.tables.pop(req, None)
             # The next write lands in a kept block: let allocate check it for CoW.
             state.may_share.add(req)
     return valid_end

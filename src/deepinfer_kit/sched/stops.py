@@ -34,15 +34,18 @@ def check_stop(request: Request, token: int, max_model_len: int) -> bool:
         True when the request finished.
     """
     params = request.params
-    num_out = len(request.output_token_ids)
-    if num_out > params.min_tokens:
-        if token == request.eos_token_id and not params.ignore_eos:
-            request.finish(FinishReason.STOP)
+    if (token == request.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
+        if len(request.output_token_ids) > params.min_tokens:
+            if token == request.eos_token_id and not params.ignore_eos:
+                request.finish(FinishReason.STOP)
+            else:
+                request.finish(FinishReason.STOP, token)
             return True
-        if token in params.stop_token_ids:
-            request.finish(FinishReason.STOP, token)
-            return True
-    if len(request.all_token_ids) >= length_limit(request, max_model_len):
+    # length_limit, spelled out: this runs once per generated token.
+    num_tokens = len(request.all_token_ids)
+    if num_tokens >= max_model_len or (
+        num_tokens >= len(request.prompt_token_ids) + params.max_tokens
+    ):
         request.finish(FinishReason.LENGTH)
         return True
     return False
@@ -53,7 +56,8 @@ def append_token(
 ) -> bool:
     """Append one sampled token (and its logprob map when the request asked for them),
     then apply :func:`check_stop`. Returns True when the request finished."""
-    request.append_token(token)
+    request.all_token_ids.append(token)  # Request.append_token, without the call
+    request.output_token_ids.append(token)
     if logprob is not None and request.logprobs is not None:
         request.logprobs.append(logprob)
         chosen = logprob.get(token)
