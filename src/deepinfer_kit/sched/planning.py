@@ -82,7 +82,7 @@ def add_chunk(
             table,
             row is not None,
             num_samples,
-            spec if spec else [],
+            spec if spec else (),
             1 if placeholders else 0,
             req.num_preemptions,
             row,

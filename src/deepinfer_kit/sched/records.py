@@ -84,7 +84,8 @@ class ScheduledChunk:
         num_samples: tokens drawn from those logits (``n`` when the request forks into
             ``n`` completions at this sample, else 1).
         spec_token_ids: draft tokens appended after the known tokens; the verifier reads
-            logits at ``1 + len(spec_token_ids)`` positions.
+            logits at ``1 + len(spec_token_ids)`` positions. ``()`` (one shared empty
+            tuple, not a fresh list per chunk) when there are none.
         num_placeholders: tokens (0 or 1) whose values the step in flight produces.
         preemption_epoch: the sequence's preemption count when scheduled; ``commit``
             ignores a chunk whose sequence was preempted since.
@@ -104,7 +105,7 @@ class ScheduledChunk:
     block_table: list[int]
     sample: bool = True
     num_samples: int = 1
-    spec_token_ids: list[int] = attrs.field(factory=list)
+    spec_token_ids: Sequence[int] = ()
     num_placeholders: int = 0
     preemption_epoch: int = 0
     sampling: SamplingRow | None = None
