@@ -10,7 +10,7 @@ from deepinfer_kit.request import FinishReason, Request, RequestStatus
 from deepinfer_kit.sched.forks import spawn_child, will_fork
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
-from deepinfer_kit.sched.stops import append_token, append_tokens
+from deepinfer_kit.sched.stops import append_token, append_tokens, check_stop
 from deepinfer_kit.step import StepResult
 
 __all__ = ["oldest_inflight", "commit_round", "to_outputs"]
@@ -99,8 +99,13 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
                 raise InvariantError(
                     f"chunk {i} ({req.request_id}) expects 1 token, got {tokens!r}"
                 )
-            else:
-                append_token(req, tokens[0], lps[0] if lps else None, max_len)
+            elif lps:
+                append_token(req, tokens[0], lps[0], max_len)
+            else:  # append_token without a logprob, inlined: once per generated token
+                token = tokens[0]
+                req.all_token_ids.append(token)
+                req.output_token_ids.append(token)
+                check_stop(req, token, max_len)
             metrics = req.metrics
             if metrics is not None and metrics.first_token_time is None:
                 metrics.first_token_time = state.clock()
