@@ -3,8 +3,10 @@
 The loop is the hot path of every scheduler: per running sequence and round it does O(1)
 work plus the snapshot of its chunk, calling into the KV cache manager only when the
 chunk crosses into a block the sequence does not hold yet (or it was just forked and may
-share its last block). Preemption scans the running list, but happens only when blocks
-run out.
+share its last block). A plain decode (one known token, its block held, no drafts) takes
+a fast path, and the block-table snapshot is copied only when the table changed, so a
+decode round allocates just the chunk and its one-token list. Preemption scans the
+running list, but happens only when blocks run out.
 """
 
 from __future__ import annotations

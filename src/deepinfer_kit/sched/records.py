@@ -78,7 +78,8 @@ class ScheduledChunk:
         num_tokens: ``q_i``, tokens fed this round (counts against the budget).
         token_ids: the known token values fed, a copy.
         block_table: the sequence's physical blocks after this round's allocation, a
-            copy; position ``t`` lives in ``block_table[t // P]``.
+            copy; position ``t`` lives in ``block_table[t // P]``. Read-only: the chunks
+            of one sequence share one copy over the rounds its table stays unchanged.
         sample: True when logits at the chunk's last non-draft position are sampled (the
             chunk reaches the end of the known tokens); False for a non-final prefill chunk.
         num_samples: tokens drawn from those logits (``n`` when the request forks into
