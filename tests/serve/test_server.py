@@ -208,3 +208,38 @@ def test_hundred_concurrent_streams_finish_and_leak_nothing(served: Served) -> N
     assert [done for _, done in results] == [1] * 100
     assert sum(1 for text, _ in results if text) >= 90  # byte tokens may hold back a split char
     served.wait_idle()
+
+
+def test_the_serve_command_starts_a_server(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHATML)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepinfer_kit.cli", "serve", "--port", str(port), "--num-blocks", "64",
+         "--max-model-len", "128", "--block-size", "8", "--chat-template", str(template),
+         "--served-model-name", "tiny-served", "--gpu-memory-utilization", "0.5"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "deepinfer-kit serve did not come up"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["tiny-served"]
+        chat = client.chat.completions.create(model="tiny-served", max_tokens=3,
+                                              messages=[{"role": "user", "content": "hi"}])
+        assert chat.choices[0].finish_reason in ("length", "stop")
+    finally:
+        proc.terminate()
+        proc.wait(20)
