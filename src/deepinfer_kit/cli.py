@@ -7,17 +7,16 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
+from deepinfer_kit.cli_engine import add_engine_options, engine_config
 from deepinfer_kit.errors import DeepInferError
 
 if TYPE_CHECKING:
-    from deepinfer_kit.engine.config import EngineConfig
     from deepinfer_kit.engine.engine import Engine
     from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "engine_config"]
 
 DEFAULT_PROMPTS = (
     "The paged KV cache stores each request's keys and values in fixed-size blocks.",
@@ -30,37 +29,8 @@ DEFAULT_PROMPTS = (
 _HTML_BLOCKS = 48  # a pool the viewer can draw cell by cell
 
 
-def _add_engine_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="checkpoint folder, or 'tiny' (embedded, default)")
-    p.add_argument("--tokenizer", default=None, help="a folder whose tokenizer.json replaces the model's")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=(*DTYPE_NAMES, "auto", *DTYPE_ALIASES),
-                   help="'auto': the checkpoint's torch_dtype")
-    p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
-                   help="KV memory budget (MiB) on CPU when --num-blocks is not given")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="on CUDA, the fraction of device memory the engine may use (weights + KV)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="prompt + output tokens of one request at most (default: the model's, "
-                   "capped to what the KV pool holds)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
-                   help="continuous batching (admit every round) or static (a batch runs to completion)")
-    p.add_argument("--overlap", action="store_true",
-                   help="schedule step k+1 while step k runs (tokens committed one step late)")
-    p.add_argument("--num-draft", type=int, default=0,
-                   help="speculative decoding: n-gram drafts verified per round (0: off)")
-    p.add_argument("--no-cuda-graphs", action="store_true",
-                   help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
-    p.add_argument(
-        "--threads", type=int, default=None,
-        help="torch intra-op threads (default: 1 for the tiny model, torch's default otherwise)",
-    )
-
-
 def _add_common(p: argparse.ArgumentParser) -> None:
-    _add_engine_options(p)
+    add_engine_options(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: built-in prompts")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -96,42 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sim_parser(sub)
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
-    _add_engine_options(serve)
+    add_engine_options(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
     serve.add_argument("--chat-template", default=None, metavar="PATH",
                        help="a jinja file used for chat requests instead of the model's template")
     return parser
-
-
-def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
-    """The :class:`EngineConfig` the engine options of ``args`` describe (``overrides``
-    win); also sets torch's thread count from ``--threads``."""
-    import torch
-
-    from deepinfer_kit.engine.config import EngineConfig
-
-    threads = args.threads if args.threads is not None else (1 if args.model == "tiny" else 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
-    fields: dict[str, Any] = dict(
-        model=args.model,
-        tokenizer=args.tokenizer,
-        device=args.device,
-        dtype=args.dtype,
-        num_blocks=args.num_blocks,
-        kv_cache_memory_mb=args.kv_cache_memory_mb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        overlap=args.overlap,
-        scheduler=args.scheduler,
-        cuda_graphs=not args.no_cuda_graphs,
-        speculative=({"drafter": "ngram", "num_draft": args.num_draft} if args.num_draft else None),
-    )
-    fields.update(overrides)
-    return EngineConfig(**fields)
 
 
 def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams, list[str]]:

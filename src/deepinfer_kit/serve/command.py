@@ -26,7 +26,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         raise ConfigError(
             "deepinfer-kit serve needs FastAPI and uvicorn: pip install 'deepinfer_kit[serve]'"
         ) from None
-    from deepinfer_kit.cli import engine_config
+    from deepinfer_kit.cli_engine import engine_config
     from deepinfer_kit.serve.api import build_app
     from deepinfer_kit.serve.async_llm import AsyncLLM
 
