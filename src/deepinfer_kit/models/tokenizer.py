@@ -29,25 +29,13 @@ class ByteTokenizer:
 
     ``encode`` adds no special token; ``decode`` skips special ids (or writes their names)
     and replaces invalid UTF-8 with U+FFFD. Stateless and O(len) both ways.
-
-    Args:
-        fallback_reason: set by :func:`load_tokenizer` when it stands in for a checkpoint
-            tokenizer it could not load (names the file and the fix).
     """
 
-    __slots__ = ("_fallback_reason",)
+    __slots__ = ()
 
     BOS = 256
     EOS = 257
     PAD = 258
-
-    def __init__(self, *, fallback_reason: str | None = None) -> None:
-        self._fallback_reason = fallback_reason
-
-    @property
-    def fallback_reason(self) -> str | None:
-        """Why the checkpoint's own tokenizer was not used, or ``None`` when there was none."""
-        return self._fallback_reason
 
     @property
     def vocab_size(self) -> int:

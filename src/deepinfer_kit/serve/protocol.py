@@ -220,17 +220,13 @@ def completion_choice(index: int, c: CompletionOutput, k: int, offset: int = 0) 
             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
 
-def chat_choice(index: int, c: CompletionOutput, k: int, *, delta: bool,
-                first: bool = False) -> dict[str, Any]:
-    """One ``choices`` entry of a chat completion, or of a chunk (``delta``); ``k`` top
-    logprobs per token; ``first`` chunk carries the role."""
+def chat_choice(index: int, c: CompletionOutput, k: int, *, delta: bool) -> dict[str, Any]:
+    """One ``choices`` entry of a chat completion, or of a chunk (``delta``: the new text;
+    the role went in the stream's first chunk); ``k`` top logprobs per token."""
     body: dict[str, Any] = {"index": index, "logprobs": chat_logprobs(c, k),
                             "finish_reason": c.finish_reason}
     if delta:
-        message: dict[str, Any] = {"role": "assistant"} if first else {}
-        if c.text or first:
-            message["content"] = c.text
-        body["delta"] = message
+        body["delta"] = {"content": c.text} if c.text else {}
     else:
         body["message"] = {"role": "assistant", "content": c.text}
         body["stop_reason"] = c.stop_reason
