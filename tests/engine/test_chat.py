@@ -150,12 +150,12 @@ def test_chat_template_file_wins_and_template_errors_are_config_errors(
     with pytest.raises(ConfigError, match="does not compile"):
         ChatTemplate("{% for %}")
     with pytest.raises(ConfigError, match=r"messages\[0\]\['content'\]\[0\]"):
-        LLM("tiny", num_blocks=64).chat([{"role": "user", "content": [{"type": "image"}]}],
+        LLM("tiny", num_blocks=64, max_model_len=1024).chat([{"role": "user", "content": [{"type": "image"}]}],
                                        chat_template=CHATML)
 
 
 def test_tiny_model_needs_a_template_and_accepts_one() -> None:
-    llm = LLM("tiny", num_blocks=64)
+    llm = LLM("tiny", num_blocks=64, max_model_len=1024)
     with pytest.raises(ConfigError, match="chat_template must be given"):
         llm.chat(CONVERSATIONS[0])
     out = llm.chat(CONVERSATIONS[0], SamplingParams(max_tokens=3, temperature=0), chat_template=CHATML)

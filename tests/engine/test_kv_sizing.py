@@ -89,7 +89,7 @@ def test_dtype_auto_and_aliases() -> None:
     assert resolve_dtype("half", None) == "float16" and resolve_dtype("float", None) == "float32"
     with pytest.raises(ConfigError, match="torch_dtype 'int8'"):
         resolve_dtype("auto", {"torch_dtype": "int8"})
-    engine = build_engine(EngineConfig(dtype="half", num_blocks=16))
+    engine = build_engine(EngineConfig(dtype="half", num_blocks=16, max_model_len=256))
     assert engine.runner.kv_cache.dtype == torch.float16
     with pytest.raises(ConfigError, match="dtype"):
         EngineConfig(dtype="float64")
