@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from deepinfer_kit._dtypes import DTYPE_NAMES
+from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
@@ -41,6 +41,12 @@ def _check_optional_bool(instance: object, attribute: attrs.Attribute[bool | Non
         raise ConfigError(f"{attribute.name} must be True, False or None, got {value!r}")
 
 
+def _check_fraction(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """A number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{attribute.name} must be a number in (0, 1], got {value!r}")
+
+
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
@@ -65,15 +71,22 @@ class EngineConfig:
         model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (seeded
             random weights, the default, which tests rely on) or ``"tiny-words"`` (trained on
             the project's docs; writes English-looking words).
-        dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``;
+            ``"auto"`` takes the checkpoint's ``torch_dtype``; ``"half"``, ``"float"``,
+            ``"bf16"`` are vLLM's aliases.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, … (a torch device string of type cpu
             or cuda; anything else, ``"meta"`` included, is a ConfigError).
         seed: seeds the embedded model's weights and the generator of unseeded requests.
         block_size: tokens per KV block (``P``).
         num_blocks: KV blocks in the pool; ``None`` sizes it from ``kv_cache_memory_mb``.
-        kv_cache_memory_mb: KV memory budget (MiB) used when ``num_blocks`` is ``None``.
+        kv_cache_memory_mb: KV memory budget (MiB) on CPU when ``num_blocks`` is ``None``.
+        gpu_memory_utilization: on CUDA when ``num_blocks`` is ``None``, the fraction of
+            the device's memory this engine may use; the KV pool takes that minus what is
+            in use once the weights are loaded (vLLM's rule).
+        tokenizer: a folder whose ``tokenizer.json`` (and chat template) replaces the
+            checkpoint's; ``None`` uses the checkpoint's.
         max_model_len: prompt + output tokens of one request at most; ``None`` takes the
-            model's maximum.
+            model's maximum, capped (with a warning naming both) to what the KV pool holds.
         max_num_seqs: requests in one round at most.
         max_num_batched_tokens: token budget of one round.
         long_prefill_token_threshold: cap on one prefill chunk (0: no cap).
@@ -111,12 +124,16 @@ class EngineConfig:
     """
 
     model: str = "tiny"
-    dtype: str = attrs.field(default="float32", validator=one_of(DTYPE_NAMES))
+    dtype: str = attrs.field(default="float32", validator=one_of((*DTYPE_NAMES, "auto", *DTYPE_ALIASES)))
     device: str = attrs.field(default="cpu", validator=_check_device)
     seed: int = attrs.field(default=0, validator=int_at_least(0))
     block_size: int = attrs.field(default=16, validator=int_at_least(1))
     num_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
     kv_cache_memory_mb: int = attrs.field(default=512, validator=int_at_least(1))
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=_check_fraction)
+    tokenizer: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
     max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
     max_num_seqs: int = attrs.field(default=128, validator=int_at_least(1))
     max_num_batched_tokens: int = attrs.field(default=2048, validator=int_at_least(1))
