@@ -15,6 +15,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim import H200, QWEN3_1_7B, AnalyticCost, SimRequest, StepShape, build_simulator
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.cost_saturating import SaturatingCost, profile_sps
+from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.spec_runner import build_spec_simulator, check_idle
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import VerifyPlanner
@@ -33,6 +34,7 @@ class Recorder:
 
     def __call__(self, plan: SchedulePlan, result: StepResult, start: float, end: float) -> None:
         assert end >= start
+        assert plan_shape(plan).num_spec_tokens == sum(len(c.spec_token_ids) for c in plan.chunks)
         for i, (chunk, toks) in enumerate(zip(plan.chunks, result.token_ids)):
             self.tokens.setdefault(chunk.request_id, []).extend(toks)
             if chunk.spec_token_ids and chunk.sample:
@@ -96,8 +98,9 @@ def test_saturating_cost_is_flat_to_the_knee_then_inverse() -> None:
     knee = COST.knee_tokens
     assert 150 < knee < 220  # Qwen3-1.7B's weights vs its FLOPs per token on an H200
     assert SPS(1) == SPS(int(knee) - 1)
-    far = SPS(4 * int(knee)) * (4 * knee * (COST.token_s + COST.row_s) + COST.overhead_s)
-    assert far == pytest.approx(1.0, rel=0.01)
+    assert SPS(1) == pytest.approx(1 / (COST.memory_s + COST.overhead_s), rel=1e-12)
+    for b in (300, 4 * int(knee)):  # past the knee: every token's compute, plus the overhead
+        assert SPS(b) * (b * (COST.token_s + COST.row_s) + COST.overhead_s) == pytest.approx(1.0, rel=1e-12)
     coarse = profile_sps(COST, 1024, stride=64)
     # linear interpolation over 1/B overstates SPS past the knee (grid points 193, 257, ...)
     assert all(coarse(b) >= SPS(b) - 1e-9 for b in range(193, 1025))

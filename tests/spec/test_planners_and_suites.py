@@ -54,10 +54,11 @@ def _theta_with_prefill(conf: list[list[float]], lengths: tuple[int, ...], sps: 
 @pytest.mark.parametrize("seed", range(40))
 def test_dspark_with_prefill_in_the_round_equals_brute_force(seed: int) -> None:
     rng = random.Random(1000 + seed)
-    num_req, gamma, other = rng.randint(1, 4), rng.randint(1, 4), rng.randint(0, 20)
+    num_req, gamma, other = rng.randint(1, 4), rng.randint(1, 4), rng.randint(0, 36)
     conf = [[rng.choice([rng.random(), 1.0, 0.0, 0.5]) for _ in range(gamma)] for _ in range(num_req)]
     max_lengths = [rng.randint(0, gamma) for _ in range(num_req)]
-    sps = _concave_sps(rng)
+    slope, curve = rng.uniform(0.0, 25.0), rng.uniform(0.0, 0.15)  # steeply concave, 1..56
+    sps = SpsCurve(range(1, 57), [2000.0 - slope * x - curve * x * x for x in range(1, 57)])
     lengths = DSparkPlanner(sps).plan(conf, max_lengths, other)
     best = max(_theta_with_prefill(conf, choice, sps, other)
                for choice in itertools.product(*(range(m + 1) for m in max_lengths)))
