@@ -28,7 +28,7 @@ def shape_of(rows: Sequence[tuple[bool, int, int, bool]]) -> StepShape:
 
 def plan_shape(plan: SchedulePlan) -> StepShape:
     """The :class:`StepShape` of ``plan`` (see :func:`shape_of`). Pure; O(chunks)."""
-    prefill = decode = context = sampled = pairs = 0
+    prefill = decode = context = sampled = pairs = spec = 0
     for chunk in plan.chunks:
         n = chunk.num_tokens
         start = chunk.start
@@ -45,8 +45,9 @@ def plan_shape(plan: SchedulePlan) -> StepShape:
             prefill += n
         else:
             decode += 1
+            spec += n - 1  # drafts verified after the known token
         context += start + n
         pairs += n * start + n * (n + 1) // 2
         if chunk.sample:
             sampled += 1
-    return StepShape(prefill, decode, context, sampled, pairs, len(plan.chunks))
+    return StepShape(prefill, decode, context, sampled, pairs, len(plan.chunks), spec)
