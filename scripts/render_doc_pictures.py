@@ -31,7 +31,7 @@ PREFIX = list(range(1, 14))  # 13 tokens: three full blocks of 4 shared by sever
 def record(**config: object) -> TraceDoc:
     """A seeded run on the tiny model; ``config`` adds engine options (overlap, eplb, ...)."""
     engine = build_engine(model="tiny", num_blocks=16, block_size=4, max_model_len=64,
-                          max_num_batched_tokens=16, max_num_seqs=6, **config)  # type: ignore[arg-type]
+                          max_num_batched_tokens=16, max_num_seqs=6, **config)
     recorder = TraceRecorder.attach(engine, model="tiny")
     greedy = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)
     arrivals = {
