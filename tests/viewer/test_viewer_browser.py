@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from viewer_run import record_run  # noqa: E402
+from viewer_run import record_eplb_run, record_run  # noqa: E402
 
 from deepinfer_kit.viewer import TraceDoc, write_html  # noqa: E402
 
@@ -185,4 +185,60 @@ def test_viewer_steps_through_a_real_run(browser: Any, tmp_path: Path) -> None:
     time.sleep(0.8)  # paused: no frame in longer than one period (0.7 s)
     assert browser.execute_script(current) == now
     check(browser, doc, now)
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+READ_EPLB = """
+const all = (sel, root) => Array.from((root || document).querySelectorAll(sel));
+const n = (e, k) => Number(e.getAttribute('data-' + k));
+const note = document.getElementById('rebalance');
+return {
+  shown: !document.getElementById('eplb').hidden,
+  rebalance: [n(note, 'rebalanced'), n(note, 'moved'), note.getAttribute('data-before'), note.getAttribute('data-after')],
+  layers: all('#eplb-layers > .elayer').map(l => all('.gpu', l).map(g => [n(g, 'gpu'), n(g, 'load'),
+    all('.slot', g).map(x => [n(x, 'slot'), n(x, 'expert'), n(x, 'count'), n(x, 'changed')])])),
+};
+"""
+
+
+def expected_eplb(doc: TraceDoc, i: int) -> dict[str, Any]:
+    """The EPLB part of the expert panel at step index ``i``, from the JSON alone."""
+    x = doc["steps"][i]["eplb"]
+    per = doc["meta"]["eplb"]["num_slots"] // doc["meta"]["eplb"]["num_gpus"]
+    r = x["rebalance"]
+    changed = r["changed"] if r else [[] for _ in x["phy2log"]]
+    return {
+        "shown": True,
+        "rebalance": [1, r["moved_slots"], f"{r['balancedness_before']:.4f}", f"{r['balancedness_after']:.4f}"]
+        if r else [0, 0, "", ""],
+        "layers": [[[g, load, [[k, x["phy2log"][li][k], x["slots"][li][k], int(k in changed[li])]
+                               for k in range(g * per, (g + 1) * per)]]
+                    for g, load in enumerate(loads)] for li, loads in enumerate(x["gpu_loads"])],
+    }
+
+
+def test_viewer_shows_eplb_placement_and_rebalance(browser: Any, tmp_path: Path) -> None:
+    """A live-EPLB run: per-GPU loads and slot -> expert placement match the trace at every
+    step, before, at and after each rebalance, and the changed slots are marked."""
+    from selenium.webdriver.common.by import By
+
+    run = record_eplb_run()
+    doc = run.doc
+    history = run.engine.balancer.history  # type: ignore[union-attr]
+    at = [i for i, s in enumerate(doc["steps"]) if s["eplb"]["rebalance"]]
+    assert len(at) == len(history) >= 1 and history[0].moved_slots > 0
+    first = doc["steps"][at[0]]["eplb"]
+    assert first["phy2log"] != doc["steps"][at[0] - 1]["eplb"]["phy2log"]
+    assert first["phy2log"] == history[0].phy2log.tolist()
+    path = tmp_path / "eplb.html"
+    write_html(run.recorder, path)
+    browser.get(path.resolve().as_uri())
+    nxt = browser.find_element(By.ID, "btn-next")
+    for i in range(len(doc["steps"])):
+        if i:
+            nxt.click()
+        got, want = browser.execute_script(READ_EPLB), expected_eplb(doc, i)
+        assert got == want, f"step index {i}: {got!r} != {want!r}"
+        assert (browser.find_elements(By.CSS_SELECTOR, '.slot[data-changed="1"]') != []) == (i in at and any(
+            doc["steps"][i]["eplb"]["rebalance"]["changed"]))  # type: ignore[index]
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from viewer_run import Run, completions, record_run, recorded_tokens  # noqa: E402
+from viewer_run import record_eplb_run, Run, completions, record_run, recorded_tokens  # noqa: E402
 
 from deepinfer_kit.errors import ConfigError  # noqa: E402
 from deepinfer_kit.viewer import TraceRecorder, filter_name, loads, validate  # noqa: E402
@@ -148,3 +148,29 @@ def test_recorder_needs_readable_queues(run: Run) -> None:
             TraceRecorder(engine)
     finally:
         engine.scheduler = saved
+
+
+def test_eplb_placement_loads_and_rebalances_follow_the_balancer() -> None:
+    """Each step's slot counts are the trace's, the GPU loads sum them, the placement
+    changes exactly at the steps that record a rebalance (to the balancer's new map), and
+    ``changed`` lists the slots whose expert differs from the step before."""
+    run = record_eplb_run()
+    doc, balancer = run.doc, run.engine.balancer
+    assert balancer is not None and doc["meta"]["eplb"]["num_slots"] == 12
+    history = iter(balancer.history)
+    for i, (step, trace) in enumerate(zip(doc["steps"], run.recorder.traces)):
+        x = step["eplb"]
+        assert x["slots"] == [list(r) for r in trace.slot_counts or ()]
+        assert x["gpu_loads"] == [[sum(r[g:g + 3]) for g in range(0, 12, 3)] for r in x["slots"]]
+        assert [sum(r) for r in x["slots"]] == [2 * step["batched_tokens"]] * 2  # top-2 routing
+        prev = doc["steps"][i - 1]["eplb"]["phy2log"] if i else x["phy2log"]
+        r = x["rebalance"]
+        if r is None:
+            assert x["phy2log"] == prev
+            continue
+        record = next(history)
+        assert x["phy2log"] == record.phy2log.tolist() and r["moved_slots"] == record.moved_slots
+        assert r["changed"] == [[k for k in range(12) if a[k] != b[k]] for a, b in zip(prev, x["phy2log"])]
+        assert sum(map(len, r["changed"])) == r["moved_slots"] > 0
+        assert r["balancedness_after"] >= r["balancedness_before"]
+    assert next(history, None) is None

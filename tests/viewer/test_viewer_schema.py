@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from viewer_run import record_run  # noqa: E402
+from viewer_run import record_eplb_run, record_run  # noqa: E402
 
 from deepinfer_kit.errors import ConfigError  # noqa: E402
 from deepinfer_kit.viewer import (  # noqa: E402
@@ -97,3 +97,26 @@ def test_loads_rejects_non_json(tmp_path: Path) -> None:
     page.write_text("<html></html>")
     with pytest.raises(ConfigError, match="no embedded"):
         read_html(page)
+
+
+def test_eplb_fields_are_optional_and_checked() -> None:
+    """A run without EPLB has no ``eplb`` keys and stays valid; with EPLB every step has
+    one, GPU loads must sum their slots, and a step missing it is refused."""
+    eplb = record_eplb_run().doc
+    assert loads(dumps(eplb)) == eplb and all("eplb" in s for s in eplb["steps"])
+    bad: Any = copy.deepcopy(eplb)
+    bad["steps"][2]["eplb"]["gpu_loads"][0][1] += 1
+    with pytest.raises(ConfigError, match=r"steps\[2\]\.eplb\.gpu_loads must sum the slots"):
+        validate(bad)
+    bad = copy.deepcopy(eplb)
+    del bad["steps"][3]["eplb"]
+    with pytest.raises(ConfigError, match=r"steps\[3\]\.eplb must be present exactly when meta\.eplb is"):
+        validate(bad)
+    bad = copy.deepcopy(eplb)
+    bad["steps"][0]["eplb"]["phy2log"][1].pop()
+    with pytest.raises(ConfigError, match=r"steps\[0\]\.eplb\.phy2log\[1\] must have num_slots=12"):
+        validate(bad)
+    bad = copy.deepcopy(eplb)
+    del bad["meta"]["eplb"]["num_gpus"]
+    with pytest.raises(ConfigError, match=r"meta\.eplb\.num_gpus is missing"):
+        validate(bad)

@@ -96,3 +96,21 @@ def recorded_tokens(doc: TraceDoc) -> dict[str, list[int]]:
             assert tok["index"] == len(seq), tok
             seq.append(tok["token"])
     return seqs
+
+
+EPLB = {"window": 4, "interval": 5, "num_redundant": 4, "num_gpus": 4}
+
+
+def record_eplb_run(eplb: dict[str, object] | None = None) -> Run:
+    """Four greedy requests on the tiny MoE model with live EPLB (12 slots on 4 GPUs,
+    rebalancing every 5 steps): 12 steps, rebalances before steps 5 and 10."""
+    engine = build_engine(EngineConfig(
+        model="tiny", num_blocks=32, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+        max_model_len=64, eplb=eplb or EPLB,
+    ))
+    recorder = TraceRecorder.attach(engine, model="tiny")
+    for i in range(4):
+        engine.add_request(str(i), list(range(1 + i, 12 + i)), SamplingParams(max_tokens=10, temperature=0.0))
+    outputs = {out.request_id: out for out in engine.run()}
+    engine.check_idle()
+    return Run(engine, recorder, outputs, [])

@@ -11,6 +11,7 @@ from deepinfer_kit.engine.trace import StepTrace, TracedChunk
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.viewer.eplb_view import EplbView
 from deepinfer_kit.viewer.schema import (
     SCHEMA_NAME,
     SCHEMA_VERSION,
@@ -89,7 +90,8 @@ class TraceRecorder:
 
     Each call reads, at that moment (after the step committed), the scheduler's waiting
     and running queues, every running sequence's block table, each physical block's
-    reference count and whether the prefix index caches it. Reads only: the engine runs
+    reference count and whether the prefix index caches it; with live EPLB, the placement
+    the step ran under, its per-slot counts and any rebalance just before it. Reads only: the engine runs
     exactly as it would untraced. Cost per step: O(num_blocks + tokens in the step).
 
     Args:
@@ -137,6 +139,9 @@ class TraceRecorder:
             "steps": [],
         }
         self._doc["meta"]["max_num_seqs"] = _max_num_seqs(scheduler)
+        self._eplb = EplbView(engine.balancer) if engine.balancer is not None else None
+        if self._eplb is not None:
+            self._doc["meta"]["eplb"] = self._eplb.meta()
         self._traces: list[StepTrace] = []
         self._finished: list[str] = []
         self._num_outputs: dict[str, int] = {}
@@ -200,6 +205,8 @@ class TraceRecorder:
             "experts": [list(row) for row in trace.expert_counts]
             if trace.expert_counts is not None else None,
         }
+        if self._eplb is not None:
+            step["eplb"] = self._eplb.step(trace.slot_counts)
         self._doc["steps"].append(step)
         if self._previous is not None:
             self._previous(trace)

@@ -1,4 +1,4 @@
-"""The trace JSON schema (version 1): the document types, and dumps / loads / validate.
+"""The trace JSON schema (version 1, with optional EPLB fields): the document types, and dumps / loads / validate.
 
 A trace document is what :class:`~deepinfer_kit.viewer.recorder.TraceRecorder` builds from
 a real engine run and what the HTML viewer, the text trace and other tools read. The
@@ -9,15 +9,21 @@ Everything is plain JSON (no NaN or infinities: a logprob of ``-inf`` is ``null`
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from deepinfer_kit.errors import ConfigError
+
+if TYPE_CHECKING:  # Python 3.10 has no typing.NotRequired; annotations here stay strings
+    from typing_extensions import NotRequired
 
 __all__ = [
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
     "TraceDoc",
     "StepDoc",
+    "EplbMeta",
+    "EplbStepDoc",
+    "RebalanceDoc",
     "dumps",
     "loads",
     "validate",
@@ -27,8 +33,18 @@ SCHEMA_NAME = "deepinfer_kit.trace"
 SCHEMA_VERSION = 1
 
 
+class EplbMeta(TypedDict):
+    """Live EPLB's fixed facts: ``E`` experts on ``P`` slots per layer over ``G`` GPUs."""
+
+    num_experts: int
+    num_slots: int
+    num_gpus: int
+    interval: int
+    window: int
+
+
 class Meta(TypedDict):
-    """The run's fixed facts: pool geometry, limits, model."""
+    """The run's fixed facts: pool geometry, limits, model (``eplb`` only with EPLB on)."""
 
     model: str
     block_size: int
@@ -36,6 +52,7 @@ class Meta(TypedDict):
     max_num_seqs: int
     overlap: bool
     speculative: bool
+    eplb: NotRequired[EplbMeta]
 
 
 class RequestDoc(TypedDict):
@@ -115,6 +132,29 @@ class QueuesDoc(TypedDict):
     finished: list[str]
 
 
+class RebalanceDoc(TypedDict):
+    """A rebalance that ran just before the step: GPU loads ``[L][G]`` of its window under
+    the old and the new placement, their balancedness, and the slots per layer it changed."""
+
+    after_step: int
+    moved_slots: int
+    balancedness_before: float
+    balancedness_after: float
+    before: list[list[float]]
+    after: list[list[float]]
+    changed: list[list[int]]
+
+
+class EplbStepDoc(TypedDict):
+    """The placement ``phy2log`` ``[L][P]`` the step ran under, token copies per slot
+    ``[L][P]`` and per GPU ``[L][G]``, and the rebalance that installed it (or null)."""
+
+    phy2log: list[list[int]]
+    slots: list[list[int]]
+    gpu_loads: list[list[int]]
+    rebalance: RebalanceDoc | None
+
+
 class StepDoc(TypedDict):
     """Everything one step did and the state it left."""
 
@@ -130,6 +170,7 @@ class StepDoc(TypedDict):
     sampling: list[SampleDoc]
     tokens: list[TokenDoc]
     experts: list[list[int]] | None
+    eplb: NotRequired[EplbStepDoc]
 
 
 class TraceDoc(TypedDict):
@@ -173,7 +214,8 @@ def loads(text: str) -> TraceDoc:
 def validate(doc: Any) -> None:
     """Check that ``doc`` is a version-1 trace: every field present with its JSON type,
     filters from the known set, ``sum q <= budget`` and sampled <= committed step in
-    every step. O(size of the document); mutates nothing.
+    every step; with ``meta.eplb``, every step's ``eplb`` with ``P`` slots per layer and
+    GPU loads that sum their slots. O(size of the document); mutates nothing.
 
     Raises:
         ConfigError: naming the first field that is wrong and its value.
@@ -185,11 +227,35 @@ def validate(doc: Any) -> None:
         raise ConfigError(f"version must be {SCHEMA_VERSION}, got {doc.get('version')!r}")
     _fields(doc, "trace", TraceDoc)
     _fields(doc["meta"], "meta", Meta)
+    eplb = doc["meta"].get("eplb")
+    if eplb is not None:
+        _fields(eplb, "meta.eplb", EplbMeta)
     for rid, req in _obj(doc["requests"], "requests").items():
         _fields(req, f"requests[{rid!r}]", RequestDoc)
         _filter(req["filter"], f"requests[{rid!r}].filter")
     for i, step in enumerate(_list(doc["steps"], "steps")):
         _step(step, f"steps[{i}]")
+        if (eplb is None) != ("eplb" not in step):
+            raise ConfigError(f"steps[{i}].eplb must be present exactly when meta.eplb is, "
+                              f"got meta.eplb {eplb!r}")
+        if eplb is not None:
+            _eplb_step(step["eplb"], eplb, f"steps[{i}].eplb")
+
+
+def _eplb_step(step: Any, meta: EplbMeta, where: str) -> None:
+    """Field types, ``P`` slots per layer, and each GPU's load = the sum of its slots."""
+    _fields(step, where, EplbStepDoc)
+    if step["rebalance"] is not None:
+        _fields(step["rebalance"], f"{where}.rebalance", RebalanceDoc)
+    per_gpu = meta["num_slots"] // max(1, meta["num_gpus"])
+    for name in ("phy2log", "slots"):
+        for layer, row in enumerate(_list(step[name], f"{where}.{name}")):
+            if len(_list(row, f"{where}.{name}[{layer}]")) != meta["num_slots"]:
+                raise ConfigError(f"{where}.{name}[{layer}] must have num_slots="
+                                  f"{meta['num_slots']} entries, got {len(row)}")
+    sums = [[sum(row[g * per_gpu:(g + 1) * per_gpu]) for g in range(meta["num_gpus"])] for row in step["slots"]]
+    if step["gpu_loads"] != sums:
+        raise ConfigError(f"{where}.gpu_loads must sum the slots of each GPU ({sums}), got {step['gpu_loads']!r}")
 
 
 def _step(step: Any, where: str) -> None:
@@ -250,9 +316,13 @@ def _fields(value: Any, where: str, kind: Any) -> None:
     its outer type (``int`` excludes ``bool``; ``X | None`` accepts ``null``)."""
     obj = _obj(value, where)
     for name, ann in kind.__annotations__.items():
+        text = getattr(ann, "__forward_arg__", ann if isinstance(ann, str) else str(ann))
+        if text.startswith("NotRequired["):
+            if name not in obj:
+                continue
+            text = text[len("NotRequired["):-1]
         if name not in obj:
             raise ConfigError(f"{where}.{name} is missing")
-        text = getattr(ann, "__forward_arg__", ann if isinstance(ann, str) else str(ann))
         field = obj[name]
         if text.endswith("| None") and field is None:
             continue

@@ -200,6 +200,47 @@
     });
     var empty = box.querySelector(".empty");
     if (!layers.length && !empty) box.appendChild(el("div", "empty", {}, "no MoE layer in this model"));
+    renderEplb(s);
+  }
+
+  // Live EPLB: per layer, each GPU's token copies this step (bar) and its slots -> expert
+  // (the placement the step ran under); slots a rebalance just before this step changed
+  // are marked, with the rebalance's balancedness before -> after.
+  function renderEplb(s) {
+    var box = $("eplb"), x = s.eplb, em = meta.eplb;
+    box.hidden = !x;
+    if (!x) return;
+    var r = x.rebalance, per = em.num_slots / em.num_gpus;
+    var note = $("rebalance");
+    setData(note, { rebalanced: r ? 1 : 0, moved: r ? r.moved_slots : 0,
+      before: r ? r.balancedness_before.toFixed(4) : "", after: r ? r.balancedness_after.toFixed(4) : "" });
+    note.textContent = r ? "rebalanced before this step: " + r.moved_slots + " slots moved, balancedness " +
+      r.balancedness_before.toFixed(3) + " \u2192 " + r.balancedness_after.toFixed(3) + " (on its window)"
+      : "placement unchanged (E = " + em.num_experts + " experts on " + em.num_slots + " slots over " + em.num_gpus +
+        " GPUs; rebalance every " + em.interval + " steps)";
+    note.classList.toggle("fresh", !!r);
+    sync($("eplb-layers"), x.gpu_loads, function (l, i) { return i; }, function (l, i) {
+      var d = el("div", "elayer"); d.appendChild(el("span", "name", {}, "layer " + i)); return d;
+    }, function (node, loads, li) {
+      var max = Math.max.apply(null, loads.concat([1])), changed = {};
+      (r ? r.changed[li] : []).forEach(function (slot) { changed[slot] = 1; });
+      setData(node, { layer: li });
+      sync(node, loads, function (g, gi) { return gi; }, function () {
+        var g = el("div", "gpu"); g.appendChild(el("div", "gbar")); g.appendChild(el("span", "glabel")); g.appendChild(el("div", "slots")); return g;
+      }, function (g, load, gi) {
+        setData(g, { gpu: gi, load: load });
+        g.querySelector(".gbar").style.width = (100 * load / max) + "%";
+        g.querySelector(".glabel").textContent = "GPU " + gi + ": " + load;
+        var slots = [];
+        for (var k = gi * per; k < (gi + 1) * per; k++) slots.push(k);
+        sync(g.querySelector(".slots"), slots, function (k) { return k; }, function () { return el("span", "slot"); }, function (sn, k) {
+          setData(sn, { slot: k, expert: x.phy2log[li][k], count: x.slots[li][k], changed: changed[k] ? 1 : 0 });
+          sn.innerHTML = ""; sn.appendChild(document.createTextNode("e" + x.phy2log[li][k]));
+          sn.appendChild(el("small", "", {}, " " + x.slots[li][k]));
+          sn.title = "slot " + k + " holds expert " + x.phy2log[li][k] + ": " + x.slots[li][k] + " token copies" + (changed[k] ? " (changed by the rebalance)" : "");
+        });
+      }, node.querySelector(".name"));
+    });
   }
 
   function show(i) {
