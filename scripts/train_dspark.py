@@ -5,7 +5,8 @@ Sequential Temperature Scaling on held-out continuations.
     PYTHONPATH=src python scripts/train_dspark.py            # full run: writes the shipped heads
     PYTHONPATH=src python scripts/train_dspark.py --short --out /tmp/heads.safetensors
 
-Data: prompts are seeded windows of the frozen corpus (``scripts/embedded_corpus.txt``); the
+Data: prompts are seeded windows of the frozen corpus (``scripts/embedded_corpus.txt``) and
+random bytes, 4..40 long,; the
 target continues each greedily through the engine. One forward of the target over each whole
 sequence gives, at every position, the target's distribution (the distillation target) and the
 backbone's hidden state (the target's first ``k`` layers, final-normed: what the drafter sees).
@@ -14,8 +15,9 @@ Training (float32, CPU, one thread, seeded): at a position ``t`` the heads see `
 draft ``k``, the true previous token ``s[t+k-1]``; the draft distribution is pulled to the
 target's at ``t+k-1`` (soft cross-entropy), the confidence head to the event "the draft's argmax
 equals the target's argmax" (binary cross-entropy on detached inputs, so it does not bend the
-drafts). Calibration: on held-out sequences the heads draft exactly as at inference (their own
-argmax drafts feed the Markov head); the survival events of each block fit one temperature per
+drafts). Calibration: on held-out sequences the heads draft exactly as the engine's greedy rounds
+do (their own argmax drafts feed the Markov head; each round starts after the previous one's
+accepted drafts); the survival events of each block fit one temperature per
 position, left to right (:func:`deepinfer_kit.spec.sts.fit_sts`). Prints the ECE of the
 survival per position before and after, and the mean accepted length per block.
 """
@@ -34,7 +36,6 @@ import torch.nn.functional as F
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.assemble import load_model
-from deepinfer_kit.engine.drafters import DSPARK_HEADS_FILE
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
 from deepinfer_kit.models.embedded import TINY_WORDS, embedded_checkpoint
 from deepinfer_kit.models.truncated import LayerTruncatedLM
@@ -43,24 +44,34 @@ from deepinfer_kit.spec.sts import expected_calibration_error, fit_sts, survival
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "scripts" / "embedded_corpus.txt"
+EMBEDDED_HEADS = ROOT / "src" / "deepinfer_kit" / "models" / "embedded" / "dspark" / f"{TINY_WORDS}.safetensors"
 
-FULL = {"train_prompts": 384, "held_prompts": 96, "prompt_len": 32, "gen_len": 96, "steps": 1500,
+FULL = {"train_prompts": 384, "held_prompts": 192, "length": 128, "steps": 1500,
         "batch": 512, "lr": 3e-3, "gamma": 4, "layers": 2, "rank": 32, "seed": 0}
-SHORT = {**FULL, "train_prompts": 24, "held_prompts": 16, "gen_len": 48, "steps": 60}
+SHORT = {**FULL, "train_prompts": 24, "held_prompts": 16, "length": 80, "steps": 60}
 
 
-def prompts(count: int, length: int, rng: random.Random) -> list[list[int]]:
-    """``count`` seeded byte windows of the corpus."""
+def prompts(count: int, rng: random.Random) -> list[list[int]]:
+    """``count`` seeded prompts of 4..40 bytes: corpus windows, every fourth random bytes
+    (what the drafter meets: short and long contexts, text and noise)."""
     data = CORPUS.read_bytes()
-    starts = [rng.randrange(len(data) - length) for _ in range(count)]
-    return [list(data[s:s + length]) for s in starts]
+    out = []
+    for i in range(count):
+        n = rng.randint(4, 40)
+        if i % 4 == 3:
+            out.append([rng.randrange(256) for _ in range(n)])
+        else:
+            start = rng.randrange(len(data) - n)
+            out.append(list(data[start:start + n]))
+    return out
 
 
-def continue_greedy(prompt_ids: list[list[int]], gen_len: int) -> list[list[int]]:
-    """The target's greedy continuation of each prompt, through the engine: prompt + output."""
+def continue_greedy(prompt_ids: list[list[int]], length: int) -> list[list[int]]:
+    """The target's greedy continuation of each prompt to ``length`` tokens, through the
+    engine: prompt + output."""
     engine = build_engine(model=TINY_WORDS, max_model_len=256, num_blocks=2048, block_size=16)
-    params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
     for i, p in enumerate(prompt_ids):
+        params = SamplingParams(temperature=0.0, max_tokens=length - len(p), ignore_eos=True)
         engine.add_request(f"p{i}", p, params)
     outs: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
@@ -69,9 +80,10 @@ def continue_greedy(prompt_ids: list[list[int]], gen_len: int) -> list[list[int]
     return [p + outs[f"p{i}"] for i, p in enumerate(prompt_ids)]
 
 
-def features(seqs: list[list[int]], layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+def features(seqs: list[list[int]], layers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Target logits ``[S, L, V]`` and backbone hidden states ``[S, L, H]`` at every position
-    of the equal-length sequences ``seqs`` (the library's own forward, float32)."""
+    of the equal-length sequences ``seqs`` (the library's own forward, float32), and the
+    target's LM head ``[V, H]``."""
     loaded = load_model(embedded_checkpoint(TINY_WORDS), dtype=torch.float32,
                         attention_impl="ref", moe_impl="ref")
     backbone = LayerTruncatedLM(loaded.model, layers)  # type: ignore[arg-type]
@@ -92,8 +104,7 @@ def features(seqs: list[list[int]], layers: int) -> tuple[torch.Tensor, torch.Te
         logits.append(loaded.model(batch, kv).view(len(chunk), length, -1).clone())
         hidden.append(backbone.hidden(batch, kv).float().view(len(chunk), length, -1).clone())
     lm = loaded.model.lm_head.weight.detach().float().clone()  # type: ignore[union-attr]
-    features.lm_head = lm  # type: ignore[attr-defined]
-    return torch.cat(logits), torch.cat(hidden)
+    return torch.cat(logits), torch.cat(hidden), lm
 
 
 def init_heads(cfg: dict[str, Any], hidden: int, vocab: int, gen: torch.Generator) -> DSparkHeads:
@@ -107,11 +118,11 @@ def init_heads(cfg: dict[str, Any], hidden: int, vocab: int, gen: torch.Generato
     )
 
 
-def windows(seqs: torch.Tensor, gamma: int, first: int) -> torch.Tensor:
-    """``[M, 2]`` (sequence, t) pairs with ``first <= t`` and ``t + gamma`` inside."""
+def windows(seqs: torch.Tensor, gamma: int, first: torch.Tensor) -> torch.Tensor:
+    """``[M, 2]`` (sequence, t) pairs with ``first[sequence] <= t`` and ``t + gamma`` inside."""
     num, length = seqs.shape
-    ts = torch.arange(first, length - gamma)
-    return torch.cartesian_prod(torch.arange(num), ts)
+    pairs = torch.cartesian_prod(torch.arange(num), torch.arange(length - gamma))
+    return pairs[pairs[:, 1] >= first[pairs[:, 0]]]
 
 
 def head_outputs(heads: DSparkHeads, lm: torch.Tensor, h: torch.Tensor, prev: torch.Tensor,
@@ -130,7 +141,7 @@ def train(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torc
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params, lr=cfg["lr"])
-    pairs = windows(seqs, cfg["gamma"], 0)
+    pairs = windows(seqs, cfg["gamma"], torch.zeros(len(seqs), dtype=torch.int64))
     start = time.time()
     for step in range(cfg["steps"]):
         pick = pairs[torch.randint(len(pairs), (cfg["batch"],), generator=gen)]
@@ -153,60 +164,76 @@ def train(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torc
 
 
 def draft_blocks(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torch.Tensor,
-                 hidden: torch.Tensor, first: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft as the drafter does (own argmax drafts feed the Markov head) from every held-out
-    position in the greedy part; returns raw confidence logits and survival events ``[M, γ]``."""
-    pairs = windows(seqs, heads.num_positions, first)
-    n, t = pairs[:, 0], pairs[:, 1]
-    prev, alive = seqs[n, t], torch.ones(len(pairs), dtype=torch.bool)
+                 hidden: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft as the engine does, round after round, along each held-out greedy continuation:
+    the first block after the prompt's last token, each next one after the previous block's
+    accepted drafts and the target's token. Own argmax drafts feed the Markov head. (Rounds
+    start more often where a draft was just rejected than positions do uniformly, so blocks
+    sampled uniformly would calibrate too high.) Returns raw confidence logits and survival
+    events ``[M, γ]``."""
+    gamma, length = heads.num_positions, seqs.shape[1]
     raw, events = [], []
+    t = first.clone()
+    live = t + gamma < length
     with torch.no_grad():
-        for k in range(heads.num_positions):
-            draft, conf = head_outputs(heads, lm, hidden[n, t], prev, k)
-            tok = draft.argmax(-1)
-            alive = alive & (tok == logits[n, t + k].argmax(-1))
-            raw.append(conf)
-            events.append(alive.clone())
-            prev = tok
-    return torch.stack(raw, 1), torch.stack(events, 1).float()
+        while bool(live.any()):
+            n, tt = torch.nonzero(live).squeeze(1), t[live]
+            prev, alive = seqs[n, tt], torch.ones(len(n), dtype=torch.bool)
+            block_raw, block_ev = [], []
+            for k in range(gamma):
+                draft, conf = head_outputs(heads, lm, hidden[n, tt], prev, k)
+                tok = draft.argmax(-1)
+                alive = alive & (tok == logits[n, tt + k].argmax(-1))
+                block_raw.append(conf)
+                block_ev.append(alive.clone())
+                prev = tok
+            ev = torch.stack(block_ev, 1)
+            raw.append(torch.stack(block_raw, 1))
+            events.append(ev.float())
+            t[n] = tt + ev.sum(1) + 1
+            live = t + gamma < length
+    return torch.cat(raw), torch.cat(events)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="a quick run (tests)")
-    parser.add_argument("--out", type=Path,
-                        default=embedded_checkpoint(TINY_WORDS) / DSPARK_HEADS_FILE)
+    parser.add_argument("--out", type=Path, default=EMBEDDED_HEADS)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     cfg = SHORT if args.short else FULL
     torch.set_num_threads(args.threads)
     rng, gen = random.Random(cfg["seed"]), torch.Generator().manual_seed(cfg["seed"])
     began = time.time()
-    train_p = prompts(cfg["train_prompts"], cfg["prompt_len"], rng)
-    held_p = prompts(cfg["held_prompts"], cfg["prompt_len"], rng)
-    seqs = continue_greedy(train_p + held_p, cfg["gen_len"])
-    logits, hidden = features(seqs, cfg["layers"])
-    lm = features.lm_head  # type: ignore[attr-defined]
+    train_p = prompts(cfg["train_prompts"], rng)
+    held_p = prompts(cfg["held_prompts"], rng)
+    seqs = continue_greedy(train_p + held_p, cfg["length"])
+    logits, hidden, lm = features(seqs, cfg["layers"])
     tokens = torch.tensor(seqs)
     cut = cfg["train_prompts"]
     print(f"data: {len(seqs)} sequences of {tokens.shape[1]} tokens ({time.time() - began:.0f}s)")
     heads = init_heads(cfg, hidden.shape[-1], logits.shape[-1], gen)
     train(heads, lm, tokens[:cut], logits[:cut], hidden[:cut], cfg, gen)
-    first = cfg["prompt_len"] - 1
-    raw, events = draft_blocks(heads, lm, tokens[cut:], logits[cut:], hidden[cut:], first)
-    half = len(raw) // 2  # calibrate on one half of the held-out blocks, report on the other
-    heads.temperature = fit_sts(raw[:half], events[:half])
-    before = survival(raw[half:], torch.ones(heads.num_positions))
-    after = survival(raw[half:], heads.temperature)
+    first = torch.tensor([len(p) - 1 for p in held_p])
+    mid = cut + cfg["held_prompts"] // 2  # calibrate on half the held-out sequences, report on the rest
+    fit_raw, fit_events = draft_blocks(heads, lm, tokens[cut:mid], logits[cut:mid],
+                                       hidden[cut:mid], first[: mid - cut])
+    raw, events = draft_blocks(heads, lm, tokens[mid:], logits[mid:], hidden[mid:],
+                               first[mid - cut:])
+    print(f"held-out: calibrating on {len(fit_raw)} drafting rounds, reporting on {len(raw)}")
+    heads.temperature = fit_sts(fit_raw, fit_events)
+    before = survival(raw, torch.ones(heads.num_positions))
+    after = survival(raw, heads.temperature)
     for k in range(heads.num_positions):
-        ev = events[half:, k]
+        ev = events[:, k]
         print(f"position {k + 1}: T={heads.temperature[k]:.3f}  acceptance {ev.mean():.3f}  "
               f"mean survival before {before[:, k].mean():.3f} after {after[:, k].mean():.3f}  "
               f"ECE before {expected_calibration_error(before[:, k], ev):.4f} "
               f"after {expected_calibration_error(after[:, k], ev):.4f}")
     print(f"mean accepted drafts per block of {heads.num_positions}: "
-          f"{events[half:].sum(1).mean():.3f}")
+          f"{events.sum(1).mean():.3f}")
     save_heads(heads, args.out, {"target": TINY_WORDS, "seed": str(cfg["seed"])})
+    args.out.chmod(0o644)
     print(f"wrote {args.out} ({time.time() - began:.0f}s)")
 
 

@@ -17,7 +17,7 @@ from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.draft_model import DraftModelDrafter
 from deepinfer_kit.engine.dspark import DSparkDrafter
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.embedded import embedded_checkpoint, is_embedded
+from deepinfer_kit.models.embedded import embedded_dspark_heads, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.truncated import LayerTruncatedLM
@@ -115,15 +115,11 @@ def _load_draft(path: str, target: LoadedModel, *, seed: int, dtype: torch.dtype
     return loaded.model
 
 
-#: The heads file inside an embedded checkpoint folder (``dspark_heads="tiny-words"``).
-DSPARK_HEADS_FILE = "dspark_heads.safetensors"
-
-
 def _load_heads(spec: SpecConfig, target: LoadedModel) -> DSparkHeads:
     """Resolve ``spec.dspark_heads`` (an embedded name or a path), load and validate it
     against ``target``, and check ``num_draft`` fits its positions."""
     name = spec.dspark_heads or ""
-    path = embedded_checkpoint(name) / DSPARK_HEADS_FILE if is_embedded(name) else name
+    path = embedded_dspark_heads(name) if is_embedded(name) else name
     tc = target.config
     heads = load_heads(path, vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
                        num_layers=tc.num_layers)
