@@ -43,6 +43,47 @@ def test_dspark_equals_brute_force(seed: int) -> None:
     assert _theta(conf, tuple(lengths), sps) == pytest.approx(best, rel=1e-12)
 
 
+def _theta_with_prefill(conf: list[list[float]], lengths: tuple[int, ...], sps: SpsCurve,
+                        other: int) -> float:
+    r = len(conf)
+    tau = r + sum(sum(survival(c, n)) for c, n in zip(conf, lengths))
+    step = 1 / sps(r + sum(lengths) + other) - 1 / sps(r + other) + 1 / sps(r)
+    return tau / step
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dspark_with_prefill_in_the_round_equals_brute_force(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    num_req, gamma, other = rng.randint(1, 4), rng.randint(1, 4), rng.randint(0, 36)
+    conf = [[rng.choice([rng.random(), 1.0, 0.0, 0.5]) for _ in range(gamma)] for _ in range(num_req)]
+    max_lengths = [rng.randint(0, gamma) for _ in range(num_req)]
+    slope, curve = rng.uniform(0.0, 25.0), rng.uniform(0.0, 0.15)  # steeply concave, 1..56
+    sps = SpsCurve(range(1, 57), [2000.0 - slope * x - curve * x * x for x in range(1, 57)])
+    lengths = DSparkPlanner(sps).plan(conf, max_lengths, other)
+    best = max(_theta_with_prefill(conf, choice, sps, other)
+               for choice in itertools.product(*(range(m + 1) for m in max_lengths)))
+    assert _theta_with_prefill(conf, tuple(lengths), sps, other) == pytest.approx(best, rel=1e-12)
+    if other == 0:
+        assert lengths == DSparkPlanner(sps).plan(conf, max_lengths)
+
+
+def test_dspark_prices_drafts_at_the_rounds_real_size() -> None:
+    # flat to 100 tokens, then 1 / B: 10 requests with 4 drafts each fit under the knee
+    xs = tuple(range(1, 1001))
+    sps = SpsCurve(xs, tuple(1000.0 if x <= 100 else 1e5 / x for x in xs))
+    conf = [[0.3, 0.3, 0.3, 0.3]] * 10  # survival 0.3, 0.09, 0.027, 0.0081
+    planner = DSparkPlanner(sps)
+    assert planner.plan(conf, [4] * 10) == [4] * 10  # an idle device takes every draft
+    # 90 prefill tokens put the round at the knee: a draft costs 1% of the round per
+    # token, so only survivals above ~0.01 * tau pay
+    at_knee = planner.plan(conf, [4] * 10, 90)
+    assert sum(at_knee) < 40 and min(at_knee) >= 1
+    # deeper past the knee the marginal cost is the same and the prefill pays for itself:
+    # a 500-token prefill does not make the drafts look cheaper than a 90-token one
+    assert planner.plan(conf, [4] * 10, 500) == planner.plan(conf, [4] * 10, 190)
+    assert sum(planner.plan(conf, [4] * 10, 500)) <= sum(at_knee)
+
+
 def test_dspark_grows_verification_when_the_device_is_idle_and_shrinks_it_when_busy() -> None:
     conf = [[0.9, 0.8, 0.7, 0.6]] * 4
     flat = SpsCurve((1, 1000), (100.0, 100.0))

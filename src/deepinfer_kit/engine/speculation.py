@@ -53,17 +53,19 @@ class Speculation:
 
         Raises:
             ConfigError: the scheduler takes no drafts (no ``set_spec_tokens`` /
-                ``running``), or the executor overlaps rounds (``depth != 0``).
+                ``pending_prefill_tokens`` / ``running``), or the executor overlaps rounds (``depth != 0``).
         """
         if depth != 0:
             raise ConfigError(
                 f"speculative decoding needs a synchronous executor (overlap=False); got an "
                 f"executor of depth {depth}: set overlap=False or speculative=None"
             )
-        if not callable(getattr(scheduler, "set_spec_tokens", None)) or not hasattr(scheduler, "running"):
+        if (not callable(getattr(scheduler, "set_spec_tokens", None))
+                or not callable(getattr(scheduler, "pending_prefill_tokens", None))
+                or not hasattr(scheduler, "running")):
             raise ConfigError(
-                f"speculative decoding needs a scheduler with set_spec_tokens() and running; "
-                f"{type(scheduler).__name__} has not"
+                f"speculative decoding needs a scheduler with set_spec_tokens(), "
+                f"pending_prefill_tokens() and running; {type(scheduler).__name__} has not"
             )
         return cast(DraftTarget, scheduler)
 
@@ -71,7 +73,8 @@ class Speculation:
         """Propose, plan and hand the drafts to ``scheduler`` for its next ``schedule()``.
 
         Called by the engine before each round is planned, under its lock. Reads the live
-        running sequences; mutates the scheduler's pending drafts (every drafted sequence
+        running sequences and the scheduler's estimate of the round's prefill tokens (the
+        planner's ``other_tokens``); mutates the scheduler's pending drafts (every drafted sequence
         gets a list, possibly empty, replacing any stale one). O(drafter + planner).
         """
         self._probs.clear()
@@ -91,7 +94,7 @@ class Speculation:
             proposal.confidence.tolist() if proposal.confidence is not None
             else [[1.0] * gamma for _ in live]
         )
-        lengths = self.planner.plan(conf, proposal.num_drafted)
+        lengths = self.planner.plan(conf, proposal.num_drafted, scheduler.pending_prefill_tokens())
         for req, row, n, made in zip(live, ids, lengths, proposal.num_drafted):
             self.num_drafted += made
             self.num_planned += n

@@ -109,6 +109,11 @@ class DraftTarget(Protocol):
         """
         ...
 
+    def pending_prefill_tokens(self) -> int:
+        """An estimate of the prefill (and recompute) tokens the next ``schedule()``
+        feeds besides decode chunks, for a planner sizing the round. Read only."""
+        ...
+
 
 class AdmissionPolicy(Protocol):
     """Order of the waiting queue: requests with smaller keys are admitted first.

@@ -216,6 +216,27 @@ class BatchScheduler:
             raise ConfigError(f"request_id {request_id!r} is not live")
         self.state.drafts[req] = list(token_ids)
 
+    def pending_prefill_tokens(self) -> int:
+        """See :meth:`DraftTarget.pending_prefill_tokens`: the running sequences'
+        uncomputed tokens (but a decode's one), then the waiting ones' whole token lists in
+        admission order while seats remain (prefix hits not subtracted), capped by the
+        token budget the decodes leave. Read only; O(R + admitted)."""
+        state, budget = self.state, self.config.max_num_batched_tokens
+        total = 0
+        for req in state.running:
+            left = len(req.all_token_ids) - req.num_computed_tokens
+            if left > 1 or not req.output_token_ids:
+                total += left
+            else:
+                budget -= 1  # a decode's token is planned first
+        seats = self.config.max_num_seqs - len(state.running) - state.fork_seats
+        for req in state.waiting:
+            if seats <= 0 or total >= budget:
+                break
+            total += len(req.all_token_ids)
+            seats -= 1
+        return max(0, min(total, budget))
+
     # ---------------------------------------------------------------- introspection
 
     @property

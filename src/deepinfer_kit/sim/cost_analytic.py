@@ -100,7 +100,7 @@ class AnalyticCost:
 
     Bytes: every weight once, plus the KV the round reads (``num_context_tokens``) and
     writes (``num_tokens``). FLOPs: ``2 * layer_params`` per token fed, ``2 * H * V``
-    per sampled row (the LM head), ``4 * L * q_heads * head_dim`` per attention pair
+    per sampled row and per verified draft (the LM head), ``4 * L * q_heads * head_dim`` per attention pair
     (``QK^T`` and ``PV``).
 
     Args:
@@ -124,11 +124,12 @@ class AnalyticCost:
 
     def step_time(self, shape: StepShape) -> float:
         """See :meth:`CostModel.step_time`. Pure; O(1)."""
-        tokens = shape.num_prefill_tokens + shape.num_decode_rows
+        spec = shape.num_spec_tokens
+        tokens = shape.num_prefill_tokens + shape.num_decode_rows + spec
         memory = self._weights_s + self._kv_s * (shape.num_context_tokens + tokens)
         compute = (
             self._tok_f * tokens
-            + self._row_f * shape.num_sampled_rows
+            + self._row_f * (shape.num_sampled_rows + spec)
             + self._pair_f * shape.attention_pairs
         )
         return (memory if memory > compute else compute) + self._over

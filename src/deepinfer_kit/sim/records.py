@@ -60,6 +60,8 @@ class StepShape:
         attention_pairs: (query, key) pairs of causal attention, ``sum q_i * start_i +
             q_i * (q_i + 1) / 2``.
         num_chunks: chunks in the round.
+        num_spec_tokens: draft tokens verified (fed after a decode chunk's known token;
+            each is a token of work and an LM-head row).
     """
 
     num_prefill_tokens: int = 0
@@ -68,11 +70,12 @@ class StepShape:
     num_sampled_rows: int = 0
     attention_pairs: int = 0
     num_chunks: int = 0
+    num_spec_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
         """Tokens fed to the model this round."""
-        return self.num_prefill_tokens + self.num_decode_rows
+        return self.num_prefill_tokens + self.num_decode_rows + self.num_spec_tokens
 
 
 @attrs.define(slots=True, eq=False)

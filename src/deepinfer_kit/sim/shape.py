@@ -28,16 +28,26 @@ def shape_of(rows: Sequence[tuple[bool, int, int, bool]]) -> StepShape:
 
 def plan_shape(plan: SchedulePlan) -> StepShape:
     """The :class:`StepShape` of ``plan`` (see :func:`shape_of`). Pure; O(chunks)."""
-    prefill = decode = context = sampled = pairs = 0
+    prefill = decode = context = sampled = pairs = spec = 0
     for chunk in plan.chunks:
         n = chunk.num_tokens
         start = chunk.start
+        if n == 1:  # the common row, without the general arithmetic
+            if chunk.sample:
+                decode += 1
+                sampled += 1
+            else:
+                prefill += 1
+            context += start + 1
+            pairs += start + 1
+            continue
         if chunk.is_prefill:
             prefill += n
         else:
             decode += 1
+            spec += n - 1  # drafts verified after the known token
         context += start + n
         pairs += n * start + n * (n + 1) // 2
         if chunk.sample:
             sampled += 1
-    return StepShape(prefill, decode, context, sampled, pairs, len(plan.chunks))
+    return StepShape(prefill, decode, context, sampled, pairs, len(plan.chunks), spec)

@@ -46,6 +46,11 @@ class Simulator:
         clock: the virtual clock the scheduler reads.
         prompts: materializes prompt tokens on arrival.
         eos_token_id: stamped on every request (the synthetic EOS).
+
+    Attributes:
+        before_schedule: called before every ``schedule()`` (the engine's drafting phase
+            when speculative decoding is simulated: ``sim/spec_runner.py``); ``None`` by
+            default.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Simulator:
         self.clock = clock
         self.prompts = prompts
         self.eos_token_id = eos_token_id
+        self.before_schedule: Callable[[], None] | None = None
         self._params: dict[int, SamplingParams] = {}
 
     def run(
@@ -109,6 +115,8 @@ class Simulator:
                     break
                 clock.advance_to(min(root_t, follow_t))
                 continue
+            if self.before_schedule is not None:
+                self.before_schedule()  # e.g. the drafting phase (sim/spec_runner.py)
             plan = sched.schedule()
             if plan.chunks:
                 step = runner.prepare(plan)

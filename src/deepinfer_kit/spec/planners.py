@@ -34,7 +34,8 @@ class FixedPlanner:
             raise ConfigError(f"num_draft must be >= 0, got {num_draft!r}")
         self.num_draft = num_draft
 
-    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+             other_tokens: int = 0) -> list[int]:
         """``min(num_draft, max_lengths[r])`` per request; see :meth:`VerifyPlanner.plan`."""
         cap = self.num_draft
         return [m if cap is None else min(cap, m) for m in max_lengths]
@@ -53,8 +54,9 @@ class ThresholdPlanner:
             raise ConfigError(f"threshold must be a finite number >= 0, got {threshold!r}")
         self.threshold = float(threshold)
 
-    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
-        """See :meth:`VerifyPlanner.plan`. O(sum max_lengths)."""
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+             other_tokens: int = 0) -> list[int]:
+        """See :meth:`VerifyPlanner.plan` (``other_tokens`` is ignored). O(sum max_lengths)."""
         out = []
         for conf, m in zip(confidence, max_lengths):
             n = 0
@@ -79,6 +81,13 @@ class DSparkPlanner:
     ``τ``, and with a concave positive ``SPS`` ``log Θ`` is concave in ``B``, so the early
     stop finds the global maximum over prefix-closed selections.
 
+    Prefill in the same round (``other_tokens = P``): the step really runs ``B + P``
+    tokens, so each draft costs the marginal time at ``B + P`` on the curve; the prefill
+    pays for its own time, ``1/SPS(R + P) − 1/SPS(R)``, which is left out of the round's
+    rate — otherwise a round made slow by a long prefill would look cheap to add drafts
+    to. So ``Θ = τ / (1/SPS(B + P) − 1/SPS(R + P) + 1/SPS(R))``, which is ``τ · SPS(B)``
+    when ``P = 0``.
+
     Args:
         sps: the profiled steps-per-second curve ``SPS(B)``.
     """
@@ -86,8 +95,10 @@ class DSparkPlanner:
     def __init__(self, sps: SpsCurve) -> None:
         self.sps = sps
 
-    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
-        """See :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``."""
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+             other_tokens: int = 0) -> list[int]:
+        """See :meth:`VerifyPlanner.plan` and the class docstring for ``other_tokens``.
+        O(C log C) for ``C = sum max_lengths``."""
         num_req = len(max_lengths)
         candidates = [
             (-a, j, r)
@@ -97,12 +108,16 @@ class DSparkPlanner:
         candidates.sort()
         lengths = [0] * num_req
         tau = float(num_req)
-        tokens = num_req
-        theta = tau * self.sps(tokens)
+        sps = self.sps
+        other = max(0, other_tokens)
+        tokens = num_req + other
+        # seconds of the step that are the prefill's, not the verified chunks'
+        prefill_s = 1.0 / sps(tokens) - 1.0 / sps(num_req) if other else 0.0
+        theta = tau / (1.0 / sps(tokens) - prefill_s)
         for neg_a, j, r in candidates:
             if j != lengths[r]:
                 continue  # unreachable: survival is non-increasing in j
-            nxt = (tau - neg_a) * self.sps(tokens + 1)
+            nxt = (tau - neg_a) / (1.0 / sps(tokens + 1) - prefill_s)
             if nxt < theta:
                 break
             tau, tokens, theta = tau - neg_a, tokens + 1, nxt

@@ -53,12 +53,16 @@ class StatefulDrafter(Drafter, Protocol):
 class VerifyPlanner(Protocol):
     """Chooses how many drafts each request verifies this round (``ℓ_r``)."""
 
-    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[int]:
+    def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+             other_tokens: int = 0) -> list[int]:
         """Verification lengths for ``R`` requests.
 
         Args:
             confidence: ``[R][γ]`` per-position acceptance estimates in ``[0, 1]``.
             max_lengths: ``[R]`` drafts available per request (``<= γ``).
+            other_tokens: tokens the round feeds besides the ``R`` verified chunks (the
+                prefill chunks planned alongside them); a hardware-aware planner counts
+                them in the round's size, others ignore them.
 
         Returns:
             ``[R]`` lengths, each in ``[0, max_lengths[r]]``. Pure host logic.

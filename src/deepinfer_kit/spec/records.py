@@ -7,6 +7,7 @@ without torch (tensors appear in annotations only), so configs and planners stay
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -94,11 +95,11 @@ class SpsCurve:
         xs, ys = self.batch_tokens, self.steps_per_second
         if tokens <= xs[0]:
             return ys[0]
-        for i in range(1, len(xs)):
-            if tokens <= xs[i]:
-                frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
-                return ys[i - 1] + frac * (ys[i] - ys[i - 1])
-        return ys[-1]
+        i = bisect_left(xs, tokens)  # O(log n): a profiled curve has one point per B
+        if i == len(xs):
+            return ys[-1]
+        frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[i - 1] + frac * (ys[i] - ys[i - 1])
 
 
 _SPEC_KEYS = ("drafter", "num_draft", "planner", "threshold", "ngram_min", "ngram_max", "sps",

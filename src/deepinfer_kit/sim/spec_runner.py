@@ -1,0 +1,162 @@
+"""Speculative decoding in the simulator: a synthetic drafter, a runner that verifies its
+drafts, and the wiring that puts the engine's own drafting phase (``Speculation``: the
+drafter, then the real planner choosing ``ℓ_r``) before every ``schedule()`` of the real
+scheduler. Imports torch (the drafter's ``DraftProposal`` holds tensors), so it is not
+re-exported by ``deepinfer_kit.sim``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.request import Request
+from deepinfer_kit.sim.acceptance import AcceptanceModel
+from deepinfer_kit.sim.build import build_simulator
+from deepinfer_kit.sim.cost_analytic import ModelShape
+from deepinfer_kit.sim.protocols import CostModel
+from deepinfer_kit.sim.records import SimStep
+from deepinfer_kit.sim.runner import SimRunner
+from deepinfer_kit.sim.simulator import Simulator
+from deepinfer_kit.sim.tokens import SyntheticTokens
+from deepinfer_kit.spec.protocols import VerifyPlanner
+from deepinfer_kit.spec.records import DraftProposal
+from deepinfer_kit.step import StepResult
+
+if TYPE_CHECKING:
+    from deepinfer_kit.spec.protocols import Drafter
+
+__all__ = ["SyntheticDrafter", "SpecSimRunner", "build_spec_simulator", "check_idle"]
+
+
+class SyntheticDrafter:
+    """Drafts the synthetic target's tokens, right or wrong as an :class:`AcceptanceModel`
+    draws them, with the model's reported confidences.
+
+    The draft at depth ``j`` of a request whose next sample is output position ``q`` is
+    the target's token ``tokens.token(id, q + j)`` when ``acceptance.draft_is_right(id, q,
+    j)``, else another id (never EOS). Verification then accepts exactly the drafts before
+    the first wrong one. Deterministic: the same request and position give the same drafts
+    in any batch.
+
+    Args:
+        acceptance: draws which drafts are right and what the drafter reports.
+        tokens: the target's tokens (the simulator's :class:`SyntheticTokens`).
+    """
+
+    def __init__(self, acceptance: AcceptanceModel, tokens: SyntheticTokens) -> None:
+        self.acceptance = acceptance
+        self.tokens = tokens
+
+    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+        """See :meth:`Drafter.propose`: ``[R, γ]`` drafts and confidences, ``γ`` each.
+        Reads each request's id and output count; mutates only the acceptance model's
+        per-request cache. O(R · γ)."""
+        acc, token = self.acceptance, self.tokens.token
+        span = self.tokens.vocab_size
+        eos = self.tokens.eos_token_id
+        ids: list[list[int]] = []
+        conf: list[list[float]] = []
+        for req in requests:
+            rid, q = req.request_id, len(req.output_token_ids)
+            row: list[int] = []
+            for j in range(num_draft):
+                t = token(rid, q + j)
+                if not acc.draft_is_right(rid, q, j):
+                    t = (t + 1) % span
+                    if t == eos:
+                        t = (t + 1) % span
+                row.append(t)
+            ids.append(row)
+            conf.append([acc.reported(rid, q, j) for j in range(num_draft)])
+        shape = (len(requests), num_draft)
+        return DraftProposal(
+            token_ids=torch.tensor(ids, dtype=torch.int64).reshape(shape),
+            num_drafted=[num_draft] * len(requests),
+            confidence=torch.tensor(conf, dtype=torch.float32).reshape(shape),
+        )
+
+
+class SpecSimRunner(SimRunner):
+    """A :class:`SimRunner` that verifies drafts as the greedy verifier does: a verified
+    chunk returns its drafts up to the first one that differs from the synthetic target's
+    token, then the target's token (the recovered one, or the bonus when all are right),
+    with ``num_drafted`` / ``num_accepted`` per chunk like the real runner's StepResult.
+    """
+
+    __slots__ = ()
+
+    def execute(self, step: SimStep) -> StepResult:
+        """See :meth:`SimRunner.execute`; verified chunks get ``accepted + 1`` tokens.
+        O(chunks + verified drafts)."""
+        result = super().execute(step)
+        token = self.tokens.token
+        drafted: list[int] = []
+        accepted: list[int] = []
+        for i, chunk in enumerate(step.plan.chunks):
+            spec = chunk.spec_token_ids
+            if not spec or not chunk.sample:
+                drafted.append(0)
+                accepted.append(0)
+                continue
+            rid, q = chunk.request_id, chunk.output_position
+            n = 0
+            while n < len(spec) and spec[n] == token(rid, q + n):
+                n += 1
+            result.token_ids[i] = [token(rid, q + j) for j in range(n + 1)]
+            drafted.append(len(spec))
+            accepted.append(n)
+        if any(drafted):
+            result.num_drafted, result.num_accepted = drafted, accepted
+        return result
+
+
+def build_spec_simulator(
+    config: EngineConfig,
+    cost: CostModel,
+    model: ModelShape,
+    *,
+    acceptance: AcceptanceModel,
+    planner: VerifyPlanner,
+    num_draft: int,
+    seed: int = 0,
+) -> tuple[Simulator, Speculation]:
+    """A simulator of ``config`` (see :func:`build_simulator`) with speculative decoding:
+    before every round the engine's :class:`Speculation` drafts ``num_draft`` tokens per
+    decoding sequence with a :class:`SyntheticDrafter`, ``planner`` picks each ``ℓ_r``,
+    the real scheduler reserves the room and trims to its budget, and a
+    :class:`SpecSimRunner` verifies. Returns the simulator and its speculation (for the
+    drafted / planned counters).
+
+    Raises:
+        ConfigError: as :func:`build_simulator`, or ``num_draft`` < 1.
+    """
+    sim = build_simulator(config, cost, model, seed=seed)
+    runner = SpecSimRunner(cost, sim.runner.tokens)
+    sim.runner = runner
+    drafter = SyntheticDrafter(acceptance, runner.tokens)
+    spec = Speculation(drafter, planner, num_draft)
+    target = spec.target(sim.scheduler, 0)
+    sim.before_schedule = lambda: spec.draft(target)
+    return sim, spec
+
+
+def check_idle(sim: Simulator) -> None:
+    """Raise :class:`InvariantError` unless the simulated engine holds no request and
+    every block is back in the pool (free or cached with reference count 0), and the
+    cache manager's integrity check passes. Called after a run; reads only."""
+    if sim.scheduler.has_unfinished():
+        raise InvariantError("the simulator's scheduler still holds requests")
+    cache = sim.cache
+    free = cache.num_free_blocks
+    if free != cache.num_blocks:
+        raise InvariantError(f"{cache.num_blocks - free} blocks still referenced with no request live")
+    cache.check_integrity()
+
+
+if TYPE_CHECKING:
+    _drafter: type[Drafter] = SyntheticDrafter
