@@ -6,7 +6,10 @@ lookup; self-speculation with the target's first layer (``drafter="self"``,
 tiny model's first layer and head saved as a folder, loaded as ``drafter="draft_model"``);
 and the identical draft model (the target's own weights: every draft accepted, the
 acceptance ceiling at a full target's cost). Two workloads: repetitive text (the prompt
-repeats a sentence) and random token ids. Each configuration runs the same prompts in the
+repeats a sentence) and random token ids. A third workload runs the trained tiny-words model
+(4 layers) on corpus prompts: plain, n-gram, self-speculation with its first 2 layers, and
+the DSpark drafter (the heads shipped for tiny-words, backbone = its first 2 layers) under
+the fixed and threshold planners. Each configuration runs the same prompts in the
 same process, alternating, best of ``--repeats``. Prints output tokens/s, the ratio to
 plain, the mean acceptance length (tokens emitted per verify round, ``1 + accepted``) and
 the share of decode rounds that verified drafts; with ``--profile``, where each
@@ -87,8 +90,8 @@ class _Clock:
 
 
 def _run(spec: dict[str, Any] | None, prompts: list[list[int]],
-         tokens: int) -> tuple[float, list[Any], list[StepTrace], _Clock]:
-    engine = build_engine(speculative=spec, num_blocks=256, max_model_len=1024)
+         tokens: int, model: str = "tiny") -> tuple[float, list[Any], list[StepTrace], _Clock]:
+    engine = build_engine(model=model, speculative=spec, num_blocks=256, max_model_len=1024)
     traces: list[StepTrace] = []
     engine.trace = traces.append
     clock = _Clock(engine)
@@ -126,34 +129,61 @@ def main() -> None:
         f"draft identical γ={g}": {"drafter": "draft_model", "draft_model": "tiny", "num_draft": g},
     }
     for name, prompts in _workloads(num).items():
-        best = {c: float("inf") for c in configs}
-        stats: dict[str, tuple[float, float]] = {}
-        split: dict[str, tuple[float, float]] = {}
-        reference: list[Any] | None = None
-        for _ in range(repeats):
-            for cname, spec in configs.items():
-                dt, outs, traces, clock = _run(spec, prompts, tokens)
-                reference = outs if reference is None else reference
-                if outs != reference:
-                    raise SystemExit(f"{cname} on {name}: output differs from plain")
-                if dt < best[cname]:
-                    best[cname] = dt
-                    split[cname] = (clock.draft / dt, clock.target / dt)
-                verify = [c for t in traces for c in t.chunks if c.num_drafted]
-                decode = [c for t in traces for c in t.chunks if c.kind == "decode"]
-                accept = sum(len(c.sampled) for c in verify) / len(verify) if verify else 1.0
-                stats[cname] = (accept, len(verify) / max(1, len(decode)))
-        total = num * tokens
-        print(f"workload {name}: {num} prompts x {tokens} tokens, batch 1")
-        for cname in configs:
-            tps = total / best[cname]
-            accept, share = stats[cname]
-            print(f"  {cname:30s} {tps:8.1f} tok/s  x{best['plain'] / best[cname]:.2f} vs plain  "
-                  f"mean acceptance length {accept:.2f}  verify rounds {share:.0%} of decodes")
-            if args.profile:
-                draft, target = split[cname]
-                print(f"  {'':30s} time: drafting {draft:.0%}, target step (forward + verify) "
-                      f"{target:.0%}, host (schedule, commit, bookkeeping) {1 - draft - target:.0%}")
+        _compare(name, prompts, configs, "tiny", tokens, repeats, args.profile)
+    words: dict[str, dict[str, Any] | None] = {
+        "plain": None,
+        f"ngram γ={g} fixed": {"num_draft": g},
+        f"self k=2 γ={g}": {"drafter": "self", "draft_layers": 2, "num_draft": g},
+        "dspark k=2 γ=4 fixed": {"drafter": "dspark", "dspark_heads": "tiny-words", "num_draft": 4},
+        "dspark k=2 γ=4 threshold 0.5": {"drafter": "dspark", "dspark_heads": "tiny-words",
+                                         "num_draft": 4, "planner": "threshold", "threshold": 0.5},
+    }
+    _compare("tiny-words (corpus prompts)", _corpus_prompts(num), words, "tiny-words", tokens,
+             repeats, args.profile)
+
+
+def _corpus_prompts(num: int) -> list[list[int]]:
+    """Windows of the words model's frozen training corpus (seeds unlike the DSpark training's)."""
+    data = (Path(__file__).resolve().parents[1] / "scripts" / "embedded_corpus.txt").read_bytes()
+    rng = random.Random(977)
+    starts = [rng.randrange(len(data) - 48) for _ in range(num)]
+    return [list(data[s:s + 48]) for s in starts]
+
+
+def _compare(name: str, prompts: list[list[int]], configs: dict[str, dict[str, Any] | None],
+             model: str, tokens: int, repeats: int, profile: bool) -> None:
+    """Run every configuration on ``prompts`` (alternating, best of ``repeats``), check each
+    output equals plain's, print tokens/s, the ratio to plain and the acceptance length."""
+    num = len(prompts)
+    best = {c: float("inf") for c in configs}
+    stats: dict[str, tuple[float, float]] = {}
+    split: dict[str, tuple[float, float]] = {}
+    reference: list[Any] | None = None
+    for _ in range(repeats):
+        for cname, spec in configs.items():
+            dt, outs, traces, clock = _run(spec, prompts, tokens, model)
+            reference = outs if reference is None else reference
+            if outs != reference:
+                raise SystemExit(f"{cname} on {name}: output differs from plain")
+            if dt < best[cname]:
+                best[cname] = dt
+                split[cname] = (clock.draft / dt, clock.target / dt)
+            verify = [c for t in traces for c in t.chunks if c.num_drafted]
+            decode = [c for t in traces for c in t.chunks if c.kind == "decode"]
+            accept = sum(len(c.sampled) for c in verify) / len(verify) if verify else 1.0
+            stats[cname] = (accept, len(verify) / max(1, len(decode)))
+    total = num * tokens
+    print(f"workload {name}: {num} prompts x {tokens} tokens, batch 1, model {model}")
+    for cname in configs:
+        tps = total / best[cname]
+        accept, share = stats[cname]
+        print(f"  {cname:30s} {tps:8.1f} tok/s  x{best['plain'] / best[cname]:.2f} vs plain  "
+              f"mean acceptance length {accept:.2f}  verify rounds {share:.0%} of decodes")
+        if profile:
+            draft, target = split[cname]
+            print(f"  {'':30s} time: drafting {draft:.0%}, target step (forward + verify) "
+                  f"{target:.0%}, host (schedule, commit, bookkeeping) {1 - draft - target:.0%}")
+
 
 if __name__ == "__main__":
     main()

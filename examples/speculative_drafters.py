@@ -2,7 +2,8 @@
 
 Prompt lookup (n-gram), self-speculation (the target's first layer and its LM head, sharing
 its weights) and a draft model (here the embedded model itself: the same weights, so every
-draft is accepted). Greedy output is the same with and without speculation; each run ends
+draft is accepted); then the DSpark drafter (the heads shipped for the trained tiny-words
+model, above its first 2 layers) against plain decoding of tiny-words. Greedy output is the same with and without speculation; each run ends
 with the engine idle, the model drafters' own KV pools included.
 
     PYTHONPATH=src .venv/bin/python examples/speculative_drafters.py
@@ -14,21 +15,31 @@ import torch
 
 from deepinfer_kit import SamplingParams, build_engine
 
-DRAFTERS = {
+DRAFTERS: dict[str, dict[str, object] | None] = {
     "plain": None,
     "ngram": {"drafter": "ngram", "num_draft": 4},
     "self k=1": {"drafter": "self", "draft_layers": 1, "num_draft": 3},
     "draft model": {"drafter": "draft_model", "draft_model": "tiny", "num_draft": 3},
 }
+WORDS_DRAFTERS: dict[str, dict[str, object] | None] = {
+    "plain": None,
+    "dspark": {"drafter": "dspark", "dspark_heads": "tiny-words", "num_draft": 4},
+}
 
 
 def main() -> None:
     torch.set_num_threads(1)
-    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    compare("tiny", DRAFTERS, "the cat sat on the mat. the cat sat on the mat. the cat")
+    compare("tiny-words", WORDS_DRAFTERS, "The engine schedules")
+
+
+def compare(model: str, drafters: dict[str, dict[str, object] | None], prompt: str) -> None:
+    """Run each drafter on ``model``; exit non-zero if one changes plain greedy output."""
+    print(f"model {model}:")
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     reference = None
-    for name, spec in DRAFTERS.items():
-        engine = build_engine(speculative=spec, num_blocks=64, max_model_len=256)
+    for name, spec in drafters.items():
+        engine = build_engine(model=model, speculative=spec, num_blocks=64, max_model_len=256)
         engine.add_request("r", prompt, params)
         out = engine.run()[0]
         engine.check_idle()  # target blocks and the drafter's own blocks all free

@@ -41,12 +41,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "default: on on CUDA unless --num-draft, off on CPU")
     p.add_argument("--num-draft", type=int, default=0,
                    help="speculative decoding: drafts verified per round (0: off)")
-    p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self"),
-                   help="who drafts: prompt lookup, a draft checkpoint, the target's first layers")
+    p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self", "dspark"),
+                   help="who drafts: prompt lookup, a draft checkpoint, the target's first layers, DSpark heads")
     p.add_argument("--draft-model", default=None,
                    help="the draft checkpoint folder of --drafter draft_model ('tiny': embedded)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="k, the target layers --drafter self drafts with")
+    p.add_argument("--dspark-heads", default=None,
+                   help="the heads file of --drafter dspark ('tiny-words': the shipped heads)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
     p.add_argument("--eplb-interval", type=int, default=0,
@@ -104,4 +106,6 @@ def _speculative(args: argparse.Namespace) -> dict[str, Any] | None:
         spec["draft_model"] = args.draft_model
     if args.draft_layers is not None:
         spec["draft_layers"] = args.draft_layers
+    if args.dspark_heads is not None:
+        spec["dspark_heads"] = args.dspark_heads
     return spec

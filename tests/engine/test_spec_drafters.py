@@ -26,6 +26,8 @@ from deepinfer_kit.spec.records import SpecConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from hf_models import make_checkpoint  # noqa: E402
 
+from draft_pool import check_draft_pool  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory,
@@ -61,23 +63,8 @@ def _drafter(engine: Engine) -> DraftModelDrafter:
 
 
 def _check_draft_kv(engine: Engine) -> int:
-    """After a committed round: each running sequence's draft KV is a prefix of its tokens
-    in exactly the blocks that hold it, and nothing else is held. Returns tokens held."""
-    book = _drafter(engine).book
-    running = {r.request_id: r.all_token_ids for r in engine.scheduler.running}  # type: ignore[attr-defined]
-    held = 0
-    total_blocks = 0
-    for sid in list(running):
-        tokens = book.tokens(sid)
-        assert running[sid][: len(tokens)] == tokens
-        blocks = book.block_table(sid)
-        assert len(blocks) == -(-len(tokens) // book.block_size), sid
-        held += len(tokens)
-        total_blocks += len(blocks)
-    assert len(book) <= len(running)
-    assert book.num_held_blocks == total_blocks
-    assert book.allocator.num_free == book.allocator.num_blocks - total_blocks
-    return held
+    """After a committed round: see :func:`draft_pool.check_draft_pool`."""
+    return check_draft_pool(_drafter(engine).book, engine)
 
 
 def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],

@@ -24,20 +24,14 @@ from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
 from deepinfer_kit.errors import ConfigError, OutOfBlocksError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.request import Request
-from deepinfer_kit.sample.distribution import target_probs
-from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.sample.rng import mix64, row_uniforms
 from deepinfer_kit.spec.draft_kv import DraftKVBook
 from deepinfer_kit.spec.records import DraftProposal
-from deepinfer_kit.spec.ref_ops import inverse_cdf
+from deepinfer_kit.spec.draw import draw_drafts
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import StatefulDrafter
 
 __all__ = ["DraftModelDrafter"]
-
-_DRAFT_SALT = 0x2545F4914F6CDD1D  # separates the draft's stream from the sampler's and acceptance's
-
 
 @attrs.define(slots=True, eq=False)
 class _Row:
@@ -126,7 +120,9 @@ class DraftModelDrafter:
             if not step:
                 break
             logits = self._forward(step, ids, j)
-            tokens, q, c = self._draw(logits, step, ids, j, greedy)
+            tokens, q, c = draw_drafts(logits, [row.req for row in step],
+                                       [ids[row.index] for row in step], j, greedy=greedy,
+                                       generator=self.generator)
             for row, tok in zip(step, tokens):
                 ids[row.index][j] = tok
             where = torch.tensor([row.index for row in step], dtype=torch.int64)
@@ -208,30 +204,6 @@ class DraftModelDrafter:
         self.num_forwards += 1
         with torch.inference_mode():
             return self.model(forward, self.kv_cache)
-
-    def _draw(self, logits: torch.Tensor, step: list[_Row], ids: list[list[int]], j: int,
-              greedy: bool) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
-        """Draw draft ``j`` of each row: ``(tokens, q [n, V] float64 or None when greedy,
-        confidence [n] float32 on the CPU)``."""
-        q: torch.Tensor | None = None
-        if greedy and not any(r.req.params.has_penalties or r.req.params.min_tokens for r in step):
-            tok = logits.argmax(dim=-1)
-        else:
-            batch = SamplingBatch(
-                params=[r.req.params for r in step],
-                seeds=[None if r.req.seed is None else mix64(r.req.seed ^ _DRAFT_SALT) >> 1
-                       for r in step],
-                positions=[len(r.req.output_token_ids) + j for r in step],
-                prompt_token_ids=[r.req.prompt_token_ids for r in step],
-                output_token_ids=[(*r.req.output_token_ids, *ids[r.index][:j]) for r in step],
-                eos_token_ids=[r.req.eos_token_id for r in step],
-                generator=self.generator,
-            )
-            q = target_probs(logits, batch)
-            u = row_uniforms(batch.seeds, batch.positions, self.generator, logits.device)
-            tok = inverse_cdf(q, u)
-        c = torch.softmax(logits.float(), dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
-        return tok.tolist(), q, c.cpu()
 
 
 if TYPE_CHECKING:

@@ -1,8 +1,9 @@
 """build_drafter: the drafter a SpecConfig names, wired to the target model and its pool size.
 
 ``"ngram"`` needs nothing; ``"draft_model"`` loads a second checkpoint (or the embedded
-tiny model) and ``"self"`` takes a layer-truncated view of the target; both get a KV pool
-and a block allocator of their own, the target's block size.
+tiny model) and ``"self"`` takes a layer-truncated view of the target; ``"dspark"`` loads
+DSpark heads and reads a layer-truncated view as its backbone. Each model drafter gets a KV
+pool and a block allocator of its own, the target's block size.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.draft_model import DraftModelDrafter
+from deepinfer_kit.engine.dspark import DSparkDrafter
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.embedded import embedded_dspark_heads, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.truncated import LayerTruncatedLM
 from deepinfer_kit.spec.draft_kv import DraftKVBook
+from deepinfer_kit.spec.dspark_heads import DSparkHeads, check_num_draft, load_heads
 from deepinfer_kit.spec.ngram import NgramDrafter
 from deepinfer_kit.spec.protocols import Drafter
 from deepinfer_kit.spec.records import SpecConfig
@@ -59,11 +63,24 @@ def build_drafter(
 
     Raises:
         ConfigError: a draft model whose vocabulary differs from the target's, or
-            ``draft_layers`` beyond the target's layers (both name the field and value).
-        CheckpointError: a draft checkpoint that cannot be loaded.
+            ``draft_layers`` beyond the target's layers, ``num_draft`` beyond the DSpark
+            heads' positions (each names the field and value).
+        CheckpointError: a draft checkpoint or DSpark heads file that cannot be loaded
+            (a heads tensor of the wrong shape for the target names the tensor).
     """
     if spec.drafter == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    blocks = draft_pool_blocks(num_blocks, block_size, max_num_seqs, spec.num_draft)
+    if spec.drafter == "dspark":
+        heads = _load_heads(spec, target)
+        backbone = LayerTruncatedLM(target.model, heads.backbone_layers)
+        bc = backbone.config
+        kv = PagedKVCache(bc.num_layers, blocks, block_size, bc.num_kv_heads, bc.head_dim,
+                          dtype=dtype, device=device, impl=attention_impl)
+        return DSparkDrafter(backbone, heads.to(device), kv,
+                             DraftKVBook(FreeListBlockAllocator(blocks, block_size)),
+                             generator=generator, max_model_len=max_model_len)
     model: CausalLM
     if spec.drafter == "self":
         assert spec.draft_layers is not None  # SpecConfig checked it
@@ -72,11 +89,9 @@ def build_drafter(
         model = _load_draft(spec.draft_model or "", target, seed=seed, dtype=dtype, device=device,
                             attention_impl=attention_impl, moe_impl=moe_impl)
     mc = model.config
-    blocks = draft_pool_blocks(num_blocks, block_size, max_num_seqs, spec.num_draft)
     kv = PagedKVCache(mc.num_layers, blocks, block_size, mc.num_kv_heads, mc.head_dim,
                       dtype=dtype, device=device, impl=attention_impl)
     book = DraftKVBook(FreeListBlockAllocator(blocks, block_size))
-    generator = torch.Generator(device=device).manual_seed(seed + 1)
     stop = spec.threshold if spec.planner == "threshold" else 0.0  # it verifies no further
     return DraftModelDrafter(model, kv, book, generator=generator, max_model_len=max_model_len,
                              stop_below=stop)
@@ -98,3 +113,15 @@ def _load_draft(path: str, target: LoadedModel, *, seed: int, dtype: torch.dtype
             f"{vocab}; a draft model must share the target's tokenizer"
         )
     return loaded.model
+
+
+def _load_heads(spec: SpecConfig, target: LoadedModel) -> DSparkHeads:
+    """Resolve ``spec.dspark_heads`` (an embedded name or a path), load and validate it
+    against ``target``, and check ``num_draft`` fits its positions."""
+    name = spec.dspark_heads or ""
+    path = embedded_dspark_heads(name) if is_embedded(name) else name
+    tc = target.config
+    heads = load_heads(path, vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+                       num_layers=tc.num_layers)
+    check_num_draft(heads, spec.num_draft)
+    return heads

@@ -178,6 +178,13 @@ class TransformerCausalLM(nn.Module):
         Writes the K/V of layers ``0 .. num_layers - 1`` into the same cache layers of
         ``kv_cache`` (which may hold only those layers). Returns ``[N, V]`` float32.
         """
+        return self.project(self.hidden_layers(batch, kv_cache, num_layers))
+
+    def hidden_layers(self, batch: ForwardBatch, kv_cache: PagedKVStore,
+                      num_layers: int) -> torch.Tensor:
+        """The final-normed hidden states ``[N, H]`` (model dtype) of the rows
+        ``batch.logits_indices`` after the first ``num_layers`` layers (the DSpark drafter's
+        backbone). Writes K/V like :meth:`forward_layers`; raises nothing of its own."""
         with torch.inference_mode():
             hidden = F.embedding(batch.input_ids, self.embed_tokens)
             cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
@@ -186,11 +193,16 @@ class TransformerCausalLM(nn.Module):
                 hidden, residual = layer.forward(hidden, residual, cos, sin, kv_cache, batch)
             rows = batch.logits_indices
             if residual is None:
-                hidden = self.norm.forward(hidden[rows])
-            else:
-                hidden, _ = self.norm.forward_add(hidden[rows], residual[rows])
-            weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
-            return F.linear(hidden, weight).float()
+                return self.norm.forward(hidden[rows])
+            normed, _ = self.norm.forward_add(hidden[rows], residual[rows])
+            return normed
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, H]`` final-normed hidden states -> ``[N, V]`` float32 logits (the LM head,
+        or the tied embeddings)."""
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
+        with torch.inference_mode():
+            return F.linear(hidden.to(weight.dtype), weight).float()
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:

@@ -21,6 +21,7 @@ __all__ = [
     "TINY_WORDS_SHA256",
     "is_embedded",
     "embedded_checkpoint",
+    "embedded_dspark_heads",
     "file_sha256",
 ]
 
@@ -60,6 +61,23 @@ def embedded_checkpoint(name: str) -> Path:
             f"(expected {str(folder / 'model.safetensors')!r}; reinstall deepinfer_kit)"
         )
     return folder
+
+
+def embedded_dspark_heads(name: str) -> Path:
+    """The DSpark heads file shipped for the embedded model ``name``
+    (``SpecConfig(dspark_heads=name)``, trained by ``scripts/train_dspark.py``); kept out of
+    the checkpoint folder, whose every ``*.safetensors`` file the model loader reads.
+
+    Raises:
+        ConfigError: no heads are shipped for ``name``.
+    """
+    path = Path(__file__).resolve().parent / "embedded" / "dspark" / f"{name}.safetensors"
+    if not path.is_file():
+        raise ConfigError(
+            f"speculative.dspark_heads: no DSpark heads are shipped for {name!r} "
+            f"(expected {str(path)!r}); name a heads file"
+        )
+    return path
 
 
 def file_sha256(path: str | Path) -> str:

@@ -72,6 +72,16 @@ class LayerTruncatedLM:
         """
         return self.model.forward_layers(batch, kv_cache, self.num_layers)
 
+    def hidden(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
+        """The first ``k`` layers over ``batch``, then the final norm: ``[N, H]`` hidden
+        states (model dtype) of the rows ``batch.logits_indices`` (the DSpark drafter's
+        backbone). Writes layers ``0 .. k - 1`` of ``kv_cache`` like :meth:`forward`."""
+        return self.model.hidden_layers(batch, kv_cache, self.num_layers)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shared LM head: ``[N, H]`` -> ``[N, V]`` float32 logits."""
+        return self.model.project(hidden)
+
     def expert_counts(self) -> torch.Tensor | None:
         """Always ``None``: the view's routing is not recorded (the shared MoE layers'
         counts belong to the full model's last forward)."""

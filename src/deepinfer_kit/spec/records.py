@@ -103,8 +103,8 @@ class SpsCurve:
 
 
 _SPEC_KEYS = ("drafter", "num_draft", "planner", "threshold", "ngram_min", "ngram_max", "sps",
-              "draft_model", "draft_layers")
-DRAFTERS = ("ngram", "draft_model", "self")
+              "draft_model", "draft_layers", "dspark_heads")
+DRAFTERS = ("ngram", "draft_model", "self", "dspark")
 
 
 def _check_threshold(instance: Any, attribute: attrs.Attribute[float], value: Any) -> None:
@@ -124,7 +124,8 @@ class SpecConfig:
     Attributes:
         drafter: ``"ngram"`` (prompt lookup over the request's own tokens),
             ``"draft_model"`` (a small checkpoint sharing the tokenizer, ``draft_model``)
-            or ``"self"`` (the target's first ``draft_layers`` layers and its LM head).
+            ``"self"`` (the target's first ``draft_layers`` layers and its LM head) or
+            ``"dspark"`` (DSpark heads, ``dspark_heads``, above the target's first layers).
         num_draft: ``γ``, drafts proposed per request and round (``>= 1``).
         planner: ``"fixed"`` (verify all ``γ``), ``"threshold"`` (while the cumulative
             survival is ``>= threshold``) or ``"dspark"`` (maximise ``τ · SPS(B)``).
@@ -136,6 +137,9 @@ class SpecConfig:
             the embedded model built from the engine's seed). Its vocabulary must be the
             target's.
         draft_layers: ``k`` of ``drafter="self"``, in ``[1, target layers]``.
+        dspark_heads: the heads file of ``drafter="dspark"`` (a safetensors path, or
+            ``"tiny-words"``: the heads shipped for that embedded model); the backbone depth
+            is the file's. ``num_draft`` must not exceed its positions.
     """
 
     drafter: str = attrs.field(default="ngram", validator=one_of(DRAFTERS))
@@ -147,6 +151,7 @@ class SpecConfig:
     sps: SpsCurve | None = attrs.field(default=None, validator=_check_sps)
     draft_model: str | None = attrs.field(default=None)
     draft_layers: int | None = attrs.field(default=None)
+    dspark_heads: str | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.ngram_max < self.ngram_min:
@@ -178,6 +183,18 @@ class SpecConfig:
             raise ConfigError(
                 f"speculative.draft_layers is read only by drafter='self' (drafter is "
                 f"{self.drafter!r}), got {layers!r}"
+            )
+        heads = self.dspark_heads
+        if self.drafter == "dspark":
+            if not isinstance(heads, str) or not heads:
+                raise ConfigError(
+                    f"speculative.dspark_heads must name a heads file (or 'tiny-words') when "
+                    f"drafter='dspark', got {heads!r}"
+                )
+        elif heads is not None:
+            raise ConfigError(
+                f"speculative.dspark_heads is read only by drafter='dspark' (drafter is "
+                f"{self.drafter!r}), got {heads!r}"
             )
 
     @classmethod
