@@ -96,15 +96,24 @@ def _run(config: EngineConfig, routing: ExpertRouting | None) -> tuple[float, ob
 
 
 def test_imbalance_slows_simulated_steps() -> None:
+    eplb = EplbConfig(window=4, interval=1000, num_gpus=4)  # the uniform placement stays
+    routing = ExpertRouting(num_layers=2, num_experts=16, top_k=2, exponent=1.5, moe_fraction=0.4, seed=1)
+    sim, twin = ExpertSim(eplb, routing), SyntheticRouter(2, 16, 2, exponent=1.5, seed=1)
+    phy2log, logcnt = sim.placement.phy2log.numpy(), sim.placement.logcnt.numpy().astype(float)
+    for n in TOKENS:
+        b = step_balancedness(twin.route(n), phy2log, logcnt, 4)
+        assert sim.on_step(n, 2.0) == pytest.approx(2.0 * (0.6 + 0.4 * float(np.mean(1.0 / b))))
+    assert sim.report().slowdown_mean > 1.0
+
     dense = EngineConfig(num_blocks=2000, max_model_len=4096)
     moe = EngineConfig(num_blocks=2000, max_model_len=4096,
-                       eplb={"policy": "deepseek", "interval": 8, "window": 8, "num_gpus": 4})
+                       eplb={"policy": "deepseek", "interval": 1000, "window": 8, "num_gpus": 4})
     base, plain = _run(dense, None)
     assert plain.experts is None  # type: ignore[attr-defined]
-    free, _ = _run(moe, ExpertRouting(num_experts=16, top_k=4, moe_fraction=0.0))
+    free, _ = _run(moe, ExpertRouting(num_experts=64, top_k=2, moe_fraction=0.0))
     assert free == pytest.approx(base, rel=1e-12)  # f = 0: the MoE part costs nothing extra
-    mild, r_mild = _run(moe, ExpertRouting(num_experts=16, top_k=4, exponent=0.0))
-    hot, r_hot = _run(moe, ExpertRouting(num_experts=16, top_k=4, exponent=2.0))
+    mild, r_mild = _run(moe, ExpertRouting(num_experts=64, top_k=2, exponent=0.0))
+    hot, r_hot = _run(moe, ExpertRouting(num_experts=64, top_k=2, exponent=1.5))
     assert base < mild < hot
     m, h = r_mild.experts, r_hot.experts  # type: ignore[attr-defined]
     assert h.step_balance_mean < m.step_balance_mean and h.slowdown_mean > m.slowdown_mean > 1.0
