@@ -35,7 +35,8 @@ def inclusion_probabilities(p: np.ndarray, top_k: int) -> np.ndarray:
         free_mass = np.where(capped, 0.0, p).sum(axis=1, keepdims=True)
         left = top_k - capped.sum(axis=1, keepdims=True)
         pi = np.where(capped, 1.0, p * left / np.maximum(free_mass, 1e-300))
-    return np.minimum(pi, 1.0)
+    out: np.ndarray = np.minimum(pi, 1.0)
+    return out
 
 
 class SyntheticRouter:
