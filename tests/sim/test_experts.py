@@ -14,7 +14,8 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.eplb import EplbConfig, evaluate, make_policy, placement_from_phy2log
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim import H200, QWEN3_1_7B, AnalyticCost, LengthDist, WorkloadConfig, build_simulator, generate
-from deepinfer_kit.sim.experts import ExpertRouting, ExpertSim, step_balancedness
+from deepinfer_kit.sim.expert_records import ExpertRouting
+from deepinfer_kit.sim.experts import ExpertSim, step_balancedness
 from deepinfer_kit.sim.router import SyntheticRouter, inclusion_probabilities
 
 TOKENS = [1, 7, 64, 3, 500, 2, 33, 128, 9, 1, 256, 40]

@@ -9,7 +9,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sched.protocols import SchedulerFactory
 from deepinfer_kit.sim.clock import VirtualClock
 from deepinfer_kit.sim.cost_analytic import ModelShape
-from deepinfer_kit.sim.experts import ExpertRouting, ExpertSim
+from deepinfer_kit.sim.expert_records import ExpertRouting
 from deepinfer_kit.sim.prompts import PromptBuilder
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.runner import SimRunner
@@ -76,6 +76,8 @@ def build_simulator(
     tokens = SyntheticTokens(model.vocab_size, eos, seed)
     experts = None
     if config.eplb is not None:
+        from deepinfer_kit.sim.experts import ExpertSim  # torch and eplb, only when asked
+
         experts = ExpertSim(config.eplb, routing or ExpertRouting(num_layers=model.num_layers))
     runner = SimRunner(cost, tokens, experts)
     return Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)

@@ -80,7 +80,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
     from deepinfer_kit.errors import ConfigError
     from deepinfer_kit.sim.cost_analytic import H200, QWEN3_1_7B, TINY, AnalyticCost
     from deepinfer_kit.sim.cost_profiled import ProfiledCost
-    from deepinfer_kit.sim.experts import ExpertRouting
+    from deepinfer_kit.sim.expert_records import ExpertRouting
     from deepinfer_kit.sim.lengths import LengthDist
     from deepinfer_kit.sim.protocols import CostModel
     from deepinfer_kit.sim.sweep import (

@@ -6,11 +6,9 @@ Shape symbols: ``L`` MoE layers, ``E`` experts, ``P`` physical slots, ``G`` GPUs
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import torch
 
-from deepinfer_kit._validators import int_at_least
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.eplb.deepseek import HierarchicalPlacementPolicy
 from deepinfer_kit.eplb.evaluate import evaluate, replicas_moved
@@ -18,79 +16,10 @@ from deepinfer_kit.eplb.named import make_policy
 from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.records import Placement, Topology
 from deepinfer_kit.eplb.window import LoadWindow
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sim.expert_records import ExpertReport, ExpertRouting
 from deepinfer_kit.sim.router import SyntheticRouter
 
-__all__ = ["ExpertRouting", "ExpertReport", "ExpertSim", "step_balancedness"]
-
-
-def _fraction(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{attribute.name} must be a number in [0, 1], got {value!r}")
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
-        raise ConfigError(f"{attribute.name} must be a number >= 0, got {value!r}")
-
-
-@attrs.frozen(slots=True)
-class ExpertRouting:
-    """The simulated MoE model and its router (the dense cost model's shape has none).
-
-    Attributes:
-        num_layers: ``L`` MoE layers.
-        num_experts, top_k: ``E`` routed experts, ``k`` picked per token.
-        exponent: Zipf exponent of expert popularity.
-        correlation: AR(1) correlation of the log-weights between drift steps.
-        drift_every: routed steps between drift steps.
-        moe_fraction: ``f``, the share of a perfectly balanced step's time spent in the
-            routed experts (the part imbalance stretches).
-        seed: the router's seed.
-    """
-
-    num_layers: int = attrs.field(default=28, validator=int_at_least(1))
-    num_experts: int = attrs.field(default=64, validator=int_at_least(1))
-    top_k: int = attrs.field(default=8, validator=int_at_least(1))
-    exponent: float = attrs.field(default=1.0, validator=_non_negative)
-    correlation: float = attrs.field(default=0.98, validator=_fraction)
-    drift_every: int = attrs.field(default=32, validator=int_at_least(1))
-    moe_fraction: float = attrs.field(default=0.5, validator=_fraction)
-    seed: int = attrs.field(default=0, validator=int_at_least(0))
-
-    def __attrs_post_init__(self) -> None:
-        if self.top_k > self.num_experts:
-            raise ConfigError(f"top_k must be <= num_experts={self.num_experts}, got {self.top_k}")
-
-
-@attrs.frozen(slots=True)
-class ExpertReport:
-    """Expert balancedness of a run (balancedness = mean / max GPU load; 1 is perfect).
-
-    Attributes:
-        balance_mean, balance_min: over every (interval, layer), the placement in force
-            judged on the counts routed during that interval (the last, partial one
-            included).
-        oracle_mean, oracle_min: the same for DeepSeek's hierarchical policy planned
-            from those very counts (perfect foresight).
-        step_balance_mean: mean over steps of the layer-mean per-step balancedness
-            (what the cost model sees; small steps are noisy).
-        slowdown_mean: mean over steps of the step-time factor applied.
-        rebalances: plans applied; replicas_moved: slots that changed expert, summed.
-    """
-
-    balance_mean: float
-    balance_min: float
-    oracle_mean: float
-    oracle_min: float
-    step_balance_mean: float
-    slowdown_mean: float
-    rebalances: int
-    replicas_moved: int
-
-    def summary(self) -> dict[str, float | int]:
-        """The fields as a flat row (keys prefixed ``moe_``)."""
-        return {f"moe_{k}": v for k, v in attrs.asdict(self).items()}
+__all__ = ["ExpertSim", "step_balancedness"]
 
 
 def step_balancedness(counts: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarray,

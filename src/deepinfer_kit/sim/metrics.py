@@ -12,7 +12,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sched.records import SchedulePlan
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sim.experts import ExpertReport
+    from deepinfer_kit.sim.expert_records import ExpertReport
 
 __all__ = ["percentile", "Percentiles", "SimReport", "MetricsRecorder"]
 

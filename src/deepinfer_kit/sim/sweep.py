@@ -14,7 +14,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sim.cost_analytic import ModelShape
-from deepinfer_kit.sim.experts import ExpertRouting
+from deepinfer_kit.sim.expert_records import ExpertRouting
 from deepinfer_kit.sim.metrics import SimReport
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.records import SimRequest
@@ -58,14 +58,15 @@ def parse_sweep(text: str) -> tuple[str, list[object]]:
     Raises:
         ConfigError: no ``=``, no values, or a field EngineConfig does not have.
     """
-    from deepinfer_kit.eplb.config import EplbConfig
-
     field, sep, values = text.partition("=")
     field = field.strip()
     if not sep or not values.strip():
         raise ConfigError(f"--sweep must read FIELD=V1,V2,..., got {text!r}")
     names = [f.name for f in attrs.fields(EngineConfig)]
-    names += [f"eplb.{f.name}" for f in attrs.fields(EplbConfig)]
+    if field.startswith("eplb."):
+        from deepinfer_kit.eplb.config import EplbConfig  # the eplb package loads torch
+
+        names += [f"eplb.{f.name}" for f in attrs.fields(EplbConfig)]
     if field not in names:
         raise ConfigError(f"--sweep field must be an EngineConfig field {names}, got {field!r}")
     return field, [parse_value(v) for v in values.split(",") if v.strip()]
