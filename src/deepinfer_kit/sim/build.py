@@ -9,6 +9,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sched.protocols import SchedulerFactory
 from deepinfer_kit.sim.clock import VirtualClock
 from deepinfer_kit.sim.cost_analytic import ModelShape
+from deepinfer_kit.sim.expert_records import ExpertRouting
 from deepinfer_kit.sim.prompts import PromptBuilder
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.runner import SimRunner
@@ -48,6 +49,7 @@ def build_simulator(
     eos_token_id: int | None = None,
     seed: int = 0,
     make_scheduler: SchedulerFactory | None = None,
+    routing: ExpertRouting | None = None,
 ) -> Simulator:
     """A :class:`Simulator` of ``config``'s scheduler and cache on ``cost``.
 
@@ -56,6 +58,9 @@ def build_simulator(
     as ``build_engine`` uses them. ``model`` sizes the pool (``kv_cache_memory_mb``)
     and gives the vocabulary and the default ``max_model_len``. A ``make_scheduler``
     factory must stamp metrics with the simulator's clock itself (its ``.clock``).
+    With ``config.eplb`` set, a simulated MoE router (``routing``, default 64 experts,
+    top-8, one MoE layer per ``model`` layer) and the policy it names take part
+    (:class:`ExpertSim`); ``routing`` alone does nothing.
 
     Raises:
         ConfigError: a pool too small for ``max_model_len``, or bad config values.
@@ -69,5 +74,10 @@ def build_simulator(
     )
     eos = eos_token_id if eos_token_id is not None else model.vocab_size - 1
     tokens = SyntheticTokens(model.vocab_size, eos, seed)
-    runner = SimRunner(cost, tokens)
+    experts = None
+    if config.eplb is not None:
+        from deepinfer_kit.sim.experts import ExpertSim  # torch and eplb, only when asked
+
+        experts = ExpertSim(config.eplb, routing or ExpertRouting(num_layers=model.num_layers))
+    runner = SimRunner(cost, tokens, experts)
     return Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)

@@ -42,6 +42,23 @@ def add_sim_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                         "on this CPU now), or a JSON file of ProfiledCost coefficients")
     c.add_argument("--step-overhead-ms", type=float, default=None,
                    help="per-round overhead of the analytic GPU (default 0.3)")
+    x = p.add_argument_group("experts (a simulated MoE router and placement policy; on with "
+                             "--eplb-policy or an eplb.* sweep)")
+    x.add_argument("--eplb-policy", default=None,
+                   help="deepseek, global, refine, forecast or movement")
+    x.add_argument("--eplb-interval", type=int, default=32, help="steps between rebalances")
+    x.add_argument("--eplb-window", type=int, default=32, help="steps of counts a plan reads")
+    x.add_argument("--eplb-gpus", type=int, default=8)
+    x.add_argument("--eplb-nodes", type=int, default=1)
+    x.add_argument("--eplb-redundant", type=int, default=8, help="redundant slots per layer")
+    x.add_argument("--num-experts", type=int, default=64)
+    x.add_argument("--top-k", type=int, default=8)
+    x.add_argument("--moe-layers", type=int, default=None, help="default: the model's layers")
+    x.add_argument("--zipf-exponent", type=float, default=1.0)
+    x.add_argument("--drift-correlation", type=float, default=0.98)
+    x.add_argument("--drift-every", type=int, default=32, help="routed steps between drifts")
+    x.add_argument("--moe-fraction", type=float, default=0.5,
+                   help="share of a balanced step's time in the routed experts")
     o = p.add_argument_group("output")
     o.add_argument("--csv")
     o.add_argument("--json")
@@ -63,6 +80,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
     from deepinfer_kit.errors import ConfigError
     from deepinfer_kit.sim.cost_analytic import H200, QWEN3_1_7B, TINY, AnalyticCost
     from deepinfer_kit.sim.cost_profiled import ProfiledCost
+    from deepinfer_kit.sim.expert_records import ExpertRouting
     from deepinfer_kit.sim.lengths import LengthDist
     from deepinfer_kit.sim.protocols import CostModel
     from deepinfer_kit.sim.sweep import (
@@ -119,9 +137,19 @@ def run_sim_command(args: argparse.Namespace) -> int:
             raise ConfigError(f"--set must read FIELD=VALUE, got {item!r}")
         config = with_field(config, name.strip(), parse_value(value))
     field, values = parse_sweep(args.sweep) if args.sweep else (None, [])
+    routing = None
+    if args.eplb_policy is not None or (field or "").startswith("eplb."):
+        config = with_field(config, "eplb", {
+            "policy": args.eplb_policy or "deepseek", "interval": args.eplb_interval,
+            "window": args.eplb_window, "num_gpus": args.eplb_gpus,
+            "num_nodes": args.eplb_nodes, "num_redundant": args.eplb_redundant})
+        routing = ExpertRouting(
+            num_layers=args.moe_layers or model.num_layers, num_experts=args.num_experts,
+            top_k=args.top_k, exponent=args.zipf_exponent, correlation=args.drift_correlation,
+            drift_every=args.drift_every, moe_fraction=args.moe_fraction, seed=args.seed)
     progress = args.progress if args.progress is not None else len(requests) >= 5000
     rows = run_sweep(config, field, values, requests, cost, model, seed=args.seed,
-                     progress=progress)
+                     progress=progress, routing=routing)
     print(format_table(field, rows))
     if args.csv:
         write_csv(args.csv, field, rows)

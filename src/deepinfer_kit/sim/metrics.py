@@ -4,11 +4,15 @@ percentiles, queueing, prefix hits, preemptions, KV usage over time."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sched.records import SchedulePlan
+
+if TYPE_CHECKING:
+    from deepinfer_kit.sim.expert_records import ExpertReport
 
 __all__ = ["percentile", "Percentiles", "SimReport", "MetricsRecorder"]
 
@@ -62,6 +66,7 @@ class SimReport:
         kv_usage_mean, kv_usage_max: time-weighted mean and max fraction of the pool held.
         kv_usage_series: ``(time, usage)`` samples, at most ``max_series`` of them.
         wall_s: real seconds the simulation took.
+        experts: expert balancedness when a simulated MoE router took part, else None.
     """
 
     num_requests: int
@@ -86,6 +91,7 @@ class SimReport:
     kv_usage_max: float
     kv_usage_series: tuple[tuple[float, float], ...]
     wall_s: float
+    experts: ExpertReport | None = None
 
     def summary(self) -> dict[str, float | int]:
         """The scalar metrics as one flat row (latencies in milliseconds), for tables
@@ -111,6 +117,8 @@ class SimReport:
             steps=self.num_steps,
             wall_s=self.wall_s,
         )
+        if self.experts is not None:
+            row.update(self.experts.summary())
         return row
 
 
@@ -189,8 +197,9 @@ class MetricsRecorder:
             if n_out > 1:
                 self._tpot.append((m.finished_time - m.first_token_time) / (n_out - 1))
 
-    def report(self, wall_s: float) -> SimReport:
-        """The :class:`SimReport` of what was recorded (``wall_s``: real seconds)."""
+    def report(self, wall_s: float, experts: ExpertReport | None = None) -> SimReport:
+        """The :class:`SimReport` of what was recorded (``wall_s``: real seconds;
+        ``experts``: the expert metrics, if any)."""
         start = self.first_arrival if self.first_arrival != float("inf") else 0.0
         duration = max(self.last_finish - start, 0.0)
         done = self._finished - self._errors
@@ -220,4 +229,5 @@ class MetricsRecorder:
             kv_usage_max=self._usage_max,
             kv_usage_series=series,
             wall_s=wall_s,
+            experts=experts,
         )

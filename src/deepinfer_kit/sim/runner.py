@@ -3,12 +3,17 @@ round, a synthetic source supplies the tokens."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.records import SimStep
 from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.tokens import SyntheticTokens
 from deepinfer_kit.step import StepResult
+
+if TYPE_CHECKING:
+    from deepinfer_kit.sim.experts import ExpertSim
 
 __all__ = ["SimRunner"]
 
@@ -24,24 +29,32 @@ class SimRunner:
         cost: prices each round.
         tokens: the tokens each sampled chunk draws (keyed by request id and output
             position, so a preempted request regenerates the same ones).
+        experts: a simulated MoE router and placement policy; when given, each round's
+            price is stretched by its expert imbalance (:meth:`ExpertSim.on_step`).
 
     Attributes:
         num_steps: rounds executed; busy_time: their summed durations (seconds).
     """
 
-    __slots__ = ("cost", "tokens", "num_steps", "busy_time")
+    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time")
 
-    def __init__(self, cost: CostModel, tokens: SyntheticTokens) -> None:
+    def __init__(self, cost: CostModel, tokens: SyntheticTokens,
+                 experts: ExpertSim | None = None) -> None:
         self.cost = cost
         self.tokens = tokens
+        self.experts = experts
         self.num_steps = 0
         self.busy_time = 0.0
 
     def prepare(self, plan: SchedulePlan) -> SimStep:
-        """The round's :class:`StepShape` and its duration from the cost model.
-        Pure apart from the cost model; O(chunks)."""
+        """The round's :class:`StepShape` and its duration from the cost model (stretched
+        by the expert imbalance when ``experts`` is set, which routes the round's tokens
+        and may rebalance: its only mutation). O(chunks)."""
         shape = plan_shape(plan)
-        return SimStep(plan, shape, self.cost.step_time(shape))
+        duration = self.cost.step_time(shape)
+        if self.experts is not None:
+            duration = self.experts.on_step(shape.num_tokens, duration)
+        return SimStep(plan, shape, duration)
 
     def execute(self, step: SimStep) -> StepResult:
         """Per chunk: no token for a non-final prefill chunk, else ``num_samples`` tokens

@@ -146,7 +146,8 @@ class Simulator:
                 bar.update(len(outputs))
         if bar is not None:
             bar.close()
-        return metrics.report(time.perf_counter() - wall)
+        experts = runner.experts.report() if runner.experts is not None else None
+        return metrics.report(time.perf_counter() - wall, experts)
 
     def _add(self, sim: SimRequest, when: float, history: list[int] | None,
              metrics: MetricsRecorder) -> None:

@@ -14,6 +14,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sim.cost_analytic import ModelShape
+from deepinfer_kit.sim.expert_records import ExpertRouting
 from deepinfer_kit.sim.metrics import SimReport
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.records import SimRequest
@@ -27,6 +28,11 @@ SweepRow = tuple[object, SimReport]
 TABLE_COLUMNS = ("requests", "out_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                  "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "queueing_p99_ms",
                  "prefix_hit_rate", "preemptions", "kv_usage_mean", "wall_s")
+
+#: Columns added when expert placement took part (keys of ``ExpertReport.summary``).
+EXPERT_COLUMNS = ("moe_balance_mean", "moe_balance_min", "moe_oracle_mean",
+                  "moe_step_balance_mean", "moe_slowdown_mean", "moe_rebalances",
+                  "moe_replicas_moved")
 
 
 def parse_value(text: str) -> object:
@@ -46,7 +52,8 @@ def parse_value(text: str) -> object:
 
 
 def parse_sweep(text: str) -> tuple[str, list[object]]:
-    """``"FIELD=V1,V2,..."`` -> ``(field, values)``.
+    """``"FIELD=V1,V2,..."`` -> ``(field, values)``; ``FIELD`` is an EngineConfig field or
+    ``eplb.NAME`` (a field of its :class:`EplbConfig`).
 
     Raises:
         ConfigError: no ``=``, no values, or a field EngineConfig does not have.
@@ -56,22 +63,35 @@ def parse_sweep(text: str) -> tuple[str, list[object]]:
     if not sep or not values.strip():
         raise ConfigError(f"--sweep must read FIELD=V1,V2,..., got {text!r}")
     names = [f.name for f in attrs.fields(EngineConfig)]
+    if field.startswith("eplb."):
+        from deepinfer_kit.eplb.config import EplbConfig  # the eplb package loads torch
+
+        names += [f"eplb.{f.name}" for f in attrs.fields(EplbConfig)]
     if field not in names:
         raise ConfigError(f"--sweep field must be an EngineConfig field {names}, got {field!r}")
     return field, [parse_value(v) for v in values.split(",") if v.strip()]
 
 
-def with_field(config: EngineConfig, field: str, value: object) -> EngineConfig:
-    """``config`` with ``field`` set to ``value`` (validated by EngineConfig).
+def with_field(config: Any, field: str, value: object) -> Any:
+    """``config`` with ``field`` set to ``value`` (validated by EngineConfig); an
+    ``eplb.NAME`` field sets that field of ``config.eplb``.
 
     Raises:
-        ConfigError: an unknown field or a value its validator rejects.
+        ConfigError: an unknown field, a value its validator rejects, or an ``eplb.``
+            field while ``config.eplb`` is None.
     """
+    head, dot, name = field.partition(".")
+    if dot:
+        inner = getattr(config, head, None)
+        if inner is None:
+            raise ConfigError(f"cannot set EngineConfig.{field}: {head} is not set")
+        value = with_field(inner, name, value)
+        field = head
     try:
         changes: dict[str, Any] = {field: value}
         return attrs.evolve(config, **changes)
     except TypeError as exc:
-        raise ConfigError(f"cannot set EngineConfig.{field} = {value!r}: {exc}") from exc
+        raise ConfigError(f"cannot set {type(config).__name__}.{field} = {value!r}: {exc}") from exc
 
 
 def run_sweep(
@@ -85,10 +105,11 @@ def run_sweep(
     seed: int = 0,
     progress: bool = False,
     on_row: Callable[[SweepRow], None] | None = None,
+    routing: ExpertRouting | None = None,
 ) -> list[SweepRow]:
     """Simulate ``requests`` once per value of ``field`` (once with ``config`` as is when
-    ``field`` is ``None``), each on freshly built components. ``on_row`` sees each
-    result as it comes.
+    ``field`` is ``None``), each on freshly built components (``routing``: the simulated
+    MoE router when ``config.eplb`` is set). ``on_row`` sees each result as it comes.
 
     Raises:
         ConfigError: a value EngineConfig rejects, or a pool too small.
@@ -96,7 +117,7 @@ def run_sweep(
     rows: list[SweepRow] = []
     for value in (values if field is not None else [None]):
         cfg = with_field(config, field, value) if field is not None else config
-        sim = build_simulator(cfg, cost, model, seed=seed)
+        sim = build_simulator(cfg, cost, model, seed=seed, routing=routing)
         row = (value, sim.run(requests, progress=progress))
         rows.append(row)
         if on_row is not None:
@@ -111,9 +132,11 @@ def _fmt(v: object) -> str:
 
 
 def format_table(field: str | None, rows: Sequence[SweepRow]) -> str:
-    """The rows as an aligned text table, one line per value."""
-    head = [field or "run", *TABLE_COLUMNS]
-    body = [[_fmt(v), *(_fmt(r.summary()[c]) for c in TABLE_COLUMNS)] for v, r in rows]
+    """The rows as an aligned text table, one line per value (with the expert columns
+    when the runs simulated expert placement)."""
+    cols = TABLE_COLUMNS + (EXPERT_COLUMNS if rows and rows[0][1].experts is not None else ())
+    head = [field or "run", *cols]
+    body = [[_fmt(v), *(_fmt(r.summary()[c]) for c in cols)] for v, r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in [head, *body]]
     return "\n".join(lines)
