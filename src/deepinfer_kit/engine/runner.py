@@ -15,6 +15,7 @@ from deepinfer_kit.engine.step_output import logprob_maps, to_host
 from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.request import fork_seed
+from deepinfer_kit.sample.logit_mask import apply_logit_mask, build_logit_mask
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SamplingBatch
@@ -253,6 +254,11 @@ class ModelRunner:
         sequence. One that the previous step did not sample (it failed, or its row was
         not finite) is never fed as a token: its chunk is reported in ``errors``.
 
+        Before the draw, ``logit_bias`` / ``allowed_token_ids`` / bad words edit the
+        sampling rows' logits (``sample.logit_mask``; a second small host-to-device copy,
+        built here because a bad word's prefix may end with the in-flight token); the
+        verifier sees the same edited logits, per verified position.
+
         A sampled row whose logits hold a NaN or an infinity is detected on the device
         and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
         on the one device-to-host copy of the sampled tokens. With
@@ -278,7 +284,11 @@ class ModelRunner:
                 return StepResult(token_ids=[[] for _ in step.row_counts],
                                   expert_counts=expert_counts, slot_counts=slot_counts)
             finite = torch.isfinite(logits).all(dim=-1)
-            clean = logits.masked_fill(~finite[:, None], 0.0)
+            clean = logits.masked_fill(~finite[:, None], 0.0).to(torch.float32)
+            mask = build_logit_mask(step.sampling.params, step.sampling.output_token_ids,
+                                    clean.shape[1], pin_memory=self._pin)
+            if mask is not None:  # bias / allowed ids / bad words, before the sampler
+                apply_logit_mask(clean, mask)
             emitted: list[int] = []
             if step.verified:
                 assert self.verifier is not None  # prepare checked it

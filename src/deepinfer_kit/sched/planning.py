@@ -61,7 +61,7 @@ def add_chunk(
                 req.seed,
                 req.prompt_token_ids,
                 req.eos_token_id,
-                bool(params.min_tokens) or params.has_penalties,
+                bool(params.min_tokens) or params.has_penalties or bool(params.bad_words_token_ids),
             )
         if row.needs_history:
             history = tuple(req.output_token_ids)
