@@ -209,3 +209,18 @@ def test_bad_words_reach_the_engine_through_its_tokenizer() -> None:
     with pytest.raises(ConfigError, match="bad_words need a tokenizer"):
         engine._builder.tokenizer = None
         engine.add_request(None, prompt, SamplingParams(bad_words=["x"]))
+
+
+def test_logprobs_are_those_of_the_raw_logits() -> None:
+    """As vLLM's default: the bias moves the draw, not the reported logprobs."""
+    engine = build_engine(model="tiny")
+    base = {"temperature": 0.0, "max_tokens": 1, "ignore_eos": True, "logprobs": 3}
+    ids = [engine.add_request(None, [4, 5, 6], SamplingParams(**base)),
+           engine.add_request(None, [4, 5, 6], SamplingParams(logit_bias={9: 100.0}, **base))]
+    outs = {o.request_id: o.outputs[0] for o in engine.run()}
+    plain, biased = outs[ids[0]], outs[ids[1]]
+    assert biased.token_ids == [9] and plain.token_ids != [9]
+    assert plain.logprobs is not None and biased.logprobs is not None
+    top = {t: lp.logprob for t, lp in plain.logprobs[0].items()}
+    got = {t: lp.logprob for t, lp in biased.logprobs[0].items()}
+    assert {t: got[t] for t in top} == top and got[9] < max(top.values())

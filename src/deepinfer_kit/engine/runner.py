@@ -15,6 +15,7 @@ from deepinfer_kit.engine.step_output import logprob_maps, to_host
 from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.request import fork_seed
+from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.logit_mask import apply_logit_mask, build_logit_mask
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
@@ -257,7 +258,8 @@ class ModelRunner:
         Before the draw, ``logit_bias`` / ``allowed_token_ids`` / bad words edit the
         sampling rows' logits (``sample.logit_mask``; a second small host-to-device copy,
         built here because a bad word's prefix may end with the in-flight token); the
-        verifier sees the same edited logits, per verified position.
+        verifier sees the same edited logits, per verified position. Logprobs are those
+        of the logits before that edit (recomputed when a row has an edit).
 
         A sampled row whose logits hold a NaN or an infinity is detected on the device
         and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
@@ -287,7 +289,9 @@ class ModelRunner:
             clean = logits.masked_fill(~finite[:, None], 0.0).to(torch.float32)
             mask = build_logit_mask(step.sampling.params, step.sampling.output_token_ids,
                                     clean.shape[1], pin_memory=self._pin)
+            raw = clean
             if mask is not None:  # bias / allowed ids / bad words, before the sampler
+                raw = clean.clone() if step.sampling.max_logprobs >= 0 else clean
                 apply_logit_mask(clean, mask)
             emitted: list[int] = []
             if step.verified:
@@ -297,6 +301,8 @@ class ModelRunner:
                 )
             else:
                 sampled = self.sampler(clean, step.sampling)
+            if raw is not clean:  # logprobs stay those of the raw logits, as vLLM's
+                attach_logprobs(sampled, raw, step.sampling.max_logprobs)
             flagged = torch.where(finite, sampled.token_ids, -1)
         tokens, logprobs_host = to_host(flagged, sampled)
         logprobs = logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
