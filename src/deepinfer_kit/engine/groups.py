@@ -11,7 +11,7 @@ import attrs
 from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
 from deepinfer_kit.engine.streams import SequenceStream
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import RequestOutputKind
 
@@ -168,9 +168,25 @@ class OutputGroups:
                             group.num_cached_tokens if complete else req.num_cached_tokens
                         ),
                         metrics=group.metrics if group.metrics is not None else req.metrics,
+                        prompt_logprobs=self._prompt_logprobs(req),
                     )
                 )
         return done, cached
+
+    def _prompt_logprobs(self, req: Request) -> list[dict[int, Logprob] | None] | None:
+        """``req``'s prompt logprobs, with ``decoded_token`` filled when it gets text; a
+        copy. O(prompt tokens * alternatives) decodes."""
+        maps = req.prompt_logprobs
+        if maps is None:
+            return None
+        detok = self._detokenizer(req)
+        if detok is None:
+            return list(maps)
+        return [
+            None if m is None
+            else {t: attrs.evolve(lp, decoded_token=detok.decode_one(t)) for t, lp in m.items()}
+            for m in maps
+        ]
 
     def _completions(self, group: _Group, kind: RequestOutputKind) -> list[CompletionOutput]:
         """The completions to report for ``group``: all of them (cumulative, and final

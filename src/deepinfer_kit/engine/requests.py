@@ -103,10 +103,12 @@ class RequestBuilder:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise ConfigError(
-                f"logprobs must be <= max_logprobs ({self.max_logprobs}), got {params.logprobs}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise ConfigError(
+                    f"{name} must be <= max_logprobs ({self.max_logprobs}), got {asked}"
+                )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError(f"priority must be an int, got {priority!r}")
         ids, text = self.encode(prompt)

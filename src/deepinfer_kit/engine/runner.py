@@ -11,6 +11,7 @@ import torch
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.prompt_logprobs import PromptRows
 from deepinfer_kit.engine.step_output import logprob_maps, to_host
 from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
@@ -51,6 +52,7 @@ class PreparedStep:
             (penalties, ``min_tokens``) must include that in-flight token.
         verified: the chunks whose drafts this round verifies (``1 + len(drafts)`` rows
             each), in row order.
+        prompt: the prompt-logprob rows (logits rows after the sampling rows).
     """
 
     plan: SchedulePlan
@@ -62,6 +64,7 @@ class PreparedStep:
     placeholder_inputs: list[tuple[int, str]] = attrs.field(factory=list)
     placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
     verified: list[VerifiedChunk] = attrs.field(factory=list)
+    prompt: PromptRows = attrs.field(factory=PromptRows)
 
 
 class ModelRunner:
@@ -152,6 +155,7 @@ class ModelRunner:
         holes: list[tuple[int, str]] = []
         hole_rows: list[tuple[int, str]] = []
         verified: list[VerifiedChunk] = []
+        prompt = PromptRows()
         for index, chunk in enumerate(plan.chunks):
             start, n = chunk.start, chunk.num_tokens
             end = start + n
@@ -167,6 +171,7 @@ class ModelRunner:
                 input_ids.append(0)  # resolved in execute, before the forward reads it
             input_ids.extend(chunk.spec_token_ids)
             positions.extend(range(start, end))
+            prompt.add(index, chunk, num_tokens)
             num_tokens += n
             query_lens.append(n)
             seq_lens.append(end)
@@ -214,13 +219,14 @@ class ModelRunner:
         if (
             static is not None
             and not self.record_expert_counts and self.balancer is None  # padded rows would count
+            and not prompt.rows
             and num_tokens == len(plan.chunks) > 0
             and static.size_for(num_tokens) is not None
         ):
             staged = static.stage(input_ids, positions, seq_lens, tables)
         else:
             host, layout = pack_inputs(
-                input_ids, positions, query_lens, seq_lens, tables, logits_rows,
+                input_ids, positions, query_lens, seq_lens, tables, logits_rows + prompt.rows,
                 block_size=self.block_size, pin_memory=self._pin,
             )  # fmt: skip
             device = host.to(self.device, non_blocking=True) if self._pin else host
@@ -244,6 +250,7 @@ class ModelRunner:
             placeholder_inputs=holes,
             placeholder_rows=hole_rows,
             verified=verified,
+            prompt=prompt,
         )
 
     def execute(self, step: PreparedStep) -> StepResult:
@@ -282,8 +289,13 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self._logits(step, forward)
             expert_counts, slot_counts = self._expert_counts()
+            prompt_lps = None
+            if step.prompt.rows:
+                num_sampled = len(step.logits_rows)
+                prompt_lps = step.prompt.maps(logits[num_sampled:], len(step.row_counts))
+                logits = logits[:num_sampled]
             if not step.sampling.params:
-                return StepResult(token_ids=[[] for _ in step.row_counts],
+                return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps,
                                   expert_counts=expert_counts, slot_counts=slot_counts)
             finite = torch.isfinite(logits).all(dim=-1)
             clean = logits.masked_fill(~finite[:, None], 0.0).to(torch.float32)
@@ -338,6 +350,7 @@ class ModelRunner:
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
             slot_counts=slot_counts,
+            prompt_logprobs=prompt_lps,
         )
 
 

@@ -140,6 +140,9 @@ class SamplingParams:
         truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``).
         output_kind: what ``Engine.step()`` reports while the request runs (see
             :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
+        prompt_logprobs: when set, the logprob of every prompt token after the first
+            (given the tokens before it) and the top-``prompt_logprobs`` alternatives, in
+            ``RequestOutput.prompt_logprobs``; such a request takes no prefix-cache hits.
         logit_bias: token id -> bias in ``[-100, 100]`` added to that token's raw logit
             (before penalties and temperature), or ``None``.
         allowed_token_ids: only these tokens may be drawn (every other logit is
@@ -176,6 +179,7 @@ class SamplingParams:
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = attrs.field(
         default=None, converter=_to_bias, hash=False
     )
@@ -238,6 +242,10 @@ class SamplingParams:
         self._check_logit_fields()
 
     def _check_logit_fields(self) -> None:
+        if self.prompt_logprobs is not None:
+            _require_int("prompt_logprobs", self.prompt_logprobs)
+            if self.prompt_logprobs < 0:
+                raise ConfigError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
         for token, bias in (self.logit_bias or {}).items():
             if not _is_int(token) or token < 0:
                 raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
