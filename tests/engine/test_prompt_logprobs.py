@@ -21,7 +21,7 @@ def _prompts(seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     shared = [rng.randrange(160) for _ in range(16)]
     return [shared + [rng.randrange(160) for _ in range(rng.randint(1, 20))] for _ in range(3)] + [
-        [rng.randrange(160) for _ in range(n)] for n in (1, 2, 37)
+        [rng.randrange(160) for _ in range(n)] for n in (1, 2, 33)
     ]
 
 
@@ -29,7 +29,8 @@ CONFIGS = {
     "default": {},
     "chunked-prefill": {"max_num_batched_tokens": 16, "long_prefill_token_threshold": 5},
     "tiny-chunks": {"max_num_batched_tokens": 8, "long_prefill_token_threshold": 1, "block_size": 4},
-    "preemption": {"num_blocks": 20, "block_size": 4, "max_model_len": 64},
+    "preemption": {"num_blocks": 12, "block_size": 4, "max_model_len": 40,
+                   "max_num_batched_tokens": 8, "long_prefill_token_threshold": 4},
     "overlap": {"overlap": True, "max_num_batched_tokens": 16, "long_prefill_token_threshold": 7},
 }
 
@@ -39,6 +40,8 @@ def test_prompt_logprobs_equal_transformers(checkpoints: dict[str, tuple[Path, A
     folder, model = checkpoints["qwen3"]
     prompts = _prompts(2)
     engine = build_engine(model=str(folder), **CONFIGS[name])
+    traces: list[Any] = []
+    engine.trace = traces.append
     # the shared prefix is cached first: the requests below must not take it
     engine.add_request(None, prompts[0], SamplingParams(max_tokens=1))
     engine.run()
@@ -48,6 +51,8 @@ def test_prompt_logprobs_equal_transformers(checkpoints: dict[str, tuple[Path, A
            for p, k in zip(prompts, top)]
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
+    if name == "preemption":
+        assert sum(len(t.preempted) for t in traces) > 0
     for rid, prompt, k in zip(ids, prompts, top):
         out = outs[rid]
         assert out.num_cached_tokens == 0
