@@ -100,3 +100,27 @@ def test_decoded_tokens_are_filled_and_plain_requests_get_none() -> None:
         for t, lp in m.items():
             assert lp.decoded_token == tok.decode([t], skip_special_tokens=False)
     engine.check_idle()
+
+
+def test_a_delta_stream_reports_prompt_logprobs_once_and_forks_share_them() -> None:
+    from deepinfer_kit.sample.params import RequestOutputKind
+
+    engine = build_engine(model="tiny")
+    delta = SamplingParams(prompt_logprobs=1, max_tokens=3, output_kind=RequestOutputKind.DELTA)
+    fork = SamplingParams(prompt_logprobs=1, max_tokens=3, n=3, temperature=1.0, seed=1)
+    engine.add_request("d", [1, 2, 3, 4], delta)
+    engine.add_request("f", [1, 2, 3, 4], fork)
+    seen: list[int | None] = []
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == "d":
+                seen.append(None if out.prompt_logprobs is None else len(out.prompt_logprobs))
+            else:
+                final = out
+    for out in engine.flush():
+        final = out if out.request_id == "f" else final
+    assert seen[0] == 4 and len(seen) > 1 and all(s is None for s in seen[1:])
+    assert final is not None and len(final.outputs) == 3
+    assert final.prompt_logprobs is not None and len(final.prompt_logprobs) == 4
+    engine.check_idle()

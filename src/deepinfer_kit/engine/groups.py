@@ -32,6 +32,7 @@ class _Group:
     completions: dict[int, CompletionOutput] = attrs.field(factory=dict)
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None  # of the last completion that finished
+    sent_prompt_logprobs: bool = False  # a DELTA stream reports them once, first
 
 
 class OutputGroups:
@@ -168,17 +169,22 @@ class OutputGroups:
                             group.num_cached_tokens if complete else req.num_cached_tokens
                         ),
                         metrics=group.metrics if group.metrics is not None else req.metrics,
-                        prompt_logprobs=self._prompt_logprobs(req),
+                        prompt_logprobs=self._prompt_logprobs(group, kind),
                     )
                 )
         return done, cached
 
-    def _prompt_logprobs(self, req: Request) -> list[dict[int, Logprob] | None] | None:
-        """``req``'s prompt logprobs, with ``decoded_token`` filled when it gets text; a
-        copy. O(prompt tokens * alternatives) decodes."""
+    def _prompt_logprobs(
+        self, group: _Group, kind: RequestOutputKind
+    ) -> list[dict[int, Logprob] | None] | None:
+        """The group's prompt logprobs, with ``decoded_token`` filled when it gets text;
+        a copy (``None`` in a DELTA report after the first, as vLLM). O(prompt tokens *
+        alternatives) decodes."""
+        req = group.request
         maps = req.prompt_logprobs
-        if maps is None:
+        if maps is None or (kind is _DELTA and group.sent_prompt_logprobs):
             return None
+        group.sent_prompt_logprobs = True
         detok = self._detokenizer(req)
         if detok is None:
             return list(maps)
