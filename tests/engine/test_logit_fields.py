@@ -109,7 +109,7 @@ def test_a_seeded_row_does_not_depend_on_its_batch() -> None:
     params = _sampled(rng, 256)
     prompts = [[rng.randrange(256) for _ in range(rng.randint(3, 20))] for _ in params]
     together = _run(build_engine(model="tiny"), prompts, params)
-    for i in (1, 3, 4):
+    for i in (3, 4):
         others = [SamplingParams(temperature=0.7, max_tokens=30, seed=i, ignore_eos=True,
                                  allowed_token_ids=[1, 2]) for _ in range(3)]
         alone = _run(build_engine(model="tiny"), [prompts[i], *prompts[:3]], [params[i], *others])
@@ -143,7 +143,10 @@ def test_speculative_verification_sees_the_same_edited_logits(greedy: bool) -> N
     params = _params(rng, 256, plain_out, **base)
     want = _run(build_engine(model="tiny"), prompts, params)
     fast = build_engine(model="tiny", speculative={"num_draft": 3})
+    traces: list[Any] = []
+    fast.trace = traces.append
     assert _run(fast, prompts, params) == want
+    assert sum(t.num_drafted for t in traces) > 0 and sum(t.num_accepted for t in traces) > 0
 
 
 @pytest.mark.triton
