@@ -6,6 +6,11 @@ Baselines, measured in the same run: (a) per request, gather its K/V contiguous 
 and call SDPA once with a mask. Runs the torch reference on CPU, and the Triton kernel too
 when CUDA is present. Prints ms per call and each path's speed relative to baseline (a).
 
+On CUDA a second table times the per-layer q/k RMSNorm + RoPE + KV-cache write of the same
+decode step: the unfused ops the model runs without the kernel (torch norm, torch rotation,
+the Triton cache write; 3 kernels and their temporaries) against the fused Triton kernel
+(one launch), as a ratio. On CPU it prints that it was skipped.
+
     .venv/bin/python benchmarks/bench_attention.py [--quick] [--requests 64]
 """
 
@@ -21,7 +26,10 @@ import torch.nn.functional as F
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.models.attention import PagedAttention, make_attention_metadata
+from deepinfer_kit.models.fused_ops import rms_norm
 from deepinfer_kit.models.records import AttentionMetadata
+from deepinfer_kit.models.rope import apply_rotary
+from deepinfer_kit.models.rope_kv import rope_kv_write
 
 
 def _time_interleaved(
@@ -141,6 +149,44 @@ def main() -> None:
         ms = times[name]
         diff = (fn().float() - expected).abs().max().item()
         print(f"{name:<40} {ms:>9.2f} {base_ms / ms:>17.2f}x {diff:>11.2e}")
+    rope_kv_table(cache, meta, args.heads, args.repeats)
+
+
+def rope_kv_table(cache: PagedKVCache, meta: AttentionMetadata, heads: int, repeats: int) -> None:
+    """The fused q/k norm + RoPE + KV write against the unfused ops, on one decode step."""
+    if cache.device.type != "cuda":
+        print("fused q/k norm + RoPE + KV write: skipped (CUDA only)")
+        return
+    from deepinfer_kit.models.rope_kv_triton import rope_kv_write as fused
+
+    tokens, hkv, d, dtype = meta.num_requests, cache.num_kv_heads, cache.head_dim, cache.dtype
+    qkv = torch.randn(tokens, (heads + 2 * hkv) * d, dtype=dtype, device=cache.device)
+    weight = torch.rand(heads + hkv, d, dtype=dtype, device=cache.device) + 0.5
+    angles = torch.rand(tokens, 1, d // 2, device=cache.device) * 100
+    cos = torch.cat((angles.cos(), angles.cos()), -1).to(dtype)
+    sin = torch.cat((-angles.sin(), angles.sin()), -1).to(dtype)
+    slots = meta.slot_mapping
+    keys, values = cache.slot_caches(0)
+
+    def unfused() -> torch.Tensor:
+        qk = qkv[:, : (heads + hkv) * d].view(tokens, heads + hkv, d)
+        qk = apply_rotary(rms_norm(qk, weight, 1e-6), cos, sin)
+        cache.write(0, qk[:, heads:], qkv[:, (heads + hkv) * d:].view(tokens, hkv, d), slots)
+        return qk[:, :heads]
+
+    paths: dict[str, Callable[[], torch.Tensor]] = {
+        "unfused norm + rotate + write (baseline)": unfused,
+        "fused Triton kernel": lambda: fused(qkv, weight, 1e-6, cos, sin, keys, values, slots, heads),
+    }
+    expected = rope_kv_write(qkv, weight, 1e-6, cos, sin, keys.clone(), values.clone(), slots,
+                             heads).float()
+    print(f"\nq/k norm + RoPE + KV write: T={tokens}, Hq={heads}, Hkv={hkv}, D={d}, {dtype}")
+    print(f"{'path':<40} {'ms/call':>9} {'speed vs baseline':>18} {'max |diff|':>11}")
+    times = _time_interleaved(paths, repeats, cache.device)
+    base_ms = next(iter(times.values()))
+    for name, fn in paths.items():
+        diff = (fn().float() - expected).abs().max().item()
+        print(f"{name:<40} {times[name]:>9.3f} {base_ms / times[name]:>17.2f}x {diff:>11.2e}")
 
 
 if __name__ == "__main__":

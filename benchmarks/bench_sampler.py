@@ -7,7 +7,19 @@ a language model's next-token logits) and ``flat`` (i.i.d. N(0, 3^2): a top-p 0.
 thousands of tokens, the hard case for a sampler that avoids sorting). vLLM gets top-k /
 top-p tensors and no per-request generators (its fastest path); it sorts every row.
 
-Run: ``.venv/bin/python benchmarks/bench_sampler.py [--quick]``. The script sets
+``--sweep`` measures the top-p path across nucleus widths instead: every row top-p 0.9
+without top-k, seeded; temperatures {0.5, 1, 1.5} x nucleus widths {10, 100, 1k, 10k, 60k}
+at batch 256 x vocab 151,936 (``--quick``: batch 8 x vocab 32,000, widths 10 / 1k / 20k).
+The width is set by the spread of the logits: rows are i.i.d. ``N(0, s^2)`` with ``s``
+bisected so that, at the row's temperature, a probe row's top-p 0.9 nucleus holds the asked
+number of tokens. The sweep's baseline, :func:`sort_sampler`, is what vLLM's
+``TopKTopPSampler`` native (non-FlashInfer) path does, written here from its description:
+divide by the temperature, sort every row, mask past top-k and past the top-p mass, softmax,
+draw with exponential noise. vLLM is not installed on the machine the project's figures
+come from, so the sweep does not import it; this stands in for it, on the same logits,
+device and threads, in the same run.
+
+Run: ``.venv/bin/python benchmarks/bench_sampler.py [--quick] [--sweep]``. The script sets
 ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already sets it: on a machine with few,
 oversubscribed cores, OpenMP threads spinning after each parallel op otherwise stall every
 following op by up to a scheduler slice, which swamps a pipeline of many small ops (export
@@ -90,6 +102,8 @@ def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
     for _ in range(reps):
         start = time.perf_counter()
         out = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
@@ -137,6 +151,89 @@ def run_config(
     return result
 
 
+TOP_P = 0.9
+TEMPERATURES = (0.5, 1.0, 1.5)
+
+
+def sort_sampler(
+    logits: torch.Tensor, temperature: torch.Tensor, k: torch.Tensor, p: torch.Tensor
+) -> torch.Tensor:
+    """``[B]`` tokens: the sort-based top-k / top-p sampler (the baseline)."""
+    x = logits / temperature.unsqueeze(1)
+    vals, order = x.sort(dim=-1, descending=False)
+    vocab = x.shape[1]
+    kth = vals.gather(1, (vocab - k.clamp(max=vocab)).unsqueeze(1))
+    vals = vals.masked_fill(vals < kth, float("-inf"))
+    probs = vals.softmax(dim=-1)
+    cum = probs.cumsum(dim=-1)
+    drop = cum <= (1 - p).unsqueeze(1)
+    drop[:, -1] = False
+    vals = vals.masked_fill(drop, float("-inf"))
+    x = torch.empty_like(x).scatter_(1, order, vals)
+    probs = x.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_()
+    return (probs / noise).argmax(dim=-1)
+
+
+def nucleus_width(row: torch.Tensor, temperature: float) -> int:
+    """Tokens in the top-p ``TOP_P`` nucleus of one row at ``temperature``."""
+    probs = torch.softmax(row.double() / temperature, dim=0).sort(descending=True).values
+    return int((torch.cumsum(probs, 0) - probs < TOP_P).sum())
+
+
+def spread_for_width(width: int, temperature: float, probe: torch.Tensor) -> float:
+    """The ``s`` for which ``s * probe`` has a nucleus of about ``width`` tokens."""
+    lo, hi = 1e-3, 1e3  # the width falls as the spread grows
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        if nucleus_width(probe * mid, temperature) > width:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5
+
+
+def in_nucleus(logits: torch.Tensor, temperature: float, tokens: torch.Tensor) -> bool:
+    """Whether every token lies in its row's nucleus (mass strictly above it ``< TOP_P``)."""
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    chosen = logits.gather(1, tokens.unsqueeze(1))
+    above = torch.where(logits > chosen, probs, torch.zeros_like(probs)).sum(dim=-1)
+    return bool((above < TOP_P).all())
+
+
+def run_sweep(quick: bool, impl: str, reps: int) -> None:
+    """Print the nucleus-width sweep table (see the module docstring)."""
+    batch, vocab, widths = 256, 151_936, [10, 100, 1_000, 10_000, 60_000]
+    if quick:
+        batch, vocab, widths, reps = 8, 32_000, [10, 1_000, 20_000], 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sampler = VectorizedSampler(impl)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(batch, vocab, generator=gen)
+    print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, "
+          f"impl={sampler.impl}, batch {batch} x vocab {vocab}, top-p {TOP_P}, no top-k")
+    header = f"{'temp':>4s} {'width':>6s} {'got':>6s} | {'ours ms':>9s} {'sort ms':>9s} {'x sort':>7s} | in-set"
+    print(header)
+    print("-" * len(header))
+    for temperature in TEMPERATURES:
+        for width in widths:
+            s = spread_for_width(width, temperature, base[0])
+            logits = (base * s).to(device)
+            params = [SamplingParams(temperature=temperature, top_p=TOP_P, seed=i) for i in range(batch)]
+            sampling = make_batch(params)
+            t_ours, res = time_call(lambda: sampler(logits, sampling), reps)
+            temp = torch.full((batch,), temperature, device=device)
+            k = torch.full((batch,), vocab, device=device)
+            p = torch.full((batch,), TOP_P, device=device)
+            t_sort, tok = time_call(lambda: sort_sampler(logits, temp, k, p), reps)
+            inside = in_nucleus(logits.cpu(), temperature, res.token_ids.cpu())
+            inside_sort = in_nucleus(logits.cpu(), temperature, tok.cpu())
+            got = nucleus_width(logits[0].cpu(), temperature)
+            print(f"{temperature:4.1f} {width:6d} {got:6d} | {t_ours * 1e3:9.1f} {t_sort * 1e3:9.1f} "
+                  f"{t_sort / t_ours:6.2f}x | {'yes' if inside else 'NO'}"
+                  f"/sort {'yes' if inside_sort else 'NO'}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one rep (smoke run)")
@@ -147,7 +244,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-naive", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="the nucleus-width sweep instead")
     args = parser.parse_args()
+    if args.sweep:
+        run_sweep(args.quick, args.impl, args.reps)
+        return
     vocabs, batch_sizes, reps = args.vocab, args.batch, args.reps
     if args.quick:
         vocabs, batch_sizes, reps = [8_000], [1, 16], 1

@@ -153,3 +153,13 @@ def test_context_and_memory_flags_reach_the_engine(capsys: pytest.CaptureFixture
     assert "(6 tokens, length)" in capsys.readouterr().out
     assert main(["--kv-cache-memory-mb", "0"]) == 2
     assert "kv_cache_memory_mb" in capsys.readouterr().err
+
+
+def test_serve_options_reach_the_engine_config() -> None:
+    from deepinfer_kit.cli import build_parser, engine_config
+
+    args = build_parser().parse_args(["serve", "--port", "9001", "--gpu-memory-utilization", "0.5",
+                                      "--dtype", "auto", "--max-model-len", "128"])
+    config = engine_config(args)
+    assert (args.host, args.port) == ("127.0.0.1", 9001)
+    assert (config.gpu_memory_utilization, config.dtype, config.max_model_len) == (0.5, "auto", 128)

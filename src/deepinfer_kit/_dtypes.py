@@ -13,10 +13,14 @@ from deepinfer_kit.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPE_NAMES", "torch_dtype", "dtype_name"]
+__all__ = ["DTYPE_NAMES", "DTYPE_ALIASES", "torch_dtype", "dtype_name"]
 
 #: Names accepted wherever a dtype is given as a string (configs, ``--dtype``).
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+#: vLLM's other dtype spellings and the names they mean (``"auto"`` is resolved per model).
+DTYPE_ALIASES: dict[str, str] = {"half": "float16", "float": "float32", "bf16": "bfloat16",
+                                 "fp16": "float16", "fp32": "float32"}
 
 
 def torch_dtype(name: str, field: str = "dtype") -> torch.dtype:

@@ -7,16 +7,16 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from deepinfer_kit._dtypes import DTYPE_NAMES
+from deepinfer_kit.cli_engine import add_engine_options, engine_config
 from deepinfer_kit.errors import DeepInferError
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.engine import Engine
     from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "engine_config"]
 
 DEFAULT_PROMPTS = (
     "The paged KV cache stores each request's keys and values in fixed-size blocks.",
@@ -30,11 +30,7 @@ _HTML_BLOCKS = 48  # a pool the viewer can draw cell by cell
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", default="tiny-words",
-        help="checkpoint folder, or an embedded model: 'tiny-words' (trained on the project's "
-             "docs; default) or 'tiny' (random weights)",
-    )
+    add_engine_options(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: built-in prompts")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -48,38 +44,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None,
                    help="a stop string (repeatable); the text is cut before it")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
-    p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
-                   help="KV memory budget (MiB) that sizes the pool when --num-blocks is not given")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="prompt + output tokens of one request at most (default: the model's)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
-                   help="continuous batching (admit every round) or static (a batch runs to completion)")
-    p.add_argument("--overlap", action="store_true",
-                   help="schedule step k+1 while step k runs (tokens committed one step late)")
-    p.add_argument("--num-draft", type=int, default=0,
-                   help="speculative decoding: drafts verified per round (0: off)")
-    p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self"),
-                   help="who drafts: prompt lookup, a draft checkpoint, the target's first layers")
-    p.add_argument("--draft-model", default=None,
-                   help="the draft checkpoint folder of --drafter draft_model ('tiny': embedded)")
-    p.add_argument("--draft-layers", type=int, default=None,
-                   help="k, the target layers --drafter self drafts with")
-    p.add_argument("--no-cuda-graphs", action="store_true",
-                   help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
-    p.add_argument("--eplb-interval", type=int, default=0,
-                   help="live expert rebalancing every N steps (0: off; needs an MoE model)")
-    p.add_argument("--eplb-window", type=int, default=8, help="steps of expert counts a rebalance plans from")
-    p.add_argument("--eplb-redundant", type=int, default=4, help="redundant expert slots per MoE layer")
-    p.add_argument("--eplb-gpus", type=int, default=4, help="GPUs the expert slots are split over")
-    p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
-    p.add_argument(
-        "--threads", type=int, default=None,
-        help="torch intra-op threads (default: 1 for the embedded models, torch's default otherwise)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,20 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     from deepinfer_kit.sim.command import add_sim_parser
 
     add_sim_parser(sub)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
+    add_engine_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    serve.add_argument("--chat-template", default=None, metavar="PATH",
+                       help="a jinja file used for chat requests instead of the model's template")
     return parser
-
-
-def _speculative(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The ``speculative`` dict of the flags (``None`` without ``--num-draft``); only the
-    draft fields given are passed, so SpecConfig names a missing or misplaced one."""
-    if not args.num_draft:
-        return None
-    spec: dict[str, Any] = {"drafter": args.drafter, "num_draft": args.num_draft}
-    if args.draft_model is not None:
-        spec["draft_model"] = args.draft_model
-    if args.draft_layers is not None:
-        spec["draft_layers"] = args.draft_layers
-    return spec
 
 
 def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams, list[str]]:
@@ -125,36 +83,14 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
 
     Heavy imports happen here, so ``deepinfer-kit --help`` stays fast.
     """
-    import torch
-
     from deepinfer_kit.engine.build import build_engine
-    from deepinfer_kit.engine.config import EngineConfig
-    from deepinfer_kit.models.embedded import is_embedded
     from deepinfer_kit.sample.params import SamplingParams
 
-    threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
     num_blocks, max_model_len = args.num_blocks, args.max_model_len
     if getattr(args, "html", None) and num_blocks is None:
         num_blocks = _HTML_BLOCKS
         max_model_len = max_model_len or num_blocks * args.block_size
-    config = EngineConfig(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        num_blocks=num_blocks,
-        kv_cache_memory_mb=args.kv_cache_memory_mb,
-        max_model_len=max_model_len,
-        block_size=args.block_size,
-        overlap=args.overlap,
-        scheduler=args.scheduler,
-        cuda_graphs=not args.no_cuda_graphs,
-        speculative=_speculative(args),
-        eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
-               "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus}
-              if args.eplb_interval else None),
-    )
+    config = engine_config(args, num_blocks=num_blocks, max_model_len=max_model_len)
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -196,7 +132,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from deepinfer_kit.engine.trace import StepTrace
+    from deepinfer_kit.engine.trace import StepTrace, token_timeline
 
     engine, params, prompts = _engine_and_params(args)
     if not 0 <= args.request < len(prompts):
@@ -209,7 +145,7 @@ def _trace(args: argparse.Namespace) -> int:
     # The recorder reads the whole pool every step: only when a document is asked for.
     recorder = TraceRecorder.attach(engine, model=args.model) if args.html or args.json else None
     ids = [engine.add_request(None, p, params) for p in prompts]
-    engine.run()
+    finished = {o.request_id: o for o in engine.run()}
     target = ids[args.request]
     print(f"following {target}: {prompts[args.request]!r}")
     for t in traces:
@@ -238,6 +174,10 @@ def _trace(args: argparse.Namespace) -> int:
             print("  preempted (blocks released; will recompute)")
         for f in done:
             print(f"  finished: {f}")
+    print("its tokens (output index: id, the step that sampled it, the step that committed it):")
+    for index, tok, sampled, committed in token_timeline(traces, target, finished[target].outputs[0].token_ids):
+        late = f"committed in step {committed}" if committed is not None else "discarded (never committed)"
+        print(f"  {index}: {tok} sampled in step {sampled}, {late}")
     if recorder is not None and args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             out.write(recorder.to_json(indent=1))
@@ -296,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from deepinfer_kit.sim.command import run_sim_command
 
             return run_sim_command(args)
+        if args.command == "serve":
+            from deepinfer_kit.serve.command import run_serve_command
+
+            return run_serve_command(args)
         return _generate(args)
     except DeepInferError as exc:
         print(f"error: {exc}", file=sys.stderr)

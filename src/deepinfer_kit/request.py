@@ -75,6 +75,9 @@ class RequestStatus(enum.Enum):
         return self is RequestStatus.FINISHED
 
 
+_DEFAULT_PARAMS = SamplingParams()  # frozen: one instance serves every request built without
+
+
 @attrs.define(slots=True, eq=False)
 class Request:
     """The mutable state of one sequence (one completion) inside the engine.
@@ -87,7 +90,8 @@ class Request:
     Attributes:
         request_id: unique among live requests (a fork child gets ``"{parent}#{index}"``).
         prompt_token_ids: the prompt; never empty.
-        params: the sampling parameters.
+        params: the sampling parameters; the defaults (``SamplingParams()``) when omitted,
+            e.g. for a request used only with the KV cache manager.
         arrival_time: ``time.monotonic()`` at ``add_request``; FCFS order breaks ties by it.
         eos_token_id: the model's EOS id, or ``None`` when it has none.
         priority: lower values are served first by priority policies.
@@ -115,7 +119,7 @@ class Request:
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams = attrs.field(factory=lambda: _DEFAULT_PARAMS)
     arrival_time: float = 0.0
     eos_token_id: int | None = None
     priority: int = 0

@@ -88,6 +88,20 @@ def test_write_touches_only_its_layer_and_slots() -> None:
             assert torch.equal(written, expected)
 
 
+def test_slot_caches_address_every_slot_the_pad_slot_included() -> None:
+    cache = PagedKVCache(2, 3, 4, 2, 8)
+    keys, values = cache.slot_caches(1)
+    assert keys.shape == values.shape == (4, 4, 2, 8) and keys.is_contiguous()
+    ones = torch.ones(2, 2, 8)
+    cache.write(1, ones, 2 * ones, torch.tensor([cache.pad_slot, 5]))
+    for slot in (cache.pad_slot, 5):
+        assert torch.equal(keys.view(-1, 2, 8)[slot], ones[0])
+        assert torch.equal(values.view(-1, 2, 8)[slot], 2 * ones[0])
+    keys.view(-1, 2, 8)[7] = 3.0  # a view: what a kernel stores there, attention reads
+    assert torch.equal(cache.key_cache(1).view(-1, 2, 8)[7], torch.full((2, 8), 3.0))
+    assert not cache.slot_caches(0)[0].any()
+
+
 def test_write_casts_to_cache_dtype() -> None:
     cache = _cache(dtype=torch.bfloat16)
     k = torch.randn(2, 3, 8)

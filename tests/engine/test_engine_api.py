@@ -125,6 +125,8 @@ def test_abort_in_any_state_frees_everything(llm: LLM, steps_before_abort: int) 
 
 def test_kv_budget_too_small_names_the_largest_length() -> None:
     with pytest.raises(ConfigError, match="the largest max_model_len that fits is 64"):
+        build_engine(EngineConfig(num_blocks=4, block_size=16, max_model_len=65))
+    with pytest.warns(UserWarning, match="capped to 64"):  # the model's default is capped
         build_engine(EngineConfig(num_blocks=4, block_size=16))
 
 

@@ -33,13 +33,15 @@ def _run(engine: Engine) -> dict[str, object]:
             outs[out.request_id] = out
         steps += 1
         assert steps < 5000, "the engine must not hang"
+    for out in engine.flush():
+        outs[out.request_id] = out
     return outs  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_non_finite_logits_end_only_that_request(value: float, temperature: float) -> None:
-    engine = _engine()
+    engine = _engine(overlap=False)  # arms the poison in prepare: the next execute is its step
     model = PoisonModel(engine.runner.model)
     engine.runner.model = model  # type: ignore[assignment]
     model.value = value
@@ -195,7 +197,7 @@ def test_never_fitting_requests_are_refused_at_the_edge() -> None:
 
 
 def test_add_request_waits_for_a_step_in_progress() -> None:
-    engine = _engine()
+    engine = _engine(overlap=False)  # an overlapped step() returns while its round runs
     inner_execute = engine.runner.execute
     in_step, release = threading.Event(), threading.Event()
 

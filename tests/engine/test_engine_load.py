@@ -41,6 +41,7 @@ def test_mixed_load_with_aborts_and_forks_loses_nothing() -> None:
                 engine.abort(rid)
                 to_abort.discard(rid)
         assert steps < 5000, "the engine must not hang"
+    outs |= {out.request_id: out for out in engine.flush()}
     assert set(outs) == set(expected)
     for rid, (n, max_tokens) in expected.items():
         completions = outs[rid].outputs
@@ -97,6 +98,7 @@ def test_prompt_filling_the_pool_and_one_token_more() -> None:
         for _ in range(100):  # a request that can never fit must not hang the engine
             outs |= {o.request_id: o.outputs[0] for o in engine.step()}
             if not engine.has_unfinished_requests():
+                outs |= {o.request_id: o.outputs[0] for o in engine.flush()}
                 engine.check_idle()
                 return outs
         raise AssertionError(f"still unfinished after 100 steps; finished so far: {sorted(outs)}")

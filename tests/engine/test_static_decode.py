@@ -85,7 +85,8 @@ def test_warm_up_runs_every_shape_and_leaves_the_pool_unchanged() -> None:
     engine.run()
     cache = engine.runner.kv_cache
     before = [cache.key_cache(i).clone() for i in range(cache.num_layers)]
-    warm_up(engine.runner, max_num_seqs=8, max_num_batched_tokens=160, capture=False)
+    warm_up(engine.runner, max_num_seqs=8, max_num_batched_tokens=160, max_model_len=96,
+            capture=False)
     for i in range(cache.num_layers):
         torch.testing.assert_close(cache.key_cache(i), before[i], rtol=0, atol=0)
     engine.add_request("b", list(range(1, 30)), SamplingParams(temperature=0.0, max_tokens=3))

@@ -19,3 +19,4 @@ def test_quick_benchmark_runs_and_paths_agree() -> None:
     assert any(line.startswith("PagedAttention impl=ref") for line in rows), done.stdout
     diffs = [float(line.split()[-1]) for line in rows]
     assert len(diffs) >= 3 and max(diffs) < 1e-4, done.stdout
+    assert "fused q/k norm + RoPE + KV write: skipped (CUDA only)" in done.stdout

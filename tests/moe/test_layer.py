@@ -94,9 +94,26 @@ def test_impl_choice_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_bad_hidden_shape_rejected() -> None:
     layer = MoELayer(MoEConfig(hidden_size=8, num_experts=4, top_k=2, intermediate_size=4))
-    with pytest.raises(ConfigError, match=r"hidden must be \[T, 8\], got \[2, 3, 8\]"):
-        layer(torch.zeros(2, 3, 8))
+    with pytest.raises(ConfigError, match=r"hidden must be \[\.\.\., 8\], got \[2, 3, 7\]"):
+        layer(torch.zeros(2, 3, 7))
+    with pytest.raises(ConfigError, match=r"hidden must be \[\.\.\., 8\], got \[\]"):
+        layer(torch.zeros(()))
     assert layer(torch.zeros(0, 8)).shape == (0, 8)
+    assert layer(torch.zeros(3, 0, 8)).shape == (3, 0, 8)
+
+
+@pytest.mark.parametrize("shape", [(8,), (2, 5), (3, 1, 4), (2, 2, 2, 3)])
+def test_any_leading_shape_equals_the_flattened_tokens(shape: tuple[int, ...]) -> None:
+    layer = _random_layer(3)
+    hidden = torch.randn(*shape, layer.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    flat = layer(hidden.reshape(-1, layer.config.hidden_size))
+    counts = layer.last_expert_counts
+    out = layer(hidden)
+    assert out.shape == hidden.shape and out.dtype == hidden.dtype
+    assert torch.equal(out, flat.reshape(hidden.shape))
+    assert torch.equal(torch.as_tensor(layer.last_expert_counts), torch.as_tensor(counts))
+    one = layer(hidden.reshape(-1, layer.config.hidden_size)[0])  # a single token [H]
+    assert one.shape == (layer.config.hidden_size,) and torch.allclose(one, flat[0], atol=1e-6)
 
 
 class _Delegating:

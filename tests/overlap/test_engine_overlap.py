@@ -121,3 +121,18 @@ def test_cli_trace_follows_a_request_under_overlap() -> None:
         capture_output=True, text=True, timeout=300, check=True,
     )
     assert "committed in step 1" in done.stdout, done.stdout
+
+
+def test_overlap_is_on_by_default_on_cuda_except_with_speculation() -> None:
+    from deepinfer_kit import ConfigError, EngineConfig
+
+    assert EngineConfig().overlap is None and not EngineConfig().overlapped  # CPU: measured slower
+    assert EngineConfig(device="cuda").overlapped and EngineConfig(device="cuda:1").overlapped
+    assert not EngineConfig(device="cuda", speculative={"num_draft": 2}).overlapped
+    assert not EngineConfig(device="cuda", overlap=False).overlapped
+    assert EngineConfig(overlap=True).overlapped
+    assert build_engine(num_blocks=16, max_model_len=64).executor.depth == 0
+    assert build_engine(num_blocks=16, max_model_len=64, overlap=True).executor.depth == 1
+    assert build_engine(num_blocks=16, max_model_len=64, speculative={"num_draft": 2}).executor.depth == 0
+    with pytest.raises(ConfigError, match="overlap must be True, False or None, got .yes."):
+        EngineConfig(overlap="yes")  # type: ignore[arg-type]

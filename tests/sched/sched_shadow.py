@@ -189,6 +189,9 @@ class SpyCache:
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         self._call("cache_full_blocks", request, num_tokens)
 
+    def reset_prefix_cache(self) -> bool:
+        return self.inner.reset_prefix_cache()
+
 
 if TYPE_CHECKING:
     _check: type[KVCacheManager] = SpyCache

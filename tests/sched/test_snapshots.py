@@ -5,11 +5,12 @@ read them), and a plan never hands out a live request."""
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched import ContinuousBatchScheduler, SchedulerConfig, StepResult
-from deepinfer_kit.testing.sched_driver import make_request
+from deepinfer_kit.testing.sched_driver import SchedulerDriver, make_request
 
 
 def _frozen(plan: Any) -> list[tuple[Any, ...]]:
@@ -39,3 +40,48 @@ def test_committing_a_round_leaves_the_next_planned_round_untouched(make_cache: 
         assert not isinstance(getattr(chunk, "request", None), Request)
         assert chunk.output_token_ids == (7,)  # the in-flight 8 is the runner's to add
         assert chunk.output_position == 2
+
+
+def _check_tables(sched: Any, plan: Any, last: dict[str, list[int]]) -> int:
+    """Each chunk's table equals its sequence's live table when planned and is never the
+    live list; returns how many chunks reuse the previous round's snapshot object."""
+    shared = 0
+    for c in plan.chunks:
+        live = sched.get(c.request_id).block_table
+        assert c.block_table == live and c.block_table is not live, (plan.step_id, c)
+        shared += c.block_table is last.get(c.request_id)
+        last[c.request_id] = c.block_table
+    return shared
+
+
+def test_shared_table_snapshots_match_the_live_table_through_forks_drafts_preemptions(
+    make_cache: Any,
+) -> None:
+    """A block-table snapshot is reused across rounds while the table is unchanged; it
+    must be replaced whenever a block is added, copied on write (forks), rolled back
+    (rejected drafts) or released (preemption), over random runs on a tiny pool."""
+    shared = preempted = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=64,
+                                 long_prefill_token_threshold=8)
+        sched = ContinuousBatchScheduler(config, make_cache(14, 4))
+        drv = SchedulerDriver(sched, config, seed=seed, block_size=4)
+        for i in range(10):
+            sched.add(make_request(f"r{i}", rng.randrange(2, 14), prompt_seed=str(i % 3),
+                                   max_tokens=rng.randrange(4, 24), ignore_eos=True,
+                                   n=rng.choice((1, 1, 2)), seed=seed))
+        last: dict[str, list[int]] = {}
+        for _ in range(500):
+            if not sched.has_unfinished():
+                break
+            for req in sched.running:
+                if req.output_token_ids and rng.random() < 0.3:
+                    sched.set_spec_tokens(req.request_id, [rng.randrange(1, 100)] * 3)
+            plan = drv.schedule()
+            shared += _check_tables(sched, plan, last)
+            preempted += len(plan.preempted_ids)
+            drv.commit(plan)
+        assert not sched.has_unfinished()
+        sched.cache.check_integrity(())
+    assert shared > 100 and preempted > 0, (shared, preempted)

@@ -137,6 +137,13 @@ class PagedKVCache:
         """Layer ``layer``'s values, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
         return self._kv[layer, 1, :-1]
 
+    def slot_caches(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V with the scratch block, ``[NB + 1, P, Hkv, D]`` each:
+        contiguous views that slot ``s`` (``[0, NB * P]``, :attr:`pad_slot` included)
+        addresses as row ``s``. Called by the model's fused RoPE + KV-write kernel, which
+        writes them in place."""
+        return self._kv[layer, 0], self._kv[layer, 1]
+
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store the new tokens' K/V of one layer; called by the model before attention.
 

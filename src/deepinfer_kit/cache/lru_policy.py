@@ -51,8 +51,11 @@ class LRUEvictionPolicy:
 
     def pop(self, n: int) -> list[int]:
         """Remove and return up to ``n`` least recently used blocks."""
-        popitem = self._order.popitem
-        return [popitem(last=False)[0] for _ in range(min(n, len(self._order)))]
+        order = self._order
+        if n == 1 and order:  # one block per decode that crosses into a new one
+            return [order.popitem(last=False)[0]]
+        popitem = order.popitem
+        return [popitem(last=False)[0] for _ in range(min(n, len(order)))]
 
 
 if TYPE_CHECKING:

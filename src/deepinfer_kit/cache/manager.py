@@ -11,7 +11,8 @@ from deepinfer_kit.cache.integrity import check_block_accounting
 from deepinfer_kit.cache.prefix_state import PrefixState as _PrefixState
 from deepinfer_kit.cache.prefix_state import state_of as _state
 from deepinfer_kit.cache.protocols import BlockAllocator, PrefixIndex
-from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats
+from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats, SlotGrant
+from deepinfer_kit.cache.slots import allocate_slots
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 
@@ -151,6 +152,13 @@ class BlockKVCacheManager:
         Raises:
             InvariantError: as :meth:`allocate` for arguments it would reject.
         """
+        num_new = self._plain_growth(request, num_new_tokens)
+        if num_new >= 0:  # allocate's fast path, as a question
+            if num_new == 0:
+                return True
+            index = self._index
+            free = self._allocator.num_free
+            return num_new <= (free + index.num_evictable if index is not None else free)
         cached, num_new, cow = plan_allocation(
             request, num_new_tokens, num_cached_tokens, self._allocator, self._index, self._epoch
         )
@@ -172,25 +180,20 @@ class BlockKVCacheManager:
             InvariantError: negative counts, or ``num_cached_tokens`` that is not cached
                 now (a stale :meth:`match_prefix` result); nothing changed.
         """
-        table = request.block_table
-        if table and num_new_tokens > 0:
-            # Fast path (decode, later prefill chunks): no prefix to take, no copy due. A
-            # request holding blocks has this manager's state (or None after a reset).
-            st: _PrefixState | None = request.prefix_state  # type: ignore[assignment]
-            if st is None or not st.cow:
-                P = self._P
-                num_new = (request.num_computed_tokens + num_new_tokens + P - 1) // P - len(table)
-                if num_new <= 0:
-                    return []
-                allocator = self._allocator
-                short = num_new - allocator.num_free
-                if short > 0:
-                    index = self._index
-                    if index is None or short > index.num_evictable:
-                        raise self._out_of_blocks(request, num_new)
-                    self._evict(index, short)
-                table.extend(allocator.allocate(num_new))
+        num_new = self._plain_growth(request, num_new_tokens)
+        if num_new >= 0:  # fast path (decode, later prefill chunks)
+            if num_new == 0:
                 return []
+            allocator = self._allocator
+            short = num_new - allocator.num_free
+            if short > 0:
+                index = self._index
+                if index is None or short > index.num_evictable:
+                    raise self._out_of_blocks(request, num_new)
+                self._evict(index, short)
+            request.block_table.extend(allocator.allocate(num_new))
+            return []
+        table = request.block_table
         cached, num_new, cow = plan_allocation(
             request, num_new_tokens, num_cached_tokens, self._allocator, self._index, self._epoch
         )
@@ -215,6 +218,21 @@ class BlockKVCacheManager:
         if not cow:
             return []
         return self._copy_on_write(request, cow)
+
+    def _plain_growth(self, request: Request, num_new_tokens: int) -> int:
+        """Fresh blocks ``request`` needs for ``num_new_tokens`` more tokens (0 or more)
+        when that is all the allocation does — it holds blocks, takes no prefix and no
+        copy is due — else -1 (the general :func:`plan_allocation` path)."""
+        table = request.block_table
+        if not table or num_new_tokens <= 0:
+            return -1
+        # A request holding blocks has this manager's state (or None after a reset).
+        st: _PrefixState | None = request.prefix_state  # type: ignore[assignment]
+        if st is not None and st.cow:
+            return -1
+        P = self._P
+        num_new = (request.num_computed_tokens + num_new_tokens + P - 1) // P - len(table)
+        return num_new if num_new > 0 else 0
 
     def _evict(self, index: PrefixIndex, n: int) -> None:
         """Evict ``n`` cached blocks onto the free list; every match result taken before
@@ -338,12 +356,30 @@ class BlockKVCacheManager:
                 return
         index.insert(
             request.all_token_ids,
-            table[:n_full],
+            table if n_full == len(table) else table[:n_full],
             context=request.cache_context,
             memo=st.keys,
             start=st.num_published,
         )
         st.num_published = n_full
+
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached block when no block is referenced; False (nothing changed)
+        otherwise. See :meth:`KVCacheManager.reset_prefix_cache`. O(cached blocks)."""
+        index = self._index
+        evictable = index.num_evictable if index is not None else 0
+        if self._allocator.num_free + evictable != self._allocator.num_blocks:
+            return False
+        if index is not None and evictable:
+            self._evict(index, evictable)
+        return True
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, num_computed_tokens: int | None = None
+    ) -> SlotGrant:
+        """Publish, take the cached prefix and allocate in one call; see
+        :func:`deepinfer_kit.cache.slots.allocate_slots` (same arguments and errors)."""
+        return allocate_slots(self, request, num_new_tokens, num_computed_tokens)
 
     def check_integrity(self, requests: Iterable[Request] | None = None) -> None:
         """Conservation (free + evictable + in use == total) and, when ``requests`` lists

@@ -338,3 +338,15 @@ class KVCacheManager(Protocol):
         is off.
         """
         ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, so no later request hits what earlier ones computed
+        (vLLM's ``reset_prefix_cache``; e.g. between benchmark runs replaying one prompt set).
+
+        Called between steps, with no request holding blocks. Returns False and changes
+        nothing while any block is referenced; otherwise evicts every cached block to the
+        free list (``num_free_blocks`` is unchanged, every earlier :meth:`match_prefix`
+        result goes stale, ``stats`` count the evictions) and returns True. True with
+        prefix caching off. O(cached blocks).
+        """
+        ...

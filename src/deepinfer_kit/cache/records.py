@@ -6,7 +6,7 @@ import attrs
 
 from deepinfer_kit._validators import int_at_least
 
-__all__ = ["CacheConfig", "PrefixCacheStats"]
+__all__ = ["CacheConfig", "PrefixCacheStats", "SlotGrant"]
 
 
 @attrs.frozen(slots=True)
@@ -46,3 +46,22 @@ class PrefixCacheStats:
     def hit_rate(self) -> float:
         """Fraction of queried full blocks that hit (0.0 when nothing was queried)."""
         return self.hit_blocks / self.query_blocks if self.query_blocks else 0.0
+
+
+@attrs.frozen(slots=True)
+class SlotGrant:
+    """What one :func:`~deepinfer_kit.cache.slots.allocate_slots` call gave a request.
+
+    Attributes:
+        num_cached_tokens: tokens taken from the prefix cache by this call (0 unless the
+            request held no blocks and its prefix was cached).
+        num_computed_tokens: where this step's computation starts; the request's
+            ``num_computed_tokens`` is set to it.
+        num_new_tokens: tokens to compute this step, from ``num_computed_tokens`` on.
+        copies: ``(src, dst)`` block copies to perform on the device before the forward.
+    """
+
+    num_cached_tokens: int
+    num_computed_tokens: int
+    num_new_tokens: int
+    copies: list[tuple[int, int]]

@@ -17,11 +17,16 @@ from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.static_decode import StaticDecode
+from deepinfer_kit.engine.token_slots import TokenSlots
 from deepinfer_kit.engine.warmup import warm_up
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
-from deepinfer_kit.models.tokenizer import ByteTokenizer, Tokenizer, missing_tokenizer_reason
+from deepinfer_kit.engine.kv_sizing import kv_budget_bytes, resolve_dtype, size_kv_pool
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.tokenizer import (
+    ByteTokenizer, Tokenizer, load_tokenizer, missing_tokenizer_reason,
+)
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
@@ -33,34 +38,7 @@ from deepinfer_kit.spec.protocols import Drafter, DraftVerifier, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 from deepinfer_kit.spec.rejection import RejectionVerifier
 
-__all__ = ["build_engine", "size_kv_pool", "build_speculation"]
-
-
-def size_kv_pool(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
-    """Blocks in the pool: ``config.num_blocks``, or as many as ``kv_cache_memory_mb`` holds.
-
-    Raises:
-        ConfigError: the pool cannot hold one request of ``max_model_len`` tokens; the
-            message gives the largest ``max_model_len`` that fits.
-    """
-    mc = loaded.config
-    P = config.block_size
-    if config.num_blocks is not None:
-        num_blocks = config.num_blocks
-        source = f"num_blocks={num_blocks}"
-    else:
-        per_block = PagedKVCache.bytes_per_block(
-            mc.num_layers, P, mc.num_kv_heads, mc.head_dim, torch_dtype(config.dtype)
-        )
-        num_blocks = (config.kv_cache_memory_mb << 20) // per_block
-        source = f"kv_cache_memory_mb={config.kv_cache_memory_mb} ({per_block} bytes per block)"
-    capacity = num_blocks * P
-    if capacity < max_model_len:
-        raise ConfigError(
-            f"{source} holds {num_blocks} blocks of {P} tokens = {capacity} tokens, fewer than "
-            f"max_model_len={max_model_len}; the largest max_model_len that fits is {capacity}"
-        )
-    return num_blocks
+__all__ = ["build_engine", "build_speculation"]
 
 
 def build_engine(
@@ -97,7 +75,13 @@ def build_engine(
         raise ConfigError(f"device must be a torch device string, got {config.device!r}") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
-    dtype = torch_dtype(config.dtype)
+    dtype = torch_dtype(resolve_dtype(
+        config.dtype,
+        None if config.model == TINY or config.dtype != "auto"
+        else ModelConfig.from_pretrained(
+            embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
+        ).raw,
+    ))
     attention_impl = cast(Impl, config.attention_impl)
     moe_impl = cast(Impl, config.moe_impl)
     if config.model == TINY:
@@ -110,13 +94,19 @@ def build_engine(
             path, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
         )
     mc = loaded.config
-    max_model_len = config.max_model_len or mc.max_position_embeddings
-    if max_model_len > mc.max_position_embeddings:
+    if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
         raise ConfigError(
             f"max_model_len must be <= the model's max_position_embeddings "
-            f"({mc.max_position_embeddings}), got {max_model_len}"
+            f"({mc.max_position_embeddings}), got {config.max_model_len}"
         )
-    num_blocks = size_kv_pool(config, loaded, max_model_len)
+    budget, source = (None, "") if config.num_blocks is not None else kv_budget_bytes(
+        device, kv_cache_memory_mb=config.kv_cache_memory_mb,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+    )
+    num_blocks, max_model_len = size_kv_pool(
+        model=mc, block_size=config.block_size, dtype=dtype, budget_bytes=budget,
+        budget_source=source, num_blocks=config.num_blocks, max_model_len=config.max_model_len,
+    )
     kv_cache = PagedKVCache(
         mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim,
         dtype=dtype, device=device, impl=attention_impl,
@@ -137,6 +127,8 @@ def build_engine(
         dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
     )
     speculation, verifier = build_speculation(config.speculative, sampler, drafter)
+    executor = executor if executor is not None else _default_executor(config)
+    depth = executor.depth if executor is not None else 0
     runner = ModelRunner(
         loaded.model,
         kv_cache,
@@ -146,14 +138,18 @@ def build_engine(
         static_decode=StaticDecode(loaded.model, kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_model_len=max_model_len) if static else None,
         verifier=verifier,
+        token_slots=TokenSlots((depth + 1) * config.max_num_seqs, device) if depth else None,
     )
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                capture=config.cuda_graphs and static)
+                max_model_len=max_model_len, capture=config.cuda_graphs and static)
     runner.balancer = balancer  # after warm-up: its dummy rounds stay out of the window
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
+    if config.tokenizer is not None:
+        tokenizer = load_tokenizer(config.tokenizer, eos_token_id=eos[0] if eos else None,
+                                   bos_token_id=mc.bos_token_id, required=True)
     if isinstance(tokenizer, ByteTokenizer) and tokenizer.vocab_size != mc.vocab_size:
         # A checkpoint without tokenizer.json whose vocabulary is not bytes: the byte
         # fallback cannot decode its ids, so the engine takes token ids only.
@@ -166,7 +162,7 @@ def build_engine(
         vocab_size=mc.vocab_size,
         eos_token_id=eos[0] if eos else None,
         extra_eos_token_ids=eos[1:],
-        executor=executor if executor is not None else _default_executor(config),
+        executor=executor,
         max_logprobs=config.max_logprobs,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,
@@ -196,9 +192,9 @@ def build_speculation(
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
-    """With ``config.overlap``: a depth-1 executor, its kernels on their own CUDA stream on
-    a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
-    if not config.overlap:
+    """When ``config.overlapped``: a depth-1 executor, its kernels on their own CUDA stream
+    on a GPU, a worker thread on CPU; else ``None`` (synchronous)."""
+    if not config.overlapped:
         return None
     if torch.device(config.device).type == "cuda":
         from deepinfer_kit.overlap.cuda_stream import CudaStreamExecutor

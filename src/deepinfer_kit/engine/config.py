@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from deepinfer_kit._dtypes import DTYPE_NAMES
+from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
@@ -35,6 +35,18 @@ def _check_device(instance: object, attribute: attrs.Attribute[str], value: obje
         )
 
 
+def _check_optional_bool(instance: object, attribute: attrs.Attribute[bool | None], value: object) -> None:
+    """``None``, ``True`` or ``False`` (a ConfigError naming the field otherwise)."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True, False or None, got {value!r}")
+
+
+def _check_fraction(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """A number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{attribute.name} must be a number in (0, 1], got {value!r}")
+
+
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
@@ -59,15 +71,22 @@ class EngineConfig:
         model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (seeded
             random weights, the default, which tests rely on) or ``"tiny-words"`` (trained on
             the project's docs; writes English-looking words).
-        dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``;
+            ``"auto"`` takes the checkpoint's ``torch_dtype``; ``"half"``, ``"float"``,
+            ``"bf16"`` are vLLM's aliases.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, … (a torch device string of type cpu
             or cuda; anything else, ``"meta"`` included, is a ConfigError).
         seed: seeds the embedded model's weights and the generator of unseeded requests.
         block_size: tokens per KV block (``P``).
         num_blocks: KV blocks in the pool; ``None`` sizes it from ``kv_cache_memory_mb``.
-        kv_cache_memory_mb: KV memory budget (MiB) used when ``num_blocks`` is ``None``.
+        kv_cache_memory_mb: KV memory budget (MiB) on CPU when ``num_blocks`` is ``None``.
+        gpu_memory_utilization: on CUDA when ``num_blocks`` is ``None``, the fraction of
+            the device's memory this engine may use; the KV pool takes that minus what is
+            in use once the weights are loaded (vLLM's rule).
+        tokenizer: a folder whose ``tokenizer.json`` (and chat template) replaces the
+            checkpoint's; ``None`` uses the checkpoint's.
         max_model_len: prompt + output tokens of one request at most; ``None`` takes the
-            model's maximum.
+            model's maximum, capped (with a warning naming both) to what the KV pool holds.
         max_num_seqs: requests in one round at most.
         max_num_batched_tokens: token budget of one round.
         long_prefill_token_threshold: cap on one prefill chunk (0: no cap).
@@ -77,7 +96,13 @@ class EngineConfig:
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
         overlap: schedule round ``k + 1`` on the host while round ``k`` runs on a worker
-            thread, committing tokens one step late (same outputs as synchronous).
+            (a CUDA stream on a GPU, a thread on CPU), committing tokens one step late;
+            outputs are token for token those of the synchronous engine. ``None`` (the
+            default) means on where it is both correct and measured faster: on a CUDA
+            device without ``speculative`` (drafts need each round's tokens before the
+            next is planned); off on CPU, where it is correct but was measured slower
+            (see :attr:`overlapped` and docs/overlap.md). ``True`` with
+            ``speculative`` is a ConfigError; ``False`` forces the synchronous engine.
         max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
             logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
         cuda_graphs: on a CUDA device, capture the forward of decode rounds as CUDA graphs
@@ -99,12 +124,16 @@ class EngineConfig:
     """
 
     model: str = "tiny"
-    dtype: str = attrs.field(default="float32", validator=one_of(DTYPE_NAMES))
+    dtype: str = attrs.field(default="float32", validator=one_of((*DTYPE_NAMES, "auto", *DTYPE_ALIASES)))
     device: str = attrs.field(default="cpu", validator=_check_device)
     seed: int = attrs.field(default=0, validator=int_at_least(0))
     block_size: int = attrs.field(default=16, validator=int_at_least(1))
     num_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
     kv_cache_memory_mb: int = attrs.field(default=512, validator=int_at_least(1))
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=_check_fraction)
+    tokenizer: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
     max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
     max_num_seqs: int = attrs.field(default=128, validator=int_at_least(1))
     max_num_batched_tokens: int = attrs.field(default=2048, validator=int_at_least(1))
@@ -117,7 +146,7 @@ class EngineConfig:
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
-    overlap: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    overlap: bool | None = attrs.field(default=None, validator=_check_optional_bool)
     cuda_graphs: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     static_decode: bool | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
@@ -127,7 +156,7 @@ class EngineConfig:
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
     def __attrs_post_init__(self) -> None:
-        if self.speculative is not None and self.overlap:
+        if self.speculative is not None and self.overlap is True:
             raise ConfigError(
                 "speculative and overlap=True cannot be combined (verification needs each "
                 "round's tokens before the next is planned); set overlap=False or speculative=None"
@@ -141,3 +170,13 @@ class EngineConfig:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether the engine built from this config overlaps: ``overlap`` when set, else
+        True on a CUDA device unless ``speculative`` is set (on CPU the worker thread
+        competes with the host for the same cores: measured slower on the bench_engine
+        workload, see docs/overlap.md)."""
+        if self.overlap is not None:
+            return self.overlap
+        return self.speculative is None and self.device.startswith("cuda")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
-from deepinfer_kit.engine.inflight import InFlight, failed_result
+from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
@@ -21,12 +21,9 @@ from deepinfer_kit.engine.requests import RequestBuilder
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
-from deepinfer_kit.overlap.records import PendingStep
 from deepinfer_kit.overlap.sync import SyncExecutor
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
-from deepinfer_kit.sched.records import SchedulePlan
-from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.balance import ExpertBalancer
@@ -78,8 +75,9 @@ class Engine:
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
-            size or the number of blocks; an executor whose depth is not 0 or 1;
-            speculation with an overlapped executor or a scheduler that takes no drafts.
+            size or the number of blocks; an executor whose depth is not 0 or 1, or of
+            depth 1 with a runner that has no token slots; speculation with an overlapped
+            executor or a scheduler that takes no drafts.
     """
 
     def __init__(
@@ -116,6 +114,12 @@ class Engine:
                 f"executor depth must be 0 (synchronous) or 1 (overlapped), got "
                 f"{self.executor.depth}"
             )
+        if self.executor.depth and runner.token_slots is None:
+            raise ConfigError(
+                "an overlapped executor (depth 1) needs a runner with token_slots (placeholder "
+                "inputs are gathered from them); build the runner with TokenSlots"
+            )
+        self._slots = runner.token_slots  # released as steps commit (see TokenSlots)
         self.speculation, self.balancer = speculation, balancer
         self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
         if speculation is not None:
@@ -261,7 +265,7 @@ class Engine:
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._failures.die("the scheduler failed to plan a round", exc) from exc
-            launched = self._launch(plan)
+            launched = launch_round(self.runner, self.executor, self._failures, plan)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
@@ -298,9 +302,9 @@ class Engine:
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless no request and no block is held.
 
-        Every block must be free or cached-evictable (reference count 0), and the cache
-        manager's own integrity check must pass; a drafter with KV of its own (a draft
-        model) must hold no sequence and no block either.
+        Every block must be free or cached-evictable (reference count 0), every token
+        slot free, and the cache manager's own integrity check must pass; a drafter
+        with KV of its own (a draft model) must hold no sequence and no block either.
         """
         if self._inflight:
             raise InvariantError(f"{len(self._inflight)} rounds still in flight; call flush()")
@@ -311,45 +315,33 @@ class Engine:
             raise InvariantError(
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
+        if self._slots is not None:
+            self._slots.check_all_free()
         self.cache.check_integrity()
         if self.speculation is not None:
             self.speculation.check_idle()
 
-    # ---- failure -----------------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name and contract): returns False,
+        changing nothing, while a request is unfinished or a round is in flight; else
+        empties the prefix index (:meth:`KVCacheManager.reset_prefix_cache`)."""
+        with self._lock:
+            if self._inflight or self.has_unfinished_requests():
+                return False
+            return self.cache.reset_prefix_cache()
 
-    def _launch(self, plan: SchedulePlan) -> PendingStep | StepResult:
-        """Lay ``plan`` out and start its device part; an empty plan, or one whose
-        layout or launch failed, is already its result."""
-        if not plan.chunks:
-            return StepResult(token_ids=[])
-        try:
-            prepared = self.runner.prepare(plan)
-            return self.executor.launch(plan.step_id, lambda: self.runner.execute(prepared))
-        except Exception as exc:
-            self._failures.count(exc)
-            return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+    # ---- commit ------------------------------------------------------------------------
 
     def _commit_oldest(self) -> list[RequestOutput]:
-        """Wait for the oldest round in flight and commit it."""
+        """Wait for the oldest round in flight and commit it (see :func:`commit_round`)."""
         entry = self._inflight.popleft()
         plan = entry.plan
         t1 = time.perf_counter()
-        result = entry.launched
-        if not isinstance(result, StepResult):
-            try:
-                result = self.executor.wait(result)
-                self._failures.succeeded()
-            except Exception as exc:
-                self._failures.count(exc)
-                result = failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
-        t2 = time.perf_counter()
-        try:
-            finished = self.scheduler.commit(plan, result)
-        except Exception as exc:
-            finished = self._fail_step(plan, "commit", exc)
-            result = failed_result(plan, "")
+        result, finished, t2 = commit_round(entry, self.executor, self.scheduler, self._failures)
         if self.speculation is not None and self._drafts is not None:
             self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
+        if self._slots is not None:  # the step's device work is done: its leases may end
+            self._slots.release_through(plan.step_id)
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
@@ -364,16 +356,6 @@ class Engine:
                 )
             )
         return outputs
-
-    def _fail_step(self, plan: SchedulePlan, phase: str, exc: Exception) -> list[RequestOutput]:
-        """The commit of ``plan`` raised: fail its requests instead, or die trying."""
-        self._failures.count(exc)
-        try:
-            return self.scheduler.commit(
-                plan, failed_result(plan, f"step {plan.step_id} {phase} failed: {exc!r}")
-            )
-        except Exception as again:
-            raise self._failures.die(f"the scheduler could not fail step {plan.step_id}", again) from exc
 
     # ---- helpers -------------------------------------------------------------------------
 

@@ -1,14 +1,25 @@
-"""The engine's record of a round in flight, and the result that fails a whole round."""
+"""A round in flight: launching it, waiting for it and committing it — or failing the
+whole round when its layout, launch, execution or commit raises."""
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 import attrs
 
+from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.records import PendingStep
+from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
-__all__ = ["InFlight", "failed_result"]
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.failures import StepFailures
+    from deepinfer_kit.engine.runner import ModelRunner
+
+__all__ = ["InFlight", "failed_result", "launch_round", "commit_round"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -27,3 +38,56 @@ def failed_result(plan: SchedulePlan, message: str) -> StepResult:
     """A result that fails every chunk of ``plan`` with ``message``."""
     n = len(plan.chunks)
     return StepResult(token_ids=[[] for _ in range(n)], errors=[message] * n)
+
+
+def launch_round(
+    runner: ModelRunner, executor: OverlapExecutor, failures: StepFailures, plan: SchedulePlan
+) -> PendingStep | StepResult:
+    """Lay ``plan`` out and start its device part on ``executor``; an empty plan, or one
+    whose layout or launch raised (counted in ``failures``), is already its result.
+
+    Raises:
+        EngineDeadError: the failure was the last one ``failures`` allows in a row.
+    """
+    if not plan.chunks:
+        return StepResult(token_ids=[])
+    try:
+        prepared = runner.prepare(plan)
+        return executor.launch(plan.step_id, lambda: runner.execute(prepared))
+    except Exception as exc:
+        failures.count(exc)
+        return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+
+
+def commit_round(
+    entry: InFlight, executor: OverlapExecutor, scheduler: Scheduler, failures: StepFailures
+) -> tuple[StepResult, list[RequestOutput], float]:
+    """Wait for ``entry``'s device work and commit it to ``scheduler``: returns the result
+    committed, the outputs of the requests it finished and the ``perf_counter`` when the
+    wait ended. A wait or commit that raises is counted in ``failures`` and the round's
+    requests are failed instead (finish reason ``error``); a wait that succeeds ends the
+    run of failures.
+
+    Raises:
+        EngineDeadError: too many failures in a row, or the scheduler could not even
+            fail the round.
+    """
+    plan = entry.plan
+    result = entry.launched
+    if not isinstance(result, StepResult):
+        try:
+            result = executor.wait(result)
+            failures.succeeded()
+        except Exception as exc:
+            failures.count(exc)
+            result = failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+    waited = time.perf_counter()
+    try:
+        return result, scheduler.commit(plan, result), waited
+    except Exception as exc:
+        failures.count(exc)
+        try:
+            failed = failed_result(plan, f"step {plan.step_id} commit failed: {exc!r}")
+            return failed_result(plan, ""), scheduler.commit(plan, failed), waited
+        except Exception as again:
+            raise failures.die(f"the scheduler could not fail step {plan.step_id}", again) from exc

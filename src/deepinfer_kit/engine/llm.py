@@ -9,9 +9,12 @@ from typing import Any, TypedDict, Union
 import attrs
 
 from deepinfer_kit.engine.build import build_engine
+from deepinfer_kit.engine.chat import ChatRenderer, Conversation
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.chat_template import ChatTemplate
+from deepinfer_kit.models.tokenizer import Tokenizer
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
@@ -147,8 +150,9 @@ class LLM:
         model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (random
             weights) or ``"tiny-words"`` (trained on the project's docs).
         engine: an already built :class:`Engine` to use instead of building one.
-        **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``…);
-            ``enforce_eager=True`` is vLLM's name for ``cuda_graphs=False``.
+        **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``,
+            ``gpu_memory_utilization``, ``tokenizer``…); ``enforce_eager=True`` is vLLM's
+            name for ``cuda_graphs=False``.
 
     Raises:
         ConfigError: an option that is not an :class:`EngineConfig` field (named, with the
@@ -172,6 +176,53 @@ class LLM:
                 f"options {sorted(config)} are unused when an engine is given; set them on its config"
             )
         self.engine = engine if engine is not None else build_engine(EngineConfig(model=model, **config))
+        folder = config.get("tokenizer") or (None if engine is not None or model == "tiny" else model)
+        self.chat_renderer = ChatRenderer(
+            self.engine.tokenizer, ChatTemplate.from_folder(folder) if folder else None
+        )
+
+    def get_tokenizer(self) -> Tokenizer | None:
+        """The engine's tokenizer (``None`` when it takes token ids only)."""
+        return self.engine.tokenizer
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the next assistant message of one conversation or of a list of them.
+
+        Each conversation (``[{"role": "user", "content": "Hi"}, ...]``) is rendered with
+        the checkpoint's chat template (``chat_template`` overrides it), tokenised without
+        adding special tokens again, and generated as by :meth:`generate`; each output's
+        ``prompt`` is the rendered text.
+
+        Raises:
+            ConfigError: no template, a template that raised, malformed messages (named
+                by index), or as :meth:`generate`.
+        """
+        batch = bool(messages) and not isinstance(messages[0], Mapping)
+        conversations = list(messages) if batch else [messages]
+        rendered = [
+            self.chat_renderer.render(
+                conv, f"messages[{i}]" if batch else "messages", chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            for i, conv in enumerate(conversations)
+        ]
+        outs = self.generate([ids for _, ids in rendered], sampling_params, use_tqdm=use_tqdm)
+        for out, (text, _) in zip(outs, rendered):
+            out.prompt = text
+        return outs
 
     def generate(
         self,
@@ -226,12 +277,18 @@ class LLM:
                 bar.close()
         return [results[i] for i in ids]
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block, e.g. between benchmark runs over one prompt
+        set; False (nothing changed) while requests run. See :meth:`Engine.reset_prefix_cache`."""
+        return self.engine.reset_prefix_cache()
+
     def _abort_and_drain(self, ids: list[str]) -> None:
         """Abort the requests ``ids`` and step until the engine reported them finished, so
-        nothing of a failed call stays queued or holds blocks."""
+        nothing of a failed call stays queued or holds blocks (nor a round in flight)."""
         pending = {rid for rid in ids if self.engine.abort(rid)}
         while pending and self.engine.has_unfinished_requests():
             pending -= {out.request_id for out in self.engine.step()}
+        self.engine.flush()
 
 
 def _progress(total: int) -> Any:

@@ -38,6 +38,15 @@ class PromptRows:
         self.targets.extend(chunk.prompt_targets)
         self.chunks.append((index, count, chunk.prompt_top))
 
+    def split(
+        self, logits: torch.Tensor, num_sampled: int, num_chunks: int
+    ) -> tuple[torch.Tensor, list[list[dict[int, Logprob]]] | None]:
+        """``(sampling rows' logits, prompt logprob maps per chunk or None)`` of the
+        forward's ``[num_sampled + len(rows), V]`` logits (called by ``execute``)."""
+        if not self.rows:
+            return logits, None
+        return logits[:num_sampled], self.maps(logits[num_sampled:], num_chunks)
+
     def maps(self, logits: torch.Tensor, num_chunks: int) -> list[list[dict[int, Logprob]]]:
         """Per plan chunk, the logprob map of each of its rows: the target's logprob and
         rank under the raw logits plus the top ``prompt_logprobs`` alternatives.

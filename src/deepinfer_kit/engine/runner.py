@@ -10,14 +10,15 @@ import torch
 
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs, unpack_tail
+from deepinfer_kit.engine.step_outputs import logprob_maps, to_host
+from deepinfer_kit.engine.token_slots import SlotRoutes, TokenSlots
 from deepinfer_kit.engine.prompt_logprobs import PromptRows
-from deepinfer_kit.engine.step_output import logprob_maps, to_host
 from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.logprobs import attach_logprobs
-from deepinfer_kit.sample.logit_mask import apply_logit_mask, build_logit_mask
+from deepinfer_kit.sample.logit_mask import edit_logits
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SamplingBatch
@@ -45,14 +46,17 @@ class PreparedStep:
         logits_rows: per sampling row, the batch row whose logits it draws from.
         sampling: one row per drawn token (forks draw several rows from one position).
         row_counts: per chunk, rows drawn (0 for a non-final prefill chunk).
-        placeholder_inputs: ``(index in input_ids, sequence id)`` of each placeholder
-            token; its value is the token the previous step sampled for that sequence,
-            filled in by :meth:`ModelRunner.execute`.
+        routes: the placeholders this step gathers from the token slots and the rows it
+            scatters into them (see :class:`TokenSlots`); resolved on the device by
+            :meth:`ModelRunner.execute`.
         placeholder_rows: ``(sampling row, sequence id)`` of rows whose token history
-            (penalties, ``min_tokens``) must include that in-flight token.
+            (penalties, ``min_tokens``) must include that in-flight token (appended on
+            the host from the previous step's copy back).
         verified: the chunks whose drafts this round verifies (``1 + len(drafts)`` rows
             each), in row order.
         prompt: the prompt-logprob rows (logits rows after the sampling rows).
+        slot_tail: ``routes.tail()`` on the device (a view of the eager step's input
+            copy), or ``None`` for a staged round (its tail comes with the load).
     """
 
     plan: SchedulePlan
@@ -61,10 +65,11 @@ class PreparedStep:
     row_counts: list[int]
     logits_rows: list[int] = attrs.field(factory=list)
     staged: StagedDecode | None = None
-    placeholder_inputs: list[tuple[int, str]] = attrs.field(factory=list)
+    routes: SlotRoutes = attrs.field(factory=SlotRoutes)
     placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
     verified: list[VerifiedChunk] = attrs.field(factory=list)
     prompt: PromptRows = attrs.field(factory=PromptRows)
+    slot_tail: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -85,6 +90,10 @@ class ModelRunner:
         balancer: live EPLB; after every forward it records the routed counts into its
             window (on the device). Rounds then run eagerly (padded static rows would
             count as routed).
+        token_slots: the device slots that carry each sequence's newest sampled token to
+            the next step (needed by an overlapped engine, whose plans have
+            placeholders); ``None``: a plan with a placeholder is an error, and no step
+            writes slots (the synchronous engine pays nothing).
 
     Attributes:
         record_expert_counts: return the MoE routing counts of each round in
@@ -105,6 +114,7 @@ class ModelRunner:
         static_decode: StaticDecode | None = None,
         verifier: DraftVerifier | None = None,
         balancer: ExpertBalancer | None = None,
+        token_slots: TokenSlots | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -113,12 +123,14 @@ class ModelRunner:
         self.generator = generator
         self.block_size = kv_cache.block_size
         self.record_expert_counts = False
-        self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled
+        self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled,
+        # for sequences whose penalties / min_tokens read their history only
         self._pin = device.type == "cuda"
         self.static = static_decode
         self.verifier = verifier
         self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self.balancer = balancer
+        self.token_slots = token_slots
 
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
@@ -126,8 +138,10 @@ class ModelRunner:
         Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
         live request, so it may run while the scheduler mutates its requests and while
         the previous step executes. A placeholder token (its value is being sampled by
-        the step in flight) is laid out as a hole that :meth:`execute` fills. The
-        inputs go to the device in one copy of one host buffer (pinned on CUDA); a
+        the step in flight) is laid out as a hole that :meth:`execute` gathers from the
+        sequence's token slot on the device; every chunk that samples leases its
+        sequence's slot for this step (:meth:`TokenSlots.lease`). The inputs and the
+        slot indices go to the device in one copy of one host buffer (pinned on CUDA); a
         decode round that fits the static ladder is only staged on the host (copied into
         the static buffers by :meth:`execute`). O(T + R * max_blocks).
 
@@ -136,7 +150,8 @@ class ModelRunner:
 
         Raises:
             InvariantError: a chunk with more than one placeholder, placeholders or a fork
-                together with drafts, or drafts without a verifier.
+                together with drafts, drafts without a verifier, a placeholder without
+                token slots, or no token slot free.
         """
         input_ids: list[int] = []
         positions: list[int] = []
@@ -152,7 +167,8 @@ class ModelRunner:
         prompts: list[Sequence[int]] = []
         outputs: list[Sequence[int]] = []
         eos: list[int | None] = []
-        holes: list[tuple[int, str]] = []
+        slots = self.token_slots
+        routes = SlotRoutes()
         hole_rows: list[tuple[int, str]] = []
         verified: list[VerifiedChunk] = []
         prompt = PromptRows()
@@ -167,7 +183,14 @@ class ModelRunner:
                         f"with {len(chunk.spec_token_ids)} drafts; one placeholder and no "
                         f"drafts are supported"
                     )
-                holes.append((len(input_ids), chunk.request_id))
+                if slots is None:
+                    raise InvariantError(f"chunk of {chunk.request_id}: a placeholder, and no token slots")
+                held = slots.slot_of(chunk.request_id)
+                routes.hole_inputs.append(len(input_ids))
+                routes.hole_slots.append(
+                    slots.invalid_slot if held is None else slots.lease(chunk.request_id, plan.step_id)
+                )
+                routes.hole_rows.append(len(params))
                 input_ids.append(0)  # resolved in execute, before the forward reads it
             input_ids.extend(chunk.spec_token_ids)
             positions.extend(range(start, end))
@@ -203,6 +226,9 @@ class ModelRunner:
                     eos.append(row.eos_token_id)
                 continue
             row_counts.append(rows)
+            if slots is not None:  # the first row is the sequence's own (fork children come later)
+                routes.write_slots.append(slots.lease(chunk.request_id, plan.step_id))
+                routes.write_rows.append(len(params))
             if chunk.num_placeholders and row.needs_history:
                 hole_rows.extend((len(params) + i, chunk.request_id) for i in range(rows))
             for i in range(rows):
@@ -215,22 +241,25 @@ class ModelRunner:
                 eos.append(row.eos_token_id)
         forward: ForwardBatch | None = None
         staged: StagedDecode | None = None
+        slot_tail: torch.Tensor | None = None
         static = self.static
+        tail = routes.tail()
         if (
             static is not None
             and not self.record_expert_counts and self.balancer is None  # padded rows would count
-            and not prompt.rows
+            and not prompt.rows  # prompt-logprob rows are extra logits rows
             and num_tokens == len(plan.chunks) > 0
             and static.size_for(num_tokens) is not None
         ):
-            staged = static.stage(input_ids, positions, seq_lens, tables)
+            staged = static.stage(input_ids, positions, seq_lens, tables, tail)
         else:
             host, layout = pack_inputs(
                 input_ids, positions, query_lens, seq_lens, tables, logits_rows + prompt.rows,
-                block_size=self.block_size, pin_memory=self._pin,
+                block_size=self.block_size, pin_memory=self._pin, tail=tail,
             )  # fmt: skip
             device = host.to(self.device, non_blocking=True) if self._pin else host
             forward = unpack_inputs(device, layout)
+            slot_tail = unpack_tail(device, layout)
         sampling = SamplingBatch(
             params=params,
             seeds=seeds,
@@ -247,7 +276,8 @@ class ModelRunner:
             row_counts=row_counts,
             logits_rows=logits_rows,
             staged=staged,
-            placeholder_inputs=holes,
+            routes=routes,
+            slot_tail=slot_tail,
             placeholder_rows=hole_rows,
             verified=verified,
             prompt=prompt,
@@ -258,15 +288,14 @@ class ModelRunner:
         returns tokens per chunk.
 
         Steps must execute in schedule order (one at a time, on one thread or stream): a
-        placeholder of this step is the token the previous execute sampled for its
-        sequence. One that the previous step did not sample (it failed, or its row was
-        not finite) is never fed as a token: its chunk is reported in ``errors``.
+        placeholder of this step is gathered on the device from its sequence's token
+        slot, which the previous execute wrote after sampling (no host sync between the
+        two). One that the previous step did not sample (it failed, or its row was not
+        finite: the slot holds ``-1``) is never fed as a token: its chunk is reported in
+        ``errors``. Rows whose penalties or ``min_tokens`` read the in-flight token get
+        it on the host, from the previous execute's copy back.
 
-        Before the draw, ``logit_bias`` / ``allowed_token_ids`` / bad words edit the
-        sampling rows' logits (``sample.logit_mask``; a second small host-to-device copy,
-        built here because a bad word's prefix may end with the in-flight token); the
-        verifier sees the same edited logits, per verified position. Logprobs are those
-        of the logits before that edit (recomputed when a row has an edit).
+        ``logit_bias`` / allowed ids / bad words edit the rows' logits first (:func:`edit_logits`).
 
         A sampled row whose logits hold a NaN or an infinity is detected on the device
         and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
@@ -274,37 +303,32 @@ class ModelRunner:
         :attr:`record_expert_counts` set, the MoE layers' routing counts of the round
         are returned too (one more copy, for traces).
 
-        Mutates the KV cache (the scheduled tokens' K/V). Blocks until the tokens are on
-        the host.
+        Mutates the KV cache (the scheduled tokens' K/V) and the token slots this step
+        writes. Blocks until the tokens are on the host.
         """
         last, self._last = self._last, {}
-        forward = step.forward
+        forward, tail = step.forward, step.slot_tail
         if step.staged is not None:
             assert self.static is not None
-            forward = self.static.load(step.staged)
+            forward, tail = self.static.load(step.staged)
         assert forward is not None
-        unresolved = self._fill_placeholders(step, forward, last)
+        slots, routes = self.token_slots, step.routes
+        gathered = slots.resolve(routes, tail, forward.input_ids) if slots and tail is not None else None
+        histories = step.sampling.output_token_ids
+        for r, sid in step.placeholder_rows:
+            if sid in last:
+                histories[r] = (*histories[r], last[sid])
         if step.plan.block_copies:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():
             logits = self._logits(step, forward)
             expert_counts, slot_counts = self._expert_counts()
-            prompt_lps = None
-            if step.prompt.rows:
-                num_sampled = len(step.logits_rows)
-                prompt_lps = step.prompt.maps(logits[num_sampled:], len(step.row_counts))
-                logits = logits[:num_sampled]
+            logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
-                return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps,
-                                  expert_counts=expert_counts, slot_counts=slot_counts)
+                return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps, expert_counts=expert_counts, slot_counts=slot_counts)
             finite = torch.isfinite(logits).all(dim=-1)
             clean = logits.masked_fill(~finite[:, None], 0.0).to(torch.float32)
-            mask = build_logit_mask(step.sampling.params, step.sampling.output_token_ids,
-                                    clean.shape[1], pin_memory=self._pin)
-            raw = clean
-            if mask is not None:  # bias / allowed ids / bad words, before the sampler
-                raw = clean.clone() if step.sampling.max_logprobs >= 0 else clean
-                apply_logit_mask(clean, mask)
+            raw = edit_logits(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
             if step.verified:
                 assert self.verifier is not None  # prepare checked it
@@ -316,26 +340,25 @@ class ModelRunner:
             if raw is not clean:  # logprobs stay those of the raw logits, as vLLM's
                 attach_logprobs(sampled, raw, step.sampling.max_logprobs)
             flagged = torch.where(finite, sampled.token_ids, -1)
+            if gathered is not None and slots is not None and tail is not None:
+                flagged = slots.publish(routes, tail, gathered, flagged)
         tokens, logprobs_host = to_host(flagged, sampled)
-        logprobs = logprob_maps(tokens, logprobs_host, step) if logprobs_host is not None else None
+        logprobs = logprob_maps(tokens, logprobs_host, step.row_counts, step.sampling) if logprobs_host is not None else None
         kept = dict(zip((v.chunk for v in step.verified), emitted))
         token_ids: list[list[int]] = []
         errors: list[str | None] = []
         row = 0
         for i, (chunk, count) in enumerate(zip(step.plan.chunks, step.row_counts)):
             drawn = tokens[row : row + kept.get(i, count)]
-            if chunk.request_id in unresolved:
+            if -2 in drawn:
                 errors.append("the in-flight token this step continues from was never sampled")
                 drawn = []
             elif -1 in drawn:
-                errors.append(
-                    f"non-finite logits (NaN or inf) at output position "
-                    f"{step.sampling.positions[row]}"
-                )
+                errors.append(f"non-finite logits (NaN or inf) at output position {step.sampling.positions[row]}")
                 drawn = []
             else:
                 errors.append(None)
-                if drawn:
+                if drawn and chunk.sampling is not None and chunk.sampling.needs_history:
                     self._last[chunk.request_id] = drawn[-1] if i in kept else drawn[0]
             if logprobs is not None and i in kept:
                 logprobs[i] = logprobs[i][: len(drawn)]
@@ -352,7 +375,6 @@ class ModelRunner:
             slot_counts=slot_counts,
             prompt_logprobs=prompt_lps,
         )
-
 
     def _expert_counts(self) -> tuple[list[list[int]] | None, list[list[int]] | None]:
         """Feed the balancer's window; when tracing, the round's per-expert and per-slot
@@ -376,21 +398,3 @@ class ModelRunner:
         if rows == list(range(len(rows))):
             return full[: len(rows)]
         return full.index_select(0, torch.tensor(rows, device=full.device))
-
-    def _fill_placeholders(
-        self, step: PreparedStep, forward: ForwardBatch, last: dict[str, int]
-    ) -> set[str]:
-        """Write the in-flight tokens into ``step``'s holes (input ids, and the token
-        histories that penalties read); returns the sequences that had none."""
-        if not step.placeholder_inputs:
-            return set()
-        unresolved = {sid for _, sid in step.placeholder_inputs if sid not in last}
-        index = [i for i, _ in step.placeholder_inputs]
-        values = [last.get(sid, 0) for _, sid in step.placeholder_inputs]
-        ids = forward.input_ids
-        ids[torch.tensor(index, device=ids.device)] = torch.tensor(values, dtype=ids.dtype).to(ids.device)
-        histories = step.sampling.output_token_ids
-        for r, sid in step.placeholder_rows:
-            if sid in last:
-                histories[r] = (*histories[r], last[sid])
-        return unresolved

@@ -43,8 +43,9 @@ class StagedDecode:
     """One decode round laid out on the host for a ladder size.
 
     Attributes:
-        host: ``[4 * size + size * width]`` int64 (pinned on CUDA): ids, positions,
-            slots and context lengths of ``size`` rows, then their block tables.
+        host: ``[4 * size + size * width + tail]`` int64 (pinned on CUDA): ids,
+            positions, slots and context lengths of ``size`` rows, their block tables,
+            then the caller's ``tail`` (the token-slot indices of an overlapped round).
         size: the ladder size the round is padded to.
         num_requests: the real rows (the first ones).
         width: block-table columns staged (the widest real table).
@@ -105,8 +106,10 @@ class StaticDecode:
         positions: Sequence[int],
         seq_lens: Sequence[int],
         tables: Sequence[Sequence[int]],
+        tail: Sequence[int] = (),
     ) -> StagedDecode:
-        """Lay out a decode round (one token per request) padded to its ladder size.
+        """Lay out a decode round (one token per request) padded to its ladder size,
+        with ``tail`` appended (it travels in the same copy; :meth:`load` returns it).
 
         Host only (reads the lists, no device work), so it may run while another round
         executes.
@@ -129,21 +132,24 @@ class StaticDecode:
         values += padded_lens
         append_tables(values, tables, width)
         values += [0] * (width * pad)
+        values += tail
         host = torch.tensor(values, dtype=torch.int64, pin_memory=self._pin)
         return StagedDecode(host=host, size=size, num_requests=n, width=width, seq_lens=padded_lens)
 
-    def load(self, staged: StagedDecode) -> ForwardBatch:
-        """Copy ``staged`` into the static buffers (two copies from its one host buffer,
-        asynchronous on CUDA); returns the forward inputs as views of those buffers.
+    def load(self, staged: StagedDecode) -> tuple[ForwardBatch, torch.Tensor]:
+        """Copy ``staged`` to the device (one copy of its host buffer, asynchronous on
+        CUDA) and from there into the static buffers; returns the forward inputs as views
+        of those buffers, and the staged tail (``[tail]`` int64, on the device).
 
         Called on the executing thread, in stream order after the previous round's
         forward (which read the same buffers). Block-table columns beyond ``width`` keep
         old block ids, never read (a row reads only the blocks of its context).
         """
         b, w = staged.size, staged.width
-        self._flat[: 4 * b].copy_(staged.host[: 4 * b], non_blocking=True)
-        self._tables[:b, :w].copy_(staged.host[4 * b :].view(b, w), non_blocking=True)
-        return self._batch(b, staged.seq_lens)
+        device = staged.host.to(self._flat.device, non_blocking=True)
+        self._flat[: 4 * b].copy_(device[: 4 * b])
+        self._tables[:b, :w].copy_(device[4 * b : 4 * b + b * w].view(b, w))
+        return self._batch(b, staged.seq_lens), device[4 * b + b * w :]
 
     def forward(self, batch: ForwardBatch, size: int) -> torch.Tensor:
         """The logits of a loaded round, ``[size, V]`` float32: the captured graph's

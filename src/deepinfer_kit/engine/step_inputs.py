@@ -4,7 +4,8 @@ Every integer input of a forward (token ids, positions, slots, the attention lay
 the logits rows, the block tables) goes into one int64 host tensor (pinned on CUDA), so
 a step costs one host-to-device copy instead of one per tensor; the device tensors the
 model reads are views of the copy. Region order: ``ids [T] | positions [T] | slots [T] |
-query_start_loc [R + 1] | seq_lens [R] | logits_indices [N] | block_tables [R * W]``.
+query_start_loc [R + 1] | seq_lens [R] | logits_indices [N] | block_tables [R * W] |
+tail``, the tail being the caller's (the token-slot indices of an overlapped round).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import torch
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 
-__all__ = ["InputLayout", "append_tables", "pack_inputs", "unpack_inputs"]
+__all__ = ["InputLayout", "append_tables", "pack_inputs", "unpack_inputs", "unpack_tail"]
 
 
 @attrs.frozen(slots=True)
 class InputLayout:
     """The shape of a packed step: ``T`` tokens, ``R`` requests, ``N`` logits rows, tables
-    ``W`` blocks wide, and the host lengths attention reads without a device sync."""
+    ``W`` blocks wide, the host lengths attention reads without a device sync, and the
+    length of the caller's tail."""
 
     num_tokens: int
     num_requests: int
@@ -32,6 +34,7 @@ class InputLayout:
     width: int
     query_lens: list[int]
     seq_lens: list[int]
+    num_tail: int = 0
 
 
 def pack_inputs(
@@ -44,11 +47,13 @@ def pack_inputs(
     *,
     block_size: int,
     pin_memory: bool,
+    tail: Sequence[int] = (),
 ) -> tuple[torch.Tensor, InputLayout]:
-    """Lay one step out as a single int64 host tensor (pinned when ``pin_memory``).
+    """Lay one step out as a single int64 host tensor (pinned when ``pin_memory``), with
+    ``tail`` appended (read back with :func:`unpack_tail`).
 
     Called by the runner's ``prepare`` on the host; reads only the given lists. Tables
-    are padded with block 0 to the widest one. O(T + R * W).
+    are padded with block 0 to the widest one. O(T + R * W + len(tail)).
 
     Raises:
         ConfigError: a query length is < 1 or exceeds its context, or a table is too
@@ -60,6 +65,7 @@ def pack_inputs(
     values += seq_lens
     values += logits_rows
     append_tables(values, tables, width)
+    values += tail
     layout = InputLayout(
         num_tokens=len(input_ids),
         num_requests=len(query_lens),
@@ -67,6 +73,7 @@ def pack_inputs(
         width=width,
         query_lens=list(query_lens),
         seq_lens=list(seq_lens),
+        num_tail=len(tail),
     )
     return torch.tensor(values, dtype=torch.int64, pin_memory=pin_memory), layout
 
@@ -85,8 +92,8 @@ def unpack_inputs(buffer: torch.Tensor, layout: InputLayout) -> ForwardBatch:
     ``input_ids`` writes the buffer).
     """
     t, r, n, w = layout.num_tokens, layout.num_requests, layout.num_logits, layout.width
-    cuts = [t, t, t, r + 1, r, n, r * w]
-    ids, positions, slots, qsl, seq, logits, tables = torch.split(buffer, cuts)
+    cuts = [t, t, t, r + 1, r, n, r * w, layout.num_tail]
+    ids, positions, slots, qsl, seq, logits, tables, _ = torch.split(buffer, cuts)
     attn = AttentionMetadata(
         slot_mapping=slots,
         block_tables=tables.view(r, w),
@@ -98,3 +105,9 @@ def unpack_inputs(buffer: torch.Tensor, layout: InputLayout) -> ForwardBatch:
         seq_lens_host=layout.seq_lens,
     )
     return ForwardBatch(input_ids=ids, positions=positions, attn=attn, logits_indices=logits)
+
+
+def unpack_tail(buffer: torch.Tensor, layout: InputLayout) -> torch.Tensor:
+    """The tail given to :func:`pack_inputs`: ``[layout.num_tail]`` int64, a view of
+    ``buffer`` (on whatever device ``buffer`` is)."""
+    return buffer[buffer.numel() - layout.num_tail :]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sched.records import SamplingRow, SchedulePlan
 from deepinfer_kit.step import StepResult
 
-__all__ = ["TracedChunk", "StepTrace", "make_trace"]
+__all__ = ["TracedChunk", "StepTrace", "make_trace", "token_timeline"]
 
 
 @attrs.frozen(slots=True)
@@ -33,6 +35,9 @@ class TracedChunk:
         block_table: the physical blocks the request held when the step ran.
         row: the request's sampling row (params, prompt) when the chunk samples, else
             ``None``.
+        output_position: the output index of ``sampled[0]`` (with drafts, ``sampled[k]``
+            is index ``output_position + k``; a fork's ``sampled[j]`` is completion
+            ``j``'s first token).
     """
 
     request_id: str
@@ -48,6 +53,7 @@ class TracedChunk:
     candidates: tuple[tuple[tuple[int, float, int], ...], ...] = ()
     block_table: tuple[int, ...] = ()
     row: SamplingRow | None = None
+    output_position: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -163,6 +169,7 @@ def make_trace(
                 ),
                 block_table=tuple(chunk.block_table),
                 row=chunk.sampling,
+                output_position=chunk.output_position,
             )
         )
     counts = result.expert_counts
@@ -195,3 +202,30 @@ def make_trace(
 
 def _by_rank(entry: tuple[int, float, int]) -> tuple[int, int]:
     return entry[2], entry[0]
+
+
+def token_timeline(
+    traces: Sequence[StepTrace], request_id: str, output_ids: Sequence[int]
+) -> list[tuple[int, int, int, int | None]]:
+    """Per token the request ``request_id`` (one completion) sampled, in step order:
+    ``(output index, token id, step sampled in, step committed in)``; the last is
+    ``None`` for a token that was sampled but discarded (under overlap: the request had
+    finished, was aborted or preempted by the time that step was committed).
+
+    ``output_ids`` are the completion's final tokens. Of several samples of one output
+    index (a step discarded by a preemption, then the recompute), the newest is the
+    committed one: once an index is committed, no later step samples it again. Host
+    only, O(chunks in ``traces``).
+    """
+    samples: list[tuple[int, int, int, int]] = []
+    for t in traces:
+        for c in t.chunks:
+            if c.request_id != request_id or not c.sampled:
+                continue
+            tokens = c.sampled if c.num_drafted else c.sampled[:1]  # a fork's other rows are its children's
+            samples.extend((c.output_position + k, tok, t.step_id, t.committed_in) for k, tok in enumerate(tokens))
+    newest = {index: n for n, (index, *_rest) in enumerate(samples)}
+    return [
+        (index, tok, step, committed if index < len(output_ids) and newest[index] == n else None)
+        for n, (index, tok, step, committed) in enumerate(samples)
+    ]

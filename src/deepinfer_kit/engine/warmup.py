@@ -14,10 +14,11 @@ import torch
 
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_target
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 
-__all__ = ["warm_up", "warm_up_shapes"]
+__all__ = ["warm_up", "warm_up_shapes", "split_rounds"]
 
 
 def warm_up_shapes(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[int]]:
@@ -36,36 +37,61 @@ def warm_up_shapes(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[
     return rounds
 
 
+def split_rounds(runner: ModelRunner, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int) -> list[tuple[list[int], list[int]]]:
+    """``(query_lens, seq_lens)`` of one decode round per split count the Triton paged
+    attention can choose for this engine (``attention.splits.num_splits_witnesses`` asked
+    with the runner's device and the model's KV heads): up to
+    ``min(max_num_seqs, max_num_batched_tokens)`` requests of contexts up to
+    ``max_model_len``. Reads nothing but those sizes."""
+    witnesses = num_splits_witnesses(
+        min(max_num_seqs, max_num_batched_tokens), max_model_len,
+        runner.model.config.num_kv_heads, split_target(runner.device))
+    return [([1] * requests, [seq_len] * requests)
+            for _, (requests, seq_len) in sorted(witnesses.items())]
+
+
 def warm_up(
-    runner: ModelRunner, *, max_num_seqs: int, max_num_batched_tokens: int, capture: bool
+    runner: ModelRunner, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+    capture: bool,
 ) -> None:
-    """Compile and run every kernel of the forward and the sampler once; then capture
-    the static decode graphs when ``capture`` (CUDA only).
+    """Compile and run every kernel of the forward and the sampler once, the attention
+    with every split count it can choose (:func:`split_rounds`); then capture the static
+    decode graphs when ``capture`` (CUDA only).
 
     Called by ``build_engine`` on a CUDA device, before the engine serves; may be called
     on CPU (it compiles nothing there). Mutates the scratch block of the KV pool and,
     with ``capture``, the runner's :class:`StaticDecode` graphs. Raises what the model or
     sampler raise.
     """
-    cache = runner.kv_cache
-    for query_lens in warm_up_shapes(max_num_seqs, max_num_batched_tokens):
-        seq_lens = list(query_lens)
-        tables = [[0] * -(-q // cache.block_size) for q in query_lens]
-        total = sum(query_lens)
-        ends = [end - 1 for end in itertools.accumulate(query_lens)]  # each request's logits row
-        host, layout = pack_inputs(
-            [0] * total, [p for q in query_lens for p in range(q)], query_lens, seq_lens,
-            tables, ends, block_size=cache.block_size, pin_memory=False,
-        )  # fmt: skip
-        forward = unpack_inputs(host.to(runner.device), layout)
-        forward.attn.slot_mapping.fill_(cache.pad_slot)
-        with torch.inference_mode():
-            logits = runner.model(forward, cache)
-            _sample_variants(runner, logits)
+    rounds = [(q, list(q)) for q in warm_up_shapes(max_num_seqs, max_num_batched_tokens)]
+    rounds += split_rounds(runner, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens,
+                           max_model_len=max_model_len)
+    for query_lens, seq_lens in rounds:
+        _dummy_round(runner, query_lens, seq_lens)
     if capture and runner.static is not None:
         runner.static.capture()
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
+
+
+def _dummy_round(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]) -> None:
+    """One forward and sampling round whose requests read block 0 for their whole context
+    and write their K/V only to the pad slot."""
+    cache = runner.kv_cache
+    tables = [[0] * -(-s // cache.block_size) for s in seq_lens]
+    positions = [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
+    ends = [end - 1 for end in itertools.accumulate(query_lens)]  # each request's logits row
+    host, layout = pack_inputs(
+        [0] * sum(query_lens), positions, query_lens, seq_lens, tables, ends,
+        block_size=cache.block_size, pin_memory=False,
+    )  # fmt: skip
+    forward = unpack_inputs(host.to(runner.device), layout)
+    forward.attn.slot_mapping.fill_(cache.pad_slot)
+    with torch.inference_mode():
+        logits = runner.model(forward, cache)
+        _sample_variants(runner, logits)
 
 
 def _sample_variants(runner: ModelRunner, logits: torch.Tensor) -> None:

@@ -22,6 +22,7 @@ from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttenti
 from deepinfer_kit.models.protocols import CausalLM, PagedKVStore, SparseMLP, SparseMLPFactory
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.models.rope import RotaryEmbedding
+from deepinfer_kit.models.rope_kv import RopeKvOp, rope_kv_unsupported
 from deepinfer_kit.models.weights import TrackedWeights, take
 
 __all__ = ["TransformerCausalLM"]
@@ -39,12 +40,12 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
                  attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
-                 sparse_mlp: SparseMLP | None, ops: FusedOps) -> None:
+                 sparse_mlp: SparseMLP | None, ops: FusedOps, rope_kv: RopeKvOp | None) -> None:
         super().__init__()
         eps, size = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.self_attn = PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
-                                            dtype=dtype, device=device)
+                                            dtype=dtype, device=device, rope_kv=rope_kv)
         self.post_attention_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.is_sparse = sparse_mlp is not None
         self.mlp: nn.Module
@@ -108,8 +109,10 @@ class TransformerCausalLM(nn.Module):
     Args:
         config: the architecture.
         attention_impl: ``"auto" | "ref" | "triton"`` for every PagedAttention.
-        fused_impl: ``"auto" | "ref" | "triton"`` for the norms, fused residual add + norm
-            and SiLU-and-mul (``models.fused_ops``); ``None`` follows ``attention_impl``.
+        fused_impl: ``"auto" | "ref" | "triton"`` for the norms, fused residual add + norm,
+            SiLU-and-mul and the fused q/k norm + RoPE + KV write (``models.fused_ops``);
+            ``None`` follows ``attention_impl``. The RoPE + KV write kernel is used only
+            with ``"triton"`` and a config it supports (:attr:`rope_kv_reason` says why not).
         dtype: parameter and activation dtype.
         device: where parameters live.
         sparse_mlp_factory: builds the MoE MLP of each sparse layer; required when
@@ -132,6 +135,11 @@ class TransformerCausalLM(nn.Module):
             on_cuda=torch.device(device).type == "cuda",
             field="attention_impl" if fused_impl is None else "fused_impl")
         ops = self.fused_ops
+        self.rope_kv_reason: str | None = (
+            "the fused ops are the torch references" if ops.rope_kv is None
+            else rope_kv_unsupported(config))
+        """Why the layers run the unfused q/k norm, RoPE and KV write; ``None``: fused."""
+        rope_kv = ops.rope_kv if self.rope_kv_reason is None else None
         self.embed_tokens = nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device),
             requires_grad=False)
@@ -143,7 +151,8 @@ class TransformerCausalLM(nn.Module):
             DecoderLayer(config, i, self.rotary, attention_impl=attention_impl, dtype=dtype,
                          device=device,
                          sparse_mlp=(sparse_mlp_factory(config, i, dtype=dtype, device=device)
-                                     if i in sparse and sparse_mlp_factory else None), ops=ops)
+                                     if i in sparse and sparse_mlp_factory else None), ops=ops,
+                         rope_kv=rope_kv)
             for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device,

@@ -10,13 +10,16 @@ normalized size, ``I`` the MLP intermediate size.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import torch
 import torch.nn.functional as F
 
 from deepinfer_kit._kernels import resolve_impl
+
+if TYPE_CHECKING:
+    from deepinfer_kit.models.rope_kv import RopeKvOp
 
 __all__ = [
     "rms_norm", "add_rms_norm", "silu_and_mul", "FusedOps", "REFERENCE_OPS", "select_fused_ops",
@@ -108,12 +111,16 @@ class FusedOps:
             ``[H]`` weight only).
         add_rms_norm: see :func:`add_rms_norm`.
         silu_and_mul: see :func:`silu_and_mul`.
+        rope_kv: the fused q/k norm + RoPE + KV write kernel (``rope_kv_triton``) with the
+            Triton ops; ``None`` with the references, whose layers run the unfused ops
+            (``rope_kv.rope_kv_write`` is the same composition, kept as the oracle).
     """
 
     impl: Literal["ref", "triton"]
     rms_norm: RmsNormOp
     add_rms_norm: AddRmsNormOp
     silu_and_mul: SiluAndMulOp
+    rope_kv: RopeKvOp | None = None
 
 
 REFERENCE_OPS = FusedOps("ref", rms_norm, add_rms_norm, silu_and_mul)
@@ -132,7 +139,7 @@ def select_fused_ops(impl: str, *, on_cuda: bool, field: str = "fused_impl") -> 
     """
     if resolve_impl(impl, on_cuda=on_cuda, field=field) == "ref":
         return REFERENCE_OPS
-    from deepinfer_kit.models import fused_triton
+    from deepinfer_kit.models import fused_triton, rope_kv_triton
 
     return FusedOps("triton", fused_triton.rms_norm, fused_triton.add_rms_norm,
-                    fused_triton.silu_and_mul)
+                    fused_triton.silu_and_mul, rope_kv_triton.rope_kv_write)

@@ -21,6 +21,7 @@ from deepinfer_kit.models.fused_ops import REFERENCE_OPS, FusedOps, rms_norm
 from deepinfer_kit.models.protocols import PagedKVStore
 from deepinfer_kit.models.records import AttentionMetadata
 from deepinfer_kit.models.rope import RotaryEmbedding
+from deepinfer_kit.models.rope_kv import RopeKvOp
 from deepinfer_kit.models.weights import take
 
 __all__ = ["Linear", "RMSNorm", "GatedMLP", "PagedSelfAttention", "Impl"]
@@ -125,13 +126,17 @@ class PagedSelfAttention(nn.Module):
     Order per step: fused q/k/v projection, optional per-head q/k RMSNorm, RoPE, write the
     new keys/values into cache layer ``layer``, paged causal attention over each request's
     context, output projection. Queries and keys are adjacent in the fused projection, so
-    their norm and rotation run as one op over ``Hq + Hkv`` heads.
+    their norm and rotation run as one op over ``Hq + Hkv`` heads. With ``rope_kv`` (the
+    fused kernel, chosen once by the model) the norm, rotation and cache write are one
+    launch that stores into :meth:`PagedKVStore.slot_caches`.
     """
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
-                 attention_impl: Impl, dtype: torch.dtype, device: str | torch.device) -> None:
+                 attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
+                 rope_kv: RopeKvOp | None = None) -> None:
         super().__init__()
         self.layer = layer
+        self.rope_kv = rope_kv
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -158,13 +163,18 @@ class PagedSelfAttention(nn.Module):
         """
         tokens, hq, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj.forward(hidden)
-        qk = qkv[:, : (hq + hkv) * d].view(tokens, hq + hkv, d)
-        v = qkv[:, (hq + hkv) * d:].view(tokens, hkv, d)
-        if self.qk_norm_weight is not None:
-            qk = rms_norm(qk, self.qk_norm_weight, self.eps)
-        qk = self.rotary.rotate(qk, cos, sin)
-        q, k = qk[:, :hq], qk[:, hq:]
-        kv_cache.write(self.layer, k, v, meta.slot_mapping)
+        if self.rope_kv is not None:
+            keys, values = kv_cache.slot_caches(self.layer)
+            q = self.rope_kv(qkv, self.qk_norm_weight, self.eps, cos, sin, keys, values,
+                             meta.slot_mapping, hq)
+        else:
+            qk = qkv[:, : (hq + hkv) * d].view(tokens, hq + hkv, d)
+            v = qkv[:, (hq + hkv) * d:].view(tokens, hkv, d)
+            if self.qk_norm_weight is not None:
+                qk = rms_norm(qk, self.qk_norm_weight, self.eps)
+            qk = self.rotary.rotate(qk, cos, sin)
+            q = qk[:, :hq]
+            kv_cache.write(self.layer, qk[:, hq:], v, meta.slot_mapping)
         out = self.attn(q, kv_cache.key_cache(self.layer), kv_cache.value_cache(self.layer), meta)
         return self.o_proj.forward(out.reshape(tokens, hq * d))
 

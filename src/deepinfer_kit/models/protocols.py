@@ -36,6 +36,13 @@ class PagedKVStore(Protocol):
         (mutates the cache)."""
         ...
 
+    def slot_caches(self, layer: int, /) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s ``(keys, values)``, each ``[S / P, P, Hkv, D]`` contiguous and
+        addressed by every slot :meth:`write` accepts (the pad slot's scratch block
+        included): what a kernel that writes K/V itself (the fused RoPE + KV write) stores
+        into, in place. Views; not copied."""
+        ...
+
 
 class CausalLM(Protocol):
     """A decoder-only language model over a flattened, paged batch.

@@ -14,7 +14,7 @@ from torch import nn
 
 from deepinfer_kit.models.config_parts import RopeConfig
 
-__all__ = ["inverse_frequencies", "RotaryEmbedding"]
+__all__ = ["inverse_frequencies", "RotaryEmbedding", "apply_rotary"]
 
 
 def inverse_frequencies(rope: RopeConfig) -> tuple[torch.Tensor, float]:
@@ -110,11 +110,30 @@ class RotaryEmbedding(nn.Module):
 
         Pairs dim ``i`` with ``i + rotary_dim / 2``: ``[x1, x2] -> [x1 c - x2 s, x2 c + x1 s]``.
         """
-        rot = self.rotary_dim
-        if rot == x.shape[-1]:
-            return x * cos + _swap_halves(x) * signed_sin
-        x_rot, x_pass = x[..., :rot], x[..., rot:]
-        return torch.cat((x_rot * cos + _swap_halves(x_rot) * signed_sin, x_pass), dim=-1)
+        return apply_rotary(x, cos, signed_sin)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """The "rotate half" rotation of the first ``rot = cos.shape[-1]`` dims of each head.
+
+    Called by :meth:`RotaryEmbedding.rotate` and by the fused RoPE + KV-write reference
+    (``models.rope_kv``). Pairs dim ``i`` with ``i + rot / 2``:
+    ``[x1, x2] -> [x1 c - x2 s, x2 c + x1 s]``; dims past ``rot`` pass unchanged (partial
+    rotary). Arithmetic in ``x.dtype``, each product and the sum rounded to it.
+
+    Args:
+        x: ``[T, heads, D]``, any device.
+        cos, signed_sin: ``[T, 1, rot]`` from :meth:`RotaryEmbedding.cos_sin`, same dtype
+            and device as ``x``; ``rot`` even and ``<= D``.
+
+    Returns:
+        A new ``[T, heads, D]`` tensor. Mutates nothing.
+    """
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _swap_halves(x) * signed_sin
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * cos + _swap_halves(x_rot) * signed_sin, x_pass), dim=-1)
 
 
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:

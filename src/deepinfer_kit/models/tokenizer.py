@@ -1,20 +1,20 @@
 """Tokenizers: a built-in byte-level one, and a wrapper of ``tokenizers`` for tokenizer.json.
 
-:func:`load_tokenizer` picks the checkpoint's ``tokenizer.json`` when the optional
-``tokenizers`` package is installed, and the byte-level tokenizer otherwise; that fallback
-records why (:attr:`ByteTokenizer.fallback_reason`, :func:`missing_tokenizer_reason`), so an
-engine refusing text prompts can name the file it could not use.
+:func:`load_tokenizer` reads the checkpoint's ``tokenizer.json`` with ``tokenizers`` (a
+declared dependency); a folder without one gets no tokenizer of its own, and
+:func:`missing_tokenizer_reason` says so, for an engine refusing text prompts. The
+byte-level tokenizer is the embedded model's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit.errors import CheckpointError, ConfigError
+from deepinfer_kit.models.chat_template import special_token_strings
 from deepinfer_kit.models.protocols import Tokenizer
 
 __all__ = ["Tokenizer", "ByteTokenizer", "HFTokenizer", "load_tokenizer", "missing_tokenizer_reason"]
@@ -29,25 +29,13 @@ class ByteTokenizer:
 
     ``encode`` adds no special token; ``decode`` skips special ids (or writes their names)
     and replaces invalid UTF-8 with U+FFFD. Stateless and O(len) both ways.
-
-    Args:
-        fallback_reason: set by :func:`load_tokenizer` when it stands in for a checkpoint
-            tokenizer it could not load (names the file and the fix).
     """
 
-    __slots__ = ("_fallback_reason",)
+    __slots__ = ()
 
     BOS = 256
     EOS = 257
     PAD = 258
-
-    def __init__(self, *, fallback_reason: str | None = None) -> None:
-        self._fallback_reason = fallback_reason
-
-    @property
-    def fallback_reason(self) -> str | None:
-        """Why the checkpoint's own tokenizer was not used, or ``None`` when there was none."""
-        return self._fallback_reason
 
     @property
     def vocab_size(self) -> int:
@@ -107,7 +95,6 @@ class HFTokenizer:
         bos_token_id: overrides the BOS id.
 
     Raises:
-        ImportError: the ``tokenizers`` package is not installed.
         CheckpointError: the file cannot be parsed.
     """
 
@@ -119,7 +106,7 @@ class HFTokenizer:
             self._backend: Any = _Backend.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own exception type
             raise CheckpointError(f"cannot read tokenizer {str(path)!r}: {exc}") from None
-        specials = _special_tokens(Path(path).parent)
+        specials = special_token_strings(Path(path).parent)
         self._eos = eos_token_id if eos_token_id is not None else self._id_of(specials.get("eos_token"))
         self._bos = bos_token_id if bos_token_id is not None else self._id_of(specials.get("bos_token"))
 
@@ -144,71 +131,50 @@ class HFTokenizer:
         """From the model config, else ``tokenizer_config.json``'s ``bos_token``."""
         return self._bos
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text``, with the specials the tokenizer's post-processor adds."""
-        return list(self._backend.encode(text).ids)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Ids of ``text``, with the specials the tokenizer's post-processor adds unless
+        ``add_special_tokens`` is False (a rendered chat template holds its own)."""
+        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; special tokens skipped unless ``skip_special_tokens`` is False."""
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
-def _special_tokens(folder: Path) -> dict[str, str]:
-    """``eos_token`` / ``bos_token`` strings of ``tokenizer_config.json`` (if readable)."""
-    try:
-        data = json.loads((folder / "tokenizer_config.json").read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    found: dict[str, str] = {}
-    for key in ("eos_token", "bos_token"):
-        value = data.get(key) if isinstance(data, dict) else None
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str):
-            found[key] = value
-    return found
-
-
 def missing_tokenizer_reason(folder: str | os.PathLike[str] | None) -> str:
     """Why a checkpoint folder yields no tokenizer of its own, for an error message that
     goes on to say "pass token ids".
 
-    Names the ``tokenizer.json`` that exists but was ignored because ``tokenizers`` cannot be
-    imported (and says to install it), or says the folder has none, or (``folder=None``)
-    that the model was not read from a folder.
+    Says the folder has no ``tokenizer.json``, or (``folder=None``) that the model was not
+    read from a folder.
     """
     if folder is None:
         return "the model was not read from a checkpoint folder"
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         return f"checkpoint folder {str(folder)!r} has no tokenizer.json"
-    try:
-        import tokenizers  # noqa: F401
-    except ImportError:
-        return (
-            f"{str(path)!r} was ignored because the 'tokenizers' package is not installed; "
-            "pip install tokenizers"
-        )
-    return f"{str(path)!r} is readable with the installed 'tokenizers' but was not loaded"
+    return f"{str(path)!r} was not loaded"
 
 
 def load_tokenizer(folder: str | os.PathLike[str], *, eos_token_id: int | None = None,
-                   bos_token_id: int | None = None) -> Tokenizer:
-    """The tokenizer of a checkpoint folder.
+                   bos_token_id: int | None = None, required: bool = False) -> Tokenizer:
+    """The tokenizer of a checkpoint (or tokenizer) folder.
 
-    ``tokenizer.json`` through :class:`HFTokenizer` when the file exists and ``tokenizers``
-    is installed; otherwise a :class:`ByteTokenizer`, whose ``fallback_reason`` names the
-    ignored ``tokenizer.json`` when there was one.
+    ``tokenizer.json`` through :class:`HFTokenizer` when the file exists; otherwise a
+    :class:`ByteTokenizer` (which the engine keeps only when the model's vocabulary is bytes).
+
+    Args:
+        required: raise instead of falling back (a folder given as ``tokenizer=``).
 
     Raises:
-        CheckpointError: ``tokenizer.json`` exists but cannot be parsed.
+        CheckpointError: ``tokenizer.json`` exists but cannot be parsed, or is missing
+            while ``required``.
     """
     path = Path(folder) / "tokenizer.json"
     if path.is_file():
-        try:
-            return HFTokenizer(path, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
-        except ImportError:
-            return ByteTokenizer(fallback_reason=missing_tokenizer_reason(folder))
+        return HFTokenizer(path, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
+    if required:
+        raise CheckpointError(f"tokenizer folder {str(folder)!r} has no tokenizer.json")
     return ByteTokenizer()
 
 

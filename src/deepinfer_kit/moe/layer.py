@@ -133,7 +133,8 @@ class MoELayer(nn.Module):
         self._all_local = isinstance(self.dispatcher, LocalDispatcher)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Apply the layer to ``hidden`` (``[T, H]``).
+        """Apply the layer to ``hidden`` (``[..., H]``: any leading shape, each of its
+        ``T`` rows a token; ``[T, H]`` in the engine).
 
         Sets :attr:`last_expert_counts`. With an expert-parallel dispatcher this is a
         collective call (every rank calls it, ``T`` may differ or be 0). With a
@@ -141,15 +142,16 @@ class MoELayer(nn.Module):
         device, and its launch sizes depend only on ``T``.
 
         Returns:
-            ``[T, H]`` in the dtype of ``hidden``.
+            The shape of ``hidden`` (``[..., H]``), in its dtype.
 
         Raises:
-            ConfigError: ``hidden`` is not ``[T, H]`` with ``H = config.hidden_size``.
+            ConfigError: ``hidden`` has no dimension or its last is not ``config.hidden_size``.
         """
-        if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size:
-            raise ConfigError(
-                f"hidden must be [T, {self.config.hidden_size}], got {list(hidden.shape)}"
-            )
+        size = self.config.hidden_size
+        if hidden.dim() == 0 or hidden.shape[-1] != size:
+            raise ConfigError(f"hidden must be [..., {size}], got {list(hidden.shape)}")
+        if hidden.dim() != 2:
+            return self.forward(hidden.reshape(-1, size)).reshape(hidden.shape)
         routing = self.gate(hidden)
         table = self.replicas
         if table is not None:

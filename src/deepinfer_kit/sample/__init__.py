@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
+    from deepinfer_kit.sample.functional import sample
     from deepinfer_kit.sample.naive import NaiveSampler
     from deepinfer_kit.sample.protocols import DrawOps, Sampler
     from deepinfer_kit.sample.records import SampleResult, SamplingBatch
@@ -26,6 +27,7 @@ _LAZY = {
     "SampleResult": "deepinfer_kit.sample.records",
     "VectorizedSampler": "deepinfer_kit.sample.vectorized",
     "NaiveSampler": "deepinfer_kit.sample.naive",
+    "sample": "deepinfer_kit.sample.functional",
 }
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "SampleResult",
     "VectorizedSampler",
     "NaiveSampler",
+    "sample",
 ]
 
 

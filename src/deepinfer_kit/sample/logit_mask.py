@@ -21,8 +21,9 @@ import torch
 
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.records import SamplingBatch
 
-__all__ = ["LogitMask", "banned_tokens", "build_logit_mask", "apply_logit_mask"]
+__all__ = ["LogitMask", "banned_tokens", "build_logit_mask", "apply_logit_mask", "edit_logits"]
 
 
 @attrs.frozen(slots=True)
@@ -149,3 +150,27 @@ def apply_logit_mask(x: torch.Tensor, mask: LogitMask) -> None:
         keep[keep_keys] = True
         sub = x.index_select(0, rows).masked_fill_(~keep.view(a, vocab), float("-inf"))
         x.index_copy_(0, rows, sub)
+
+
+def edit_logits(x: torch.Tensor, batch: SamplingBatch, *, pin_memory: bool) -> torch.Tensor:
+    """Apply the edits of ``batch``'s rows to ``x`` in place (the runner calls it once per
+    step, before the sampler, after the rows' histories hold the in-flight tokens: a bad
+    word's prefix may end with one — so this is a second small host-to-device copy beside
+    the step's packed inputs, built when the step executes).
+
+    Returns the logits before the edit, for the logprobs (vLLM reports raw ones): ``x``
+    itself when nothing changed or no row asked for logprobs, else an unedited copy.
+
+    Args:
+        x: ``[N, V]`` float32 contiguous logits of the ``N`` rows; mutated.
+        batch: the rows' parameters and generated tokens.
+
+    Raises:
+        InvariantError: as :func:`build_logit_mask` / :func:`apply_logit_mask`.
+    """
+    mask = build_logit_mask(batch.params, batch.output_token_ids, x.shape[1], pin_memory=pin_memory)
+    if mask is None:
+        return x
+    raw = x.clone() if batch.max_logprobs >= 0 else x
+    apply_logit_mask(x, mask)
+    return raw

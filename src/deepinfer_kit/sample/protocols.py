@@ -83,3 +83,18 @@ class DrawOps(Protocol):
         """Top-k / top-p / min-p over sorted candidates ``[n, W]``, then the draw:
         ``(tokens [n] int64, kept [n] int64)``, ``kept == -1`` when ``W`` was too few."""
         ...
+
+    def nucleus_draw(
+        self,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        inv_t: torch.Tensor,
+        p: torch.Tensor,
+        min_p: torch.Tensor,
+        z: torch.Tensor,
+        u: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[n]`` int64 tokens of top-p rows without top-k (``z`` their :meth:`row_norm`),
+        drawn over the whole row in a fixed number of passes, whatever the nucleus width:
+        the same token :meth:`candidate_draw` gives over the row's full sorted order."""
+        ...

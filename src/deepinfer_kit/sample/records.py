@@ -43,6 +43,32 @@ class SamplingBatch:
     def __len__(self) -> int:
         return len(self.params)
 
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        *,
+        seeds: list[int | None] | None = None,
+        positions: list[int] | None = None,
+        prompts: Sequence[Sequence[int]] | None = None,
+        outputs: Sequence[Sequence[int]] | None = None,
+        eos: list[int | None] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> SamplingBatch:
+        """A batch of ``len(params)`` rows; history defaults to none, seeds to each row's
+        ``params.seed``, positions to 0, EOS to none. Lists are taken as given (not
+        validated against each other: the sampler checks lengths when called). O(N)."""
+        n = len(params)
+        return cls(
+            params=params,
+            seeds=seeds if seeds is not None else [p.seed for p in params],
+            positions=positions if positions is not None else [0] * n,
+            prompt_token_ids=[list(t) for t in prompts] if prompts is not None else [[] for _ in range(n)],
+            output_token_ids=[list(t) for t in outputs] if outputs is not None else [[] for _ in range(n)],
+            eos_token_ids=eos if eos is not None else [None] * n,
+            generator=generator,
+        )
+
     def select(self, rows: Sequence[int]) -> SamplingBatch:
         """A batch of the given rows, in that order (the lists are new, their entries
         shared; the generator is the same object). O(len(rows))."""

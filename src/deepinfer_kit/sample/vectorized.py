@@ -5,8 +5,9 @@ One call: penalties and ``min_tokens`` masks (``penalties.py``); greedy rows tak
 argmax; the other rows get one uniform each (``rng.py``) and are drawn by inverse CDF —
 over the whole vocabulary in token order when they have no top-k / top-p (no sort), or
 over a candidate set sorted by logit when they do (``candidates.py``): a ``torch.topk`` of
-a small width first, a histogram threshold when that width proved too small, a full sort
-only as the last resort. Logprobs come from the raw logits (``logprobs.py``).
+a small width first; when that width proved too small, a top-p row without top-k goes to
+``nucleus_draw`` (a few passes over the row whatever the nucleus width) and a top-k row to
+a histogram threshold; a full sort only as the last resort. Logprobs come from the raw logits (``logprobs.py``).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class VectorizedSampler:
         impl: ``"ref"`` (torch ops), ``"triton"`` (Triton kernels for the draw and the
             filters), or ``"auto"`` (Triton when CUDA is available). Chosen once here.
         top_p_width: first candidate width tried for top-p rows without top-k; a row whose
-            top-p set does not fit gets an exact histogram-threshold set instead.
+            top-p set does not fit is drawn by the ops' ``nucleus_draw`` instead.
 
     Raises:
         ConfigError: an unknown ``impl`` or a ``top_p_width < 1``.
@@ -181,11 +182,21 @@ class VectorizedSampler:
             at_cut = vals.gather(1, (kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
             exact = (kept == 0) | ((kept > 0) & (at_cut > vals[:, -1]))
             tokens[rows[exact]] = tok[exact]
-            retry.append(self._threshold_stage(x, rows[~exact], t, tokens, vals[~exact]))
+            wide = ~exact & (t.k[rows] >= x.shape[1])
+            if bool(wide.any()):
+                self._nucleus_stage(x, rows[wide], t, tokens)
+            narrow = ~exact & ~wide
+            retry.append(self._threshold_stage(x, rows[narrow], t, tokens, vals[narrow]))
         rows = torch.cat([_index(plan.sort, dev), *retry])
         if rows.numel():
             vals, idx = sorted_candidates(x, rows)
             tokens[rows] = self._candidate_draw(vals, idx, rows, t)[0]
+
+    def _nucleus_stage(self, x: torch.Tensor, rows: torch.Tensor, t: _RowTensors, tokens: torch.Tensor) -> None:
+        """Draw top-p rows without top-k whose nucleus outgrew the first candidate width."""
+        tokens[rows] = self._ops.nucleus_draw(
+            x, rows, t.inv_t[rows], t.p[rows], t.min_p[rows], t.z[rows], t.u[rows]
+        )
 
     def _threshold_stage(
         self,

@@ -102,13 +102,11 @@ class ContinuousBatching:
             if not cache.can_allocate(req, n, num_cached):
                 break
             waiting.pop()
-            copies = cache.allocate(req, n, num_cached)
-            if copies:
-                plan.block_copies.extend(copies)
+            state.allocate(plan, req, n, num_cached)
             state.mark_admitted(req, num_cached)
             plan.num_cached_tokens += num_cached
             state.enter_running(req)
-            budget -= add_chunk(state.rows, entry, req, num_cached, n, num_cached=num_cached)
+            budget -= add_chunk(state, entry, req, num_cached, n, num_cached=num_cached)
         return budget
 
 

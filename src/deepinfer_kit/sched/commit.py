@@ -10,7 +10,7 @@ from deepinfer_kit.request import FinishReason, Request, RequestStatus
 from deepinfer_kit.sched.forks import spawn_child, will_fork
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
-from deepinfer_kit.sched.stops import append_token, append_tokens
+from deepinfer_kit.sched.stops import append_token, append_tokens, check_stop
 from deepinfer_kit.step import StepResult
 
 __all__ = ["oldest_inflight", "commit_round", "to_outputs"]
@@ -71,17 +71,20 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
     block_size = state.cache.block_size
     cache = state.cache
     finished: list[Request] = []
+    requests = entry.requests
     for i, chunk in enumerate(chunks):
-        req = entry.requests[i]
+        req = requests[i]
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
-        message = errors[i] if errors else None
-        if message is not None:
-            req.error = message
-            state.finish(req, FinishReason.ERROR, message)
-            finished.append(req)
-            continue
-        end = chunk.start + chunk.num_tokens
+        if errors:
+            message = errors[i]
+            if message is not None:
+                req.error = message
+                state.finish(req, FinishReason.ERROR, message)
+                finished.append(req)
+                continue
+        start = chunk.start
+        end = start + chunk.num_tokens
         done = req.prompt_logprobs
         if result.prompt_logprobs and done is not None and chunk.prompt_first == len(done) - 1:
             done.extend(result.prompt_logprobs[i])
@@ -99,12 +102,17 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
                 raise InvariantError(
                     f"chunk {i} ({req.request_id}) expects 1 token, got {tokens!r}"
                 )
-            else:
-                append_token(req, tokens[0], lps[0] if lps else None, max_len)
+            elif lps:
+                append_token(req, tokens[0], lps[0], max_len)
+            else:  # append_token without a logprob, inlined: once per generated token
+                token = tokens[0]
+                req.all_token_ids.append(token)
+                req.output_token_ids.append(token)
+                check_stop(req, token, max_len)
             metrics = req.metrics
             if metrics is not None and metrics.first_token_time is None:
                 metrics.first_token_time = state.clock()
-        if end // block_size > chunk.start // block_size:
+        if end // block_size > start // block_size:
             cache.cache_full_blocks(req, end)
         if req.status is _FINISHED:
             finished.append(req)
@@ -186,6 +194,7 @@ def _commit_spec(
         req.num_computed_tokens = valid_end
         if valid_end < chunk.start + chunk.num_tokens:
             state.cache.truncate(req, valid_end)
+            state.tables.pop(req, None)
             # The next write lands in a kept block: let allocate check it for CoW.
             state.may_share.add(req)
     return valid_end

@@ -3,8 +3,10 @@
 The loop is the hot path of every scheduler: per running sequence and round it does O(1)
 work plus the snapshot of its chunk, calling into the KV cache manager only when the
 chunk crosses into a block the sequence does not hold yet (or it was just forked and may
-share its last block). Preemption scans the running list, but happens only when blocks
-run out.
+share its last block). A plain decode (one known token, its block held, no drafts) takes
+a fast path, and the block-table snapshot is copied only when the table changed, so a
+decode round allocates just the chunk and its one-token list. Preemption scans the
+running list, but happens only when blocks run out.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _PREEMPTED = RequestStatus.PREEMPTED
 
 
 def add_chunk(
-    rows: dict[Request, SamplingRow],
+    state: SchedulerState,
     entry: InflightPlan,
     req: Request,
     start: int,
@@ -41,18 +43,22 @@ def add_chunk(
 
     The chunk samples when it reaches the last known token; that sample forks into ``n``
     completions when it is the request's first (and not a placeholder decode). The token
-    ids and the block table are copied, so later mutations of ``req`` never reach it.
-    ``rows`` caches each sequence's :class:`SamplingRow` (``SchedulerState.rows``).
+    ids are copied and the block table is a snapshot (``SchedulerState.tables``: one copy
+    shared by the chunks of consecutive rounds until the table changes), so later
+    mutations of ``req`` never reach the chunk. Reuses the sequence's
+    :class:`SamplingRow` (``SchedulerState.rows``). O(1) per decode round apart from a
+    block-table copy once per block (or per allocation).
     """
     all_ids = req.all_token_ids
-    num_known = len(all_ids)
     end = start + n
-    sample = end >= num_known
-    fan_out = req.params.n
-    num_samples = fan_out if fan_out > 1 and sample and not placeholders and will_fork(req) else 1
+    table = state.tables.get(req)
+    if table is None:
+        table = state.tables[req] = list(req.block_table)
+    num_samples = 1
     row = None
     history: Sequence[int] = ()
-    if sample:
+    if end >= len(all_ids):
+        rows = state.rows
         row = rows.get(req)
         if row is None:
             params = req.params
@@ -65,6 +71,9 @@ def add_chunk(
             )
         if row.needs_history:
             history = tuple(req.output_token_ids)
+        fan_out = row.params.n
+        if fan_out > 1 and not placeholders and will_fork(req):
+            num_samples = fan_out
     total = n + len(spec) if spec else n
     entry.plan.chunks.append(
         ScheduledChunk(
@@ -72,10 +81,10 @@ def add_chunk(
             start,
             total,
             all_ids[start:end],  # a placeholder position lies past the known ids
-            list(req.block_table),
-            sample,
+            table,
+            row is not None,
             num_samples,
-            spec if spec else [],
+            spec if spec else (),
             1 if placeholders else 0,
             req.num_preemptions,
             row,
@@ -125,8 +134,20 @@ def plan_running(
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
+        start = req.num_computed_tokens
         table = req.block_table
         num_known = len(req.all_token_ids)
+        if (
+            start + 1 == num_known
+            and start < len(table) * block_size
+            and not (drafts and req in drafts)
+            and not (may_share and req in may_share)
+        ):
+            # The common round of a sequence: a decode of its one known token into a
+            # block it holds — what the general path below would plan, without its tests.
+            budget -= add_chunk(state, entry, req, start, 1)
+            i += 1
+            continue
         num_cached = 0
         if not table:
             num_cached = cache.match_prefix(req)
@@ -136,7 +157,7 @@ def plan_running(
                 continue
             state.mark_admitted(req, num_cached)
             plan.num_cached_tokens += num_cached
-        start = req.num_computed_tokens
+            start = req.num_computed_tokens
         placeholders = 0
         if start < num_known:
             n = num_known - start
@@ -167,11 +188,9 @@ def plan_running(
                 preempted = True
                 if req.status is _PREEMPTED:
                     continue
-            copies = cache.allocate(req, total, num_cached)
-            if copies:
-                plan.block_copies.extend(copies)
+            state.allocate(plan, req, total, num_cached)
             may_share.discard(req)
-        budget -= add_chunk(state.rows, entry, req, start, n, spec, placeholders, num_cached)
+        budget -= add_chunk(state, entry, req, start, n, spec, placeholders, num_cached)
         i += 1
     return budget, preempted
 

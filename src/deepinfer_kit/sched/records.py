@@ -78,13 +78,15 @@ class ScheduledChunk:
         num_tokens: ``q_i``, tokens fed this round (counts against the budget).
         token_ids: the known token values fed, a copy.
         block_table: the sequence's physical blocks after this round's allocation, a
-            copy; position ``t`` lives in ``block_table[t // P]``.
+            copy; position ``t`` lives in ``block_table[t // P]``. Read-only: the chunks
+            of one sequence share one copy over the rounds its table stays unchanged.
         sample: True when logits at the chunk's last non-draft position are sampled (the
             chunk reaches the end of the known tokens); False for a non-final prefill chunk.
         num_samples: tokens drawn from those logits (``n`` when the request forks into
             ``n`` completions at this sample, else 1).
         spec_token_ids: draft tokens appended after the known tokens; the verifier reads
-            logits at ``1 + len(spec_token_ids)`` positions.
+            logits at ``1 + len(spec_token_ids)`` positions. ``()`` (one shared empty
+            tuple, not a fresh list per chunk) when there are none.
         num_placeholders: tokens (0 or 1) whose values the step in flight produces.
         preemption_epoch: the sequence's preemption count when scheduled; ``commit``
             ignores a chunk whose sequence was preempted since.
@@ -109,7 +111,7 @@ class ScheduledChunk:
     block_table: list[int]
     sample: bool = True
     num_samples: int = 1
-    spec_token_ids: list[int] = attrs.field(factory=list)
+    spec_token_ids: Sequence[int] = ()
     num_placeholders: int = 0
     preemption_epoch: int = 0
     sampling: SamplingRow | None = None

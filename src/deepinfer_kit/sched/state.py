@@ -62,6 +62,10 @@ class SchedulerState:
             not forked yet.
         drafts: speculative tokens for each sequence's next decode chunk.
         rows: each live sequence's sampling row, built at its first sample.
+        tables: each running sequence's block-table snapshot, shared by its chunks while
+            the table is unchanged: dropped whenever the scheduler lets the cache change
+            the table (:meth:`allocate`, :meth:`free`, a rollback) — the cache changes a
+            table only in the calls the scheduler makes.
         next_step: the step id of the next plan.
     """
 
@@ -79,6 +83,7 @@ class SchedulerState:
     fork_seats: int = 0
     drafts: dict[Request, list[int]] = attrs.field(factory=dict)
     rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
+    tables: dict[Request, list[int]] = attrs.field(factory=dict)
     next_step: int = 0
 
     # ------------------------------------------------------------------------ seats
@@ -110,6 +115,18 @@ class SchedulerState:
             if metrics is not None and metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = self.clock()
 
+    def allocate(self, plan: SchedulePlan, request: Request, n: int, num_cached: int) -> None:
+        """``cache.allocate(request, n, num_cached)``; its block copies join ``plan`` and
+        the sequence's block-table snapshot is dropped (the table may have changed).
+
+        Raises:
+            OutOfBlocksError, InvariantError: as ``KVCacheManager.allocate``.
+        """
+        copies = self.cache.allocate(request, n, num_cached)
+        if copies:
+            plan.block_copies.extend(copies)
+        self.tables.pop(request, None)
+
     # ------------------------------------------------------------------ end of life
 
     def finish(self, request: Request, reason: FinishReason, stop: int | str | None = None) -> None:
@@ -124,6 +141,7 @@ class SchedulerState:
             del self.requests[request.request_id]
         self.drafts.pop(request, None)
         self.rows.pop(request, None)
+        self.tables.pop(request, None)
         parent_id = request.parent_id
         if parent_id is not None:
             family = self.children.get(parent_id)
@@ -151,6 +169,7 @@ class SchedulerState:
         """Return all of ``request``'s blocks to the cache manager now."""
         self.cache.free(request)
         self.may_share.discard(request)
+        self.tables.pop(request, None)
 
     def free_deferred(self, step_id: int) -> None:
         """Free the sequences whose release waited for step ``step_id`` to commit."""

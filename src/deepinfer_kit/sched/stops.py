@@ -54,7 +54,12 @@ def check_stop(request: Request, token: int, max_model_len: int) -> bool:
         if stop is not None:
             request.finish(FinishReason.STOP, stop)
             return True
-    if len(request.all_token_ids) >= length_limit(request, max_model_len):
+    # length_limit, spelled out: this runs once per generated token.
+    num_tokens = len(request.all_token_ids)
+    max_tokens = params.max_tokens
+    if num_tokens >= max_model_len or (
+        max_tokens is not None and num_tokens >= len(request.prompt_token_ids) + max_tokens
+    ):
         request.finish(FinishReason.LENGTH)
         return True
     return False
@@ -65,7 +70,8 @@ def append_token(
 ) -> bool:
     """Append one sampled token (and its logprob map when the request asked for them),
     then apply :func:`check_stop`. Returns True when the request finished."""
-    request.append_token(token)
+    request.all_token_ids.append(token)  # Request.append_token, without the call
+    request.output_token_ids.append(token)
     if logprob is not None and request.logprobs is not None:
         request.logprobs.append(logprob)
         chosen = logprob.get(token)

@@ -47,17 +47,7 @@ class SimRunner:
         """Per chunk: no token for a non-final prefill chunk, else ``num_samples`` tokens
         from the synthetic source (a verified chunk gets one token: every draft is
         rejected). Counts the step and its duration; mutates nothing else. O(chunks)."""
-        token = self.tokens.token
-        out: list[list[int]] = []
-        for chunk in step.plan.chunks:
-            if not chunk.sample:
-                out.append([])
-            elif chunk.num_samples == 1:
-                out.append([token(chunk.request_id, chunk.output_position)])
-            else:
-                rid, pos = chunk.request_id, chunk.output_position
-                out.append([token(rid if i == 0 else f"{rid}#{i}", pos)
-                            for i in range(chunk.num_samples)])
+        out = self.tokens.round_tokens(step.plan.chunks)
         self.num_steps += 1
         self.busy_time += step.duration
         return StepResult(token_ids=out)

@@ -32,6 +32,15 @@ def plan_shape(plan: SchedulePlan) -> StepShape:
     for chunk in plan.chunks:
         n = chunk.num_tokens
         start = chunk.start
+        if n == 1:  # the common row, without the general arithmetic
+            if chunk.sample:
+                decode += 1
+                sampled += 1
+            else:
+                prefill += 1
+            context += start + 1
+            pairs += start + 1
+            continue
         if chunk.is_prefill:
             prefill += n
         else:

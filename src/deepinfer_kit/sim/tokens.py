@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Sequence
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sched.records import ScheduledChunk
 
 __all__ = ["SyntheticTokens", "token_stream", "request_base"]
 
@@ -86,6 +87,35 @@ class SyntheticTokens:
         t = (base + position * _STRIDE) % self._span
         eos = self.eos_token_id
         return t + 1 if eos is not None and t >= eos else t
+
+    def round_tokens(self, chunks: Sequence[ScheduledChunk]) -> list[list[int]]:
+        """A round's sampled tokens, one list per chunk: empty for a non-final prefill
+        chunk, else ``num_samples`` tokens (completion ``i > 0`` of a fork is keyed by
+        the child's id ``"{id}#{i}"``), each :meth:`token` of the chunk's output position.
+        Registers unknown ids as :meth:`token` does; O(chunks), one call per round."""
+        plans = self._plans
+        span = self._span
+        eos = self.eos_token_id
+        token = self.token
+        out: list[list[int]] = []
+        for chunk in chunks:
+            if not chunk.sample:
+                out.append([])
+                continue
+            rid, pos = chunk.request_id, chunk.output_position
+            plan = plans.get(rid)
+            if chunk.num_samples != 1 or plan is None:
+                out.append([token(rid if i == 0 else f"{rid}#{i}", pos)
+                            for i in range(chunk.num_samples)])
+                continue
+            base, eos_at = plan  # token(), inlined: it runs once per simulated token
+            if pos == eos_at:
+                assert eos is not None
+                out.append([eos])
+                continue
+            t = (base + pos * _STRIDE) % span
+            out.append([t + 1 if eos is not None and t >= eos else t])
+        return out
 
     def output(self, request_id: str, length: int) -> Sequence[int]:
         """The first ``length`` output tokens of ``request_id`` (see :meth:`token`)."""

@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable, Hashable
 
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.slots import allocate_slots
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
@@ -292,9 +293,85 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
         m.check_integrity(())
 
     @suite.check
+    def check_reset_prefix_cache_empties_the_index_only_when_idle(factory: ManagerFactory) -> None:
+        m = factory(16, P)
+        a = make_request("a", list(range(3 * P + 1)))
+        admit(m, a)
+        b = make_request("b", list(range(3 * P + 1)))
+        expect(not m.reset_prefix_cache(), "reset must be refused while a request holds blocks")
+        expect(m.match_prefix(b) == 3 * P, "a refused reset must change nothing")
+        m.free(a)
+        free = m.num_free_blocks
+        expect(m.reset_prefix_cache(), "reset must succeed once nothing is referenced")
+        expect(m.match_prefix(b) == 0, "after a reset nothing matches")
+        expect(m.num_free_blocks == free == 16, f"a reset keeps every block free: {m.num_free_blocks}")
+        m.check_integrity(())
+        admit(m, b)
+        m.free(b)
+        c = make_request("c", list(range(3 * P + 1)))
+        expect(m.match_prefix(c) == 3 * P, "blocks published after a reset are cached again")
+        expect(m.reset_prefix_cache() and m.reset_prefix_cache(), "a reset of an empty cache succeeds")
+
+    @suite.check
+    def check_allocate_slots_equals_the_step_by_step_calls(factory: ManagerFactory) -> None:
+        for seed in range(3):
+            one, steps = factory(24, P), factory(24, P)
+            got = _drive_slots(one, seed, one_call=True)
+            want = _drive_slots(steps, seed, one_call=False)
+            expect(got == want, f"seed {seed}: allocate_slots diverged from the step-by-step calls\n"
+                                f"one call:     {got[:6]}\nstep by step: {want[:6]}")
+
+    @suite.check
     def check_random_operations_against_exact_lru_model(factory: ManagerFactory) -> None:
         for seed in range(3):
             driver = ManagerShadowDriver(factory(12, P), seed)
             for _ in range(250):
                 driver.step()
             driver.drain()
+
+
+def _drive_slots(m: KVCacheManager, seed: int, one_call: bool) -> list[tuple[object, ...]]:
+    """Chunked prefills and decodes of requests sharing prefixes, scheduled either through
+    :func:`allocate_slots` or through ``cache_full_blocks`` / ``match_prefix`` /
+    ``allocate``; returns what each step saw (hits, tables, free blocks)."""
+    rng = random.Random(seed)
+    heads = [[rng.randrange(40) for _ in range(rng.randrange(2 * P, 4 * P))] for _ in range(3)]
+    live: list[Request] = []
+    seen: list[tuple[object, ...]] = []
+    for i in range(60):
+        if len(live) < 3 and rng.random() < 0.6:
+            tail = [rng.randrange(40) for _ in range(rng.randrange(1, P + 2))]
+            live.append(make_request(f"r{i}", rng.choice(heads) + tail))
+        if not live:
+            continue
+        r = rng.choice(live)
+        if r.num_computed_tokens == r.num_tokens:  # the last step committed: a token arrives
+            if r.num_tokens > 5 * P or rng.random() < 0.3:
+                if one_call:
+                    allocate_slots(m, r, 0)  # publishes what the last step wrote
+                else:
+                    m.cache_full_blocks(r, r.num_tokens)
+                m.free(r)
+                live.remove(r)
+                seen.append(("free", r.request_id, m.num_free_blocks))
+                continue
+            r.append_token(rng.randrange(40))
+        end = r.num_tokens if rng.random() < 0.5 else rng.randint(r.num_computed_tokens + 1, r.num_tokens)
+        if one_call:
+            grant = allocate_slots(m, r, end - r.num_computed_tokens)
+            cached, start = grant.num_cached_tokens, grant.num_computed_tokens
+        else:
+            cached = 0
+            if r.block_table:
+                m.cache_full_blocks(r, r.num_computed_tokens)
+            else:
+                cached = min(m.match_prefix(r), (end - 1) // P * P)
+                r.num_computed_tokens = cached
+            m.allocate(r, end - r.num_computed_tokens, cached)
+            start = r.num_computed_tokens
+        seen.append((r.request_id, cached, start, list(r.block_table), m.num_free_blocks))
+        r.num_computed_tokens = end  # the step ran and committed
+    for r in live:
+        m.free(r)
+    m.check_integrity(())
+    return seen

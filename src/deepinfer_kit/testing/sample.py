@@ -8,7 +8,7 @@ Every check builds fresh samplers from ``factory()`` and uses CPU tensors.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -30,28 +30,8 @@ SAMPLER_SUITE: Suite[SamplerFactory] = Suite("Sampler", "factory() -> Sampler")
 _NEG_INF = float("-inf")
 
 
-def make_batch(
-    params: list[SamplingParams],
-    *,
-    seeds: list[int | None] | None = None,
-    positions: list[int] | None = None,
-    prompts: Sequence[Sequence[int]] | None = None,
-    outputs: Sequence[Sequence[int]] | None = None,
-    eos: list[int | None] | None = None,
-    generator: torch.Generator | None = None,
-) -> SamplingBatch:
-    """A batch with the given parameters; history defaults to none, seeds to ``p.seed``,
-    positions to 0."""
-    n = len(params)
-    return SamplingBatch(
-        params=params,
-        seeds=seeds if seeds is not None else [p.seed for p in params],
-        positions=positions if positions is not None else [0] * n,
-        prompt_token_ids=[list(t) for t in prompts] if prompts is not None else [[] for _ in range(n)],
-        output_token_ids=[list(t) for t in outputs] if outputs is not None else [[] for _ in range(n)],
-        eos_token_ids=eos if eos is not None else [None] * n,
-        generator=generator,
-    )
+make_batch = SamplingBatch.build
+"""A batch of the given rows (:meth:`SamplingBatch.build`, under the name the suites use)."""
 
 
 def random_params(rnd: random.Random, vocab: int, seed: int | None) -> SamplingParams:

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_kit.models.attention import splits
+from deepinfer_kit.models.attention.splits import choose_num_splits
 from deepinfer_kit.models.records import AttentionMetadata
 
 __all__ = ["paged_attention", "choose_num_splits"]
@@ -146,19 +148,6 @@ def _merge_splits_kernel(
     tl.store(out_ptr + t * o_st + h * o_sh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def choose_num_splits(meta: AttentionMetadata, num_kv_heads: int, target_programs: int) -> int:
-    """How many context splits a decode-like batch should use (1 for prefill batches).
-
-    Splits only when the query tiles alone give fewer than ``target_programs`` programs and
-    each split still covers at least 256 keys.
-    """
-    if meta.max_query_len > 8:
-        return 1
-    programs = meta.num_requests * num_kv_heads
-    by_len = max(1, meta.max_seq_len // 256)
-    return max(1, min(by_len, -(-target_programs // max(programs, 1)), 64))
-
-
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -171,7 +160,8 @@ def paged_attention(
     """Causal paged attention; see ``ref_ops.paged_attention`` for the contract.
 
     ``sliding_window`` must be ``None`` (``PagedAttention`` rejects it at construction).
-    ``num_splits`` forces the split-K factor (``None``: :func:`choose_num_splits`). fp32
+    ``num_splits`` forces the split-K factor (``None``: ``splits.choose_num_splits`` with
+    ``splits.split_target`` of the device; warm-up enumerates the same choices). fp32
     inputs use IEEE fp32 dot products (no TF32), so they match the reference tightly.
 
     Of the host fields of ``meta`` only ``num_requests`` and ``max_query_len`` (which
@@ -195,10 +185,7 @@ def paged_attention(
     if num_tokens == 0:
         return out
     if num_splits is None:
-        target = 1
-        if query.is_cuda:
-            target = 2 * torch.cuda.get_device_properties(query.device).multi_processor_count
-        num_splits = choose_num_splits(meta, num_hkv, target)
+        num_splits = choose_num_splits(meta, num_hkv, splits.split_target(query.device))
     block_m = 16 if meta.max_query_len * groups <= 16 else 64
     block_n = 64 if query.is_cuda else 32
     num_m_tiles = max(1, triton.cdiv(meta.max_query_len * groups, block_m))

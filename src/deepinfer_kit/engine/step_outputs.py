@@ -1,25 +1,21 @@
-"""The step's copy back to the host: sampled tokens, and logprob maps when asked for."""
+"""The copy back of a step's sampled tokens and logprobs, and the per-chunk logprob maps."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 
 from deepinfer_kit.outputs import Logprob
-from deepinfer_kit.sample.records import SampleResult
+from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 
-if TYPE_CHECKING:
-    from deepinfer_kit.engine.runner import PreparedStep
+__all__ = ["HostLogprobs", "logprob_maps", "to_host"]
 
-__all__ = ["to_host", "logprob_maps"]
-
-
-_HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
+HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
 """Per row: the chosen token's logprob and rank, the top ids and their logprobs."""
 
 
-def to_host(flagged: torch.Tensor, sampled: SampleResult) -> tuple[list[int], _HostLogprobs | None]:
+def to_host(flagged: torch.Tensor, sampled: SampleResult) -> tuple[list[int], HostLogprobs | None]:
     """The step's one copy back: the tokens (``-1`` for a non-finite row) and, when a row
     asked for logprobs, their ranks and top ids in the same int64 copy, the float
     logprobs in one more."""
@@ -42,16 +38,16 @@ def to_host(flagged: torch.Tensor, sampled: SampleResult) -> tuple[list[int], _H
 
 
 def logprob_maps(
-    chosen: list[int], host: _HostLogprobs, step: PreparedStep
+    chosen: list[int], host: HostLogprobs, row_counts: Sequence[int], sampling: SamplingBatch
 ) -> list[list[dict[int, Logprob]]]:
     """Per chunk, per drawn token: the chosen token's Logprob plus the asked top alternatives."""
     chosen_lp, ranks, top_ids, top_lp = host
     maps: list[list[dict[int, Logprob]]] = []
     row = 0
-    for count in step.row_counts:
+    for count in row_counts:
         per_chunk: list[dict[int, Logprob]] = []
         for r in range(row, row + count):
-            want = step.sampling.params[r].logprobs
+            want = sampling.params[r].logprobs
             entry: dict[int, Logprob] = {}
             if want is not None:
                 for rank, (tok, lp) in enumerate(zip(top_ids[r][:want], top_lp[r][:want]), 1):

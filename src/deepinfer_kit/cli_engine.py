@@ -1,0 +1,107 @@
+"""The engine options shared by the ``deepinfer-kit`` subcommands that build an engine, and
+the :class:`EngineConfig` they describe."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
+
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.config import EngineConfig
+
+__all__ = ["add_engine_options", "engine_config"]
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Add the options that describe an engine (model, device, dtype, KV sizing, …) to ``p``."""
+    p.add_argument(
+        "--model", default="tiny-words",
+        help="checkpoint folder, or an embedded model: 'tiny-words' (trained on the project's "
+             "docs; default) or 'tiny' (random weights)",
+    )
+    p.add_argument("--tokenizer", default=None, help="a folder whose tokenizer.json replaces the model's")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=(*DTYPE_NAMES, "auto", *DTYPE_ALIASES),
+                   help="'auto': the checkpoint's torch_dtype")
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
+                   help="KV memory budget (MiB) on CPU when --num-blocks is not given")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="on CUDA, the fraction of device memory the engine may use (weights + KV)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output tokens of one request at most (default: the model's, "
+                   "capped to what the KV pool holds)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
+                   help="continuous batching (admit every round) or static (a batch runs to completion)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule step k+1 while step k runs (tokens committed one step late); "
+                        "default: on on CUDA unless --num-draft, off on CPU")
+    p.add_argument("--num-draft", type=int, default=0,
+                   help="speculative decoding: drafts verified per round (0: off)")
+    p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self"),
+                   help="who drafts: prompt lookup, a draft checkpoint, the target's first layers")
+    p.add_argument("--draft-model", default=None,
+                   help="the draft checkpoint folder of --drafter draft_model ('tiny': embedded)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="k, the target layers --drafter self drafts with")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
+    p.add_argument("--eplb-interval", type=int, default=0,
+                   help="live expert rebalancing every N steps (0: off; needs an MoE model)")
+    p.add_argument("--eplb-window", type=int, default=8, help="steps of expert counts a rebalance plans from")
+    p.add_argument("--eplb-redundant", type=int, default=4, help="redundant expert slots per MoE layer")
+    p.add_argument("--eplb-gpus", type=int, default=4, help="GPUs the expert slots are split over")
+    p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
+    p.add_argument(
+        "--threads", type=int, default=None,
+        help="torch intra-op threads (default: 1 for the embedded models, torch's default otherwise)",
+    )
+
+
+def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
+    """The :class:`EngineConfig` the engine options of ``args`` describe (``overrides``
+    win); also sets torch's thread count from ``--threads``."""
+    import torch
+
+    from deepinfer_kit.engine.config import EngineConfig
+    from deepinfer_kit.models.embedded import is_embedded
+
+    threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    fields: dict[str, Any] = dict(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        dtype=args.dtype,
+        num_blocks=args.num_blocks,
+        kv_cache_memory_mb=args.kv_cache_memory_mb,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        overlap=args.overlap,
+        scheduler=args.scheduler,
+        cuda_graphs=not args.no_cuda_graphs,
+        speculative=_speculative(args),
+        eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
+               "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus}
+              if args.eplb_interval else None),
+    )
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+def _speculative(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``speculative`` dict of the flags (``None`` without ``--num-draft``); only the
+    draft fields given are passed, so SpecConfig names a missing or misplaced one."""
+    if not args.num_draft:
+        return None
+    spec: dict[str, Any] = {"drafter": args.drafter, "num_draft": args.num_draft}
+    if args.draft_model is not None:
+        spec["draft_model"] = args.draft_model
+    if args.draft_layers is not None:
+        spec["draft_layers"] = args.draft_layers
+    return spec

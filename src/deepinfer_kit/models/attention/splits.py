@@ -1,0 +1,73 @@
+"""How many context splits (split-K) the Triton paged attention uses for a batch, and every
+count it can pick for an engine's limits (what warm-up compiles).
+
+Triton-free, so the engine's warm-up can enumerate the counts on any machine.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from deepinfer_kit.models.records import AttentionMetadata
+
+__all__ = ["choose_num_splits", "num_splits_for", "split_target", "num_splits_witnesses"]
+
+MAX_SPLITS = 64
+
+
+def num_splits_for(max_query_len: int, num_requests: int, max_seq_len: int, num_kv_heads: int,
+                   target_programs: int) -> int:
+    """The split count of a batch described by its sizes (1 for prefill batches).
+
+    Splits only when the query tiles alone give fewer than ``target_programs`` programs and
+    each split still covers at least 256 keys. Non-decreasing in ``max_seq_len`` (what
+    :func:`num_splits_witnesses` relies on).
+    """
+    if max_query_len > 8:
+        return 1
+    programs = num_requests * num_kv_heads
+    by_len = max(1, max_seq_len // 256)
+    return max(1, min(by_len, -(-target_programs // max(programs, 1)), MAX_SPLITS))
+
+
+def choose_num_splits(meta: AttentionMetadata, num_kv_heads: int, target_programs: int) -> int:
+    """:func:`num_splits_for` of ``meta``'s host sizes; called by the Triton paged attention
+    once per launch when the caller does not force a count."""
+    return num_splits_for(meta.max_query_len, meta.num_requests, meta.max_seq_len, num_kv_heads,
+                          target_programs)
+
+
+def split_target(device: torch.device) -> int:
+    """Programs the attention grid should reach on ``device``: twice the SMs of a CUDA
+    device, 1 elsewhere (so the interpreter never splits)."""
+    if device.type != "cuda":
+        return 1
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits_witnesses(max_requests: int, max_model_len: int, num_kv_heads: int,
+                         target_programs: int) -> dict[int, tuple[int, int]]:
+    """Every split count a decode round (query length 1) can get, each with one
+    ``(num_requests, max_seq_len)`` that gets it, for up to ``max_requests`` requests of
+    contexts up to ``max_model_len``.
+
+    Called by the engine's warm-up, which runs one dummy round per witness so that no
+    split count compiles inside a step. Asks :func:`num_splits_for` itself (no copy of its
+    rule): for each request count it bisects the context lengths at which the count
+    changes, O(max_requests * counts * log(max_model_len)).
+    """
+    found: dict[int, tuple[int, int]] = {}
+    for requests in range(1, max_requests + 1):
+        def count(seq_len: int, r: int = requests) -> int:
+            return num_splits_for(1, r, seq_len, num_kv_heads, target_programs)
+
+        seq_len = 1
+        while seq_len <= max_model_len:
+            value = count(seq_len)
+            found.setdefault(value, (requests, seq_len))
+            # the first length past seq_len whose count differs
+            lengths = range(seq_len, max_model_len + 1)
+            seq_len += bisect.bisect_right(lengths, value, key=count)
+    return found

@@ -1,0 +1,249 @@
+"""AsyncLLM: ``async for out in llm.generate(...)`` over one engine stepped by one
+background thread; cancelling a consumer aborts its request."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import attrs
+
+from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit.engine.llm import LLM
+from deepinfer_kit.errors import ConfigError, EngineDeadError
+from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
+
+__all__ = ["AsyncLLM"]
+
+T = TypeVar("T")
+
+_Item = RequestOutput | BaseException
+
+
+@attrs.define(slots=True)
+class _Stream:
+    """Where one request's outputs go: a queue read by its consumer on ``loop``."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[_Item]
+
+    def push(self, item: _Item) -> None:
+        """Called from the engine thread; hands ``item`` to the consumer's loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening
+            pass
+
+
+class AsyncLLM:
+    """Streams the outputs of many concurrent requests from one engine.
+
+    One background thread owns the stepping: it applies queued adds and aborts between
+    rounds, calls ``Engine.step()`` while any request is unfinished, and hands each output
+    to the event loop of the request's consumer. Consumers never block their loop on the
+    engine.
+
+    Args:
+        model: as :class:`~deepinfer_kit.engine.llm.LLM` (a checkpoint folder or ``"tiny"``).
+        engine: an already built engine (then no other options).
+        **config: :class:`~deepinfer_kit.engine.config.EngineConfig` fields, as ``LLM``.
+
+    Raises:
+        ConfigError, CheckpointError: as ``LLM``.
+    """
+
+    def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
+        self.llm = LLM(model, engine=engine, **config)
+        self.engine = self.llm.engine
+        self.chat_renderer = self.llm.chat_renderer
+        self._streams: dict[str, _Stream] = {}
+        self._live: dict[str, str] = {}  # user request id -> engine id
+        self._keys = itertools.count()
+        self._commands: deque[Callable[[], None]] = deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="deepinfer-async-llm", daemon=True)
+        self._thread.start()
+
+    # ---- the consumer's side -------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its outputs as the engine produces them.
+
+        With ``output_kind`` CUMULATIVE (the default when ``sampling_params`` is ``None``)
+        each output holds everything so far; DELTA only what is new; FINAL_ONLY yields once.
+        The last output has ``finished`` True. Closing the generator or cancelling the
+        task that iterates it before then aborts the request (its blocks are freed by the
+        engine's next round).
+
+        Raises:
+            ConfigError: a request id already live here, or what ``Engine.add_request``
+                raises for this request (raised by the first iteration; other requests
+                are unaffected).
+            EngineDeadError: the engine died or this AsyncLLM was shut down.
+        """
+        params = sampling_params if sampling_params is not None else SamplingParams(
+            output_kind=RequestOutputKind.CUMULATIVE)
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"sampling_params must be SamplingParams, got {params!r}")
+        self._check_running()
+        rid = request_id if request_id is not None else f"async-{next(self._keys)}"
+        if rid in self._live:
+            raise ConfigError(f"request_id {rid!r} is already in use by a live request")
+        key = f"{rid}#{next(self._keys)}"  # unique even when a user id is reused at once
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._live[rid] = key
+        self._streams[key] = stream
+        self._submit(lambda: self._add(key, prompt, params, priority))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                item.request_id = rid
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(key, None)
+            if self._live.get(rid) == key:
+                del self._live[rid]
+            if not finished:
+                self._submit(lambda: self._abort(key))
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a live request: its consumer's next output is the final one, with finish
+        reason ``abort``. Returns False for an id that is not live."""
+        key = self._live.get(request_id)
+        if key is None:
+            return False
+        return await self.call(lambda: self.engine.abort(key))
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread between two rounds and return its result (or
+        raise its exception); for reading engine state consistently."""
+        self._check_running()
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                done.set_exception(exc)
+
+        self._submit(run)
+        return await asyncio.wrap_future(done)
+
+    async def wait_idle(self, poll_s: float = 0.005) -> None:
+        """Wait until no request is live, then run ``Engine.check_idle()`` on the engine
+        thread (raises :class:`InvariantError` naming held blocks or requests)."""
+        while True:
+            busy = await self.call(lambda: bool(self._streams) or self.engine.has_unfinished_requests())
+            if not busy:
+                break
+            await asyncio.sleep(poll_s)
+        await self.call(self._flush_and_check)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Abort every live request, let the engine finish them, stop the thread. Consumers
+        still waiting get :class:`EngineDeadError`. Idempotent; safe from any thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    @property
+    def is_running(self) -> bool:
+        """True until :meth:`shutdown` or an engine death."""
+        return self._thread.is_alive() and not self._stopping
+
+    # ---- the engine thread ------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine loop stopped: {self._error}") from self._error
+        if self._stopping or not self._thread.is_alive():
+            raise EngineDeadError("AsyncLLM is shut down")
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        with self._wake:
+            self._commands.append(command)
+            self._wake.notify()
+
+    def _add(self, key: str, prompt: str | Sequence[int], params: SamplingParams, priority: int) -> None:
+        stream = self._streams.get(key)
+        if stream is None:  # the consumer left before its request was queued
+            return
+        try:
+            self.engine.add_request(key, prompt, params, priority=priority)
+        except Exception as exc:  # the request's own error goes to its consumer only
+            stream.push(exc)
+
+    def _abort(self, key: str) -> None:
+        self.engine.abort(key)
+
+    def _flush_and_check(self) -> None:
+        for out in self.engine.flush():
+            self._dispatch(out)
+        self.engine.check_idle()
+
+    def _dispatch(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is not None:
+            stream.push(out)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not (self._commands or self._stopping
+                               or self.engine.has_unfinished_requests()):
+                        self._wake.wait()
+                    commands = list(self._commands)
+                    self._commands.clear()
+                    stopping = self._stopping
+                for command in commands:
+                    command()
+                if stopping:
+                    self._drain()
+                    return
+                if self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        self._dispatch(out)
+                    if not self.engine.has_unfinished_requests():
+                        for out in self.engine.flush():
+                            self._dispatch(out)
+        except BaseException as exc:  # the engine died: every consumer hears it
+            self._error = exc
+            self._fail_all(EngineDeadError(f"the engine loop stopped: {exc}"))
+
+    def _drain(self) -> None:
+        """Abort everything and step until the engine holds nothing (shutdown)."""
+        for key in list(self._streams):
+            self.engine.abort(key)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        self.engine.flush()
+        self._fail_all(EngineDeadError("AsyncLLM is shut down"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in list(self._streams.values()):
+            stream.push(exc)

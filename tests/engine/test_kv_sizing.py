@@ -1,0 +1,100 @@
+"""KV pool sizing: CPU budget, CUDA free memory x gpu_memory_utilization, max_model_len capping,
+dtype aliases, tokenizer=."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from deepinfer_kit import LLM, EngineConfig, build_engine
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.kv_sizing import kv_budget_bytes, resolve_dtype, size_kv_pool
+from deepinfer_kit.errors import CheckpointError, ConfigError
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.tiny import tiny_hf_config
+
+MiB = 1 << 20
+
+
+def tiny_config() -> ModelConfig:
+    return ModelConfig.from_hf_config(tiny_hf_config())
+
+
+def _per_block(block_size: int = 16, dtype: torch.dtype = torch.float32) -> int:
+    mc = tiny_config()
+    return PagedKVCache.bytes_per_block(mc.num_layers, block_size, mc.num_kv_heads, mc.head_dim, dtype)
+
+
+def test_cpu_budget_sizes_the_pool_and_caps_the_default_max_model_len() -> None:
+    mc = tiny_config()
+    budget = 40 * _per_block() + 7  # a remainder never makes a partial block
+    with pytest.warns(UserWarning, match=rf"max_model_len {mc.max_position_embeddings} .* capped to 640"):
+        blocks, length = size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                                      budget_source="x", num_blocks=None, max_model_len=None)
+    assert (blocks, length) == (40, 640)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                            budget_source="x", num_blocks=None, max_model_len=600) == (40, 600)
+    with pytest.raises(ConfigError, match="the largest max_model_len that fits is 640"):
+        size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                     budget_source="x", num_blocks=None, max_model_len=641)
+    with pytest.raises(ConfigError, match="holds no KV block"):
+        size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=_per_block() - 1,
+                     budget_source="x", num_blocks=None, max_model_len=None)
+
+
+def test_engine_built_on_a_small_cpu_budget_serves_the_capped_length() -> None:
+    mb = 1
+    expected_blocks = (mb * MiB) // _per_block(8)
+    with pytest.warns(UserWarning, match=f"capped to {expected_blocks * 8}"):
+        llm = LLM("tiny", kv_cache_memory_mb=mb, block_size=8)
+    assert llm.engine.cache.num_blocks == expected_blocks
+    with pytest.raises(ConfigError, match="max_model_len"):
+        llm.generate("x" * (expected_blocks * 8), None)
+    llm.engine.check_idle()
+
+
+def test_cuda_budget_is_utilisation_of_total_minus_memory_in_use() -> None:
+    calls: list[torch.device] = []
+
+    def mem_get_info(device: torch.device) -> tuple[int, int]:
+        calls.append(device)
+        return 30 * 1024 * MiB, 80 * 1024 * MiB  # 50 GiB already in use (weights, others)
+
+    budget, where = kv_budget_bytes(torch.device("cuda:1"), kv_cache_memory_mb=512,
+                                    gpu_memory_utilization=0.9, mem_get_info=mem_get_info)
+    assert budget == int(80 * 1024 * MiB * 0.9) - 50 * 1024 * MiB
+    assert calls == [torch.device("cuda:1")] and "gpu_memory_utilization=0.9" in where
+    with pytest.raises(ConfigError, match="raise gpu_memory_utilization"):
+        kv_budget_bytes(torch.device("cuda"), kv_cache_memory_mb=512, gpu_memory_utilization=0.5,
+                        mem_get_info=mem_get_info)
+    cpu, where = kv_budget_bytes(torch.device("cpu"), kv_cache_memory_mb=3, gpu_memory_utilization=0.1,
+                                 mem_get_info=mem_get_info)
+    assert cpu == 3 * MiB and len(calls) == 2 and "kv_cache_memory_mb=3" in where
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -0.1, "0.9", True])
+def test_gpu_memory_utilization_is_validated(value: object) -> None:
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=value)  # type: ignore[arg-type]
+
+
+def test_dtype_auto_and_aliases() -> None:
+    assert resolve_dtype("auto", {"torch_dtype": "bfloat16"}) == "bfloat16"
+    assert resolve_dtype("auto", {"dtype": "float16"}) == "float16"
+    assert resolve_dtype("auto", None) == "float32"
+    assert resolve_dtype("half", None) == "float16" and resolve_dtype("float", None) == "float32"
+    with pytest.raises(ConfigError, match="torch_dtype 'int8'"):
+        resolve_dtype("auto", {"torch_dtype": "int8"})
+    engine = build_engine(EngineConfig(dtype="half", num_blocks=16, max_model_len=256))
+    assert engine.runner.kv_cache.dtype == torch.float16
+    with pytest.raises(ConfigError, match="dtype"):
+        EngineConfig(dtype="float64")
+
+
+def test_tokenizer_folder_must_hold_a_tokenizer(tmp_path: object) -> None:
+    with pytest.raises(CheckpointError, match="has no tokenizer.json"):
+        LLM("tiny", num_blocks=16, max_model_len=64, tokenizer=str(tmp_path))

@@ -1,0 +1,80 @@
+"""nucleus_draw (the top-p path whose cost does not grow with the nucleus) against
+candidate_draw over the whole sorted row, for the torch reference and the Triton kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_kit.sample import ref_ops
+from deepinfer_kit.sample.candidates import sorted_candidates
+
+Case = tuple[torch.Tensor, ...]
+
+
+def _case(seed: int, rows: int, vocab: int, ties: bool) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=gen) * (0.05 + 4 * torch.rand(rows, 1, generator=gen))
+    if ties:
+        x = torch.round(x * 2) / 2  # few distinct values: ties at every crossing
+    x[torch.rand(rows, vocab, generator=gen) < 0.2] = float("-inf")
+    x[1] = float("-inf")  # nothing finite
+    x[2, :] = float("-inf")
+    x[2, vocab - 1] = 4.0  # only the very last token
+    x[3] = 1.0  # all tied
+    x[4, : vocab // 2] = -0.0
+    x[4, vocab // 2 :] = 0.0  # -0.0 and 0.0 tie
+    rows_ = torch.randperm(rows, generator=gen)
+    inv_t = (0.3 + 2 * torch.rand(rows, generator=gen)).float()
+    p = torch.rand(rows, generator=gen).double().clamp(min=0.02)
+    p[0] = 1.0 - 1e-12
+    min_p = torch.where(torch.rand(rows, generator=gen) < 0.5, 0.0, 0.3 * torch.rand(rows, generator=gen))
+    z = ref_ops.row_norm(x, rows_, inv_t)
+    u = torch.rand(rows, dtype=torch.float64, generator=gen)
+    u[0], u[-1] = 0.0, 1.0 - 2.0**-53
+    return x, rows_, inv_t, p, min_p, z, u
+
+
+def _sorted_draw(case: Case) -> torch.Tensor:
+    x, rows, inv_t, p, min_p, z, u = case
+    vals, idx = sorted_candidates(x, rows)
+    k = torch.full((rows.shape[0],), x.shape[1])
+    return ref_ops.candidate_draw(vals, idx, inv_t, k, p, min_p, z, u)[0]
+
+
+@pytest.mark.parametrize("vocab", [1, 9, 300, 5000])
+@pytest.mark.parametrize("ties", [False, True])
+def test_reference_draws_what_the_full_sort_draws(vocab: int, ties: bool) -> None:
+    for seed in range(4):
+        case = _case(seed * 31 + vocab, 24, max(vocab, 1), ties)
+        assert torch.equal(ref_ops.nucleus_draw(*case), _sorted_draw(case))
+
+
+def test_wide_nuclei_and_dense_crossings() -> None:
+    """Nuclei of thousands of tokens, and a crossing bin holding hundreds of ties."""
+    x, rows, inv_t, p, min_p, z, u = _case(7, 16, 40_000, False)
+    x[5:9] *= 0.01  # nearly flat rows: top-p 0.9 keeps ~36k tokens
+    x[9, 1000:1600] = 2.5  # 600 tokens tied near the top of a flat row
+    x[9, :1000] = 2.6
+    z = ref_ops.row_norm(x, rows, inv_t)
+    case = (x, rows, inv_t, torch.full_like(p, 0.9), min_p * 0, z, u)
+    assert torch.equal(ref_ops.nucleus_draw(*case), _sorted_draw(case))
+
+
+def test_rows_are_independent_of_their_neighbours() -> None:
+    case = _case(3, 40, 2000, False)
+    x, rows, inv_t, p, min_p, z, u = case
+    together = ref_ops.nucleus_draw(*case)
+    for i in (0, 17, 39):
+        alone = ref_ops.nucleus_draw(x, rows[i : i + 1], inv_t[i : i + 1], p[i : i + 1], min_p[i : i + 1],
+                                     z[i : i + 1], u[i : i + 1])  # fmt: skip
+        assert int(alone) == int(together[i])
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("vocab", "ties"), [(7, True), (300, False), (700, True)])
+def test_triton_kernel_matches_the_reference(vocab: int, ties: bool) -> None:
+    from deepinfer_kit.sample import triton_ops
+
+    case = _case(vocab + ties, 10, vocab, ties)
+    assert torch.equal(triton_ops.nucleus_draw(*case), ref_ops.nucleus_draw(*case))
