@@ -74,6 +74,9 @@ class RequestOutput:
         finished: True when every completion has a finish reason.
         num_cached_tokens: prompt tokens whose KV came from the prefix cache.
         metrics: the request's timings.
+        prompt_logprobs: with ``SamplingParams.prompt_logprobs`` set, per prompt token
+            ``None`` for the first, then a map from token id to :class:`Logprob` holding the
+            prompt token and the top alternatives given the tokens before it; else ``None``.
     """
 
     request_id: str
@@ -83,3 +86,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -111,6 +111,8 @@ class Request:
             multimodal hash); part of every prefix-cache key. ``None`` for plain text.
         num_preemptions: how many times this request was preempted.
         cumulative_logprob, logprobs: filled when ``params.logprobs`` is set.
+        prompt_logprobs: with ``params.prompt_logprobs`` set, ``[None]`` then one map per
+            prompt token whose logprob was committed (entry ``j`` is prompt token ``j``'s).
         metrics: the timings reported in :class:`RequestOutput`.
         observer: told of every appended token (text, stop strings); ``None`` to skip.
     """
@@ -139,6 +141,7 @@ class Request:
     num_preemptions: int = 0
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     metrics: RequestMetrics | None = None
     observer: TokenObserver | None = None
 
@@ -151,6 +154,8 @@ class Request:
             self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs = []
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -210,4 +215,5 @@ class Request:
             finished=self.is_finished,
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.metrics,
+            prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None else None,
         )

@@ -32,6 +32,9 @@ class StepResult:
             runner was asked for them (traces); ``None`` otherwise.
         slot_counts: ``[L][P]`` token copies each physical expert slot served in this
             round, when tracing an engine with EPLB on; ``None`` otherwise.
+        prompt_logprobs: per chunk, the maps of the prompt tokens its positions predict
+            (``ScheduledChunk.prompt_targets``, in order; empty for other chunks); ``None``
+            when no chunk asked.
     """
 
     token_ids: list[list[int]]
@@ -41,3 +44,4 @@ class StepResult:
     errors: list[str | None] = attrs.field(factory=list)
     expert_counts: list[list[int]] | None = None
     slot_counts: list[list[int]] | None = None
+    prompt_logprobs: list[list[dict[int, Logprob]]] | None = None

@@ -116,11 +116,11 @@ class BlockKVCacheManager:
 
     def match_prefix(self, request: Request) -> int:
         """Tokens of ``request.all_token_ids`` cached now: a multiple of ``P``, at most
-        ``num_tokens - 1``. Counts one index query and refreshes the matched blocks'
+        ``num_tokens - 1``; 0 for a request asking for prompt logprobs. Counts one index query and refreshes the matched blocks'
         recency; changes no reference count. O(matched blocks + newly hashed blocks)."""
         index = self._index
-        if index is None:
-            return 0
+        if index is None or request.params.prompt_logprobs is not None:
+            return 0  # prompt logprobs need every prompt position computed (as vLLM)
         tokens = request.all_token_ids
         limit = (len(tokens) - 1) // self._P
         if limit <= 0:

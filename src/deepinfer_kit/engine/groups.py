@@ -11,7 +11,7 @@ import attrs
 from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
 from deepinfer_kit.engine.streams import SequenceStream
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import RequestOutputKind
 
@@ -32,6 +32,7 @@ class _Group:
     completions: dict[int, CompletionOutput] = attrs.field(factory=dict)
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None  # of the last completion that finished
+    sent_prompt_logprobs: bool = False  # a DELTA stream reports them once, first
 
 
 class OutputGroups:
@@ -168,9 +169,30 @@ class OutputGroups:
                             group.num_cached_tokens if complete else req.num_cached_tokens
                         ),
                         metrics=group.metrics if group.metrics is not None else req.metrics,
+                        prompt_logprobs=self._prompt_logprobs(group, kind),
                     )
                 )
         return done, cached
+
+    def _prompt_logprobs(
+        self, group: _Group, kind: RequestOutputKind
+    ) -> list[dict[int, Logprob] | None] | None:
+        """The group's prompt logprobs, with ``decoded_token`` filled when it gets text;
+        a copy (``None`` in a DELTA report after the first, as vLLM). O(prompt tokens *
+        alternatives) decodes."""
+        req = group.request
+        maps = req.prompt_logprobs
+        if maps is None or (kind is _DELTA and group.sent_prompt_logprobs):
+            return None
+        group.sent_prompt_logprobs = True
+        detok = self._detokenizer(req)
+        if detok is None:
+            return list(maps)
+        return [
+            None if m is None
+            else {t: attrs.evolve(lp, decoded_token=detok.decode_one(t)) for t, lp in m.items()}
+            for m in maps
+        ]
 
     def _completions(self, group: _Group, kind: RequestOutputKind) -> list[CompletionOutput]:
         """The completions to report for ``group``: all of them (cumulative, and final

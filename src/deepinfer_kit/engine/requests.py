@@ -103,13 +103,16 @@ class RequestBuilder:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise ConfigError(
-                f"logprobs must be <= max_logprobs ({self.max_logprobs}), got {params.logprobs}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise ConfigError(
+                    f"{name} must be <= max_logprobs ({self.max_logprobs}), got {asked}"
+                )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError(f"priority must be an int, got {priority!r}")
         ids, text = self.encode(prompt)
+        params = self._logit_fields(params)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]  # vLLM keeps the prompt's end
         if self.extra_eos_token_ids and not params.ignore_eos:
@@ -129,3 +132,60 @@ class RequestBuilder:
         if reason is not None:
             raise ConfigError(f"request can never run: {reason}")
         return request
+
+    def _logit_fields(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with ``bad_words`` tokenized into ``bad_words_token_ids``, after
+        checking every token id of the logit fields against the vocabulary.
+
+        Raises:
+            ConfigError: a token id outside ``[0, vocab_size)``, or bad words without a
+                tokenizer.
+        """
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise ConfigError(
+                    f"bad_words need a tokenizer, the engine has none; got "
+                    f"{list(params.bad_words)!r} (pass bad_words_token_ids instead)"
+                )
+            seqs = bad_word_sequences(self.tokenizer, params.bad_words)
+            known = set(params.bad_words_token_ids)
+            extra = tuple(seq for seq in seqs if seq not in known)
+            params = attrs.evolve(params, bad_words_token_ids=params.bad_words_token_ids + extra)
+        checks: list[tuple[str, Sequence[int]]] = [
+            ("logit_bias", list(params.logit_bias or ())),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("bad_words_token_ids", [t for seq in params.bad_words_token_ids for t in seq]),
+        ]
+        for name, tokens in checks:
+            for token in tokens:
+                if token >= self.vocab_size:
+                    raise ConfigError(
+                        f"{name} must hold token ids in [0, {self.vocab_size}), got {token}"
+                    )
+        return params
+
+
+def bad_word_sequences(tokenizer: Tokenizer, words: Sequence[str]) -> list[tuple[int, ...]]:
+    """The token sequences of ``words`` (vLLM's rule): each word with its leading spaces
+    stripped, then with one leading space when that spelling starts with a different
+    token and has as many tokens. Tokens the tokenizer adds around any text (those it
+    adds to ``""``) are removed. Called by ``add_request``; O(total text length)."""
+    around = tokenizer.encode("")
+
+    def encode(text: str) -> tuple[int, ...]:
+        ids = tokenizer.encode(text)
+        if around and ids[: len(around)] == around:
+            ids = ids[len(around) :]
+        elif around and ids[-len(around) :] == around:
+            ids = ids[: -len(around)]
+        return tuple(ids)
+
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        plain = encode(word.lstrip())
+        if plain:
+            out.append(plain)
+        spaced = encode(" " + word.lstrip())
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return out

@@ -13,9 +13,12 @@ from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.step_outputs import logprob_maps, to_host
 from deepinfer_kit.engine.token_slots import SlotRoutes, TokenSlots
+from deepinfer_kit.engine.prompt_logprobs import PromptRows
 from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.request import fork_seed
+from deepinfer_kit.sample.logprobs import attach_logprobs
+from deepinfer_kit.sample.logit_mask import edit_logits
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SamplingBatch
@@ -51,6 +54,7 @@ class PreparedStep:
             the host from the previous step's copy back).
         verified: the chunks whose drafts this round verifies (``1 + len(drafts)`` rows
             each), in row order.
+        prompt: the prompt-logprob rows (logits rows after the sampling rows).
         slot_tail: ``routes.tail()`` on the device (a view of the eager step's input
             copy), or ``None`` for a staged round (its tail comes with the load).
     """
@@ -64,6 +68,7 @@ class PreparedStep:
     routes: SlotRoutes = attrs.field(factory=SlotRoutes)
     placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
     verified: list[VerifiedChunk] = attrs.field(factory=list)
+    prompt: PromptRows = attrs.field(factory=PromptRows)
     slot_tail: torch.Tensor | None = None
 
 
@@ -166,6 +171,7 @@ class ModelRunner:
         routes = SlotRoutes()
         hole_rows: list[tuple[int, str]] = []
         verified: list[VerifiedChunk] = []
+        prompt = PromptRows()
         for index, chunk in enumerate(plan.chunks):
             start, n = chunk.start, chunk.num_tokens
             end = start + n
@@ -188,6 +194,7 @@ class ModelRunner:
                 input_ids.append(0)  # resolved in execute, before the forward reads it
             input_ids.extend(chunk.spec_token_ids)
             positions.extend(range(start, end))
+            prompt.add(index, chunk, num_tokens)
             num_tokens += n
             query_lens.append(n)
             seq_lens.append(end)
@@ -240,13 +247,14 @@ class ModelRunner:
         if (
             static is not None
             and not self.record_expert_counts and self.balancer is None  # padded rows would count
+            and not prompt.rows  # prompt-logprob rows are extra logits rows
             and num_tokens == len(plan.chunks) > 0
             and static.size_for(num_tokens) is not None
         ):
             staged = static.stage(input_ids, positions, seq_lens, tables, tail)
         else:
             host, layout = pack_inputs(
-                input_ids, positions, query_lens, seq_lens, tables, logits_rows,
+                input_ids, positions, query_lens, seq_lens, tables, logits_rows + prompt.rows,
                 block_size=self.block_size, pin_memory=self._pin, tail=tail,
             )  # fmt: skip
             device = host.to(self.device, non_blocking=True) if self._pin else host
@@ -272,6 +280,7 @@ class ModelRunner:
             slot_tail=slot_tail,
             placeholder_rows=hole_rows,
             verified=verified,
+            prompt=prompt,
         )
 
     def execute(self, step: PreparedStep) -> StepResult:
@@ -285,6 +294,8 @@ class ModelRunner:
         finite: the slot holds ``-1``) is never fed as a token: its chunk is reported in
         ``errors``. Rows whose penalties or ``min_tokens`` read the in-flight token get
         it on the host, from the previous execute's copy back.
+
+        ``logit_bias`` / allowed ids / bad words edit the rows' logits first (:func:`edit_logits`).
 
         A sampled row whose logits hold a NaN or an infinity is detected on the device
         and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
@@ -312,11 +323,12 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self._logits(step, forward)
             expert_counts, slot_counts = self._expert_counts()
+            logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
-                return StepResult(token_ids=[[] for _ in step.row_counts],
-                                  expert_counts=expert_counts, slot_counts=slot_counts)
+                return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps, expert_counts=expert_counts, slot_counts=slot_counts)
             finite = torch.isfinite(logits).all(dim=-1)
-            clean = logits.masked_fill(~finite[:, None], 0.0)
+            clean = logits.masked_fill(~finite[:, None], 0.0).to(torch.float32)
+            raw = edit_logits(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
             if step.verified:
                 assert self.verifier is not None  # prepare checked it
@@ -325,14 +337,13 @@ class ModelRunner:
                 )
             else:
                 sampled = self.sampler(clean, step.sampling)
+            if raw is not clean:  # logprobs stay those of the raw logits, as vLLM's
+                attach_logprobs(sampled, raw, step.sampling.max_logprobs)
             flagged = torch.where(finite, sampled.token_ids, -1)
             if gathered is not None and slots is not None and tail is not None:
                 flagged = slots.publish(routes, tail, gathered, flagged)
         tokens, logprobs_host = to_host(flagged, sampled)
-        logprobs = (
-            logprob_maps(tokens, logprobs_host, step.row_counts, step.sampling)
-            if logprobs_host is not None else None
-        )
+        logprobs = logprob_maps(tokens, logprobs_host, step.row_counts, step.sampling) if logprobs_host is not None else None
         kept = dict(zip((v.chunk for v in step.verified), emitted))
         token_ids: list[list[int]] = []
         errors: list[str | None] = []
@@ -343,10 +354,7 @@ class ModelRunner:
                 errors.append("the in-flight token this step continues from was never sampled")
                 drawn = []
             elif -1 in drawn:
-                errors.append(
-                    f"non-finite logits (NaN or inf) at output position "
-                    f"{step.sampling.positions[row]}"
-                )
+                errors.append(f"non-finite logits (NaN or inf) at output position {step.sampling.positions[row]}")
                 drawn = []
             else:
                 errors.append(None)
@@ -365,8 +373,8 @@ class ModelRunner:
             errors=errors if any(e is not None for e in errors) else [],
             expert_counts=expert_counts,
             slot_counts=slot_counts,
+            prompt_logprobs=prompt_lps,
         )
-
 
     def _expert_counts(self) -> tuple[list[list[int]] | None, list[list[int]] | None]:
         """Feed the balancer's window; when tracing, the round's per-expert and per-slot

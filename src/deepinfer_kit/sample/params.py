@@ -47,6 +47,41 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2
 
 
+def _to_bias(value: Any) -> dict[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"logit_bias must be a dict of token id -> bias, got {value!r}")
+    return dict(value)
+
+
+def _to_opt_int_tuple(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(f"allowed_token_ids must be a list of ints, got {value!r}")
+    return tuple(value)
+
+
+def _to_words(value: Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(f"bad_words must be a list of str, got {value!r}")
+    return tuple(value)
+
+
+def _to_sequences(value: Iterable[Iterable[int]] | None) -> tuple[tuple[int, ...], ...]:
+    if value is None:
+        return ()
+    try:
+        return tuple(tuple(seq) for seq in value)
+    except TypeError:
+        raise ConfigError(
+            f"bad_words_token_ids must be a list of token id lists, got {value!r}"
+        ) from None
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -105,6 +140,23 @@ class SamplingParams:
         truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``).
         output_kind: what ``Engine.step()`` reports while the request runs (see
             :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
+        prompt_logprobs: when set, the logprob of every prompt token after the first
+            (given the tokens before it) and the top-``prompt_logprobs`` alternatives, in
+            ``RequestOutput.prompt_logprobs``; such a request takes no prefix-cache hits.
+        logit_bias: token id -> bias in ``[-100, 100]`` added to that token's raw logit
+            (before penalties and temperature), or ``None``.
+        allowed_token_ids: only these tokens may be drawn (every other logit is
+            ``-inf``); a non-empty list, or ``None`` for all.
+        bad_words: words never to generate: each is tokenized (as written and with a
+            leading space) at ``add_request``; a word's last token is banned whenever the
+            generated tokens end with the word's other tokens (a one-token word is always
+            banned). Needs a tokenizer.
+        bad_words_token_ids: the token sequences banned that way; ``add_request`` adds
+            those of ``bad_words`` (the field may also be given directly, without a
+            tokenizer).
+
+    Token ids of ``logit_bias`` / ``allowed_token_ids`` / ``bad_words_token_ids`` are
+    checked against the model's vocabulary at ``add_request``.
     """
 
     n: int = 1
@@ -127,6 +179,17 @@ class SamplingParams:
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = attrs.field(
+        default=None, converter=_to_bias, hash=False
+    )
+    allowed_token_ids: tuple[int, ...] | None = attrs.field(
+        default=None, converter=_to_opt_int_tuple
+    )
+    bad_words: tuple[str, ...] = attrs.field(default=(), converter=_to_words)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = attrs.field(
+        default=(), converter=_to_sequences
+    )
 
     def __attrs_post_init__(self) -> None:
         _require_int("n", self.n)
@@ -176,6 +239,36 @@ class SamplingParams:
             if self.logprobs < 0:
                 raise ConfigError(f"logprobs must be >= 0, got {self.logprobs}")
         self._check_output_fields()
+        self._check_logit_fields()
+
+    def _check_logit_fields(self) -> None:
+        if self.prompt_logprobs is not None:
+            _require_int("prompt_logprobs", self.prompt_logprobs)
+            if self.prompt_logprobs < 0:
+                raise ConfigError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not _is_int(token) or token < 0:
+                raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            value = _require_float(f"logit_bias[{token}]", bias)
+            if not -100.0 <= value <= 100.0:
+                raise ConfigError(f"logit_bias[{token}] must be in [-100, 100], got {bias!r}")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ConfigError("allowed_token_ids must not be empty, got []")
+            for token in self.allowed_token_ids:
+                if not _is_int(token) or token < 0:
+                    raise ConfigError(
+                        f"allowed_token_ids must hold token ids >= 0, got {token!r}"
+                    )
+        for word in self.bad_words:
+            if not isinstance(word, str) or not word.strip():
+                raise ConfigError(f"bad_words must hold non-blank strings, got {word!r}")
+        for seq in self.bad_words_token_ids:
+            if not seq or any(not _is_int(t) or t < 0 for t in seq):
+                raise ConfigError(
+                    f"bad_words_token_ids must hold non-empty lists of token ids >= 0, "
+                    f"got {list(seq)!r}"
+                )
 
     def _check_output_fields(self) -> None:
         for stop in self.stop:
@@ -206,6 +299,13 @@ class SamplingParams:
     def uses_top_k(self) -> bool:
         """True when top-k filtering is active (``top_k >= 1``)."""
         return self.top_k >= 1
+
+    @property
+    def has_logit_mask(self) -> bool:
+        """True when ``logit_bias``, ``allowed_token_ids`` or bad words edit the logits."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(
+            self.bad_words_token_ids
+        )
 
     @property
     def has_penalties(self) -> bool:

@@ -85,6 +85,9 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
                 continue
         start = chunk.start
         end = start + chunk.num_tokens
+        done = req.prompt_logprobs
+        if result.prompt_logprobs and done is not None and chunk.prompt_first == len(done) - 1:
+            done.extend(result.prompt_logprobs[i])
         if chunk.sample:
             tokens = token_ids[i]
             lps = logprobs[i] if logprobs is not None else None

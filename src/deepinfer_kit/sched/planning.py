@@ -67,7 +67,7 @@ def add_chunk(
                 req.seed,
                 req.prompt_token_ids,
                 req.eos_token_id,
-                bool(params.min_tokens) or params.has_penalties,
+                bool(params.min_tokens) or params.has_penalties or bool(params.bad_words_token_ids),
             )
         if row.needs_history:
             history = tuple(req.output_token_ids)
@@ -91,6 +91,7 @@ def add_chunk(
             num_cached,
             end - len(req.prompt_token_ids),
             history,
+            *_prompt_targets(req, start, end),
         )
     )
     entry.requests.append(req)
@@ -249,3 +250,19 @@ def _preempt(state: SchedulerState, victim: Request, entry: InflightPlan) -> Non
     victim.num_preemptions += 1
     state.waiting.push_preempted(victim)
     entry.plan.preempted_ids.append(victim.request_id)
+
+
+def _prompt_targets(req: Request, start: int, end: int) -> tuple[list[int], int, int]:
+    """``(targets, first, top)`` of a chunk over ``[start, end)`` (see
+    ``ScheduledChunk.prompt_targets``): the prompt positions from the first whose logprob
+    is not committed yet (a recompute after preemption does not repeat them)."""
+    done = req.prompt_logprobs
+    top = req.params.prompt_logprobs
+    if done is None or top is None:
+        return [], 0, 0
+    prompt = req.prompt_token_ids
+    first = max(start, len(done) - 1)
+    last = min(end, len(prompt) - 1)
+    if first >= last:
+        return [], 0, 0
+    return list(prompt[first + 1 : last + 1]), first, top

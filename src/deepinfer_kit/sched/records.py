@@ -52,7 +52,7 @@ class SamplingRow:
         prompt_token_ids: the prompt (never mutated; shared, not copied).
         eos_token_id: the EOS id masked while ``min_tokens`` is not reached, or ``None``.
         needs_history: the parameters read the generated tokens (penalties,
-            ``min_tokens``), so chunks carry a copy of them.
+            ``min_tokens``, bad words), so chunks carry a copy of them.
     """
 
     params: SamplingParams
@@ -97,6 +97,11 @@ class ScheduledChunk:
             first); it keys the seeded random stream and the ``min_tokens`` rule.
         output_token_ids: a copy of the tokens generated so far when
             ``sampling.needs_history``, else empty.
+        prompt_targets: for a request with ``prompt_logprobs``, the prompt tokens whose
+            logprobs this chunk's positions give: position ``prompt_first + j`` predicts
+            ``prompt_targets[j]`` (the prompt token after it); empty otherwise.
+        prompt_first: the first such position.
+        prompt_top: the request's ``prompt_logprobs`` (top alternatives per position).
     """
 
     request_id: str
@@ -113,6 +118,9 @@ class ScheduledChunk:
     num_cached_tokens: int = 0
     output_position: int = 0
     output_token_ids: Sequence[int] = ()
+    prompt_targets: list[int] = attrs.field(factory=list)
+    prompt_first: int = 0
+    prompt_top: int = 0
 
     @property
     def end(self) -> int:
