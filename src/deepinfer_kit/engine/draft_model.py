@@ -12,15 +12,14 @@ draft model's distribution under each request's own sampling parameters (``q``, 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import attrs
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.draft_rows import DraftRow, check_draft_pool
+from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.errors import ConfigError, OutOfBlocksError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.request import Request
@@ -32,18 +31,6 @@ if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import StatefulDrafter
 
 __all__ = ["DraftModelDrafter"]
-
-@attrs.define(slots=True, eq=False)
-class _Row:
-    """One request drafted this round."""
-
-    index: int  # its row in the proposal
-    req: Request
-    start: int  # first token the draft has no KV for
-    depth: int  # drafts it gets (<= γ)
-    table: list[int]
-    survival: float = 1.0  # product of its drafts' confidences so far
-
 
 class DraftModelDrafter:
     """Drafts with a causal LM over its own paged KV (implements
@@ -72,12 +59,7 @@ class DraftModelDrafter:
     def __init__(self, model: CausalLM, kv_cache: PagedKVCache, book: DraftKVBook, *,
                  generator: torch.Generator | None = None, max_model_len: int,
                  stop_below: float = 0.0) -> None:
-        alloc = book.allocator
-        if (alloc.block_size, alloc.num_blocks) != (kv_cache.block_size, kv_cache.num_blocks):
-            raise ConfigError(
-                f"draft KV: the allocator has {alloc.num_blocks} blocks of {alloc.block_size}, "
-                f"the cache {kv_cache.num_blocks} of {kv_cache.block_size}; build both from one size"
-            )
+        check_draft_pool(book, kv_cache, "draft")
         if kv_cache.num_layers < model.config.num_layers:
             raise ConfigError(
                 f"draft KV holds {kv_cache.num_layers} layers, the draft model has "
@@ -156,10 +138,10 @@ class DraftModelDrafter:
 
     # ---- one round -----------------------------------------------------------------
 
-    def _plan(self, requests: Sequence[Request], gamma: int) -> list[_Row]:
+    def _plan(self, requests: Sequence[Request], gamma: int) -> list[DraftRow]:
         """Roll back, size and reserve each request's drafts; requests that cannot draft
         this round are left out (their valid KV is kept)."""
-        rows: list[_Row] = []
+        rows: list[DraftRow] = []
         for index, req in enumerate(requests):
             sid, toks = req.request_id, req.all_token_ids
             n = len(toks)
@@ -172,10 +154,10 @@ class DraftModelDrafter:
                 table = self.book.reserve(sid, n + depth - 1)
             except OutOfBlocksError:
                 continue
-            rows.append(_Row(index, req, start, depth, table))
+            rows.append(DraftRow(index, req, start, depth, table))
         return rows
 
-    def _forward(self, step: list[_Row], ids: list[list[int]], j: int) -> torch.Tensor:
+    def _forward(self, step: list[DraftRow], ids: list[list[int]], j: int) -> torch.Tensor:
         """Draft step ``j``: the catch-up tokens (``j == 0``) or draft ``j - 1`` of each
         row; returns ``[len(step), V]`` logits after each row's last fed token."""
         input_ids: list[int] = []
@@ -195,12 +177,10 @@ class DraftModelDrafter:
                 positions.append(n - 1 + j)
                 query_lens.append(1)
                 seq_lens.append(n + j)
-        last = list(itertools.accumulate(query_lens))
-        host, layout = pack_inputs(
+        forward = last_token_batch(
             input_ids, positions, query_lens, seq_lens, [row.table for row in step],
-            [x - 1 for x in last], block_size=self.kv_cache.block_size, pin_memory=False,
-        )
-        forward = unpack_inputs(host.to(self.kv_cache.device), layout)
+            block_size=self.kv_cache.block_size, device=self.kv_cache.device,
+        )  # fmt: skip
         self.num_forwards += 1
         with torch.inference_mode():
             return self.model(forward, self.kv_cache)

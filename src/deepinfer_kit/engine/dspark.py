@@ -13,15 +13,14 @@ STS-calibrated ``σ(wᵀ[h_k; W1[x_{k-1}]] / T_k)``. Drafts never enter the back
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import attrs
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.draft_rows import DraftRow, check_draft_pool
+from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.errors import ConfigError, OutOfBlocksError
 from deepinfer_kit.models.truncated import LayerTruncatedLM
 from deepinfer_kit.request import Request
@@ -34,17 +33,6 @@ if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import StatefulDrafter
 
 __all__ = ["DSparkDrafter"]
-
-
-@attrs.define(slots=True, eq=False)
-class _Row:
-    """One request drafted this round."""
-
-    index: int  # its row in the proposal
-    req: Request
-    start: int  # first token the backbone has no KV for
-    depth: int  # drafts it gets (<= γ)
-    table: list[int]
 
 
 class DSparkDrafter:
@@ -72,12 +60,7 @@ class DSparkDrafter:
                 f"DSpark heads read {heads.backbone_layers} backbone layers, the backbone has "
                 f"{backbone.num_layers}"
             )
-        alloc = book.allocator
-        if (alloc.block_size, alloc.num_blocks) != (kv_cache.block_size, kv_cache.num_blocks):
-            raise ConfigError(
-                f"DSpark KV: the allocator has {alloc.num_blocks} blocks of {alloc.block_size}, "
-                f"the cache {kv_cache.num_blocks} of {kv_cache.block_size}; build both from one size"
-            )
+        check_draft_pool(book, kv_cache, "DSpark")
         self.backbone = backbone
         self.heads = heads
         self.kv_cache = kv_cache
@@ -152,9 +135,9 @@ class DSparkDrafter:
         """See :meth:`StatefulDrafter.check_idle`."""
         self.book.check_idle()
 
-    def _plan(self, requests: Sequence[Request], gamma: int) -> list[_Row]:
+    def _plan(self, requests: Sequence[Request], gamma: int) -> list[DraftRow]:
         """The requests that draft this round, their KV rolled back and reserved."""
-        rows: list[_Row] = []
+        rows: list[DraftRow] = []
         for index, req in enumerate(requests):
             sid, toks = req.request_id, req.all_token_ids
             depth = min(gamma, self.max_model_len - len(toks))
@@ -165,22 +148,20 @@ class DSparkDrafter:
                 table = self.book.reserve(sid, len(toks))
             except OutOfBlocksError:
                 continue
-            rows.append(_Row(index, req, start, depth, table))
+            rows.append(DraftRow(index, req, start, depth, table))
         return rows
 
-    def _forward(self, rows: list[_Row]) -> torch.Tensor:
+    def _forward(self, rows: list[DraftRow]) -> torch.Tensor:
         """One backbone forward over each row's unseen tokens; ``[n, H]`` last hidden
         states. Records the rows' tokens as written."""
         lens = [len(row.req.all_token_ids) for row in rows]
         query_lens = [n - row.start for row, n in zip(rows, lens)]
-        host, layout = pack_inputs(
+        forward = last_token_batch(
             [t for row in rows for t in row.req.all_token_ids[row.start:]],
             [p for row, n in zip(rows, lens) for p in range(row.start, n)],
             query_lens, lens, [row.table for row in rows],
-            [x - 1 for x in itertools.accumulate(query_lens)],
-            block_size=self.kv_cache.block_size, pin_memory=False,
-        )
-        forward = unpack_inputs(host.to(self.kv_cache.device), layout)
+            block_size=self.kv_cache.block_size, device=self.kv_cache.device,
+        )  # fmt: skip
         self.num_forwards += 1
         hidden = self.backbone.hidden(forward, self.kv_cache)
         for row in rows:

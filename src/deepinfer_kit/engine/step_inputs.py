@@ -19,7 +19,10 @@ import torch
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 
-__all__ = ["InputLayout", "append_tables", "pack_inputs", "unpack_inputs", "unpack_tail"]
+__all__ = [
+    "InputLayout", "append_tables", "last_token_batch", "pack_inputs", "unpack_inputs",
+    "unpack_tail",
+]
 
 
 @attrs.frozen(slots=True)
@@ -111,3 +114,26 @@ def unpack_tail(buffer: torch.Tensor, layout: InputLayout) -> torch.Tensor:
     """The tail given to :func:`pack_inputs`: ``[layout.num_tail]`` int64, a view of
     ``buffer`` (on whatever device ``buffer`` is)."""
     return buffer[buffer.numel() - layout.num_tail :]
+
+
+def last_token_batch(
+    input_ids: Sequence[int],
+    positions: Sequence[int],
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    tables: Sequence[Sequence[int]],
+    *,
+    block_size: int,
+    device: torch.device,
+) -> ForwardBatch:
+    """A side forward's inputs (a drafter's rounds, warm-up), its logits rows each
+    request's last token, packed on the host and copied to ``device`` once (not pinned).
+
+    Mutates nothing. Raises what :func:`pack_inputs` raises.
+    """
+    ends = [end - 1 for end in itertools.accumulate(query_lens)]
+    host, layout = pack_inputs(
+        input_ids, positions, query_lens, seq_lens, tables, ends,
+        block_size=block_size, pin_memory=False,
+    )  # fmt: skip
+    return unpack_inputs(host.to(device), layout)

@@ -8,12 +8,10 @@ blocks keep their contents.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_target
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
@@ -82,12 +80,10 @@ def _dummy_round(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]
     cache = runner.kv_cache
     tables = [[0] * -(-s // cache.block_size) for s in seq_lens]
     positions = [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
-    ends = [end - 1 for end in itertools.accumulate(query_lens)]  # each request's logits row
-    host, layout = pack_inputs(
-        [0] * sum(query_lens), positions, query_lens, seq_lens, tables, ends,
-        block_size=cache.block_size, pin_memory=False,
+    forward = last_token_batch(
+        [0] * sum(query_lens), positions, query_lens, seq_lens, tables,
+        block_size=cache.block_size, device=runner.device,
     )  # fmt: skip
-    forward = unpack_inputs(host.to(runner.device), layout)
     forward.attn.slot_mapping.fill_(cache.pad_slot)
     with torch.inference_mode():
         logits = runner.model(forward, cache)
