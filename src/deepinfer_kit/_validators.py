@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["int_at_least", "one_of", "require_ints_at_least"]
+__all__ = ["config_from", "int_at_least", "one_of", "require_ints_at_least"]
 
+C = TypeVar("C", bound=attrs.AttrsInstance)
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
@@ -41,3 +42,26 @@ def one_of(choices: Collection[str]) -> Validator:
             )
 
     return check
+
+
+def config_from(cls: type[C], value: object, name: str) -> C | None:
+    """``value`` as the attrs config record ``cls``: itself, ``None``, or a plain dict
+    whose keys are ``cls``'s fields (as vLLM takes ``speculative_config``). Called by the
+    records' ``coerce``; mutates nothing.
+
+    Raises:
+        ConfigError: another type, an unknown key (``name`` and the known keys in the
+            message), or a bad value (the record's own validators, naming the field).
+    """
+    if value is None or isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ConfigError(
+            f"{name} must be {article} {cls.__name__}, a dict or None, got {value!r}"
+        )
+    known = [field.name for field in attrs.fields(cls)]
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise ConfigError(f"{name} has unknown keys {unknown}; known: {known}")
+    return cls(**value)

@@ -7,14 +7,13 @@ from typing import Any
 
 import attrs
 
-from deepinfer_kit._validators import Validator, require_ints_at_least
+from deepinfer_kit._validators import Validator, config_from, require_ints_at_least
 from deepinfer_kit.eplb.records import Topology
 from deepinfer_kit.errors import ConfigError
 
 __all__ = ["EplbConfig", "POLICY_NAMES"]
 
 POLICY_NAMES = ("deepseek", "global", "refine", "forecast", "movement")
-_KEYS = ("window", "interval", "policy", "num_redundant", "num_gpus", "num_nodes", "num_groups", "decay")
 
 
 def _at_least(minimum: int) -> Validator:
@@ -80,14 +79,7 @@ class EplbConfig:
         Raises:
             ConfigError: another type, an unknown key, or a bad value (naming the field).
         """
-        if value is None or isinstance(value, EplbConfig):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"eplb must be an EplbConfig, a dict or None, got {value!r}")
-        unknown = sorted(str(k) for k in value if k not in _KEYS)
-        if unknown:
-            raise ConfigError(f"eplb has unknown keys {unknown}; known: {list(_KEYS)}")
-        return cls(**value)
+        return config_from(cls, value, "eplb")
 
     def topology(self, num_experts: int, router_groups: int) -> Topology:
         """The :class:`Topology` of a layer with ``num_experts`` logical experts.

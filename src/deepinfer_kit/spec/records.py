@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit._validators import config_from, int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -102,8 +102,6 @@ class SpsCurve:
         return ys[i - 1] + frac * (ys[i] - ys[i - 1])
 
 
-_SPEC_KEYS = ("drafter", "num_draft", "planner", "threshold", "ngram_min", "ngram_max", "sps",
-              "draft_model", "draft_layers", "dspark_heads")
 DRAFTERS = ("ngram", "draft_model", "self", "dspark")
 
 
@@ -205,11 +203,4 @@ class SpecConfig:
         Raises:
             ConfigError: another type, an unknown key, or a bad value.
         """
-        if value is None or isinstance(value, SpecConfig):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"speculative must be a SpecConfig, a dict or None, got {value!r}")
-        unknown = sorted(str(k) for k in value if k not in _SPEC_KEYS)
-        if unknown:
-            raise ConfigError(f"speculative has unknown keys {unknown}; known: {list(_SPEC_KEYS)}")
-        return cls(**value)
+        return config_from(cls, value, "speculative")
