@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -105,6 +105,22 @@ class SpsCurve:
 DRAFTERS = ("ngram", "draft_model", "self", "dspark")
 
 
+def _named(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+# (field, the drafter that reads it, what it must be, its check)
+_DRAFTER_FIELDS: tuple[tuple[str, str, str, Callable[[Any], bool]], ...] = (
+    ("draft_model", "draft_model", "must name a checkpoint folder (or 'tiny')", _named),
+    ("draft_layers", "self", "must be an int >= 1", _positive_int),
+    ("dspark_heads", "dspark", "must name a heads file (or 'tiny-words')", _named),
+)
+
+
 def _check_threshold(instance: Any, attribute: attrs.Attribute[float], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ConfigError(f"speculative.threshold must be a finite number >= 0, got {value!r}")
@@ -159,41 +175,20 @@ class SpecConfig:
         self._check_draft_fields()
 
     def _check_draft_fields(self) -> None:
-        """``draft_model`` / ``draft_layers``: required by their drafter, refused by others."""
-        model, layers = self.draft_model, self.draft_layers
-        if self.drafter == "draft_model":
-            if not isinstance(model, str) or not model:
+        """``draft_model`` / ``draft_layers`` / ``dspark_heads``: each required by its
+        drafter, refused by the others."""
+        for field, owner, need, ok in _DRAFTER_FIELDS:
+            value = getattr(self, field)
+            if self.drafter == owner:
+                if not ok(value):
+                    raise ConfigError(
+                        f"speculative.{field} {need} when drafter='{owner}', got {value!r}"
+                    )
+            elif value is not None:
                 raise ConfigError(
-                    f"speculative.draft_model must name a checkpoint folder (or 'tiny') when "
-                    f"drafter='draft_model', got {model!r}"
+                    f"speculative.{field} is read only by drafter='{owner}' (drafter is "
+                    f"{self.drafter!r}), got {value!r}"
                 )
-        elif model is not None:
-            raise ConfigError(
-                f"speculative.draft_model is read only by drafter='draft_model' (drafter is "
-                f"{self.drafter!r}), got {model!r}"
-            )
-        if self.drafter == "self":
-            if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-                raise ConfigError(
-                    f"speculative.draft_layers must be an int >= 1 when drafter='self', got {layers!r}"
-                )
-        elif layers is not None:
-            raise ConfigError(
-                f"speculative.draft_layers is read only by drafter='self' (drafter is "
-                f"{self.drafter!r}), got {layers!r}"
-            )
-        heads = self.dspark_heads
-        if self.drafter == "dspark":
-            if not isinstance(heads, str) or not heads:
-                raise ConfigError(
-                    f"speculative.dspark_heads must name a heads file (or 'tiny-words') when "
-                    f"drafter='dspark', got {heads!r}"
-                )
-        elif heads is not None:
-            raise ConfigError(
-                f"speculative.dspark_heads is read only by drafter='dspark' (drafter is "
-                f"{self.drafter!r}), got {heads!r}"
-            )
 
     @classmethod
     def coerce(cls, value: SpecConfig | Mapping[str, Any] | None) -> SpecConfig | None:
