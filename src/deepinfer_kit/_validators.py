@@ -9,7 +9,7 @@ import attrs
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["config_from", "int_at_least", "one_of", "require_ints_at_least"]
+__all__ = ["config_from", "int_at_least", "one_of", "positive", "require_ints_at_least"]
 
 C = TypeVar("C", bound=attrs.AttrsInstance)
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
@@ -30,6 +30,12 @@ def int_at_least(minimum: int) -> Validator:
         require_ints_at_least(minimum, **{attribute.name: value})
 
     return check
+
+
+def positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A validator accepting numbers ``> 0`` (NaN refused)."""
+    if not value > 0:
+        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
 
 
 def one_of(choices: Collection[str]) -> Validator:

@@ -7,15 +7,10 @@ from typing import TYPE_CHECKING
 import attrs
 
 from deepinfer_kit._validators import int_at_least
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit._validators import positive
 from deepinfer_kit.sim.records import StepShape
 
 __all__ = ["ModelShape", "GpuSpec", "AnalyticCost", "QWEN3_1_7B", "TINY", "H200"]
-
-
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
 
 
 @attrs.frozen(slots=True)
@@ -71,11 +66,11 @@ class GpuSpec:
     """
 
     name: str
-    memory_bandwidth: float = attrs.field(validator=_positive)
-    peak_flops: float = attrs.field(validator=_positive)
+    memory_bandwidth: float = attrs.field(validator=positive)
+    peak_flops: float = attrs.field(validator=positive)
     step_overhead_s: float = attrs.field(default=0.0)
-    bandwidth_efficiency: float = attrs.field(default=1.0, validator=_positive)
-    flops_efficiency: float = attrs.field(default=1.0, validator=_positive)
+    bandwidth_efficiency: float = attrs.field(default=1.0, validator=positive)
+    flops_efficiency: float = attrs.field(default=1.0, validator=positive)
 
 
 #: Qwen3-1.7B (tied embeddings).

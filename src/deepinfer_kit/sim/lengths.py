@@ -8,16 +8,12 @@ import random
 import attrs
 
 from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit._validators import positive
 from deepinfer_kit.errors import ConfigError
 
 __all__ = ["LengthDist"]
 
 _KINDS = ("fixed", "uniform", "exponential", "lognormal")
-
-
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
 
 
 @attrs.frozen(slots=True)
@@ -38,7 +34,7 @@ class LengthDist:
     """
 
     kind: str = attrs.field(default="lognormal", validator=one_of(_KINDS))
-    mean: float = attrs.field(default=500.0, validator=_positive)
+    mean: float = attrs.field(default=500.0, validator=positive)
     spread: float = 0.5
     min_len: int = attrs.field(default=1, validator=int_at_least(1))
     max_len: int = attrs.field(default=1 << 20, validator=int_at_least(1))
