@@ -66,7 +66,7 @@ class Engine:
             (e.g. :class:`~deepinfer_kit.overlap.threaded.ThreadExecutor`) overlaps the
             host's scheduling of a round with the device work of the previous one.
         trace: called with a :class:`StepTrace` after every step, when given.
-        max_logprobs: the most ``logprobs`` a request may ask for.
+        max_logprobs: the most ``logprobs`` a request may ask for (``-1``: no cap).
         max_failed_steps: failed steps in a row after which the engine is dead.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
         speculation: drafts for the decoding sequences before each round (the runner's
@@ -131,7 +131,7 @@ class Engine:
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note,
         )
-        self._groups = OutputGroups(partial(detokenizer_for, tokenizer))
+        self._groups = OutputGroups(partial(detokenizer_for, tokenizer, pieces={}))
         self._lock = threading.RLock()
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0

@@ -27,7 +27,7 @@ class RequestBuilder:
         vocab_size: prompt token ids must lie in ``[0, vocab_size)``.
         eos_token_id: the model's EOS id, stamped on every request.
         extra_eos_token_ids: further EOS ids, added as stop ids unless ``ignore_eos``.
-        max_logprobs: the most ``logprobs`` a request may ask for.
+        max_logprobs: the most ``logprobs`` a request may ask for (``-1``: no cap).
         never_fits: the scheduler's rule for requests that could never run.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
     """
@@ -97,18 +97,13 @@ class RequestBuilder:
 
         Raises:
             ConfigError: bad prompt (:meth:`encode`), params not SamplingParams,
-                ``logprobs`` above ``max_logprobs``, a non-int ``priority``, or a request
+                ``logprobs`` or ``prompt_logprobs`` above ``max_logprobs``, a non-int ``priority``, or a request
                 ``never_fits`` refuses (the message names the limit).
         """
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
-        for name in ("logprobs", "prompt_logprobs"):
-            asked = getattr(params, name)
-            if asked is not None and asked > self.max_logprobs:
-                raise ConfigError(
-                    f"{name} must be <= max_logprobs ({self.max_logprobs}), got {asked}"
-                )
+        params = self._logprob_counts(params)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError(f"priority must be an int, got {priority!r}")
         ids, text = self.encode(prompt)
@@ -132,6 +127,29 @@ class RequestBuilder:
         if reason is not None:
             raise ConfigError(f"request can never run: {reason}")
         return request
+
+    def _logprob_counts(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with a ``logprobs`` / ``prompt_logprobs`` of ``-1`` turned into the
+        vocabulary size (vLLM's rule, so the sampler asks for ``K = V``), after checking
+        both against ``max_logprobs`` (``-1``: no cap).
+
+        Raises:
+            ConfigError: a count above ``max_logprobs`` (naming the field and value).
+        """
+        cap = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+        whole: dict[str, int] = {}
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is None:
+                continue
+            count = self.vocab_size if asked == -1 else asked
+            if count > cap:
+                limit = f"-1: the vocabulary size, {cap}" if self.max_logprobs == -1 else str(cap)
+                every = f" (the whole vocabulary, {count} tokens)" if asked == -1 else ""
+                raise ConfigError(f"{name} must be <= max_logprobs ({limit}), got {asked}{every}")
+            if asked == -1:
+                whole[name] = count
+        return attrs.evolve(params, **whole) if whole else params
 
     def _logit_fields(self, params: SamplingParams) -> SamplingParams:
         """``params`` with ``bad_words`` tokenized into ``bad_words_token_ids``, after

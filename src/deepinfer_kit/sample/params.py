@@ -129,7 +129,9 @@ class SamplingParams:
         stop_token_ids: generation stops (reason ``stop``) after any of these tokens.
         ignore_eos: keep generating past the model's EOS token.
         logprobs: when set, return the chosen token's logprob and the top-``logprobs``
-            alternatives at each step; ``0`` returns only the chosen token's.
+            alternatives at each step; ``0`` returns only the chosen token's, ``-1`` the
+            whole vocabulary (vLLM's meaning; allowed only when the engine's
+            ``max_logprobs`` is ``-1`` or at least the vocabulary size).
         stop: strings that end the generation (reason ``stop``, ``stop_reason`` the
             string) as soon as the detokenised output contains one; the text is cut
             before it. A str or a list of non-empty str; needs ``detokenize``.
@@ -142,7 +144,8 @@ class SamplingParams:
             :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
         prompt_logprobs: when set, the logprob of every prompt token after the first
             (given the tokens before it) and the top-``prompt_logprobs`` alternatives, in
-            ``RequestOutput.prompt_logprobs``; such a request takes no prefix-cache hits.
+            ``RequestOutput.prompt_logprobs``; ``-1``: the whole vocabulary (capped by
+            ``max_logprobs`` like ``logprobs``); such a request takes no prefix-cache hits.
         logit_bias: token id -> bias in ``[-100, 100]`` added to that token's raw logit
             (before penalties and temperature), or ``None``.
         allowed_token_ids: only these tokens may be drawn (every other logit is
@@ -236,16 +239,18 @@ class SamplingParams:
             raise ConfigError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None:
             _require_int("logprobs", self.logprobs)
-            if self.logprobs < 0:
-                raise ConfigError(f"logprobs must be >= 0, got {self.logprobs}")
+            if self.logprobs < -1:
+                raise ConfigError(f"logprobs must be >= 0 or -1 (all), got {self.logprobs}")
         self._check_output_fields()
         self._check_logit_fields()
 
     def _check_logit_fields(self) -> None:
         if self.prompt_logprobs is not None:
             _require_int("prompt_logprobs", self.prompt_logprobs)
-            if self.prompt_logprobs < 0:
-                raise ConfigError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+            if self.prompt_logprobs < -1:
+                raise ConfigError(
+                    f"prompt_logprobs must be >= 0 or -1 (all), got {self.prompt_logprobs}"
+                )
         for token, bias in (self.logit_bias or {}).items():
             if not _is_int(token) or token < 0:
                 raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
