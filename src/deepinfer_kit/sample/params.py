@@ -139,7 +139,9 @@ class SamplingParams:
             token) at the end of the text.
         skip_special_tokens: leave special tokens out of the text.
         detokenize: produce text (``False``: ``text`` stays empty; token ids only).
-        truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``).
+        truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``, at most
+            the engine's ``max_model_len``); ``-1``: the last ``max_model_len - 1`` (the
+            most a prompt may hold and still leave room for one output token).
         output_kind: what ``Engine.step()`` reports while the request runs (see
             :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
         prompt_logprobs: when set, the logprob of every prompt token after the first
@@ -286,9 +288,10 @@ class SamplingParams:
             raise ConfigError(f"stop strings need detokenize=True, got stop={list(self.stop)!r}")
         if self.truncate_prompt_tokens is not None:
             _require_int("truncate_prompt_tokens", self.truncate_prompt_tokens)
-            if self.truncate_prompt_tokens < 1:
+            if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
                 raise ConfigError(
-                    f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}"
+                    f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got "
+                    f"{self.truncate_prompt_tokens}"
                 )
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ConfigError(

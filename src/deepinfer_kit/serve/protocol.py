@@ -175,8 +175,9 @@ def parse_chat(body: object) -> tuple[ParsedRequest, dict[str, Any]]:
 
 
 def _top(entry: Mapping[int, Logprob], k: int) -> list[tuple[str, float]]:
-    """The ``k`` most likely tokens of one position (the entry also holds the chosen one)."""
-    ranked = sorted((lp for lp in entry.values() if lp.rank <= k), key=lambda x: x.rank)
+    """The ``k`` most likely tokens of one position (the entry also holds the chosen one);
+    ``k = -1``: all of them (the whole vocabulary was asked for)."""
+    ranked = sorted((lp for lp in entry.values() if k < 0 or lp.rank <= k), key=lambda x: x.rank)
     return [(lp.decoded_token or "", lp.logprob) for lp in ranked]
 
 
