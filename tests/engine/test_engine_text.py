@@ -189,3 +189,20 @@ def test_skip_special_tokens_false_names_them_in_the_text() -> None:
     assert skipped.outputs[0].text == TOK.decode(ids)
     assert named.outputs[0].text == TOK.decode(ids, skip_special_tokens=False)
     assert "<pad>" in named.outputs[0].text
+
+
+def test_spaces_between_special_tokens_is_accepted_and_leaves_the_text_as_decoded() -> None:
+    assert SamplingParams().spaces_between_special_tokens is True
+    engine = build_engine(model="tiny")
+    prompt = [*TOK.encode("ab"), TOK.EOS, TOK.BOS]
+    texts = {}
+    for spaces in (True, False):
+        rid = engine.add_request(None, prompt, SamplingParams(
+            temperature=0.0, max_tokens=12, ignore_eos=True, skip_special_tokens=False,
+            spaces_between_special_tokens=spaces))
+        (out,) = engine.run()
+        assert out.request_id == rid
+        texts[spaces] = out.outputs[0].text
+        assert texts[spaces] == TOK.decode(out.outputs[0].token_ids, skip_special_tokens=False)
+    assert texts[True] == texts[False]
+    engine.check_idle()

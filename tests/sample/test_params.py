@@ -44,6 +44,8 @@ BAD = [
     ({"stop": "x", "detokenize": False}, "stop strings need detokenize=True, got stop=['x']"),
     ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output must be a bool, got 'yes'"),
     ({"skip_special_tokens": None}, "skip_special_tokens must be a bool, got None"),
+    ({"spaces_between_special_tokens": 0}, "spaces_between_special_tokens must be a bool, got 0"),
+    ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens must be a bool, got 'no'"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got 0"),
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got -2"),
     ({"truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens must be an int, got 1.5"),

@@ -138,6 +138,12 @@ class SamplingParams:
         include_stop_str_in_output: keep the stop string (and the text of a stop
             token) at the end of the text.
         skip_special_tokens: leave special tokens out of the text.
+        spaces_between_special_tokens: accepted for vLLM compatibility (a bool, default
+            True). The text is always the tokenizer's own decode of the tokens, which is
+            what vLLM gives with the default; ``False`` changes nothing here. (vLLM's
+            fast detokenizer then writes an added token that follows another one as its
+            bare content, which differs only for decoders that join tokens with spaces,
+            such as WordPiece; byte-level BPE and SentencePiece decoders insert none.)
         detokenize: produce text (``False``: ``text`` stays empty; token ids only).
         truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``, at most
             the engine's ``max_model_len``); ``-1``: the last ``max_model_len - 1`` (the
@@ -181,6 +187,7 @@ class SamplingParams:
     stop: tuple[str, ...] = attrs.field(default=(), converter=_to_str_tuple)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
@@ -281,7 +288,10 @@ class SamplingParams:
         for stop in self.stop:
             if not isinstance(stop, str) or not stop:
                 raise ConfigError(f"stop must hold non-empty strings, got {stop!r}")
-        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+        for name in (
+            "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+            "detokenize",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:

@@ -57,6 +57,8 @@ _SAMPLING_FIELDS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
     ("min_tokens", "min_tokens", (int,)), ("stop_token_ids", "stop_token_ids", (list,)),
     ("include_stop_str_in_output", "include_stop_str_in_output", (bool,)),
     ("skip_special_tokens", "skip_special_tokens", (bool,)),
+    ("spaces_between_special_tokens", "spaces_between_special_tokens", (bool,)),
+    ("truncate_prompt_tokens", "truncate_prompt_tokens", (int,)),
 )
 # Fields that would change the answer and are not supported: refused unless default.
 _UNSUPPORTED = {"logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False),
