@@ -85,3 +85,9 @@ def test_params_are_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         p.temperature = 1.0  # type: ignore[misc]
     assert hash(p) == hash(SamplingParams(temperature=0.7))
+
+
+def test_top_k_defaults_to_off_and_both_off_values_mean_off() -> None:
+    assert SamplingParams().top_k == 0  # vLLM's default
+    assert not SamplingParams(top_k=0).uses_top_k and not SamplingParams(top_k=-1).uses_top_k
+    assert SamplingParams(top_k=2).uses_top_k
