@@ -166,19 +166,17 @@ class RequestBuilder:
             ConfigError: a count above ``max_logprobs`` (naming the field and value).
         """
         cap = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
-        whole: dict[str, int] = {}
-        for name in ("logprobs", "prompt_logprobs"):
-            asked = getattr(params, name)
-            if asked is None:
-                continue
+        counts: list[int | None] = []
+        for name, asked in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
             count = self.vocab_size if asked == -1 else asked
-            if count > cap:
+            if count is not None and count > cap:
                 limit = f"-1: the vocabulary size, {cap}" if self.max_logprobs == -1 else str(cap)
                 every = f" (the whole vocabulary, {count} tokens)" if asked == -1 else ""
                 raise ConfigError(f"{name} must be <= max_logprobs ({limit}), got {asked}{every}")
-            if asked == -1:
-                whole[name] = count
-        return attrs.evolve(params, **whole) if whole else params
+            counts.append(count)
+        if -1 not in (params.logprobs, params.prompt_logprobs):
+            return params
+        return attrs.evolve(params, logprobs=counts[0], prompt_logprobs=counts[1])
 
     def _logit_fields(self, params: SamplingParams) -> SamplingParams:
         """``params`` with ``bad_words`` tokenized into ``bad_words_token_ids``, after
