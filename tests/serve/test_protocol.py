@@ -36,3 +36,16 @@ def test_a_bad_sampling_field_is_a_bad_request_naming_it(field: str, value: Any)
     with pytest.raises(BadRequest) as err:
         parse_completion({"prompt": "x", field: value})
     assert err.value.param == field and field in str(err.value)
+
+
+def test_logprobs_minus_one_lists_every_alternative() -> None:
+    from deepinfer_kit.outputs import CompletionOutput, Logprob
+    from deepinfer_kit.serve.protocol import chat_logprobs
+
+    entry = {t: Logprob(logprob=-float(t), rank=t + 1, decoded_token=chr(97 + t)) for t in range(6)}
+    c = CompletionOutput(index=0, text="a", token_ids=[0], cumulative_logprob=0.0, logprobs=[entry])
+    got = chat_logprobs(c, -1)
+    assert got is not None
+    assert [t["token"] for t in got["content"][0]["top_logprobs"]] == list("abcdef")
+    top2 = chat_logprobs(c, 2)
+    assert top2 is not None and [t["token"] for t in top2["content"][0]["top_logprobs"]] == ["a", "b"]
