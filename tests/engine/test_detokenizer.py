@@ -213,3 +213,13 @@ def test_a_character_cut_by_the_length_limit_is_flushed_as_a_full_decode_would()
     req, text = _drive(tok, tokens, SamplingParams(max_tokens=len(tokens)))
     assert req.finish_reason is not None and req.finish_reason.value == "length"
     assert text == tok.decode(tokens) == "a\ufffd"
+
+
+def test_decode_one_fills_a_shared_cache_that_copies_keep() -> None:
+    tok = ByteTokenizer()
+    pieces: dict[int, str] = {}
+    detok = IncrementalDetokenizer(tok, [1], pieces=pieces)
+    assert detok.decode_one(tok.EOS) == "<eos>" and pieces == {tok.EOS: "<eos>"}
+    pieces[65] = "cached"  # a second call reads the cache, not the tokenizer
+    assert detok.copy().decode_one(65) == "cached"
+    assert IncrementalDetokenizer(tok, [1], pieces=pieces).decode_one(65) == "cached"

@@ -134,7 +134,7 @@ def test_kv_budget_too_small_names_the_largest_length() -> None:
     ("field", "value"),
     [("dtype", "float64"), ("block_size", 0), ("scheduler", "lottery"), ("prefix_index", "trie"), ("num_blocks", -3),
      ("device", "meta"), ("device", "bogus"), ("device", "cuda:abc"), ("device", "cuda:-1"), ("device", "mps"),
-     ("device", 0), ("device", None), ("max_logprobs", -1), ("max_logprobs", 2.0), ("max_logprobs", True)],
+     ("device", 0), ("device", None), ("max_logprobs", -2), ("max_logprobs", 2.0), ("max_logprobs", True)],
 )
 def test_bad_engine_config_names_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
@@ -152,6 +152,7 @@ def test_cpu_and_cuda_device_strings_are_accepted(device: str) -> None:
 def test_max_logprobs_defaults_to_vllms_20() -> None:
     assert EngineConfig().max_logprobs == 20
     assert EngineConfig(max_logprobs=0).max_logprobs == 0
+    assert EngineConfig(max_logprobs=-1).max_logprobs == -1  # vLLM's "no cap"
 
 
 def test_unknown_checkpoint_folder_is_a_config_error(tmp_path: object) -> None:

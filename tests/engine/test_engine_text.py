@@ -12,6 +12,8 @@ import pytest
 
 from deepinfer_kit import LLM, RequestOutputKind, SamplingParams, build_engine
 from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit.engine.requests import RequestBuilder
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.models.tokenizer import ByteTokenizer
 from deepinfer_kit.outputs import RequestOutput
@@ -127,6 +129,26 @@ def test_truncate_prompt_tokens_keeps_the_prompt_end() -> None:
     assert cut.outputs[0].token_ids == short.outputs[0].token_ids
 
 
+def test_truncate_prompt_tokens_minus_one_keeps_what_max_model_len_allows() -> None:
+    engine = build_engine(model="tiny", max_model_len=32)
+    prompt = [random.Random(3).randrange(1, 200) for _ in range(50)]
+    greedy = {"temperature": 0.0, "max_tokens": 4}
+    cut = engine.add_request(None, prompt, SamplingParams(truncate_prompt_tokens=-1, **greedy))
+    tail = engine.add_request(None, prompt[-31:], SamplingParams(**greedy))
+    outs = {o.request_id: o for o in engine.run()}
+    assert outs[cut].prompt_token_ids == prompt[-31:]  # max_model_len - 1: room for one output
+    assert outs[cut].outputs[0].token_ids == outs[tail].outputs[0].token_ids
+    assert len(outs[cut].outputs[0].token_ids) == 1  # the context is then full
+    with pytest.raises(ConfigError, match=r"truncate_prompt_tokens must be <= max_model_len \(32\) "
+                                          r"or -1, got 33"):
+        engine.add_request(None, prompt, SamplingParams(truncate_prompt_tokens=33))
+    engine.check_idle()
+    bare = RequestBuilder(None, 300, None, (), 20, lambda r: None)  # no max_model_len known
+    with pytest.raises(ConfigError, match="truncate_prompt_tokens=-1 needs the engine's max_model_len"):
+        bare.build("r", [1, 2], SamplingParams(truncate_prompt_tokens=-1), 0, None)
+    assert bare.build("r", [1, 2, 3], SamplingParams(truncate_prompt_tokens=2), 0, None).prompt_token_ids == [2, 3]
+
+
 def test_generate_reports_final_outputs_whatever_the_output_kind() -> None:
     llm = LLM("tiny")
     sp = SamplingParams(temperature=0.0, max_tokens=10, stop="zz")
@@ -167,3 +189,20 @@ def test_skip_special_tokens_false_names_them_in_the_text() -> None:
     assert skipped.outputs[0].text == TOK.decode(ids)
     assert named.outputs[0].text == TOK.decode(ids, skip_special_tokens=False)
     assert "<pad>" in named.outputs[0].text
+
+
+def test_spaces_between_special_tokens_is_accepted_and_leaves_the_text_as_decoded() -> None:
+    assert SamplingParams().spaces_between_special_tokens is True
+    engine = build_engine(model="tiny")
+    prompt = [*TOK.encode("ab"), TOK.EOS, TOK.BOS]
+    texts = {}
+    for spaces in (True, False):
+        rid = engine.add_request(None, prompt, SamplingParams(
+            temperature=0.0, max_tokens=12, ignore_eos=True, skip_special_tokens=False,
+            spaces_between_special_tokens=spaces))
+        (out,) = engine.run()
+        assert out.request_id == rid
+        texts[spaces] = out.outputs[0].text
+        assert texts[spaces] == TOK.decode(out.outputs[0].token_ids, skip_special_tokens=False)
+    assert texts[True] == texts[False]
+    engine.check_idle()

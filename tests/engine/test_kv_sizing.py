@@ -76,6 +76,58 @@ def test_cuda_budget_is_utilisation_of_total_minus_memory_in_use() -> None:
     assert cpu == 3 * MiB and len(calls) == 2 and "kv_cache_memory_mb=3" in where
 
 
+def _cuda_budget(blocks: int, extra: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """The CUDA rule's budget on a fake 8 GiB device whose memory in use leaves exactly
+    ``blocks`` KV blocks plus ``extra`` bytes under gpu_memory_utilization=0.9; read
+    through the default getter (``torch.cuda.mem_get_info``, patched: no tensor moves)."""
+    total = 8 * 1024 * MiB
+    used = int(total * 0.9) - (blocks * _per_block() + extra)
+    seen: list[object] = []
+
+    def fake(device: object = None) -> tuple[int, int]:
+        seen.append(device)
+        return total - used, total
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", fake)
+    budget, where = kv_budget_bytes(torch.device("cuda:0"), kv_cache_memory_mb=512,
+                                    gpu_memory_utilization=0.9)
+    assert seen == [torch.device("cuda:0")] and budget == blocks * _per_block() + extra
+    assert where == f"gpu_memory_utilization=0.9 of 8192 MiB with {used >> 20} MiB in use"
+    return budget, where
+
+
+def test_cuda_budget_caps_the_default_max_model_len_with_both_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    mc = tiny_config()
+    budget, where = _cuda_budget(40, 7, monkeypatch)
+    with pytest.warns(UserWarning) as caught:
+        blocks, length = size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                                      budget_source=where, num_blocks=None, max_model_len=None)
+    assert (blocks, length) == (40, 640)
+    (message,) = [str(w.message) for w in caught]
+    assert f"max_model_len {mc.max_position_embeddings} does not fit" in message
+    assert "capped to 640" in message and where in message and "40 blocks of 16 tokens" in message
+
+
+def test_cuda_budget_refuses_an_explicit_length_beyond_it_and_a_pool_without_a_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mc = tiny_config()
+    budget, where = _cuda_budget(40, 0, monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                            budget_source=where, num_blocks=None, max_model_len=640) == (40, 640)
+    with pytest.raises(ConfigError) as err:
+        size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                     budget_source=where, num_blocks=None, max_model_len=641)
+    assert where in str(err.value) and "the largest max_model_len that fits is 640" in str(err.value)
+    budget, where = _cuda_budget(0, _per_block() - 1, monkeypatch)  # positive, under one block
+    with pytest.raises(ConfigError, match="holds no KV block of 16 tokens") as err:
+        size_kv_pool(model=mc, block_size=16, dtype=torch.float32, budget_bytes=budget,
+                     budget_source=where, num_blocks=None, max_model_len=None)
+    assert where in str(err.value)
+
+
 @pytest.mark.parametrize("value", [0, 1.5, -0.1, "0.9", True])
 def test_gpu_memory_utilization_is_validated(value: object) -> None:
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):

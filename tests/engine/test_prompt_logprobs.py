@@ -77,8 +77,8 @@ def test_max_logprobs_caps_prompt_logprobs() -> None:
     engine = build_engine(model="tiny", max_logprobs=3)
     with pytest.raises(ConfigError, match=r"prompt_logprobs must be <= max_logprobs \(3\), got 4"):
         engine.add_request(None, [1, 2, 3], SamplingParams(prompt_logprobs=4))
-    with pytest.raises(ConfigError, match="prompt_logprobs must be >= 0, got -1"):
-        SamplingParams(prompt_logprobs=-1)
+    with pytest.raises(ConfigError, match=r"prompt_logprobs must be <= max_logprobs \(3\), got -1"):
+        engine.add_request(None, [1, 2, 3], SamplingParams(prompt_logprobs=-1))
     rid = engine.add_request(None, [1, 2, 3], SamplingParams(prompt_logprobs=3, max_tokens=1))
     (out,) = engine.run()
     assert out.request_id == rid and out.prompt_logprobs is not None

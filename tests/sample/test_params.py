@@ -35,7 +35,8 @@ BAD = [
     ({"seed": 1.0}, "seed must be an int, got 1.0"),
     ({"stop_token_ids": [1, -2]}, "stop_token_ids must hold token ids >= 0, got -2"),
     ({"stop_token_ids": "ab"}, "stop_token_ids must be a sequence of ints, got 'ab'"),
-    ({"logprobs": -1}, "logprobs must be >= 0, got -1"),
+    ({"logprobs": -2}, "logprobs must be >= 0 or -1 (all), got -2"),
+    ({"prompt_logprobs": -2}, "prompt_logprobs must be >= 0 or -1 (all), got -2"),
     ({"ignore_eos": 1}, "ignore_eos must be a bool, got 1"),
     ({"stop": 5}, "stop must be a str or a list of str, got 5"),
     ({"stop": ["ok", ""]}, "stop must hold non-empty strings, got ''"),
@@ -43,7 +44,10 @@ BAD = [
     ({"stop": "x", "detokenize": False}, "stop strings need detokenize=True, got stop=['x']"),
     ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output must be a bool, got 'yes'"),
     ({"skip_special_tokens": None}, "skip_special_tokens must be a bool, got None"),
-    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be >= 1, got 0"),
+    ({"spaces_between_special_tokens": 0}, "spaces_between_special_tokens must be a bool, got 0"),
+    ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens must be a bool, got 'no'"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got 0"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got -2"),
     ({"truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens must be an int, got 1.5"),
     ({"output_kind": "delta"}, "output_kind must be a RequestOutputKind, got 'delta'"),
 ]
@@ -81,3 +85,9 @@ def test_params_are_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         p.temperature = 1.0  # type: ignore[misc]
     assert hash(p) == hash(SamplingParams(temperature=0.7))
+
+
+def test_top_k_defaults_to_off_and_both_off_values_mean_off() -> None:
+    assert SamplingParams().top_k == 0  # vLLM's default
+    assert not SamplingParams(top_k=0).uses_top_k and not SamplingParams(top_k=-1).uses_top_k
+    assert SamplingParams(top_k=2).uses_top_k

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from deepinfer_kit import LLM, SamplingParams
 from deepinfer_kit.errors import ConfigError, EngineDeadError
@@ -139,3 +140,18 @@ def test_shutdown_ends_waiting_consumers_and_frees_everything() -> None:
     asyncio.run(main())
     assert not allm.is_running
     allm.engine.check_idle()
+
+
+def test_generate_without_params_streams_cumulative_outputs(allm: AsyncLLM) -> None:
+    torch.manual_seed(0)  # default params sample; a first-token EOS would leave one output
+
+    async def run() -> list[RequestOutput]:  # vLLM's default: CUMULATIVE, 16 tokens
+        return [out async for out in allm.generate([5, 6, 7], request_id="plain")]
+
+    outs = asyncio.run(run())
+    lengths = [len(o.outputs[0].token_ids) for o in outs]
+    assert len(outs) > 1 and lengths == sorted(lengths) and lengths[0] >= 1
+    assert all(b.outputs[0].token_ids[: len(a.outputs[0].token_ids)] == a.outputs[0].token_ids
+               for a, b in zip(outs, outs[1:]))
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    asyncio.run(allm.wait_idle())

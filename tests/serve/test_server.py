@@ -183,6 +183,33 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(served: Served)
     served.wait_idle()
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_client_that_leaves_before_a_plain_answer_aborts_its_request(served: Served, path: str) -> None:
+    engine = served.llm.engine
+    step = engine.step
+
+    def slow_step() -> Any:  # the answer takes seconds; the client waits a fraction of one
+        time.sleep(0.01)
+        return step()
+
+    body: dict[str, Any] = {"max_tokens": 200, "ignore_eos": True}
+    body.update({"prompt": "wait for it"} if "chat" not in path else
+                {"messages": [{"role": "user", "content": "wait for it"}]})
+    before = len(served.aborted)
+    engine.step = slow_step  # type: ignore[method-assign]
+    try:
+        with httpx.Client(base_url=served.url, timeout=httpx.Timeout(10, read=0.3)) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                http.post(path, json=body)
+        deadline = time.monotonic() + 10
+        while len(served.aborted) == before:
+            assert time.monotonic() < deadline, "the departed client's request was never aborted"
+            time.sleep(0.01)
+    finally:
+        engine.step = step  # type: ignore[method-assign]
+    served.wait_idle()
+
+
 def test_hundred_concurrent_streams_finish_and_leak_nothing(served: Served) -> None:
     async def one(http: Any, i: int) -> tuple[str, int]:
         text, done = "", 0

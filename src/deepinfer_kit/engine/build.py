@@ -164,6 +164,7 @@ def build_engine(
         extra_eos_token_ids=eos[1:],
         executor=executor,
         max_logprobs=config.max_logprobs,
+        max_model_len=max_model_len,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
         speculation=speculation,
         balancer=balancer,

@@ -103,8 +103,10 @@ class EngineConfig:
             next is planned); off on CPU, where it is correct but was measured slower
             (see :attr:`overlapped` and docs/overlap.md). ``True`` with
             ``speculative`` is a ConfigError; ``False`` forces the synchronous engine.
-        max_logprobs: the most ``logprobs`` a request may ask for; requests asking for more
-            logprobs are rejected with ConfigError at ``add_request``, as vLLM does.
+        max_logprobs: the most ``logprobs`` (and ``prompt_logprobs``) a request may ask
+            for; requests asking for more are rejected with ConfigError at
+            ``add_request``, as vLLM does. ``-1``: no cap (vLLM's meaning); a request's
+            ``-1`` (the whole vocabulary) counts as the vocabulary size.
         cuda_graphs: on a CUDA device, capture the forward of decode rounds as CUDA graphs
             (one per size of the batch ladder, at build time, after warming every kernel
             up); no effect on CPU. ``False`` runs every round eagerly (the reference).
@@ -145,7 +147,7 @@ class EngineConfig:
     attention_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     sampler_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
     moe_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
-    max_logprobs: int = attrs.field(default=20, validator=int_at_least(0))
+    max_logprobs: int = attrs.field(default=20, validator=int_at_least(-1))
     overlap: bool | None = attrs.field(default=None, validator=_check_optional_bool)
     cuda_graphs: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     static_decode: bool | None = attrs.field(

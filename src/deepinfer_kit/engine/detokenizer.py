@@ -36,15 +36,26 @@ class IncrementalDetokenizer:
         tokenizer: decodes token ids (any :class:`~deepinfer_kit.models.protocols.Tokenizer`).
         prompt_ids: the prompt; its last :data:`CONTEXT_TOKENS` tokens are the context.
         skip_special_tokens: leave special tokens out of the text.
+        pieces: token id -> its text alone (:meth:`decode_one`), filled on first use; one
+            dict may be shared by every detokenizer of a tokenizer, so a whole-vocabulary
+            logprobs row decodes each id once, not once per token.
     """
 
-    __slots__ = ("_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "text")
+    __slots__ = (
+        "_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "_pieces", "text",
+    )
 
     def __init__(
-        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], *, skip_special_tokens: bool = True
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = True,
+        pieces: dict[int, str] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        self._pieces: dict[int, str] = pieces if pieces is not None else {}
         self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self._prefix = 0
         self._read = len(self._ids)
@@ -84,14 +95,19 @@ class IncrementalDetokenizer:
 
     def decode_one(self, token: int) -> str:
         """``token`` decoded alone with its special-token name kept (what a logprob's
-        ``decoded_token`` shows; a lone byte of a multi-byte character is U+FFFD)."""
-        return self._tokenizer.decode([token], skip_special_tokens=False)
+        ``decoded_token`` shows; a lone byte of a multi-byte character is U+FFFD); cached
+        in ``pieces``."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._tokenizer.decode([token], skip_special_tokens=False)
+        return piece
 
     def copy(self) -> IncrementalDetokenizer:
         """An independent detokenizer in the same state (a fork child's starts here)."""
         twin = IncrementalDetokenizer.__new__(IncrementalDetokenizer)
         twin._tokenizer = self._tokenizer
         twin._skip = self._skip
+        twin._pieces = self._pieces
         twin._ids = list(self._ids)
         twin._prefix, twin._read = self._prefix, self._read
         twin._prefix_text = self._prefix_text
@@ -116,11 +132,17 @@ def find_stop(text: str, new_from: int, stops: Sequence[str]) -> tuple[str, int]
     return best
 
 
-def detokenizer_for(tokenizer: Tokenizer | None, request: Request) -> IncrementalDetokenizer | None:
+def detokenizer_for(
+    tokenizer: Tokenizer | None, request: Request, pieces: dict[int, str] | None = None
+) -> IncrementalDetokenizer | None:
     """A new detokenizer of ``request``'s output under its ``skip_special_tokens``, or
-    ``None`` when it gets no text (no tokenizer, or ``detokenize=False``)."""
+    ``None`` when it gets no text (no tokenizer, or ``detokenize=False``); ``pieces``: the
+    tokenizer's shared :meth:`~IncrementalDetokenizer.decode_one` cache."""
     if tokenizer is None or not request.params.detokenize:
         return None
     return IncrementalDetokenizer(
-        tokenizer, request.prompt_token_ids, skip_special_tokens=request.params.skip_special_tokens
+        tokenizer,
+        request.prompt_token_ids,
+        skip_special_tokens=request.params.skip_special_tokens,
+        pieces=pieces,
     )

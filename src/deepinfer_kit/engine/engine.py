@@ -66,7 +66,9 @@ class Engine:
             (e.g. :class:`~deepinfer_kit.overlap.threaded.ThreadExecutor`) overlaps the
             host's scheduling of a round with the device work of the previous one.
         trace: called with a :class:`StepTrace` after every step, when given.
-        max_logprobs: the most ``logprobs`` a request may ask for.
+        max_logprobs: the most ``logprobs`` a request may ask for (``-1``: no cap).
+        max_model_len: the scheduler's, for ``truncate_prompt_tokens`` (``None``: a
+            request giving that field ``-1`` or a count beyond it is not checked here).
         max_failed_steps: failed steps in a row after which the engine is dead.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
         speculation: drafts for the decoding sequences before each round (the runner's
@@ -93,6 +95,7 @@ class Engine:
         executor: OverlapExecutor | None = None,
         trace: Callable[[StepTrace], None] | None = None,
         max_logprobs: int = 20,
+        max_model_len: int | None = None,
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
         speculation: Speculation | None = None,
@@ -129,9 +132,9 @@ class Engine:
         self._failures = StepFailures(max_failed_steps)
         self._builder = RequestBuilder(
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
-            scheduler.never_fits, tokenizer_note,
+            scheduler.never_fits, tokenizer_note, max_model_len,
         )
-        self._groups = OutputGroups(partial(detokenizer_for, tokenizer))
+        self._groups = OutputGroups(partial(detokenizer_for, tokenizer, pieces={}))
         self._lock = threading.RLock()
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0

@@ -190,7 +190,7 @@ class OutputGroups:
             return list(maps)
         return [
             None if m is None
-            else {t: attrs.evolve(lp, decoded_token=detok.decode_one(t)) for t, lp in m.items()}
+            else {t: Logprob(lp.logprob, lp.rank, detok.decode_one(t)) for t, lp in m.items()}
             for m in maps
         ]
 

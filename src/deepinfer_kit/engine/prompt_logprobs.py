@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from deepinfer_kit.engine.step_outputs import asked_top
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sched.records import ScheduledChunk
 
@@ -55,8 +56,9 @@ class PromptRows:
             logits: ``[len(rows), V]`` raw logits of the rows (any device); not mutated.
             num_chunks: chunks of the plan (chunks without rows get ``[]``).
 
-        Two copies back to the host (ints, floats). A row whose logits are all ``-inf``
-        reports ``-inf``, never NaN.
+        Two copies back to the host (ints, floats), each row's asked top only (see
+        :func:`~deepinfer_kit.engine.step_outputs.asked_top`). A row whose logits are all
+        ``-inf`` reports ``-inf``, never NaN.
         """
         x = logits.to(torch.float32)
         lse = torch.logsumexp(x, dim=-1, keepdim=True)
@@ -66,17 +68,20 @@ class PromptRows:
         ranks = (x > chosen).sum(dim=-1) + 1
         top = min(max(k for _, _, k in self.chunks), x.shape[1])
         values, ids = torch.topk(x, top, dim=-1, sorted=True)
-        ints: list[int] = torch.cat([ranks, ids.reshape(-1)]).tolist()
-        floats: list[float] = torch.cat([(chosen - lse)[:, 0], (values - lse).reshape(-1)]).tolist()
+        wants = [want for _, count, want in self.chunks for _ in range(count)]
+        flat_ids, flat_lp, starts = asked_top(ids, values - lse, wants)
+        ints: list[int] = torch.cat([ranks, flat_ids]).tolist()
+        floats: list[float] = torch.cat([(chosen - lse)[:, 0], flat_lp]).tolist()
         n = len(self.rows)
         out: list[list[dict[int, Logprob]]] = [[] for _ in range(num_chunks)]
         row = 0
-        for index, count, want in self.chunks:
+        for index, count, _ in self.chunks:
             for r in range(row, row + count):
-                entry: dict[int, Logprob] = {}
-                for rank in range(min(want, top)):
-                    tok = ints[n + r * top + rank]
-                    entry[tok] = Logprob(logprob=floats[n + r * top + rank], rank=rank + 1)
+                first, last = n + starts[r], n + starts[r + 1]
+                entry = {
+                    tok: Logprob(logprob=lp, rank=rank)
+                    for rank, (tok, lp) in enumerate(zip(ints[first:last], floats[first:last]), 1)
+                }
                 entry[self.targets[r]] = Logprob(logprob=floats[r], rank=ints[r])
                 out[index].append(entry)
             row += count

@@ -27,9 +27,12 @@ class RequestBuilder:
         vocab_size: prompt token ids must lie in ``[0, vocab_size)``.
         eos_token_id: the model's EOS id, stamped on every request.
         extra_eos_token_ids: further EOS ids, added as stop ids unless ``ignore_eos``.
-        max_logprobs: the most ``logprobs`` a request may ask for.
+        max_logprobs: the most ``logprobs`` a request may ask for (``-1``: no cap).
         never_fits: the scheduler's rule for requests that could never run.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
+        max_model_len: the scheduler's; ``truncate_prompt_tokens=-1`` keeps the last
+            ``max_model_len - 1`` tokens and a larger count is refused (``None``: -1 is
+            refused, any count accepted).
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class RequestBuilder:
         max_logprobs: int,
         never_fits: Callable[[Request], str | None],
         tokenizer_note: str | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -49,6 +53,7 @@ class RequestBuilder:
         self.max_logprobs = max_logprobs
         self.never_fits = never_fits
         self.tokenizer_note = tokenizer_note
+        self.max_model_len = max_model_len
 
     def encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
         """Token ids (and text) of a prompt, validated (length rules are the scheduler's).
@@ -93,28 +98,25 @@ class RequestBuilder:
     ) -> Request:
         """A validated, not yet queued request under scheduler id ``sid``.
 
-        ``truncate_prompt_tokens`` keeps the prompt's last tokens (the text stays as given).
+        ``truncate_prompt_tokens`` keeps the prompt's last tokens (the text stays as given;
+        ``-1``: as many as ``max_model_len`` leaves room for).
 
         Raises:
             ConfigError: bad prompt (:meth:`encode`), params not SamplingParams,
-                ``logprobs`` above ``max_logprobs``, a non-int ``priority``, or a request
+                ``logprobs`` or ``prompt_logprobs`` above ``max_logprobs``,
+                ``truncate_prompt_tokens`` above ``max_model_len``, a non-int ``priority``, or a request
                 ``never_fits`` refuses (the message names the limit).
         """
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be SamplingParams, got {type(params).__name__}")
-        for name in ("logprobs", "prompt_logprobs"):
-            asked = getattr(params, name)
-            if asked is not None and asked > self.max_logprobs:
-                raise ConfigError(
-                    f"{name} must be <= max_logprobs ({self.max_logprobs}), got {asked}"
-                )
+        params = self._logprob_counts(params)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigError(f"priority must be an int, got {priority!r}")
         ids, text = self.encode(prompt)
         params = self._logit_fields(params)
         if params.truncate_prompt_tokens is not None:
-            ids = ids[-params.truncate_prompt_tokens:]  # vLLM keeps the prompt's end
+            ids = ids[-self._truncation(params.truncate_prompt_tokens):]  # vLLM keeps the end
         if self.extra_eos_token_ids and not params.ignore_eos:
             extra = tuple(t for t in self.extra_eos_token_ids if t not in params.stop_token_ids)
             params = attrs.evolve(params, stop_token_ids=params.stop_token_ids + extra)
@@ -132,6 +134,49 @@ class RequestBuilder:
         if reason is not None:
             raise ConfigError(f"request can never run: {reason}")
         return request
+
+    def _truncation(self, asked: int) -> int:
+        """How many prompt tokens ``truncate_prompt_tokens=asked`` keeps: ``asked``, or for
+        ``-1`` ``max_model_len - 1`` (vLLM keeps ``max_model_len``; here a prompt must
+        leave room for one output token, see the scheduler's ``never_fits``).
+
+        Raises:
+            ConfigError: ``asked`` above ``max_model_len`` (as vLLM), or ``-1`` without one.
+        """
+        limit = self.max_model_len
+        if asked == -1:
+            if limit is None:
+                raise ConfigError(
+                    "truncate_prompt_tokens=-1 needs the engine's max_model_len; this engine "
+                    "was built without one, got -1"
+                )
+            return max(limit - 1, 1)
+        if limit is not None and asked > limit:
+            raise ConfigError(
+                f"truncate_prompt_tokens must be <= max_model_len ({limit}) or -1, got {asked}"
+            )
+        return asked
+
+    def _logprob_counts(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with a ``logprobs`` / ``prompt_logprobs`` of ``-1`` turned into the
+        vocabulary size (vLLM's rule, so the sampler asks for ``K = V``), after checking
+        both against ``max_logprobs`` (``-1``: no cap).
+
+        Raises:
+            ConfigError: a count above ``max_logprobs`` (naming the field and value).
+        """
+        cap = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+        counts: list[int | None] = []
+        for name, asked in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
+            count = self.vocab_size if asked == -1 else asked
+            if count is not None and count > cap:
+                limit = f"-1: the vocabulary size, {cap}" if self.max_logprobs == -1 else str(cap)
+                every = f" (the whole vocabulary, {count} tokens)" if asked == -1 else ""
+                raise ConfigError(f"{name} must be <= max_logprobs ({limit}), got {asked}{every}")
+            counts.append(count)
+        if -1 not in (params.logprobs, params.prompt_logprobs):
+            return params
+        return attrs.evolve(params, logprobs=counts[0], prompt_logprobs=counts[1])
 
     def _logit_fields(self, params: SamplingParams) -> SamplingParams:
         """``params`` with ``bad_words`` tokenized into ``bad_words_token_ids``, after

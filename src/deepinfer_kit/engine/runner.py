@@ -342,7 +342,7 @@ class ModelRunner:
             flagged = torch.where(finite, sampled.token_ids, -1)
             if gathered is not None and slots is not None and tail is not None:
                 flagged = slots.publish(routes, tail, gathered, flagged)
-        tokens, logprobs_host = to_host(flagged, sampled)
+        tokens, logprobs_host = to_host(flagged, sampled, step.sampling.params)
         logprobs = logprob_maps(tokens, logprobs_host, step.row_counts, step.sampling) if logprobs_host is not None else None
         kept = dict(zip((v.chunk for v in step.verified), emitted))
         token_ids: list[list[int]] = []

@@ -7,33 +7,59 @@ from collections.abc import Sequence
 import torch
 
 from deepinfer_kit.outputs import Logprob
+from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 
-__all__ = ["HostLogprobs", "logprob_maps", "to_host"]
+__all__ = ["HostLogprobs", "asked_top", "logprob_maps", "to_host"]
 
 HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
 """Per row: the chosen token's logprob and rank, the top ids and their logprobs."""
 
 
-def to_host(flagged: torch.Tensor, sampled: SampleResult) -> tuple[list[int], HostLogprobs | None]:
+def asked_top(
+    top_ids: torch.Tensor, top_lp: torch.Tensor, wants: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The first ``wants[r]`` entries of each row of ``top_ids`` / ``top_lp`` (``[N, K]``,
+    ``wants[r] <= K``), flattened row after row, and each row's start in them (``N + 1``
+    offsets). When every row wants all ``K`` this is a reshape; otherwise one masked
+    gather on the device, so a whole-vocabulary row (``K = V``) does not make the other
+    rows of its batch copy ``V`` entries back to the host."""
+    n, k = top_ids.shape
+    counts = [min(w, k) for w in wants]
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    if all(c == k for c in counts):
+        return top_ids.reshape(-1), top_lp.reshape(-1), starts
+    want = torch.tensor(counts, dtype=torch.int64).to(top_ids.device)
+    keep = torch.arange(k, device=top_ids.device)[None, :] < want[:, None]
+    return top_ids[keep], top_lp[keep], starts
+
+
+def to_host(
+    flagged: torch.Tensor, sampled: SampleResult, params: Sequence[SamplingParams] | None = None
+) -> tuple[list[int], HostLogprobs | None]:
     """The step's one copy back: the tokens (``-1`` for a non-finite row) and, when a row
     asked for logprobs, their ranks and top ids in the same int64 copy, the float
-    logprobs in one more."""
+    logprobs in one more. ``params[r]``: row ``r``'s parameters; only the top
+    alternatives its ``logprobs`` asks for come back (``None``: all ``K`` of every row)."""
     if sampled.logprobs is None or sampled.ranks is None:
         tokens: list[int] = flagged.tolist()
         return tokens, None
     n = flagged.shape[0]
     top_ids = sampled.top_token_ids
     top_lp = sampled.top_logprobs
-    k = top_ids.shape[1] if top_ids is not None else 0
-    ints: list[int] = torch.cat(
-        [flagged, sampled.ranks] + ([top_ids.reshape(-1)] if top_ids is not None else [])
-    ).tolist()
-    floats: list[float] = torch.cat(
-        [sampled.logprobs] + ([top_lp.reshape(-1)] if top_lp is not None else [])
-    ).tolist()
-    tops = [ints[2 * n + r * k : 2 * n + (r + 1) * k] for r in range(n)]
-    top_floats = [floats[n + r * k : n + (r + 1) * k] for r in range(n)]
+    if top_ids is not None and top_lp is not None:
+        k = top_ids.shape[1]
+        wants = [p.logprobs or 0 for p in params] if params is not None else [k] * n
+        flat_ids, flat_lp, starts = asked_top(top_ids, top_lp, wants)
+        extra_ints, extra_floats = [flat_ids], [flat_lp]
+    else:
+        extra_ints, extra_floats, starts = [], [], [0] * (n + 1)
+    ints: list[int] = torch.cat([flagged, sampled.ranks, *extra_ints]).tolist()
+    floats: list[float] = torch.cat([sampled.logprobs, *extra_floats]).tolist()
+    tops = [ints[2 * n + starts[r] : 2 * n + starts[r + 1]] for r in range(n)]
+    top_floats = [floats[n + starts[r] : n + starts[r + 1]] for r in range(n)]
     return ints[:n], (floats[:n], ints[n : 2 * n], tops, top_floats)
 
 

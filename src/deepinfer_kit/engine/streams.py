@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import attrs
-
 from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer, find_stop
+from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.request import Request
 
 if TYPE_CHECKING:
@@ -69,8 +68,9 @@ class SequenceStream:
         params = request.params
         token = request.output_token_ids[-1]
         if request.logprobs:
+            decode = detok.decode_one
             request.logprobs[-1] = {
-                tid: attrs.evolve(lp, decoded_token=detok.decode_one(tid))
+                tid: Logprob(lp.logprob, lp.rank, decode(tid))
                 for tid, lp in request.logprobs[-1].items()
             }
         if stop_terminated:

@@ -129,20 +129,31 @@ class SamplingParams:
         stop_token_ids: generation stops (reason ``stop``) after any of these tokens.
         ignore_eos: keep generating past the model's EOS token.
         logprobs: when set, return the chosen token's logprob and the top-``logprobs``
-            alternatives at each step; ``0`` returns only the chosen token's.
+            alternatives at each step; ``0`` returns only the chosen token's, ``-1`` the
+            whole vocabulary (vLLM's meaning; allowed only when the engine's
+            ``max_logprobs`` is ``-1`` or at least the vocabulary size).
         stop: strings that end the generation (reason ``stop``, ``stop_reason`` the
             string) as soon as the detokenised output contains one; the text is cut
             before it. A str or a list of non-empty str; needs ``detokenize``.
         include_stop_str_in_output: keep the stop string (and the text of a stop
             token) at the end of the text.
         skip_special_tokens: leave special tokens out of the text.
+        spaces_between_special_tokens: accepted for vLLM compatibility (a bool, default
+            True). The text is always the tokenizer's own decode of the tokens, which is
+            what vLLM gives with the default; ``False`` changes nothing here. (vLLM's
+            fast detokenizer then writes an added token that follows another one as its
+            bare content, which differs only for decoders that join tokens with spaces,
+            such as WordPiece; byte-level BPE and SentencePiece decoders insert none.)
         detokenize: produce text (``False``: ``text`` stays empty; token ids only).
-        truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``).
+        truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``, at most
+            the engine's ``max_model_len``); ``-1``: the last ``max_model_len - 1`` (the
+            most a prompt may hold and still leave room for one output token).
         output_kind: what ``Engine.step()`` reports while the request runs (see
             :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
         prompt_logprobs: when set, the logprob of every prompt token after the first
             (given the tokens before it) and the top-``prompt_logprobs`` alternatives, in
-            ``RequestOutput.prompt_logprobs``; such a request takes no prefix-cache hits.
+            ``RequestOutput.prompt_logprobs``; ``-1``: the whole vocabulary (capped by
+            ``max_logprobs`` like ``logprobs``); such a request takes no prefix-cache hits.
         logit_bias: token id -> bias in ``[-100, 100]`` added to that token's raw logit
             (before penalties and temperature), or ``None``.
         allowed_token_ids: only these tokens may be drawn (every other logit is
@@ -176,6 +187,7 @@ class SamplingParams:
     stop: tuple[str, ...] = attrs.field(default=(), converter=_to_str_tuple)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
@@ -236,16 +248,18 @@ class SamplingParams:
             raise ConfigError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None:
             _require_int("logprobs", self.logprobs)
-            if self.logprobs < 0:
-                raise ConfigError(f"logprobs must be >= 0, got {self.logprobs}")
+            if self.logprobs < -1:
+                raise ConfigError(f"logprobs must be >= 0 or -1 (all), got {self.logprobs}")
         self._check_output_fields()
         self._check_logit_fields()
 
     def _check_logit_fields(self) -> None:
         if self.prompt_logprobs is not None:
             _require_int("prompt_logprobs", self.prompt_logprobs)
-            if self.prompt_logprobs < 0:
-                raise ConfigError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+            if self.prompt_logprobs < -1:
+                raise ConfigError(
+                    f"prompt_logprobs must be >= 0 or -1 (all), got {self.prompt_logprobs}"
+                )
         for token, bias in (self.logit_bias or {}).items():
             if not _is_int(token) or token < 0:
                 raise ConfigError(f"logit_bias keys must be token ids >= 0, got {token!r}")
@@ -274,16 +288,20 @@ class SamplingParams:
         for stop in self.stop:
             if not isinstance(stop, str) or not stop:
                 raise ConfigError(f"stop must hold non-empty strings, got {stop!r}")
-        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+        for name in (
+            "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+            "detokenize",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:
             raise ConfigError(f"stop strings need detokenize=True, got stop={list(self.stop)!r}")
         if self.truncate_prompt_tokens is not None:
             _require_int("truncate_prompt_tokens", self.truncate_prompt_tokens)
-            if self.truncate_prompt_tokens < 1:
+            if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
                 raise ConfigError(
-                    f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}"
+                    f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got "
+                    f"{self.truncate_prompt_tokens}"
                 )
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ConfigError(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +26,7 @@ from deepinfer_kit.serve.protocol import (
 __all__ = ["build_app"]
 
 Choice = Callable[[int, Any, bool], dict[str, Any]]
+T = TypeVar("T")
 
 
 async def _merged(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -58,6 +59,31 @@ async def _merged(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tup
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _until_disconnect(request: Request) -> None:
+    """Return once the client of ``request`` has gone. Call only after its body was read:
+    the server's next message is then ``http.disconnect``, sent when the client leaves
+    (or when the response is complete)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or ``None`` when the client disconnects first: then ``work`` is
+    cancelled (the streams it reads close, which aborts their requests and frees their
+    blocks) before this returns."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -67,7 +93,7 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
 
     Bad JSON, a malformed field, or a request the engine refuses (prompt too long, ids out
     of the vocabulary…) answers 400 with an OpenAI error body naming the field; an unknown
-    model 404. A stream whose client disconnects aborts its requests.
+    model 404. A request whose client disconnects (streaming or not) aborts its requests.
 
     Args:
         chat_template: the template for chat requests that give none (else the model's).
@@ -94,16 +120,22 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
         return JSONResponse(error_body(f"The model `{parsed.model}` does not exist.", kind="NotFoundError",
                                        param="model", code=404), status_code=404)
 
-    async def run(parsed: ParsedRequest, rid: str, kind: str, choice: Choice,
+    async def run(request: Request, parsed: ParsedRequest, rid: str, kind: str, choice: Choice,
                   head: Callable[[int], list[dict[str, Any]]] | None = None) -> Any:
         for p in parsed.prompts:  # refuse bad requests before any output (400, not a stream)
             await asyncio.to_thread(llm.engine.check_request, p, parsed.params)
         n = parsed.params.n
         gens = [llm.generate(p, parsed.params, request_id=f"{rid}-{i}") for i, p in enumerate(parsed.prompts)]
         if not parsed.stream:
-            finals: dict[int, RequestOutput] = {}
-            async for i, out in _merged(gens):
-                finals[i] = out
+            async def collect() -> dict[int, RequestOutput]:
+                finals: dict[int, RequestOutput] = {}
+                async for i, out in _merged(gens):
+                    finals[i] = out
+                return finals
+
+            finals = await _unless_disconnected(request, collect())
+            if finals is None:  # nobody is left to read an answer
+                return Response(status_code=499)
             outs = [finals[i] for i in range(len(gens))]
             choices = [choice(i * n + c.index, c, False) for i, o in enumerate(outs) for c in o.outputs]
             return JSONResponse({**envelope(kind, model_name, rid), "choices": choices, "usage": usage(outs)})
@@ -154,7 +186,7 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
             offsets[index] = offsets.get(index, 0) + len(c.text)
             return body
 
-        return await run(parsed, new_id("cmpl"), "text_completion", choice)
+        return await run(request, parsed, new_id("cmpl"), "text_completion", choice)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
@@ -176,6 +208,6 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
             return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None} for i in range(count)]
 
-        return await run(parsed, new_id("chatcmpl"), "chat.completion", choice, head)
+        return await run(request, parsed, new_id("chatcmpl"), "chat.completion", choice, head)
 
     return app

@@ -57,6 +57,8 @@ _SAMPLING_FIELDS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
     ("min_tokens", "min_tokens", (int,)), ("stop_token_ids", "stop_token_ids", (list,)),
     ("include_stop_str_in_output", "include_stop_str_in_output", (bool,)),
     ("skip_special_tokens", "skip_special_tokens", (bool,)),
+    ("spaces_between_special_tokens", "spaces_between_special_tokens", (bool,)),
+    ("truncate_prompt_tokens", "truncate_prompt_tokens", (int,)),
 )
 # Fields that would change the answer and are not supported: refused unless default.
 _UNSUPPORTED = {"logit_bias": (None, {}), "best_of": (None, 1), "echo": (None, False),
@@ -175,8 +177,9 @@ def parse_chat(body: object) -> tuple[ParsedRequest, dict[str, Any]]:
 
 
 def _top(entry: Mapping[int, Logprob], k: int) -> list[tuple[str, float]]:
-    """The ``k`` most likely tokens of one position (the entry also holds the chosen one)."""
-    ranked = sorted((lp for lp in entry.values() if lp.rank <= k), key=lambda x: x.rank)
+    """The ``k`` most likely tokens of one position (the entry also holds the chosen one);
+    ``k = -1``: all of them (the whole vocabulary was asked for)."""
+    ranked = sorted((lp for lp in entry.values() if k < 0 or lp.rank <= k), key=lambda x: x.rank)
     return [(lp.decoded_token or "", lp.logprob) for lp in ranked]
 
 
