@@ -13,6 +13,7 @@ import torch
 from deepinfer_kit.eplb import (
     GlobalPlacementPolicy,
     HierarchicalPlacementPolicy,
+    PlacementPolicy,
     RefinedPlacementPolicy,
     Topology,
     greedy_pack,
@@ -115,7 +116,7 @@ def _digest(t: torch.Tensor) -> str:
 def test_plans_are_pinned_at_the_benchmark_shape() -> None:
     load = drifting_zipf_trace(1, 8, 256, exponent=0.8, tokens_per_window=1 << 17, seed=0)[0]
     topology = Topology(288, 8, 4, 32)
-    policies = {
+    policies: dict[str, PlacementPolicy] = {
         "deepseek_hierarchical": HierarchicalPlacementPolicy(),
         "deepseek_global": GlobalPlacementPolicy(),
         "refined_hierarchical": RefinedPlacementPolicy("hierarchical"),

@@ -4,8 +4,8 @@ Shape symbols: ``X`` independent rows (layers, or layers x nodes), ``n`` items p
 ``m`` packs per row (each takes exactly ``n / m`` items), ``K`` distinct keys (logical
 experts) per row. Every function works on CPU tensors and returns new tensors; inputs are
 not mutated. The tensor ones loop over items or packing rounds, never over rows;
-``greedy_pack`` is plain Python over rows and items (a heap per row), an order of magnitude faster at
-the benchmark's sizes than one batched tensor step per item.
+``greedy_pack`` is plain Python over rows and items (a heap per row), an order of
+magnitude faster at the benchmark's sizes than one batched tensor step per item.
 """
 
 from __future__ import annotations
