@@ -4,7 +4,8 @@ Each policy plans from window ``t`` of a drifting-Zipf trace
 (:func:`deepinfer_kit.testing.eplb_traces.drifting_zipf_trace`) and is scored on window
 ``t + 1`` (balancedness = mean / max GPU load, averaged over layers and windows). The
 oracle is DeepSeek's policy planning from window ``t + 1`` itself. Planning time is the
-median of single ``place`` calls on one CPU thread.
+median of single ``place`` calls on one CPU thread, timed alternately with DeepSeek's
+policy ("x deepseek" is the ratio of the two medians; the load average is printed first).
 
     .venv/bin/python benchmarks/bench_eplb.py            # L=8, E=256, 8 groups, 4 nodes, 32 GPUs, 288 slots
     .venv/bin/python benchmarks/bench_eplb.py --quick    # tiny sizes, a second
@@ -13,6 +14,7 @@ median of single ``place`` calls on one CPU thread.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -46,16 +48,25 @@ def policies(mode: str) -> dict[str, Callable[[], PlacementPolicy]]:
     }
 
 
-def plan_ms(factory: Callable[[], PlacementPolicy], load: torch.Tensor, topology: Topology, repeat: int) -> float:
-    """Median milliseconds of one ``place`` call."""
-    policy = factory()
+def plan_ms(
+    factory: Callable[[], PlacementPolicy],
+    baseline: Callable[[], PlacementPolicy],
+    load: torch.Tensor,
+    topology: Topology,
+    repeat: int,
+) -> tuple[float, float]:
+    """Median milliseconds of one ``place`` call of the policy and of ``baseline`` (DeepSeek's),
+    timed alternately in the same loop so a shared machine's load hits both alike."""
+    policy, base = factory(), baseline()
     policy.place(load, topology)
-    times = []
+    base.place(load, topology)
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeat):
-        start = time.perf_counter()
-        policy.place(load, topology)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        for planner, acc in ((base, times[1]), (policy, times[0])):
+            start = time.perf_counter()
+            planner.place(load, topology)
+            acc.append(time.perf_counter() - start)
+    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
 
 
 def main() -> None:
@@ -73,8 +84,10 @@ def main() -> None:
     else:
         layers, experts, topology, repeat = 8, 256, Topology(288, 8, 4, 32), 15
     print(f"L={layers} E={experts} {topology} windows={args.windows} seeds={args.seeds} "
-          f"zipf={args.exponent} corr={args.correlation} tokens={args.tokens}")
-    print(f"{'mode':<13}{'policy':<10}{'next-window':>12}{'oracle':>9}{'gap':>8}{'vs deepseek':>13}{'plan ms':>9}")
+          f"zipf={args.exponent} corr={args.correlation} tokens={args.tokens} "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(f"{'mode':<13}{'policy':<10}{'next-window':>12}{'oracle':>9}{'gap':>8}{'vs deepseek':>13}{'plan ms':>9}"
+          f"{'x deepseek':>12}")
     for mode in ("hierarchical", "global"):
         table = policies(mode)
         oracle_factory = table["deepseek"]
@@ -91,9 +104,9 @@ def main() -> None:
             scores[name] = statistics.fmean(got)
         load = drifting_zipf_trace(1, layers, experts, exponent=args.exponent, tokens_per_window=args.tokens)[0]
         for name, factory in table.items():
-            ms = plan_ms(factory, load, topology, repeat)
+            ms, base_ms = plan_ms(factory, oracle_factory, load, topology, repeat)
             print(f"{mode:<13}{name:<10}{scores[name]:>12.4f}{oracle:>9.4f}{oracle - scores[name]:>8.4f}"
-                  f"{scores[name] - scores['deepseek']:>+13.4f}{ms:>9.2f}")
+                  f"{scores[name] - scores['deepseek']:>+13.4f}{ms:>9.2f}{ms / base_ms:>12.2f}")
 
 
 if __name__ == "__main__":
