@@ -21,7 +21,8 @@ from deepinfer_kit.eplb import (
     replicas_moved,
 )
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.testing.eplb_traces import drifting_zipf_trace
+from deepinfer_kit.eplb.zipf import ZipfDrift
+from deepinfer_kit.testing.eplb_traces import drifting_zipf_foresight, drifting_zipf_trace
 
 TOPOLOGY = Topology(72, 4, 2, 8)  # 64 experts, 8 redundant slots
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,4 +112,20 @@ def test_bench_eplb_quick_runs() -> None:
                           env={"PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith(("hierarchical", "global"))]
-    assert len(rows) == 8, done.stdout
+    assert len(rows) == 10, done.stdout
+    assert sum("foresight" in row for row in rows) == 2, done.stdout
+
+
+def test_foresight_is_the_hidden_popularity_one_drift_step_ahead() -> None:
+    ahead = drifting_zipf_foresight(3, 2, 16, exponent=0.8, correlation=0.9, tokens_per_window=1000, seed=5)
+    popularity = ZipfDrift(2, 16, exponent=0.8, correlation=0.9, generator=torch.Generator().manual_seed(5))
+    want = torch.softmax(0.9 * popularity.log_weights, dim=1) * 1000
+    assert torch.allclose(ahead[0], want)
+    assert all(torch.allclose(a.sum(1), torch.full((2,), 1000.0, dtype=torch.float64)) for a in ahead)
+    # The foresight draws no random numbers: the trace is Poisson draws and drift steps alone.
+    trace = drifting_zipf_trace(3, 2, 16, exponent=0.8, correlation=0.9, tokens_per_window=1000, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    popularity = ZipfDrift(2, 16, exponent=0.8, correlation=0.9, generator=gen)
+    for window in trace:
+        assert torch.equal(window, torch.poisson(popularity.probabilities() * 1000, generator=gen).to(torch.int64))
+        popularity.drift()

@@ -37,7 +37,13 @@ def align_placement(new: torch.Tensor, old: torch.Tensor, num_gpus: int, num_nod
     rows = layers * num_nodes
     n = new.reshape(rows, per, width)
     o = old.reshape(rows, per, width)
-    overlap = (n[:, :, None, :, None] == o[:, None, :, None, :]).any(-1).sum(-1).double()  # [X, new, old]
+    # overlap[x, i, j]: slots of new GPU i whose expert old GPU j holds, as a batched product
+    # of per-GPU expert counts and presence (exact small integers in float32).
+    experts = int(max(int(new.max()), int(old.max()))) + 1
+    ones = torch.ones(rows, per, width)
+    new_count = torch.zeros(rows, per, experts).scatter_add_(2, n, ones)
+    old_held = torch.zeros(rows, per, experts).scatter_(2, o, 1.0)
+    overlap = torch.bmm(new_count, old_held.transpose(1, 2)).double()  # [X, new, old]
     target = torch.empty(rows, per, dtype=torch.int64)
     row = torch.arange(rows)
     for _ in range(per):

@@ -2,11 +2,15 @@
 
 Shape symbols: ``X`` independent rows (layers, or layers x nodes), ``n`` items per row,
 ``m`` packs per row (each takes exactly ``n / m`` items), ``K`` distinct keys (logical
-experts) per row. Every function works on CPU tensors, loops over items or packing rounds
-(never over rows) and returns new tensors; inputs are not mutated.
+experts) per row. Every function works on CPU tensors and returns new tensors; inputs are
+not mutated. The tensor ones loop over items or packing rounds, never over rows;
+``greedy_pack`` is plain Python over rows and items (a heap per row), an order of
+magnitude faster at the benchmark's sizes than one batched tensor step per item.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 
@@ -34,22 +38,29 @@ def greedy_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, tor
         return pack, torch.zeros_like(pack)
     w = weight.float()
     order = torch.argsort(w, dim=1, descending=True, stable=True)
-    ordered = w.gather(1, order).double().t().contiguous()  # [n, X]
-    # Full packs carry `full` on their key so argmin skips them without a mask.
-    full = float(ordered.abs().sum()) * 4.0 + 1.0
-    key = torch.zeros(rows * num_packs, dtype=torch.float64)
-    count = torch.zeros(rows * num_packs, dtype=torch.int64)
-    base = torch.arange(rows, dtype=torch.int64) * num_packs
-    ones = torch.ones(rows, dtype=torch.int64)
-    picks = torch.empty(n, rows, dtype=torch.int64)
-    for i in range(n):
-        flat = torch.argmin(key.view(rows, num_packs), dim=1).add_(base)
-        picks[i] = flat
-        count.index_add_(0, flat, ones)
-        key.index_add_(0, flat, ordered[i] + (count[flat] == cap) * full)
-    pack_sorted = picks.t() - base[:, None]
-    pack = torch.empty_like(pack_sorted).scatter_(1, order, pack_sorted)
-    return pack, _arrival_rank(pack_sorted, order, num_packs)
+    # One heap of (load, pack) per row over the packs not yet full: its top is the lightest
+    # pack, lower index first on ties, as argmin over the loads. Loads are float64 sums of
+    # the float32 weights in arrival order. Plain Python beats per-item tensor ops here
+    # (n small steps of a few microseconds each); the loop runs rows x n heap operations.
+    picks: list[list[int]] = []
+    ranks: list[list[int]] = []
+    for items in w.gather(1, order).double().tolist():
+        heap = [(0.0, p) for p in range(num_packs)]
+        count = [0] * num_packs
+        pick, arrival = [0] * n, [0] * n
+        for i, x in enumerate(items):
+            load, p = heap[0]
+            pick[i], arrival[i] = p, count[p]
+            count[p] += 1
+            if count[p] == cap:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (load + x, p))
+        picks.append(pick)
+        ranks.append(arrival)
+    pack = torch.empty(rows, n, dtype=torch.int64).scatter_(1, order, torch.tensor(picks, dtype=torch.int64))
+    rank = torch.empty(rows, n, dtype=torch.int64).scatter_(1, order, torch.tensor(ranks, dtype=torch.int64))
+    return pack, rank
 
 
 def round_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,13 +87,6 @@ def round_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torc
         1, order, torch.arange(cap, dtype=torch.int64).repeat_interleave(num_packs).expand(rows, n)
     )
     return pack, rank
-
-
-def _arrival_rank(pack_sorted: torch.Tensor, order: torch.Tensor, num_packs: int) -> torch.Tensor:
-    """Position of each item in its pack, counting arrivals in the processing order."""
-    onehot = torch.nn.functional.one_hot(pack_sorted, num_packs)
-    rank_sorted = (onehot.cumsum(1) * onehot).sum(-1) - 1
-    return torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
 
 
 def replicate(weight: torch.Tensor, num_phy: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -68,9 +68,14 @@ def placement_from_phy2log(phy2log: torch.Tensor, num_experts: int) -> Placement
     """Build a :class:`Placement` from ``phy2log`` (``[L, P]`` int64) alone; replicas are
     ranked by slot order."""
     layers, slots = phy2log.shape
-    onehot = torch.nn.functional.one_hot(phy2log, num_experts)  # [L, P, E]
-    phyrank = ((onehot.cumsum(1) * onehot).sum(-1) - 1).to(torch.int64)
-    logcnt = onehot.sum(1).to(torch.int64)
+    logcnt = torch.zeros(layers, num_experts, dtype=torch.int64).scatter_add_(
+        1, phy2log, torch.ones_like(phy2log)
+    )
+    # A stable sort groups each expert's slots in slot order; a replica's rank is its
+    # position after the first sorted slot of its expert.
+    order = torch.argsort(phy2log, dim=1, stable=True)
+    first = (logcnt.cumsum(1) - logcnt).gather(1, phy2log.gather(1, order))
+    phyrank = torch.empty_like(order).scatter_(1, order, torch.arange(slots) - first)
     return placement_from_ranks(phy2log, phyrank, logcnt)
 
 

@@ -54,37 +54,57 @@ def refine_swaps(
     """
     layers, slots = phy2log.shape
     rows, per, width = layers * num_domains, num_gpus // num_domains, slots // num_gpus
+    num_experts = logcnt.shape[1]
     cnt = logcnt.double()
     item_mu = (load.double() / cnt).gather(1, phy2log).view(rows, per, width)
-    var = torch.zeros_like(load, dtype=torch.float64) if variance is None else variance.double()
-    item_var = (var / cnt**2).gather(1, phy2log).view(rows, per, width)
     expert = phy2log.reshape(rows, per, width).clone()
+    # With risk 0 the variance terms add exactly 0.0, so they are skipped (same result).
+    swapped = [expert, item_mu]
+    if risk != 0.0:
+        var = torch.zeros_like(load, dtype=torch.float64) if variance is None else variance.double()
+        swapped.append((var / cnt**2).gather(1, phy2log).view(rows, per, width))
     row = torch.arange(rows)
-    gpu_ids = torch.arange(per)
+    first_gpu = row * per
+    gpu_key = torch.arange(per) * num_experts  # [per]: GPU b's keys are b*E + expert
+    slot_key = gpu_key.repeat_interleave(width)  # [per * S]
     for _ in range(max_swaps):
-        mu, va = item_mu.sum(-1), item_var.sum(-1)
-        score = mu + risk * va.sqrt()
-        top, a = score.max(dim=1)
-        ea, mua, vaa = expert[row, a], item_mu[row, a], item_var[row, a]  # [X, S]
-        dmu = mua[:, :, None, None] - item_mu[:, None]  # [X, S, per, S]: i leaves a, j joins a
-        dva = vaa[:, :, None, None] - item_var[:, None]
-        new_a = mu[row, a][:, None, None, None] - dmu + risk * (va[row, a][:, None, None, None] - dva).clamp_min(0).sqrt()
-        new_b = mu[:, None, :, None] + dmu + risk * (va[:, None, :, None] + dva).clamp_min(0).sqrt()
-        pair = torch.maximum(new_a, new_b)
-        b_has_i = (expert[:, None, :, :] == ea[:, :, None, None]).any(-1)  # [X, S, per]
-        a_has_j = (expert[:, :, :, None] == ea[:, None, None, :]).any(-1)  # [X, per, S]
-        ok = ~b_has_i[..., None] & ~a_has_j[:, None] & (gpu_ids != a[:, None])[:, None, :, None]
-        pair = torch.where(ok, pair, torch.inf).view(rows, -1)
-        best, flat = pair.min(dim=1)
+        mu = item_mu.sum(-1)  # [X, per]
+        if risk == 0.0:
+            top, a = mu.max(dim=1)
+        else:
+            va = swapped[2].sum(-1)
+            top, a = (mu + risk * va.sqrt()).max(dim=1)
+        at_a = first_gpu + a
+        ea = expert.view(-1, width).index_select(0, at_a)  # [X, S]
+        dmu = item_mu.view(-1, width).index_select(0, at_a)[:, :, None, None] - item_mu[:, None]  # [X, S, per, S]
+        if risk == 0.0:  # i leaves a, j joins a
+            pair = torch.maximum(top[:, None, None, None] - dmu, dmu.add_(mu[:, None, :, None]))
+        else:
+            item_var = swapped[2]
+            dva = item_var.view(-1, width).index_select(0, at_a)[:, :, None, None] - item_var[:, None]
+            va_a = va.gather(1, a[:, None])[:, :, None, None]
+            new_a = mu.gather(1, a[:, None])[:, :, None, None] - dmu + risk * (va_a - dva).clamp_min(0).sqrt()
+            new_b = mu[:, None, :, None] + dmu + risk * (va[:, None, :, None] + dva).clamp_min(0).sqrt()
+            pair = torch.maximum(new_a, new_b)
+        # No swap may put a second replica of an expert on a GPU, nor pair a with itself.
+        held = torch.zeros(rows, per * num_experts, dtype=torch.bool)
+        held.scatter_(1, slot_key + expert.view(rows, -1), True)
+        banned_b = held.gather(1, (ea[:, :, None] + gpu_key).view(rows, -1)).view(rows, width, per)
+        banned_b.scatter_(2, a[:, None, None].expand(rows, width, 1), True)
+        a_has_j = held.gather(1, a[:, None] * num_experts + expert.view(rows, -1)).view(rows, 1, per, width)
+        pair.masked_fill_(banned_b[..., None], torch.inf).masked_fill_(a_has_j, torch.inf)
+        best, flat = pair.view(rows, -1).min(dim=1)
         act = best < top * (1 - 1e-9)
         if not bool(act.any()):
             break
-        r, aa = row[act], a[act]
-        i, b, j = flat[act] // (per * width), (flat[act] // width) % per, flat[act] % width
-        for t in (expert, item_mu, item_var):
-            held = t[r, aa, i].clone()
-            t[r, aa, i] = t[r, b, j]
-            t[r, b, j] = held
+        r, f = row[act], flat[act]
+        i, b, j = f // (per * width), (f // width) % per, f % width
+        pos_a, pos_b = (at_a[act] * width) + i, (first_gpu[r] + b) * width + j
+        for t in swapped:
+            flat_t = t.view(-1)
+            held_a = flat_t[pos_a]
+            flat_t[pos_a] = flat_t[pos_b]
+            flat_t[pos_b] = held_a
     return expert.view(layers, slots)
 
 

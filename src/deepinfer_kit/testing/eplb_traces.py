@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.eplb.zipf import ZipfDrift
 
-__all__ = ["drifting_zipf_trace"]
+__all__ = ["drifting_zipf_trace", "drifting_zipf_foresight"]
 
 
 def drifting_zipf_trace(
@@ -30,6 +32,37 @@ def drifting_zipf_trace(
     Raises:
         ConfigError: a count below 1, ``correlation`` outside [0, 1] or ``exponent`` < 0.
     """
+    return [counts for counts, _ in _walk(num_windows, num_layers, num_experts, exponent, correlation,
+                                          tokens_per_window, seed)]
+
+
+def drifting_zipf_foresight(
+    num_windows: int,
+    num_layers: int,
+    num_experts: int,
+    *,
+    exponent: float = 1.0,
+    correlation: float = 0.98,
+    tokens_per_window: int = 1 << 16,
+    seed: int = 0,
+) -> list[torch.Tensor]:
+    """What a perfect forecaster knows after each window of :func:`drifting_zipf_trace`
+    (same arguments, same seed): ``T`` ``[L, E]`` float64 loads ``tokens_per_window *
+    softmax(correlation * z_t)``, the hidden log-weights ``z_t`` of window ``t`` carried one
+    AR(1) step forward without the unknowable noise. Planning from entry ``t`` instead of
+    window ``t`` bounds what forecasting can gain on the next window.
+
+    Raises:
+        ConfigError: as :func:`drifting_zipf_trace`.
+    """
+    return [ahead for _, ahead in _walk(num_windows, num_layers, num_experts, exponent, correlation,
+                                        tokens_per_window, seed)]
+
+
+def _walk(num_windows: int, num_layers: int, num_experts: int, exponent: float, correlation: float,
+          tokens_per_window: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield ``(counts, foresight)`` per window; the foresight draws no random numbers, so
+    the counts do not depend on whether it is used."""
     require_ints_at_least(
         1, num_windows=num_windows, num_layers=num_layers, num_experts=num_experts,
         tokens_per_window=tokens_per_window,
@@ -37,9 +70,9 @@ def drifting_zipf_trace(
     gen = torch.Generator().manual_seed(seed)
     popularity = ZipfDrift(num_layers, num_experts, exponent=exponent, correlation=correlation,
                            generator=gen)
-    windows = []
     for _ in range(num_windows):
         rate = popularity.probabilities() * tokens_per_window
-        windows.append(torch.poisson(rate, generator=gen).to(torch.int64))
+        counts = torch.poisson(rate, generator=gen).to(torch.int64)
+        ahead = torch.softmax(correlation * popularity.log_weights, dim=1) * tokens_per_window
+        yield counts, ahead
         popularity.drift()
-    return windows
