@@ -163,3 +163,11 @@ def test_serve_options_reach_the_engine_config() -> None:
     config = engine_config(args)
     assert (args.host, args.port) == ("127.0.0.1", 9001)
     assert (config.gpu_memory_utilization, config.dtype, config.max_model_len) == (0.5, "auto", 128)
+
+
+def test_whole_vocabulary_logprobs_need_max_logprobs(capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = ["--model", "tiny", "--prompt", "Hi", "--max-tokens", "2", "--logprobs", "-1"]
+    assert main(tiny) == 2  # the default cap (20) refuses the whole vocabulary
+    assert "logprobs" in capsys.readouterr().err
+    assert main([*tiny, "--max-logprobs", "-1"]) == 0
+    assert "(2 tokens, length, logprob -" in capsys.readouterr().out

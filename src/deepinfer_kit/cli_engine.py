@@ -34,6 +34,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="prompt + output tokens of one request at most (default: the model's, "
                    "capped to what the KV pool holds)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="the most logprobs a request may ask for; -1: no cap, so --logprobs -1 "
+                        "(the whole vocabulary) is allowed (default 20, vLLM's)")
     p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
                    help="continuous batching (admit every round) or static (a batch runs to completion)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
@@ -84,6 +87,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
+        max_logprobs=args.max_logprobs,
         overlap=args.overlap,
         scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
