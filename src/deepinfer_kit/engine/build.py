@@ -126,7 +126,8 @@ def build_engine(
         num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
         dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
     )
-    speculation, verifier = build_speculation(config.speculative, sampler, drafter)
+    speculation, verifier = build_speculation(config.speculative, sampler, drafter,
+                                              impl=cast(Impl, config.sampler_impl))
     executor = executor if executor is not None else _default_executor(config)
     depth = executor.depth if executor is not None else 0
     runner = ModelRunner(
@@ -171,12 +172,17 @@ def build_engine(
 
 
 def build_speculation(
-    spec: SpecConfig | None, sampler: Sampler, drafter: Drafter | None = None
+    spec: SpecConfig | None, sampler: Sampler, drafter: Drafter | None = None,
+    *, impl: Impl = "auto",
 ) -> tuple[Speculation | None, DraftVerifier | None]:
     """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it):
     ``drafter`` (default: the n-gram drafter of ``spec``; ``engine.drafters.build_drafter``
     builds the model drafters), the named planner, strict rejection sampling with
-    ``sampler``."""
+    ``sampler`` and the verification ops of ``impl`` (the engine's ``sampler_impl``).
+
+    Raises:
+        DeviceUnavailableError: ``impl="triton"`` where Triton cannot run.
+    """
     if spec is None:
         return None, None
     planner: VerifyPlanner
@@ -188,7 +194,7 @@ def build_speculation(
         planner = FixedPlanner(spec.num_draft)
     if drafter is None:
         drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    return Speculation(drafter, planner, spec.num_draft), RejectionVerifier(sampler)
+    return Speculation(drafter, planner, spec.num_draft), RejectionVerifier(sampler, impl)
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
