@@ -10,7 +10,7 @@ import torch
 from deepinfer_kit import build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.sps_profile import (
-    fit_sps, forward_timer, profile_sps, sps_points, verify_shape,
+    fit_sps, forward_timer, measure_sps, sps_points, verify_shape,
 )
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.planners import DSparkPlanner
@@ -55,7 +55,7 @@ def test_profiled_curve_equals_the_known_step_time() -> None:
     clock = _Clock()
     runner = _FakeRunner(_FakeModel(clock), PagedKVCache(1, 8, 16, 1, 4, dtype=torch.float32, device="cpu"))
     points = sps_points(40)
-    curve = profile_sps(forward_timer(runner, chunk=5, clock=clock), points)  # type: ignore[arg-type]
+    curve = measure_sps(forward_timer(runner, chunk=5, clock=clock), points)  # type: ignore[arg-type]
     assert curve.batch_tokens == (1, 2, 4, 8, 16, 32, 40)
     for b in points:
         assert curve(b) == pytest.approx(1.0 / _step_seconds(b))

@@ -32,7 +32,7 @@ from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
 from deepinfer_kit.engine.drafters import build_drafter
 from deepinfer_kit.engine.speculation import Speculation
-from deepinfer_kit.engine.sps_profile import forward_timer, profile_sps, sps_points
+from deepinfer_kit.engine.sps_profile import forward_timer, measure_sps, sps_points
 from deepinfer_kit.spec.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
@@ -149,7 +149,7 @@ def build_engine(
     sps = spec.sps if spec is not None else None
     if spec is not None and sps == "profile" and spec.planner == "dspark":
         chunk = spec.num_draft + 1
-        sps = profile_sps(
+        sps = measure_sps(
             forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
             sps_points(min(config.max_num_batched_tokens, config.max_num_seqs * chunk)),
         )

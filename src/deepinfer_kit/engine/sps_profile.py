@@ -14,7 +14,7 @@ from deepinfer_kit.engine.warmup import dummy_forward
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpsCurve
 
-__all__ = ["sps_points", "verify_shape", "fit_sps", "profile_sps", "forward_timer"]
+__all__ = ["sps_points", "verify_shape", "fit_sps", "measure_sps", "forward_timer"]
 
 _CONTEXT = 64  # context tokens of each profiled request (a short decode's)
 
@@ -63,7 +63,7 @@ def fit_sps(batch_tokens: Sequence[int], seconds: Sequence[Sequence[float]]) -> 
     return SpsCurve(tuple(batch_tokens), tuple(1.0 / t for t in curve))
 
 
-def profile_sps(time_step: Callable[[int], float], batch_tokens: Sequence[int], *,
+def measure_sps(time_step: Callable[[int], float], batch_tokens: Sequence[int], *,
                 repeats: int = 3) -> SpsCurve:
     """Time ``time_step(B)`` (seconds of one step of ``B`` tokens) ``repeats`` times per
     count after one untimed call, and fit the curve (:func:`fit_sps`)."""
