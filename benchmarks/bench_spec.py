@@ -11,12 +11,14 @@ repeats a sentence) and random token ids. A third workload runs the trained tiny
 the DSpark drafter (the heads shipped for tiny-words, backbone = its first 2 layers) under
 the fixed and threshold planners. Each configuration runs the same prompts in the
 same process, alternating, best of ``--repeats``. Prints output tokens/s, the ratio to
-plain, the mean acceptance length (tokens emitted per verify round, ``1 + accepted``) and
-the share of decode rounds that verified drafts; with ``--profile``, where each
+plain, the mean acceptance length (tokens emitted per verify round, ``1 + accepted``), the
+share of decode rounds that verified drafts and the tokens per decode round (all decode
+rounds: the bound on the speed-up when a verify round costs a plain one); with ``--profile``, where each
 configuration's time goes (drafting, the target step, the host). Outputs are checked
 equal to plain.
 
     .venv/bin/python benchmarks/bench_spec.py [--quick] [--tokens 128] [--gamma 4] [--profile]
+        [--cpu-time] [--only tiny|tiny-words]
 """
 
 from __future__ import annotations
@@ -70,23 +72,26 @@ class _Clock:
             propose = drafter.propose
 
             def timed_propose(*a: Any) -> Any:
-                t = time.perf_counter()
+                t = _TIMER()
                 try:
                     return propose(*a)
                 finally:
-                    self.draft += time.perf_counter() - t
+                    self.draft += _TIMER() - t
 
             drafter.propose = timed_propose  # type: ignore[method-assign]
         execute = engine.runner.execute
 
         def timed_execute(*a: Any) -> Any:
-            t = time.perf_counter()
+            t = _TIMER()
             try:
                 return execute(*a)
             finally:
-                self.target += time.perf_counter() - t
+                self.target += _TIMER() - t
 
         engine.runner.execute = timed_execute  # type: ignore[method-assign]
+
+
+_TIMER = time.perf_counter  # time.process_time with --cpu-time
 
 
 def _run(spec: dict[str, Any] | None, prompts: list[list[int]],
@@ -97,12 +102,12 @@ def _run(spec: dict[str, Any] | None, prompts: list[list[int]],
     clock = _Clock(engine)
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     outs: list[Any] = []
-    t0 = time.perf_counter()
+    t0 = _TIMER()
     for i, p in enumerate(prompts):  # batch 1: one request at a time
         engine.add_request(f"r{i}", p, params)
         outs += [o.outputs[0].token_ids for o in engine.run()]
     engine.check_idle()
-    return time.perf_counter() - t0, outs, traces, clock
+    return _TIMER() - t0, outs, traces, clock
 
 
 def main() -> None:
@@ -112,7 +117,13 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print where each configuration's time goes")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time each run by this process's CPU time (one thread), not wall time: "
+                         "steadier on a shared machine; tok/s are then per CPU-second")
+    ap.add_argument("--only", choices=("tiny", "tiny-words"), help="run one model's workloads")
     args = ap.parse_args()
+    global _TIMER
+    _TIMER = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(1)
     num, tokens, repeats = (2, 32, 1) if args.quick else (6, args.tokens, args.repeats)
     g = args.gamma
@@ -128,8 +139,11 @@ def main() -> None:
                                       "num_draft": g},
         f"draft identical γ={g}": {"drafter": "draft_model", "draft_model": "tiny", "num_draft": g},
     }
-    for name, prompts in _workloads(num).items():
-        _compare(name, prompts, configs, "tiny", tokens, repeats, args.profile)
+    if args.only != "tiny-words":
+        for name, prompts in _workloads(num).items():
+            _compare(name, prompts, configs, "tiny", tokens, repeats, args.profile)
+    if args.only == "tiny":
+        return
     words: dict[str, dict[str, Any] | None] = {
         "plain": None,
         f"ngram γ={g} fixed": {"num_draft": g},
@@ -156,7 +170,7 @@ def _compare(name: str, prompts: list[list[int]], configs: dict[str, dict[str, A
     output equals plain's, print tokens/s, the ratio to plain and the acceptance length."""
     num = len(prompts)
     best = {c: float("inf") for c in configs}
-    stats: dict[str, tuple[float, float]] = {}
+    stats: dict[str, tuple[float, float, float]] = {}
     split: dict[str, tuple[float, float]] = {}
     reference: list[Any] | None = None
     for _ in range(repeats):
@@ -171,14 +185,16 @@ def _compare(name: str, prompts: list[list[int]], configs: dict[str, dict[str, A
             verify = [c for t in traces for c in t.chunks if c.num_drafted]
             decode = [c for t in traces for c in t.chunks if c.kind == "decode"]
             accept = sum(len(c.sampled) for c in verify) / len(verify) if verify else 1.0
-            stats[cname] = (accept, len(verify) / max(1, len(decode)))
+            per_round = sum(len(c.sampled) for c in decode) / max(1, len(decode))
+            stats[cname] = (accept, len(verify) / max(1, len(decode)), per_round)
     total = num * tokens
     print(f"workload {name}: {num} prompts x {tokens} tokens, batch 1, model {model}")
     for cname in configs:
         tps = total / best[cname]
-        accept, share = stats[cname]
+        accept, share, per_round = stats[cname]
         print(f"  {cname:30s} {tps:8.1f} tok/s  x{best['plain'] / best[cname]:.2f} vs plain  "
-              f"mean acceptance length {accept:.2f}  verify rounds {share:.0%} of decodes")
+              f"mean acceptance length {accept:.2f}  verify rounds {share:.0%} of decodes  "
+              f"tokens per decode round {per_round:.2f}")
         if profile:
             draft, target = split[cname]
             print(f"  {'':30s} time: drafting {draft:.0%}, target step (forward + verify) "

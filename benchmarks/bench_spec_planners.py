@@ -6,8 +6,9 @@ and the real planners (``spec/planners.py``), with no model: a saturating cost m
 synthetic drafter whose confidences are calibrated (``sim/acceptance.py``), and a closed
 loop — ``C`` requests always in flight (``max_num_seqs = C``, the next request admitted
 when one finishes). For each concurrency ``C`` it runs plain decoding, fixed γ in
-{1, 2, 4, 8}, a static survival threshold and DSpark (γ = 8 drafted, the planner picks
-ℓ_r from the SPS curve profiled from the same cost model), and prints steady-state output
+{1, 2, 4, 8}, a static survival threshold, DSpark (γ = 8 drafted, the planner picks
+ℓ_r from the SPS curve profiled from the same cost model) and its asynchronous variant
+(each request's previous round's confidences, as an overlapped engine would plan), and prints steady-state output
 tokens/s (virtual time, from the start until the last request is admitted: every slot
 busy, prefills included), mean per-request
 tokens/s (each request's tokens over its time from first scheduled to last token), their
@@ -41,6 +42,7 @@ from deepinfer_kit.step import StepResult
 FIXED = (1, 2, 4, 8)
 GAMMA_MAX = 8
 PROMPT_LEN = 64
+ASYNC = "dspark async (last round's c)"  # plans from each request's previous confidences
 
 
 @attrs.define
@@ -109,18 +111,20 @@ def methods(sps: SpsCurve, threshold: float) -> list[tuple[str, VerifyPlanner | 
     out += [(f"fixed γ={g}", FixedPlanner(g), g) for g in FIXED]
     out.append((f"threshold {threshold:g}", ThresholdPlanner(threshold), GAMMA_MAX))
     out.append(("dspark", DSparkPlanner(sps), GAMMA_MAX))
+    out.append((ASYNC, DSparkPlanner(sps), GAMMA_MAX))
     return out
 
 
 def run_one(C: int, planner: VerifyPlanner | None, gamma: int, acceptance: AcceptanceModel,
-            cost: SaturatingCost, waves: int, output_len: int) -> dict[str, float]:
+            cost: SaturatingCost, waves: int, output_len: int, *,
+            lagged: bool = False) -> dict[str, float]:
     config = engine_config(C, output_len)
     sim: Simulator
     if planner is None:
         sim = build_simulator(config, cost, QWEN3_1_7B, seed=0)
     else:
         sim, _ = build_spec_simulator(config, cost, QWEN3_1_7B, acceptance=acceptance,
-                                      planner=planner, num_draft=gamma, seed=0)
+                                      planner=planner, num_draft=gamma, seed=0, lagged=lagged)
     tally = Tally(C)
     sim.run(workload(C, waves, output_len), observer=tally)
     check_idle(sim)
@@ -171,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             acc = acceptance
             if name.startswith("dspark overconfident"):
                 acc = AcceptanceModel(seed=args.seed, confidence_power=args.miscalibrated)
-            row = run_one(C, planner, gamma, acc, cost, waves, out_len)
+            row = run_one(C, planner, gamma, acc, cost, waves, out_len, lagged=name == ASYNC)
             results[(C, name)] = row
             base = results[(C, "plain")]
             print(f"  {name:<30} {row['tok_s']:>10,.0f} tok/s x{row['tok_s'] / base['tok_s']:.2f}"

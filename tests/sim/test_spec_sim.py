@@ -51,10 +51,12 @@ def _requests(n: int) -> list[SimRequest]:
                        stop_by_eos=i % 4 == 0) for i in range(n)]
 
 
-@pytest.mark.parametrize("planner, gamma", [
-    (FixedPlanner(4), 4), (ThresholdPlanner(0.4), 6), (DSparkPlanner(SPS), 8),
+@pytest.mark.parametrize("planner, gamma, lagged", [
+    (FixedPlanner(4), 4, False), (ThresholdPlanner(0.4), 6, False), (DSparkPlanner(SPS), 8, False),
+    (DSparkPlanner(SPS), 8, True),
 ])
-def test_speculative_sim_equals_plain_and_ends_idle(planner: VerifyPlanner, gamma: int) -> None:
+def test_speculative_sim_equals_plain_and_ends_idle(planner: VerifyPlanner, gamma: int,
+                                                    lagged: bool) -> None:
     # a small pool forces preemption; the budget trims drafts
     config = EngineConfig(max_num_seqs=12, max_num_batched_tokens=96, num_blocks=40,
                           block_size=8, max_model_len=256)
@@ -64,7 +66,7 @@ def test_speculative_sim_equals_plain_and_ends_idle(planner: VerifyPlanner, gamm
     plain_report = plain_sim.run(_requests(30), observer=plain)
     check_idle(plain_sim)
     sim, spec = build_spec_simulator(config, COST, QWEN3_1_7B, acceptance=AcceptanceModel(seed=1),
-                                     planner=planner, num_draft=gamma, seed=5)
+                                     planner=planner, num_draft=gamma, seed=5, lagged=lagged)
     got = Recorder()
     report = sim.run(reqs, observer=got)
     check_idle(sim)

@@ -15,7 +15,7 @@ def test_bench_spec_planners_quick_runs() -> None:
                           text=True, timeout=120)
     assert done.returncode in (0, 1), done.stderr  # 1: a target check printed FAIL
     out = done.stdout
-    assert out.count(" per-request ") == 5 * 8, out  # C = 1..16, 8 rows each
+    assert out.count(" per-request ") == 5 * 9, out  # C = 1..16, 9 rows each
     for line in ("fixed γ=8 below plain past saturation", "DSpark never below plain",
                  "DSpark >= best fixed γ at each C"):
         assert f"  {line}: " in out, out

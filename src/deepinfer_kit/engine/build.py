@@ -32,9 +32,10 @@ from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
 from deepinfer_kit.engine.drafters import build_drafter
 from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.engine.sps_profile import forward_timer, measure_sps, sps_points
 from deepinfer_kit.spec.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
-from deepinfer_kit.spec.protocols import Drafter, DraftVerifier, VerifyPlanner
+from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 from deepinfer_kit.spec.rejection import RejectionVerifier
 
@@ -126,7 +127,8 @@ def build_engine(
         num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
         dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
     )
-    speculation, verifier = build_speculation(config.speculative, sampler, drafter)
+    spec = config.speculative
+    verifier = None if spec is None else RejectionVerifier(sampler, cast(Impl, config.sampler_impl))
     executor = executor if executor is not None else _default_executor(config)
     depth = executor.depth if executor is not None else 0
     runner = ModelRunner(
@@ -144,6 +146,14 @@ def build_engine(
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=max_model_len, capture=config.cuda_graphs and static)
+    sps = spec.sps if spec is not None else None
+    if spec is not None and sps == "profile" and spec.planner == "dspark":
+        chunk = spec.num_draft + 1
+        sps = measure_sps(
+            forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
+            sps_points(min(config.max_num_batched_tokens, config.max_num_seqs * chunk)),
+        )
+    speculation = build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
     runner.balancer = balancer  # after warm-up: its dummy rounds stay out of the window
     eos = mc.eos_token_ids
     tokenizer: Tokenizer | None = loaded.tokenizer
@@ -172,24 +182,26 @@ def build_engine(
 
 
 def build_speculation(
-    spec: SpecConfig | None, sampler: Sampler, drafter: Drafter | None = None
-) -> tuple[Speculation | None, DraftVerifier | None]:
-    """The drafting phase and the verifier of ``spec`` (``(None, None)`` without it):
-    ``drafter`` (default: the n-gram drafter of ``spec``; ``engine.drafters.build_drafter``
-    builds the model drafters), the named planner, strict rejection sampling with
-    ``sampler``."""
+    spec: SpecConfig | None, drafter: Drafter | None = None, *, sps: SpsCurve | None = None,
+) -> Speculation | None:
+    """The drafting phase of ``spec`` (``None`` without it): ``drafter`` (default: the
+    n-gram drafter of ``spec``; ``engine.drafters.build_drafter`` builds the model
+    drafters) and the named planner; the DSpark planner's curve is ``sps`` (``build_engine``
+    passes ``spec.sps``, or the curve it profiled for ``sps="profile"``), flat when
+    ``None``. The verifier is built beside it (a :class:`RejectionVerifier`), since the
+    runner needs it before the curve can be profiled."""
     if spec is None:
-        return None, None
+        return None
     planner: VerifyPlanner
     if spec.planner == "threshold":
         planner = ThresholdPlanner(spec.threshold)
     elif spec.planner == "dspark":
-        planner = DSparkPlanner(spec.sps if spec.sps is not None else SpsCurve((1,), (1.0,)))
+        planner = DSparkPlanner(sps if sps is not None else SpsCurve((1,), (1.0,)))
     else:
         planner = FixedPlanner(spec.num_draft)
     if drafter is None:
         drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    return Speculation(drafter, planner, spec.num_draft), RejectionVerifier(sampler)
+    return Speculation(drafter, planner, spec.num_draft)
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:

@@ -94,7 +94,8 @@ class EngineConfig:
         prefix_index: ``"hash"`` (hash chain) or ``"radix"`` (radix tree).
         scheduler: ``"continuous"`` or ``"static"`` batching.
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
-        attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``.
+        attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``
+            (``sampler_impl`` also picks the verifier's ops under ``speculative``).
         overlap: schedule round ``k + 1`` on the host while round ``k`` runs on a worker
             (a CUDA stream on a GPU, a thread on CPU), committing tokens one step late;
             outputs are token for token those of the synchronous engine. ``None`` (the

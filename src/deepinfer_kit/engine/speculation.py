@@ -34,16 +34,27 @@ class Speculation:
         planner: picks each sequence's verification length from the confidences
             (confidence 1 when the drafter gives none).
         num_draft: γ, drafts proposed per sequence and round.
+        lagged: the asynchronous variant: the planner sees each sequence's confidences
+            from its *previous* drafting round (what an overlapped engine knows when it
+            plans round ``k + 1`` while round ``k`` runs), and a sequence drafted for the
+            first time gets zero confidences (the threshold planner then verifies nothing;
+            the DSpark planner only where the curve is flat, where a draft costs nothing).
+            The lengths are still capped by this round's drafts.
 
     Attributes:
         num_drafted, num_planned: totals over the engine's life (drafts proposed, drafts
             sent to verification).
     """
 
-    def __init__(self, drafter: Drafter, planner: VerifyPlanner, num_draft: int) -> None:
+    def __init__(self, drafter: Drafter, planner: VerifyPlanner, num_draft: int, *,
+                 lagged: bool = False) -> None:
         self.drafter = drafter
+        # resolved once: a runtime Protocol check costs ~50 us, and sync runs twice a round
+        self._stateful = drafter if isinstance(drafter, StatefulDrafter) else None
         self.planner = planner
         self.num_draft = num_draft
+        self.lagged = lagged
+        self._previous: dict[str, list[float]] = {}  # lagged: last round's confidences
         self.num_drafted = 0
         self.num_planned = 0
         self._probs: dict[str, tuple[list[int], torch.Tensor]] = {}
@@ -94,7 +105,12 @@ class Speculation:
             proposal.confidence.tolist() if proposal.confidence is not None
             else [[1.0] * gamma for _ in live]
         )
-        lengths = self.planner.plan(conf, proposal.num_drafted, scheduler.pending_prefill_tokens())
+        seen = conf
+        if self.lagged:
+            zeros = [0.0] * gamma
+            seen = [self._previous.get(r.request_id, zeros) for r in live]
+            self._previous = {r.request_id: row for r, row in zip(live, conf)}
+        lengths = self.planner.plan(seen, proposal.num_drafted, scheduler.pending_prefill_tokens())
         for req, row, n, made in zip(live, ids, lengths, proposal.num_drafted):
             self.num_drafted += made
             self.num_planned += n
@@ -121,11 +137,11 @@ class Speculation:
 
         Called by the engine after every committed round and before each drafting phase.
         """
-        if isinstance(self.drafter, StatefulDrafter):
-            self.drafter.sync(running)
+        if self._stateful is not None:
+            self._stateful.sync(running)
 
     def check_idle(self) -> None:
         """Raise :class:`~deepinfer_kit.errors.InvariantError` if a stateful drafter still
         holds sequences or blocks (part of the engine's idle check)."""
-        if isinstance(self.drafter, StatefulDrafter):
-            self.drafter.check_idle()
+        if self._stateful is not None:
+            self._stateful.check_idle()

@@ -16,7 +16,7 @@ from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_ta
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 
-__all__ = ["warm_up", "warm_up_shapes", "split_rounds"]
+__all__ = ["warm_up", "warm_up_shapes", "split_rounds", "dummy_forward"]
 
 
 def warm_up_shapes(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[int]]:
@@ -75,8 +75,24 @@ def warm_up(
 
 
 def _dummy_round(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]) -> None:
-    """One forward and sampling round whose requests read block 0 for their whole context
-    and write their K/V only to the pad slot."""
+    """One forward and sampling round (:func:`dummy_forward`, then every sampler variant)."""
+    with torch.inference_mode():
+        _sample_variants(runner, dummy_forward(runner, query_lens, seq_lens))
+
+
+def dummy_forward(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+    """One forward of the runner's model over requests that read block 0 for their whole
+    context and write their K/V only to the pool's pad slot (the addressable blocks keep
+    their contents).
+
+    Args:
+        query_lens: ``[R]`` tokens fed per request.
+        seq_lens: ``[R]`` context lengths, each ``>= query_lens[r]``.
+
+    Returns:
+        ``[R, V]`` logits of each request's last token, on the runner's device (not
+        synchronised). Mutates only the pad slot of the KV pool.
+    """
     cache = runner.kv_cache
     tables = [[0] * -(-s // cache.block_size) for s in seq_lens]
     positions = [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
@@ -86,8 +102,8 @@ def _dummy_round(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]
     )  # fmt: skip
     forward.attn.slot_mapping.fill_(cache.pad_slot)
     with torch.inference_mode():
-        logits = runner.model(forward, cache)
-        _sample_variants(runner, logits)
+        logits: torch.Tensor = runner.model(forward, cache)
+    return logits
 
 
 def _sample_variants(runner: ModelRunner, logits: torch.Tensor) -> None:

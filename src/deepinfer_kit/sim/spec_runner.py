@@ -124,13 +124,15 @@ def build_spec_simulator(
     planner: VerifyPlanner,
     num_draft: int,
     seed: int = 0,
+    lagged: bool = False,
 ) -> tuple[Simulator, Speculation]:
     """A simulator of ``config`` (see :func:`build_simulator`) with speculative decoding:
     before every round the engine's :class:`Speculation` drafts ``num_draft`` tokens per
     decoding sequence with a :class:`SyntheticDrafter`, ``planner`` picks each ``ℓ_r``,
     the real scheduler reserves the room and trims to its budget, and a
-    :class:`SpecSimRunner` verifies. Returns the simulator and its speculation (for the
-    drafted / planned counters).
+    :class:`SpecSimRunner` verifies; ``lagged`` plans from each sequence's previous
+    round's confidences (the asynchronous variant, see :class:`Speculation`). Returns the
+    simulator and its speculation (for the drafted / planned counters).
 
     Raises:
         ConfigError: as :func:`build_simulator`, or ``num_draft`` < 1.
@@ -139,7 +141,7 @@ def build_spec_simulator(
     runner = SpecSimRunner(cost, sim.runner.tokens)
     sim.runner = runner
     drafter = SyntheticDrafter(acceptance, runner.tokens)
-    spec = Speculation(drafter, planner, num_draft)
+    spec = Speculation(drafter, planner, num_draft, lagged=lagged)
     target = spec.target(sim.scheduler, 0)
     sim.before_schedule = lambda: spec.draft(target)
     return sim, spec

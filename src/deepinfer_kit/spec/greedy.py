@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer_kit._kernels import Impl
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import working_logits
+from deepinfer_kit.spec.kernels import select_verify_ops
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
-from deepinfer_kit.spec.rows import accept_matching, flatten_verify
+from deepinfer_kit.spec.rows import flatten_verify
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import DraftVerifier
@@ -25,7 +27,19 @@ class GreedyVerifier:
     ``min_tokens`` mask (lowest id on ties), exactly what the sampler picks for a greedy
     row; drafts are accepted while they equal it, then the target's own token follows.
     The spec-decoded output of a greedy request therefore equals plain greedy decoding.
+
+    Args:
+        impl: ``"ref"`` (torch), ``"triton"`` (one fused argmax-and-accept kernel), or
+            ``"auto"`` (Triton when CUDA is available). Chosen once here.
+
+    Raises:
+        ConfigError: an unknown ``impl``.
+        DeviceUnavailableError: ``impl="triton"`` without CUDA and without
+            ``TRITON_INTERPRET=1``, or without Triton installed.
     """
+
+    def __init__(self, impl: Impl = "auto") -> None:
+        self._ops, self.impl = select_verify_ops(impl)
 
     def verify(
         self,
@@ -34,15 +48,23 @@ class GreedyVerifier:
         target_logits: torch.Tensor,
         batch: SamplingBatch,
     ) -> VerifyResult:
-        """See :meth:`DraftVerifier.verify`. One device-to-host copy of ``[M]`` ids.
+        """See :meth:`DraftVerifier.verify`. One device-to-host copy of ``[2, R]`` ids.
 
         Raises:
             InvariantError: shapes that disagree or lengths out of range.
         """
         rows = flatten_verify(proposal, lengths, target_logits, batch)
         x = working_logits(rows.logits, rows.batch)
-        tokens: list[int] = x.argmax(dim=-1).tolist()
-        return accept_matching(rows, tokens)
+        dev = x.device
+        num_acc, token = self._ops.greedy_verify(
+            x,
+            torch.tensor(rows.offsets[:-1], dtype=torch.int64, device=dev),
+            proposal.token_ids.to(dev, torch.int64),
+            torch.tensor([len(d) for d in rows.drafts], dtype=torch.int64, device=dev),
+        )
+        accepted, final = torch.stack((num_acc, token)).tolist()
+        out = [d[:a] + [t] for d, a, t in zip(rows.drafts, accepted, final)]
+        return VerifyResult(token_ids=out, num_accepted=accepted)
 
 
 if TYPE_CHECKING:

@@ -126,9 +126,9 @@ def _check_threshold(instance: Any, attribute: attrs.Attribute[float], value: An
         raise ConfigError(f"speculative.threshold must be a finite number >= 0, got {value!r}")
 
 
-def _check_sps(instance: Any, attribute: attrs.Attribute[SpsCurve | None], value: Any) -> None:
-    if value is not None and not isinstance(value, SpsCurve):
-        raise ConfigError(f"speculative.sps must be an SpsCurve or None, got {value!r}")
+def _check_sps(instance: Any, attribute: attrs.Attribute[SpsCurve | str | None], value: Any) -> None:
+    if value is not None and value != "profile" and not isinstance(value, SpsCurve):
+        raise ConfigError(f"speculative.sps must be an SpsCurve, 'profile' or None, got {value!r}")
 
 
 @attrs.frozen(slots=True)
@@ -145,7 +145,9 @@ class SpecConfig:
             survival is ``>= threshold``) or ``"dspark"`` (maximise ``τ · SPS(B)``).
         threshold: the static planner's survival threshold.
         ngram_min, ngram_max: n-gram sizes the n-gram drafter tries (longest first).
-        sps: the ``SPS(B)`` curve of the DSpark planner; ``None`` is flat (every draft
+        sps: the ``SPS(B)`` curve of the DSpark planner; ``"profile"`` measures it when
+            the engine is built (the target's forward timed at a few batch-token counts,
+            ``engine.sps_profile``; about a second on CPU); ``None`` is flat (every draft
             admitted: the curve of a device far from saturation).
         draft_model: the draft checkpoint folder of ``drafter="draft_model"`` (``"tiny"``:
             the embedded model built from the engine's seed). Its vocabulary must be the
@@ -162,7 +164,7 @@ class SpecConfig:
     threshold: float = attrs.field(default=0.3, validator=_check_threshold)
     ngram_min: int = attrs.field(default=1, validator=int_at_least(1))
     ngram_max: int = attrs.field(default=3, validator=int_at_least(1))
-    sps: SpsCurve | None = attrs.field(default=None, validator=_check_sps)
+    sps: SpsCurve | str | None = attrs.field(default=None, validator=_check_sps)
     draft_model: str | None = attrs.field(default=None)
     draft_layers: int | None = attrs.field(default=None)
     dspark_heads: str | None = attrs.field(default=None)

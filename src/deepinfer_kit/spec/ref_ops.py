@@ -1,5 +1,6 @@
-"""Torch reference ops of verification: the strict rejection-sampling step and the random
-streams it draws from. They are the spec a fused kernel must reproduce.
+"""Torch reference ops of verification: greedy accept-while-equal, the strict
+rejection-sampling step and the random streams they draw from. They are the spec the
+Triton kernels of ``triton_ops.py`` reproduce (same signatures).
 
 Shape symbols: ``R`` requests, ``G`` draft width (``γ``), ``V`` vocabulary, ``n`` rows.
 """
@@ -12,7 +13,7 @@ import torch
 
 from deepinfer_kit.sample.rng import mix64, row_uniforms
 
-__all__ = ["accept_uniforms", "inverse_cdf", "rejection_sample"]
+__all__ = ["accept_uniforms", "inverse_cdf", "greedy_verify", "rejection_sample"]
 
 _ACCEPT_SALT = 0x632BE59BD9B4E019  # separates the acceptance stream from the sampler's
 
@@ -105,3 +106,35 @@ def rejection_sample(
         dist = torch.where(empty, p_t, residual)
     u = u_draw.gather(1, num_acc.unsqueeze(1)).squeeze(1)
     return num_acc, inverse_cdf(dist, u)
+
+
+def greedy_verify(
+    logits: torch.Tensor,
+    offsets: torch.Tensor,
+    draft_ids: torch.Tensor,
+    lengths: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification of ``R`` requests at once: draft ``j < lengths[r]`` is accepted
+    while it equals the argmax (lowest id on ties) of its row and every earlier one was;
+    then the argmax of the first mismatching row (or of the bonus row) is emitted.
+
+    Args:
+        logits: ``[M, V]`` float32 target logits (after penalties), request-major: request
+            ``r`` owns rows ``offsets[r] .. offsets[r] + lengths[r]``.
+        offsets: ``[R]`` int64 first row of each request.
+        draft_ids: ``[R, G]`` int64 drafted tokens (entries past ``lengths[r]`` ignored).
+        lengths: ``[R]`` int64 drafts verified, in ``[0, G]``.
+
+    Returns:
+        ``(num_accepted [R] int64 in [0, lengths], token [R] int64 in [0, V))``.
+    """
+    top = logits.argmax(dim=-1)
+    num_req, width = draft_ids.shape
+    if width:
+        cols = torch.arange(width, device=logits.device)
+        at = offsets.unsqueeze(1) + torch.minimum(cols.unsqueeze(0), lengths.unsqueeze(1))
+        ok = (top[at] == draft_ids) & (cols < lengths.unsqueeze(1))
+        num_acc = torch.cumprod(ok.to(torch.int64), dim=1).sum(dim=1)
+    else:
+        num_acc = torch.zeros(num_req, dtype=torch.int64, device=logits.device)
+    return num_acc, top[offsets + num_acc]

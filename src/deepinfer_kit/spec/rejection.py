@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer_kit._kernels import Impl
 from deepinfer_kit.sample.distribution import target_probs
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
 from deepinfer_kit.sample.rng import row_uniforms
-from deepinfer_kit.spec.ref_ops import accept_uniforms, rejection_sample
+from deepinfer_kit.spec.kernels import select_verify_ops
+from deepinfer_kit.spec.ref_ops import accept_uniforms
 from deepinfer_kit.spec.rows import VerifyRows, accept_matching, flatten_verify
 
 if TYPE_CHECKING:
@@ -40,10 +42,19 @@ class RejectionVerifier:
 
     Args:
         sampler: draws the rows of deterministic drafts (the engine's own sampler).
+        impl: the acceptance and residual draw of probabilistic drafts: ``"ref"`` (torch),
+            ``"triton"`` (one fused kernel per call), or ``"auto"`` (Triton when CUDA is
+            available). Chosen once here; both draw identical tokens from the same uniforms.
+
+    Raises:
+        ConfigError: an unknown ``impl``.
+        DeviceUnavailableError: ``impl="triton"`` without CUDA and without
+            ``TRITON_INTERPRET=1``, or without Triton installed.
     """
 
-    def __init__(self, sampler: Sampler) -> None:
+    def __init__(self, sampler: Sampler, impl: Impl = "auto") -> None:
         self.sampler = sampler
+        self._ops, self.impl = select_verify_ops(impl)
 
     def verify(
         self,
@@ -87,7 +98,7 @@ class RejectionVerifier:
         padded = [t for d in rows.drafts for t in d + [0] * (width - len(d))]
         ids = torch.tensor(padded, dtype=torch.int64, device=dev).view(num_req, width)
         lengths = torch.tensor([len(d) for d in rows.drafts], dtype=torch.int64, device=dev)
-        num_acc, token = rejection_sample(
+        num_acc, token = self._ops.rejection_sample(
             target, draft_probs.to(dev, torch.float64), ids, lengths,
             u_acc.view(num_req, depth)[:, :width], u_draw.view(num_req, depth),
         )
