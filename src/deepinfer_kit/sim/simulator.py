@@ -15,6 +15,7 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.clock import VirtualClock
+from deepinfer_kit.sim.collector import quiet_collector
 from deepinfer_kit.sim.metrics import MetricsRecorder, SimReport
 from deepinfer_kit.sim.prompts import PromptBuilder
 from deepinfer_kit.sim.records import SimRequest
@@ -82,12 +83,21 @@ class Simulator:
 
         Mutates the scheduler, the cache, the runner's counters and the clock (a
         simulator runs one workload). ``progress`` shows a tqdm bar of finished requests.
+        The cyclic garbage collector runs tuned while it does
+        (:func:`~deepinfer_kit.sim.collector.quiet_collector`).
 
         Raises:
             ConfigError: duplicate request ids, or a follow-up whose previous turn is
                 not in ``requests``.
             InvariantError: the scheduler stopped making progress.
         """
+        with quiet_collector():
+            return self._run(requests, progress, observer)
+
+    def _run(
+        self, requests: Sequence[SimRequest], progress: bool, observer: StepObserver | None
+    ) -> SimReport:
+        """The body of :meth:`run`."""
         roots, followers = _split(requests)
         metrics = MetricsRecorder()
         bar = _progress_bar(len(requests)) if progress else None
