@@ -71,6 +71,7 @@ class Simulator:
         self.eos_token_id = eos_token_id
         self.before_schedule: Callable[[], None] | None = None
         self._params: dict[int, SamplingParams] = {}
+        self._priority: dict[str, int] = {}  # live request id -> its priority level
 
     def run(
         self,
@@ -145,8 +146,8 @@ class Simulator:
                     f"requests unfinished; the scheduler is stuck"
                 )
             for out in outputs:
-                metrics.on_finish(out)
                 rid = out.request_id
+                metrics.on_finish(out, self._priority.pop(rid, 0))
                 runner.tokens.forget(rid)
                 for nxt in followers.pop(rid, ()):
                     history = out.prompt_token_ids + out.outputs[0].token_ids
@@ -174,6 +175,7 @@ class Simulator:
             priority=sim.priority,
         )
         self.runner.tokens.register(sim.request_id, sim.output_len, sim.stop_by_eos)
+        self._priority[sim.request_id] = sim.priority
         metrics.on_arrival(when)
         self.scheduler.add(request)
 
