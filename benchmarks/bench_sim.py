@@ -10,6 +10,9 @@ the cost per request stays flat as the run grows.
     .venv/bin/python benchmarks/bench_sim.py                  # 100,000 requests
     .venv/bin/python benchmarks/bench_sim.py -n 5000          # a smoke run
     .venv/bin/python benchmarks/bench_sim.py --profile        # cProfile, top 20 by own time
+
+On a shared machine compare the process CPU time of the simulate phase ("CPU ..."), of
+the old and new code run alternately (``PYTHONPATH=<checkout>/src``), not wall times.
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ def run(n: int, rate: float, profile: bool) -> float:
     sim = build_simulator(EngineConfig(kv_cache_memory_mb=40 * 1024, max_model_len=16384),
                           AnalyticCost(QWEN3_1_7B, H200), QWEN3_1_7B)
     prof = cProfile.Profile() if profile else None
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     if prof is not None:
         prof.enable()
     report = sim.run(reqs)
     if prof is not None:
         prof.disable()
     wall = time.perf_counter() - t1
-    print(f"n={n}: generate {gen_s:.2f}s, simulate {wall:.2f}s = {n / wall:,.0f} requests/s "
+    cpu = time.process_time() - c1
+    print(f"n={n}: generate {gen_s:.2f}s, simulate {wall:.2f}s (CPU {cpu:.2f}s) = "
+          f"{n / wall:,.0f} requests/s "
           f"({report.num_steps:,} rounds, {report.output_tokens:,} output tokens, "
           f"{report.output_tokens / wall:,.0f} tokens/s simulated); virtual "
           f"{report.duration_s:.1f}s, {report.output_throughput:,.0f} out tok/s, "

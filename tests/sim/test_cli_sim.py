@@ -31,6 +31,25 @@ def test_sim_sweep_prints_a_table_and_writes_csv_and_json(
     assert capsys.readouterr().out.splitlines()[1].split()[1] == "200"
 
 
+def test_sim_prints_latencies_per_priority_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_csv = tmp_path / "p.csv"
+    rc = main(["sim", "--num-requests", "150", "--rate", "100", "--priority-levels", "3",
+               "--sweep", "scheduler_policy=fcfs,priority", "--csv", str(out_csv), "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    table = text.split("per priority level (ms):\n")[1].strip().splitlines()
+    assert table[0].split()[:3] == ["scheduler_policy", "priority", "requests"]
+    body = [line.split() for line in table[1:]]
+    assert [(r[0], r[1]) for r in body] == [(p, lvl) for p in ("fcfs", "priority")
+                                            for lvl in ("0", "1", "2")]
+    for policy in ("fcfs", "priority"):
+        assert sum(int(r[2]) for r in body if r[0] == policy) == 150
+    rows = list(csv.DictReader(out_csv.open()))
+    assert sum(int(rows[0][f"prio{k}_requests"]) for k in range(3)) == 150
+
+
 def test_sim_rejects_bad_flags_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "--sweep", "nonsense=1,2"]) == 2
     assert "EngineConfig field" in capsys.readouterr().err

@@ -56,3 +56,26 @@ def test_report_of_a_hand_built_run() -> None:
     assert r.kv_usage_mean == pytest.approx(0.75) and r.kv_usage_max == 1.0
     assert r.per_user_tokens_per_s == pytest.approx((5 / 5 + 1 / 3) / 2)
     assert r.summary()["ttft_p50_ms"] == pytest.approx(2000.0)
+
+
+def test_latencies_are_also_reported_per_priority_level() -> None:
+    m = MetricsRecorder()
+    m.on_finish(_out("a", 0.0, 0.5, 1.0, 5.0, 5), priority=1)  # ttft 1, tpot 1, e2e 5
+    m.on_finish(_out("b", 1.0, 1.0, 4.0, 4.0, 1), priority=0)  # ttft 3, e2e 3
+    m.on_finish(_out("c", 0.0, 2.0, 3.0, 7.0, 3), priority=1)  # ttft 3, tpot 2, e2e 7
+    m.on_finish(_out("d", 2.0, 2.0, 2.0, 2.0, 0, reason="error"), priority=2)
+    r = m.report(wall_s=0.1)
+    assert [p.priority for p in r.by_priority] == [0, 1]  # errors make no latency
+    low, high = r.by_priority
+    assert low.num_finished == 1 and high.num_finished == 2
+    assert low.ttft.p50 == pytest.approx(3.0) and math.isnan(low.tpot.p50)
+    assert high.ttft.mean == pytest.approx(2.0) and high.tpot.mean == pytest.approx(1.5)
+    assert high.e2e.p99 == pytest.approx(6.98) and high.queueing.p50 == pytest.approx(1.25)
+    assert r.ttft.mean == pytest.approx(7 / 3)  # the overall figures are unchanged
+    row = r.summary()
+    assert row["prio1_requests"] == 2 and row["prio0_ttft_p50_ms"] == pytest.approx(3000.0)
+    assert row["prio1_tpot_p99_ms"] == pytest.approx(1990.0)
+    one = MetricsRecorder()
+    one.on_finish(_out("a", 0.0, 0.5, 1.0, 5.0, 5))
+    assert len(one.report(0.1).by_priority) == 1
+    assert not any(k.startswith("prio") for k in one.report(0.1).summary())

@@ -38,3 +38,29 @@ def test_fit_recovers_known_coefficients_and_keeps_them_non_negative() -> None:
     assert min(flat.constant, flat.per_prefill_token, flat.per_decode_row,
                flat.per_context_token) >= 0
     assert ProfiledCost.from_dict(fit.to_dict()) == fit
+
+
+def test_verified_draft_tokens_are_priced_and_fit() -> None:
+    truth = ProfiledCost(1e-3, 2e-5, 3e-5, 4e-7, per_spec_token=2.5e-5)
+    shapes = [StepShape(p, d, c, num_spec_tokens=k) for p in (0, 64, 256) for d in (0, 8, 32)
+              for c in (100, 2000) for k in (0, 3 * d) if p or d]
+    fit = fit_profiled_cost(shapes, [truth.step_time(s) for s in shapes])
+    assert fit.per_spec_token is not None
+    assert abs(fit.per_spec_token - 2.5e-5) <= 1e-3 * 2.5e-5
+    # Drafts are work: the same round with drafts to verify takes longer.
+    plain, spec = StepShape(0, 8, 800), StepShape(0, 8, 800, num_spec_tokens=24)
+    assert fit.step_time(spec) == fit.step_time(plain) + 24 * fit.per_spec_token
+    assert ProfiledCost.from_dict(fit.to_dict()) == fit
+
+
+def test_without_draft_rounds_a_draft_is_priced_as_a_decode_row() -> None:
+    truth = ProfiledCost(1e-3, 2e-5, 3e-5, 4e-7)
+    shapes = [StepShape(p, d, c) for p in (0, 64, 256) for d in (0, 8, 32) for c in (100, 2000)
+              if p or d]
+    fit = fit_profiled_cost(shapes, [truth.step_time(s) for s in shapes])
+    assert fit.per_spec_token is None
+    plain, spec = StepShape(0, 8, 800), StepShape(0, 8, 800, num_spec_tokens=24)
+    assert fit.step_time(spec) == fit.step_time(plain) + 24 * fit.per_decode_row
+    # Coefficient files written before the term existed still load.
+    old = {k: v for k, v in fit.to_dict().items() if k != "per_spec_token"}
+    assert ProfiledCost.from_dict(old) == fit

@@ -30,10 +30,9 @@ class LRUEvictionPolicy:
         return block in self._order
 
     def push(self, blocks: Sequence[int]) -> None:
-        """Track ``blocks`` as most recently used (first given is the first victim)."""
-        order = self._order
-        for b in blocks:
-            order[b] = None
+        """Track ``blocks`` (none tracked yet) as most recently used (first given is the
+        first victim)."""
+        self._order.update(dict.fromkeys(blocks))  # C loops: a finished request's blocks
 
     def discard(self, blocks: Sequence[int]) -> None:
         """Stop tracking ``blocks`` (untracked ones ignored)."""

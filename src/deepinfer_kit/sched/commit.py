@@ -67,13 +67,14 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
     state.inflight.popleft()
     logprobs = result.logprobs
     errors = result.errors
+    prompt_lps = result.prompt_logprobs
     max_len = state.config.max_model_len
     block_size = state.cache.block_size
     cache = state.cache
     finished: list[Request] = []
-    requests = entry.requests
-    for i, chunk in enumerate(chunks):
-        req = requests[i]
+    i = -1
+    for chunk, req, tokens in zip(chunks, entry.requests, token_ids):
+        i += 1
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
         if errors:
@@ -85,11 +86,11 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
                 continue
         start = chunk.start
         end = start + chunk.num_tokens
-        done = req.prompt_logprobs
-        if result.prompt_logprobs and done is not None and chunk.prompt_first == len(done) - 1:
-            done.extend(result.prompt_logprobs[i])
+        if prompt_lps:
+            done = req.prompt_logprobs
+            if done is not None and chunk.prompt_first == len(done) - 1:
+                done.extend(prompt_lps[i])
         if chunk.sample:
-            tokens = token_ids[i]
             lps = logprobs[i] if logprobs is not None else None
             if chunk.num_samples > 1:
                 _commit_fork(state, req, chunk, tokens, lps, finished)

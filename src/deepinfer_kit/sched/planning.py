@@ -4,9 +4,10 @@ The loop is the hot path of every scheduler: per running sequence and round it d
 work plus the snapshot of its chunk, calling into the KV cache manager only when the
 chunk crosses into a block the sequence does not hold yet (or it was just forked and may
 share its last block). A plain decode (one known token, its block held, no drafts) takes
-a fast path, and the block-table snapshot is copied only when the table changed, so a
-decode round allocates just the chunk and its one-token list. Preemption scans the
-running list, but happens only when blocks run out.
+a fast path (:func:`plan_decodes`, one loop over each run of them), and the block-table
+snapshot is copied only when the table changed, so a decode round allocates just the
+chunk and its one-token list. Preemption scans the running list, but happens only when
+blocks run out.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import length_limit
 
-__all__ = ["plan_running", "add_chunk"]
+__all__ = ["plan_running", "plan_decodes", "add_chunk"]
 
 _PREEMPTED = RequestStatus.PREEMPTED
+_NO_TARGETS: tuple[Sequence[int], int, int] = ((), 0, 0)
 
 
 def add_chunk(
@@ -99,6 +101,69 @@ def add_chunk(
     return total
 
 
+def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int) -> tuple[int, int]:
+    """Append the chunks of the plain decodes at ``running[i:]``, in order, to ``entry``,
+    up to the first sequence that is not one or until ``budget`` is spent; returns the
+    updated ``(i, budget)``.
+
+    A plain decode feeds the last known token (``start + 1 == len(all_token_ids)``)
+    into a block the sequence holds, with no drafts and nothing shared — the common
+    round of a sequence. Its chunk is the one :func:`add_chunk` would build; when the
+    sequence sampled before and its row needs no history, no fork and no prompt
+    logprobs, it is built here without the general path's tests (this loop runs once
+    per decoding sequence and round; it allocates nothing and never preempts).
+    """
+    running = state.running
+    num_running = len(running)
+    block_size = state.cache.block_size
+    drafts = state.drafts
+    may_share = state.may_share
+    rows = state.rows
+    tables = state.tables
+    chunks = entry.plan.chunks
+    requests = entry.requests
+    while i < num_running and budget > 0:
+        req = running[i]
+        start = req.num_computed_tokens
+        all_ids = req.all_token_ids
+        if (
+            start + 1 != len(all_ids)
+            or start >= len(req.block_table) * block_size
+            or (drafts and req in drafts)
+            or (may_share and req in may_share)
+        ):
+            break
+        row = rows.get(req)
+        if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
+            add_chunk(state, entry, req, start, 1)
+        else:
+            table = tables.get(req)
+            if table is None:
+                table = tables[req] = list(req.block_table)
+            chunks.append(
+                ScheduledChunk(
+                    req.request_id,
+                    start,
+                    1,
+                    [all_ids[start]],
+                    table,
+                    True,
+                    1,
+                    (),
+                    0,
+                    req.num_preemptions,
+                    row,
+                    0,
+                    start + 1 - len(req.prompt_token_ids),
+                )
+            )
+            requests.append(req)
+            req.num_computed_tokens = start + 1
+        budget -= 1
+        i += 1
+    return i, budget
+
+
 def plan_running(
     state: SchedulerState, entry: InflightPlan, budget: int, victim: PreemptionPolicy | None
 ) -> tuple[int, bool]:
@@ -133,21 +198,13 @@ def plan_running(
     preempted = False
     i = 0
     while i < len(running) and budget > 0:
+        i, budget = plan_decodes(state, entry, i, budget)
+        if i >= len(running) or budget <= 0:
+            break
         req = running[i]
         start = req.num_computed_tokens
         table = req.block_table
         num_known = len(req.all_token_ids)
-        if (
-            start + 1 == num_known
-            and start < len(table) * block_size
-            and not (drafts and req in drafts)
-            and not (may_share and req in may_share)
-        ):
-            # The common round of a sequence: a decode of its one known token into a
-            # block it holds — what the general path below would plan, without its tests.
-            budget -= add_chunk(state, entry, req, start, 1)
-            i += 1
-            continue
         num_cached = 0
         if not table:
             num_cached = cache.match_prefix(req)
@@ -252,17 +309,19 @@ def _preempt(state: SchedulerState, victim: Request, entry: InflightPlan) -> Non
     entry.plan.preempted_ids.append(victim.request_id)
 
 
-def _prompt_targets(req: Request, start: int, end: int) -> tuple[list[int], int, int]:
+def _prompt_targets(req: Request, start: int, end: int) -> tuple[Sequence[int], int, int]:
     """``(targets, first, top)`` of a chunk over ``[start, end)`` (see
     ``ScheduledChunk.prompt_targets``): the prompt positions from the first whose logprob
     is not committed yet (a recompute after preemption does not repeat them)."""
     done = req.prompt_logprobs
+    if done is None:
+        return _NO_TARGETS
     top = req.params.prompt_logprobs
-    if done is None or top is None:
-        return [], 0, 0
+    if top is None:
+        return _NO_TARGETS
     prompt = req.prompt_token_ids
     first = max(start, len(done) - 1)
     last = min(end, len(prompt) - 1)
     if first >= last:
-        return [], 0, 0
+        return _NO_TARGETS
     return list(prompt[first + 1 : last + 1]), first, top

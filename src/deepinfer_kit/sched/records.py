@@ -99,7 +99,7 @@ class ScheduledChunk:
             ``sampling.needs_history``, else empty.
         prompt_targets: for a request with ``prompt_logprobs``, the prompt tokens whose
             logprobs this chunk's positions give: position ``prompt_first + j`` predicts
-            ``prompt_targets[j]`` (the prompt token after it); empty otherwise.
+            ``prompt_targets[j]`` (the prompt token after it); ``()`` otherwise.
         prompt_first: the first such position.
         prompt_top: the request's ``prompt_logprobs`` (top alternatives per position).
     """
@@ -118,7 +118,7 @@ class ScheduledChunk:
     num_cached_tokens: int = 0
     output_position: int = 0
     output_token_ids: Sequence[int] = ()
-    prompt_targets: list[int] = attrs.field(factory=list)
+    prompt_targets: Sequence[int] = ()
     prompt_first: int = 0
     prompt_top: int = 0
 

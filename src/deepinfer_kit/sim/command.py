@@ -84,8 +84,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
     from deepinfer_kit.sim.lengths import LengthDist
     from deepinfer_kit.sim.protocols import CostModel
     from deepinfer_kit.sim.sweep import (
-        format_table, parse_sweep, parse_value, plot_sweep, run_sweep, with_field, write_csv,
-        write_json,
+        format_priority_table, format_table, parse_sweep, parse_value, plot_sweep, run_sweep,
+        with_field, write_csv, write_json,
     )
     from deepinfer_kit.sim.trace_io import read_trace, write_trace
     from deepinfer_kit.sim.workload import WorkloadConfig, generate
@@ -151,6 +151,9 @@ def run_sim_command(args: argparse.Namespace) -> int:
     rows = run_sweep(config, field, values, requests, cost, model, seed=args.seed,
                      progress=progress, routing=routing)
     print(format_table(field, rows))
+    by_priority = format_priority_table(field, rows)
+    if by_priority:
+        print("\nper priority level (ms):\n" + by_priority)
     if args.csv:
         write_csv(args.csv, field, rows)
     if args.json:

@@ -1,5 +1,6 @@
 """MetricsRecorder and SimReport: what a simulated run measured — throughput, latency
-percentiles, queueing, prefix hits, preemptions, KV usage over time."""
+percentiles (overall and per priority level), queueing, prefix hits, preemptions, KV
+usage over time."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from deepinfer_kit.sched.records import SchedulePlan
 if TYPE_CHECKING:
     from deepinfer_kit.sim.expert_records import ExpertReport
 
-__all__ = ["percentile", "Percentiles", "SimReport", "MetricsRecorder"]
+__all__ = ["percentile", "Percentiles", "PriorityLatency", "PRIORITY_KEYS", "SimReport",
+           "MetricsRecorder"]
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -46,6 +48,60 @@ class Percentiles:
         return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99), mean)
 
 
+#: The per-priority keys of :meth:`SimReport.summary`, as ``prio{level}_{key}``.
+PRIORITY_KEYS = ("requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+                 "e2e_p99_ms", "queueing_p99_ms")
+
+
+@attrs.frozen(slots=True)
+class PriorityLatency:
+    """The latencies of the requests of one priority level.
+
+    Attributes:
+        priority: the level (lower is served first by the ``priority`` policy).
+        num_finished: its requests that finished, errors excluded.
+        ttft, tpot, e2e, queueing: as in :class:`SimReport`, over those requests.
+    """
+
+    priority: int
+    num_finished: int
+    ttft: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+    queueing: Percentiles
+
+    def summary(self) -> dict[str, float | int]:
+        """The level's :data:`PRIORITY_KEYS` as one flat row (latencies in ms)."""
+        return {
+            "requests": self.num_finished,
+            "ttft_p50_ms": self.ttft.p50 * 1e3,
+            "ttft_p99_ms": self.ttft.p99 * 1e3,
+            "tpot_p50_ms": self.tpot.p50 * 1e3,
+            "tpot_p99_ms": self.tpot.p99 * 1e3,
+            "e2e_p99_ms": self.e2e.p99 * 1e3,
+            "queueing_p99_ms": self.queueing.p99 * 1e3,
+        }
+
+
+class _Latencies:
+    """The latency samples of a set of finished requests (one list per metric)."""
+
+    __slots__ = ("ttft", "tpot", "e2e", "queue", "count")
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.e2e: list[float] = []
+        self.queue: list[float] = []
+        self.count = 0
+
+    def report(self, priority: int) -> PriorityLatency:
+        """These samples' percentiles as the level ``priority``."""
+        return PriorityLatency(priority, self.count, Percentiles.of(self.ttft),
+                               Percentiles.of(self.tpot), Percentiles.of(self.e2e),
+                               Percentiles.of(self.queue))
+
+
 @attrs.frozen(slots=True)
 class SimReport:
     """The result of one simulated run.
@@ -67,6 +123,8 @@ class SimReport:
         kv_usage_series: ``(time, usage)`` samples, at most ``max_series`` of them.
         wall_s: real seconds the simulation took.
         experts: expert balancedness when a simulated MoE router took part, else None.
+        by_priority: the latencies of each priority level that finished requests, lowest
+            level first.
     """
 
     num_requests: int
@@ -92,10 +150,12 @@ class SimReport:
     kv_usage_series: tuple[tuple[float, float], ...]
     wall_s: float
     experts: ExpertReport | None = None
+    by_priority: tuple[PriorityLatency, ...] = ()
 
     def summary(self) -> dict[str, float | int]:
         """The scalar metrics as one flat row (latencies in milliseconds), for tables
-        and CSV."""
+        and CSV; with more than one priority level, also :data:`PRIORITY_KEYS` of each
+        as ``prio{level}_{key}``."""
         row: dict[str, float | int] = {
             "requests": self.num_finished,
             "errors": self.num_errors,
@@ -119,6 +179,9 @@ class SimReport:
         )
         if self.experts is not None:
             row.update(self.experts.summary())
+        if len(self.by_priority) > 1:
+            for level in self.by_priority:
+                row.update({f"prio{level.priority}_{k}": v for k, v in level.summary().items()})
         return row
 
 
@@ -141,10 +204,8 @@ class MetricsRecorder:
         self._usage: list[float] = []
         self._usage_area = 0.0
         self._usage_max = 0.0
-        self._ttft: list[float] = []
-        self._tpot: list[float] = []
-        self._e2e: list[float] = []
-        self._queue: list[float] = []
+        self._all = _Latencies()
+        self._by_priority: dict[int, _Latencies] = {}
         self._user_rate: list[float] = []
         self._prompt = self._cached = self._output = 0
         self._errors = self._stopped = self._finished = 0
@@ -168,8 +229,9 @@ class MetricsRecorder:
         if usage > self._usage_max:
             self._usage_max = usage
 
-    def on_finish(self, out: RequestOutput) -> None:
-        """A request finished; reads its metrics (virtual times) and token counts."""
+    def on_finish(self, out: RequestOutput, priority: int = 0) -> None:
+        """A request of level ``priority`` finished; reads its metrics (virtual times)
+        and token counts."""
         self._finished += 1
         comp = out.outputs[0]
         n_out = len(comp.token_ids)
@@ -187,15 +249,20 @@ class MetricsRecorder:
         if m.finished_time > self.last_finish:
             self.last_finish = m.finished_time
         e2e = m.finished_time - m.arrival_time
-        self._e2e.append(e2e)
         if e2e > 0:
             self._user_rate.append(n_out / e2e)
-        if m.first_scheduled_time is not None:
-            self._queue.append(m.first_scheduled_time - m.arrival_time)
-        if m.first_token_time is not None:
-            self._ttft.append(m.first_token_time - m.arrival_time)
-            if n_out > 1:
-                self._tpot.append((m.finished_time - m.first_token_time) / (n_out - 1))
+        level = self._by_priority.get(priority)
+        if level is None:
+            level = self._by_priority[priority] = _Latencies()
+        for lat in (self._all, level):
+            lat.count += 1
+            lat.e2e.append(e2e)
+            if m.first_scheduled_time is not None:
+                lat.queue.append(m.first_scheduled_time - m.arrival_time)
+            if m.first_token_time is not None:
+                lat.ttft.append(m.first_token_time - m.arrival_time)
+                if n_out > 1:
+                    lat.tpot.append((m.finished_time - m.first_token_time) / (n_out - 1))
 
     def report(self, wall_s: float, experts: ExpertReport | None = None) -> SimReport:
         """The :class:`SimReport` of what was recorded (``wall_s``: real seconds;
@@ -217,10 +284,10 @@ class MetricsRecorder:
             output_tokens=self._output,
             output_throughput=self._output / duration if duration > 0 else 0.0,
             request_throughput=done / duration if duration > 0 else 0.0,
-            ttft=Percentiles.of(self._ttft),
-            tpot=Percentiles.of(self._tpot),
-            e2e=Percentiles.of(self._e2e),
-            queueing=Percentiles.of(self._queue),
+            ttft=Percentiles.of(self._all.ttft),
+            tpot=Percentiles.of(self._all.tpot),
+            e2e=Percentiles.of(self._all.e2e),
+            queueing=Percentiles.of(self._all.queue),
             per_user_tokens_per_s=(sum(self._user_rate) / len(self._user_rate)
                                    if self._user_rate else 0.0),
             prefix_hit_rate=self._cached / self._prompt if self._prompt else 0.0,
@@ -230,4 +297,5 @@ class MetricsRecorder:
             kv_usage_series=series,
             wall_s=wall_s,
             experts=experts,
+            by_priority=tuple(self._by_priority[p].report(p) for p in sorted(self._by_priority)),
         )

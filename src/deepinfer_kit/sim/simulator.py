@@ -15,6 +15,7 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.clock import VirtualClock
+from deepinfer_kit.sim.collector import quiet_collector
 from deepinfer_kit.sim.metrics import MetricsRecorder, SimReport
 from deepinfer_kit.sim.prompts import PromptBuilder
 from deepinfer_kit.sim.records import SimRequest
@@ -70,6 +71,7 @@ class Simulator:
         self.eos_token_id = eos_token_id
         self.before_schedule: Callable[[], None] | None = None
         self._params: dict[int, SamplingParams] = {}
+        self._priority: dict[str, int] = {}  # live request id -> its priority level
 
     def run(
         self,
@@ -82,12 +84,21 @@ class Simulator:
 
         Mutates the scheduler, the cache, the runner's counters and the clock (a
         simulator runs one workload). ``progress`` shows a tqdm bar of finished requests.
+        The cyclic garbage collector runs tuned while it does
+        (:func:`~deepinfer_kit.sim.collector.quiet_collector`).
 
         Raises:
             ConfigError: duplicate request ids, or a follow-up whose previous turn is
                 not in ``requests``.
             InvariantError: the scheduler stopped making progress.
         """
+        with quiet_collector():
+            return self._run(requests, progress, observer)
+
+    def _run(
+        self, requests: Sequence[SimRequest], progress: bool, observer: StepObserver | None
+    ) -> SimReport:
+        """The body of :meth:`run`."""
         roots, followers = _split(requests)
         metrics = MetricsRecorder()
         bar = _progress_bar(len(requests)) if progress else None
@@ -135,8 +146,8 @@ class Simulator:
                     f"requests unfinished; the scheduler is stuck"
                 )
             for out in outputs:
-                metrics.on_finish(out)
                 rid = out.request_id
+                metrics.on_finish(out, self._priority.pop(rid, 0))
                 runner.tokens.forget(rid)
                 for nxt in followers.pop(rid, ()):
                     history = out.prompt_token_ids + out.outputs[0].token_ids
@@ -164,6 +175,7 @@ class Simulator:
             priority=sim.priority,
         )
         self.runner.tokens.register(sim.request_id, sim.output_len, sim.stop_by_eos)
+        self._priority[sim.request_id] = sim.priority
         metrics.on_arrival(when)
         self.scheduler.add(request)
 

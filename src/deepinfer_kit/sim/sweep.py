@@ -15,12 +15,12 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sim.cost_analytic import ModelShape
 from deepinfer_kit.sim.expert_records import ExpertRouting
-from deepinfer_kit.sim.metrics import SimReport
+from deepinfer_kit.sim.metrics import PRIORITY_KEYS, SimReport
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.records import SimRequest
 
 __all__ = ["parse_value", "parse_sweep", "with_field", "run_sweep", "format_table",
-           "write_csv", "write_json", "plot_sweep", "TABLE_COLUMNS"]
+           "format_priority_table", "write_csv", "write_json", "plot_sweep", "TABLE_COLUMNS"]
 
 SweepRow = tuple[object, SimReport]
 
@@ -137,6 +137,22 @@ def format_table(field: str | None, rows: Sequence[SweepRow]) -> str:
     cols = TABLE_COLUMNS + (EXPERT_COLUMNS if rows and rows[0][1].experts is not None else ())
     head = [field or "run", *cols]
     body = [[_fmt(v), *(_fmt(r.summary()[c]) for c in cols)] for v, r in rows]
+    return _aligned(head, body)
+
+
+def format_priority_table(field: str | None, rows: Sequence[SweepRow]) -> str:
+    """The latencies of each priority level (:data:`PRIORITY_KEYS`), one line per run
+    and level; ``""`` when no run had more than one level."""
+    if all(len(r.by_priority) <= 1 for _, r in rows):
+        return ""
+    head = [field or "run", "priority", *PRIORITY_KEYS]
+    body = [[_fmt(v), str(level.priority), *(_fmt(x) for x in level.summary().values())]
+            for v, r in rows for level in r.by_priority]
+    return _aligned(head, body)
+
+
+def _aligned(head: list[str], body: list[list[str]]) -> str:
+    """``head`` and ``body`` as right-aligned columns."""
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in [head, *body]]
     return "\n".join(lines)
@@ -150,7 +166,7 @@ def write_csv(path: str, field: str | None, rows: Sequence[SweepRow]) -> None:
         w.writerow([field or "run", *keys])
         for v, r in rows:
             s = r.summary()
-            w.writerow([v, *(s[k] for k in keys)])
+            w.writerow([v, *(s.get(k, "") for k in keys)])
 
 
 def write_json(path: str, field: str | None, rows: Sequence[SweepRow]) -> None:
