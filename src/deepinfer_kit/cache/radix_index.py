@@ -149,11 +149,21 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         if parent is None and not node.children and self._roots.get(node.key) is node:
             del self._roots[node.key]
 
-    def _forget(self, block: int) -> None:
-        node = self._entries.pop(block)
-        node.block = _EMPTY
-        if not node.children:
-            self._prune(node)
+    def _forget_all(self, blocks: list[int]) -> None:
+        pop = self._entries.pop
+        roots = self._roots
+        for b in blocks:
+            node = pop(b)
+            node.block = _EMPTY
+            if node.children:
+                continue  # a placeholder: its cached descendants stay reachable
+            # _prune inlined (evictions are the hottest per-block path)
+            parent = node.parent
+            while parent is not None and node.block < 0 and not node.children:
+                del parent.children[node.key]
+                node, parent = parent, parent.parent
+            if parent is None and not node.children and roots.get(node.key) is node:
+                del roots[node.key]
 
 
 if TYPE_CHECKING:
