@@ -294,7 +294,7 @@ class _RowPool:
         self.req_to_token[indices] = values
 
 
-def load_sglang() -> Replay:
+def load_sglang(prefill_checkpoint: bool = True) -> Replay:
     import torch
     import transformers.utils.import_utils  # noqa: F401  (decides torchvision is absent first)
 
@@ -346,7 +346,8 @@ def load_sglang() -> Replay:
                 row[:cached] = cache.path_device_indices(node)[:cached]
             allocated = cached + len(fresh)
             row[cached:allocated] = fresh
-            cache.checkpoint(req, up_to=n)  # checkpoint_kv_cache after the prefill
+            if prefill_checkpoint:
+                cache.checkpoint(req, up_to=n)  # checkpoint_kv_cache after the prefill
             ids = req.full_untruncated_fill_ids
             for tok in output[:-1]:  # alloc_decode: a page when a new one starts
                 if n == allocated:
@@ -387,6 +388,11 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--no-peers", action="store_true", help="skip vLLM and SGLang")
     parser.add_argument("--repeat", type=int, default=None, help="interleaved rounds; best kept")
+    parser.add_argument(
+        "--sglang-without-prefill-checkpoint", action="store_true",
+        help="also run SGLang without the checkpoint its scheduler makes after each prefill "
+        "(what that call costs; not how SGLang runs)",
+    )
     args = parser.parse_args()
     P = args.block_size
     repeat = args.repeat or (1 if args.quick else 3)
@@ -402,6 +408,8 @@ def main() -> None:
                 runners.append((name, loader(), ""))
             except Exception as exc:  # noqa: BLE001 - a peer that cannot import is skipped
                 runners.append((name, None, f"{type(exc).__name__}: {exc}"))
+        if args.sglang_without_prefill_checkpoint and runners[-1][1] is not None:
+            runners.append((SGLANG + " -ckpt", load_sglang(prefill_checkpoint=False), ""))
     for name, run, reason in runners:
         if run is None:
             print(f"SKIPPED {name}: {reason}")
