@@ -41,7 +41,12 @@ How each manager is driven (one request after another; block size 16):
   cache work: ``checkpoint`` (insert with the prompt split), free the row's unpublished
   tail, ``unlock``. SGLang publishes at prefill end and at finish in both patterns. Its
   batched per-step tensor work (decode slot writes, ``alloc_decode`` kernels) is left
-  out, which favours SGLang.
+  out, which favours SGLang. ``--sglang-without-prefill-checkpoint`` adds a row without
+  the post-prefill checkpoint, to show what that call costs.
+
+Each replay is timed by the process's CPU time (``time.process_time``: on a shared
+machine the wait for a core is not counted), best of R interleaved rounds; ratios compare
+rows of one run.
 
 Peers: install them (without their dependencies) into a directory kept off the
 project's path, plus the pure-Python modules they import at import time::
@@ -444,9 +449,11 @@ def main() -> None:
                     if run is None:
                         continue
                     gc.collect()
-                    t0 = time.perf_counter()
+                    # CPU time of this process: on a shared machine, time spent waiting
+                    # for a core while others run is not the replay's.
+                    t0 = time.process_time()
                     hits = run(trace, num_blocks, P, every)
-                    elapsed = time.perf_counter() - t0
+                    elapsed = time.process_time() - t0
                     if name not in results or elapsed < results[name][0]:
                         results[name] = (elapsed, hits)
             base_hits = results[BASELINE][1]
@@ -473,7 +480,7 @@ def main() -> None:
         for (name, peer), r in worst.items():
             print(f"  {name:28} x {peer}: {r:.2f}")
     print(f"\nhit rate: cached prompt tokens / prompt tokens; req/s: requests replayed per "
-          f"second, best of {repeat}; differ: requests whose cached length differs from "
+          f"CPU second of this process, best of {repeat}; differ: requests whose cached length differs from "
           f"the exact-LRU model (vLLM and SGLang keep their own publish pattern in both "
           f"rows, so their hit rates follow their pattern, not the row's)")
 

@@ -61,8 +61,12 @@ class PublishedBlocks(Generic[E]):
         entries = self._entries
         cached: list[int] = []
         rest: list[int] = []
+        keep, drop = cached.append, rest.append
         for b in blocks:
-            (cached if b in entries else rest).append(b)
+            if b in entries:
+                keep(b)
+            else:
+                drop(b)
         if cached:
             self._policy.push(cached)
         return rest
