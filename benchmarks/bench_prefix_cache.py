@@ -48,21 +48,25 @@ Each replay is timed by the process's CPU time (``time.process_time``: on a shar
 machine the wait for a core is not counted), best of R interleaved rounds; ratios compare
 rows of one run.
 
-Peers: install them (without their dependencies) into a directory kept off the
-project's path, plus the pure-Python modules they import at import time::
+Peers: install them without their dependencies into a directory kept off the project's
+path, plus the modules they import at import time (torch and transformers come from the
+project's environment)::
 
     pip install --no-deps --target /work/peers vllm==0.33.0 sglang==0.5.23 \\
-        msgspec cbor2 cloudpickle pybase64 orjson psutil py-cpuinfo prometheus_client \\
-        cachetools gguf compressed-tensors openai-harmony partial-json-parser \\
-        llguidance xgrammar apache-tvm-ffi aiohttp aiosignal aiohappyeyeballs frozenlist \\
-        multidict propcache yarl requests pyzmq uvloop loguru dill sentencepiece pillow \\
-        ipython traitlets
+        aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 apache-tvm-ffi==0.1.15.post2 \\
+        cachetools==8.0.2 cbor2==6.3.0 cloudpickle==3.1.3 compressed-tensors==0.20.1 \\
+        dill==0.4.1 frozenlist==1.8.0 gguf==0.19.0 ipython==9.18.1 llguidance==1.9.1 \\
+        loguru==0.7.3 msgspec==0.23.0 multidict==7.2.1 openai-harmony==0.0.8 orjson==3.13.0 \\
+        partial-json-parser==0.2.1.1.post7 pillow==13.0.0 prometheus-client==0.26.0 \\
+        propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 pyzmq==27.3.0 \\
+        requests==2.34.2 sentencepiece==0.2.3 traitlets==5.16.1 uvloop==0.23.0 \\
+        xgrammar==0.2.9 yarl==1.25.1
     PYTHONPATH=src:/work/peers .venv/bin/python benchmarks/bench_prefix_cache.py
 
 A peer that cannot be imported is skipped with the reason printed.
 
     .venv/bin/python benchmarks/bench_prefix_cache.py [--quick] [--trace T] [--publish P]
-        [--requests N] [--repeat R] [--no-peers]
+        [--requests N] [--repeat R] [--no-peers] [--sglang-without-prefill-checkpoint]
 """
 
 from __future__ import annotations
