@@ -61,7 +61,7 @@ CONFIGS = {
     "chunked-prefill": {"max_num_batched_tokens": 16, "long_prefill_token_threshold": 8},
     "preemption": {"num_blocks": 24, "block_size": 4, "max_model_len": 96},
     "no-prefix-cache": {"enable_prefix_caching": False, "block_size": 4},
-    "radix-index": {"prefix_index": "radix", "block_size": 4},
+    "hash-index": {"prefix_index": "hash", "block_size": 4},
     "static-batching": {"scheduler": "static", "max_num_seqs": 3},
     "priority-policy": {"scheduler_policy": "priority", "max_num_seqs": 2},
 }

@@ -139,9 +139,9 @@ def run_sim(config: EngineConfig, requests: list[SimRequest]) -> tuple[list[Any]
 CASES = {
     "fcfs-preempting": dict(block_size=4, num_blocks=48, max_num_batched_tokens=48,
                             max_num_seqs=8),
-    "priority-radix": dict(block_size=8, num_blocks=24, max_num_batched_tokens=64,
-                           max_num_seqs=6, scheduler_policy="priority", prefix_index="radix",
-                           long_prefill_token_threshold=16),
+    "priority-hash": dict(block_size=8, num_blocks=24, max_num_batched_tokens=64,
+                          max_num_seqs=6, scheduler_policy="priority", prefix_index="hash",
+                          long_prefill_token_threshold=16),
     "roomy": dict(block_size=16, num_blocks=64, max_num_batched_tokens=128, max_num_seqs=16),
 }
 

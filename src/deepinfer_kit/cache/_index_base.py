@@ -19,7 +19,7 @@ E = TypeVar("E")
 class PublishedBlocks(Generic[E]):
     """Which blocks hold a published identity (``block -> entry``), which of those are
     evictable (the policy), and the counters. Subclasses add the identity structure and
-    implement :meth:`_forget`."""
+    implement :meth:`_forget_all`."""
 
     __slots__ = ("_block_size", "_entries", "_policy", "_stats")
 
@@ -61,8 +61,12 @@ class PublishedBlocks(Generic[E]):
         entries = self._entries
         cached: list[int] = []
         rest: list[int] = []
+        keep, drop = cached.append, rest.append
         for b in blocks:
-            (cached if b in entries else rest).append(b)
+            if b in entries:
+                keep(b)
+            else:
+                drop(b)
         if cached:
             self._policy.push(cached)
         return rest
@@ -76,9 +80,7 @@ class PublishedBlocks(Generic[E]):
         if n <= 0:
             return []
         victims = self._policy.pop(n)
-        forget = self._forget
-        for b in victims:
-            forget(b)
+        self._forget_all(victims)
         self._stats.evicted_blocks += len(victims)
         return victims
 
@@ -110,5 +112,7 @@ class PublishedBlocks(Generic[E]):
             # Tail first, so the head of the chain ends up the most recently used.
             self._policy.touch(hits[::-1])
 
-    def _forget(self, block: int) -> None:
+    def _forget_all(self, blocks: list[int]) -> None:
+        """Drop the identities of ``blocks`` (all published); one call per eviction, so
+        the per-block work stays inside one loop."""
         raise NotImplementedError

@@ -61,6 +61,12 @@ class FreeListBlockAllocator:
     def _in_range(self, block: int) -> bool:
         return 0 <= block < self._num_blocks
 
+    def _check_range(self, blocks: Sequence[int]) -> None:
+        """InvariantError for the first block outside ``[0, num_blocks)`` (two C passes
+        over ``blocks``, so the per-block loops of the mutators need no range test)."""
+        if blocks and (min(blocks) < 0 or max(blocks) >= self._num_blocks):
+            raise self._bad(next(b for b in blocks if not self._in_range(b)), "")
+
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free blocks with count 1. O(n).
 
@@ -89,14 +95,15 @@ class FreeListBlockAllocator:
         Raises:
             InvariantError: a block is free or out of range; no count changes.
         """
+        self._check_range(blocks)
         ref = self._ref
-        n = self._num_blocks
         for i, b in enumerate(blocks):
-            if not 0 <= b < n or ref[b] == _FREE:
+            c = ref[b]
+            if c == _FREE:
                 for u in blocks[:i]:
                     ref[u] -= 1
                 raise self._bad(b, "is free and cannot be retained")
-            ref[b] += 1
+            ref[b] = c + 1
 
     def release(self, blocks: Sequence[int]) -> list[int]:
         """Drop a reference from each block; returns those whose count reached 0.
@@ -104,18 +111,18 @@ class FreeListBlockAllocator:
         Raises:
             InvariantError: a block is free or already at count 0; no count changes.
         """
+        self._check_range(blocks)
         ref = self._ref
-        n = self._num_blocks
         zero: list[int] = []
         for i, b in enumerate(blocks):
-            if not 0 <= b < n or ref[b] < 1:
-                for u in blocks[:i]:
-                    ref[u] += 1
-                raise self._bad(b, "is not referenced and cannot be released")
             c = ref[b] - 1
-            ref[b] = c
-            if c == 0:
+            if c <= 0:
+                if c < 0:
+                    for u in blocks[:i]:
+                        ref[u] += 1
+                    raise self._bad(b, "is not referenced and cannot be released")
                 zero.append(b)
+            ref[b] = c
         return zero
 
     def free(self, blocks: Sequence[int]) -> None:
@@ -125,10 +132,10 @@ class FreeListBlockAllocator:
             InvariantError: a block is referenced, free, given twice or out of range;
                 nothing changes.
         """
+        self._check_range(blocks)
         ref = self._ref
-        n = self._num_blocks
         for i, b in enumerate(blocks):
-            if not 0 <= b < n or ref[b] != 0:
+            if ref[b]:
                 for u in blocks[:i]:
                     ref[u] = 0
                 raise self._bad(b, "is referenced or already free and cannot be freed")

@@ -176,11 +176,13 @@ class HashChainPrefixIndex(PublishedBlocks[_Entry]):
             if e is not None:
                 e.children -= 1
 
-    def _forget(self, block: int) -> None:
-        e = self._entries.pop(block)
-        e.block = _EMPTY
-        if not e.children:
-            self._drop(e)
+    def _forget_all(self, blocks: list[int]) -> None:
+        pop = self._entries.pop
+        for b in blocks:
+            e = pop(b)
+            e.block = _EMPTY
+            if not e.children:
+                self._drop(e)
 
 
 if TYPE_CHECKING:

@@ -50,9 +50,10 @@ def encode_context(context: Hashable) -> bytes:
     return _framed(b"o", name.encode() + b"|" + repr(context).encode())
 
 
-def _block_bytes(tokens: Sequence[int], first: int, end: int, block_size: int) -> bytes:
-    """Tokens of blocks ``[first, end)`` as native uint32 bytes (``4 * P`` per block)."""
-    return array("I", tokens[first * block_size : end * block_size]).tobytes()
+def _block_bytes(tokens: Sequence[int], first: int, end: int, block_size: int) -> memoryview:
+    """Tokens of blocks ``[first, end)`` as native uint32 bytes (``4 * P`` per block), as a
+    byte view: slicing it copies nothing, so each block's key is built with one copy."""
+    return memoryview(array("I", tokens[first * block_size : end * block_size])).cast("B")
 
 
 def new_key(key: bytes | None, name: str = "key") -> bytes:

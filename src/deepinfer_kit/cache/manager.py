@@ -54,11 +54,13 @@ class BlockKVCacheManager:
 
     @classmethod
     def create(
-        cls, config: CacheConfig, index: Literal["hash", "radix"] = "hash"
+        cls, config: CacheConfig, index: Literal["hash", "radix"] = "radix"
     ) -> BlockKVCacheManager:
         """A manager over a :class:`FreeListBlockAllocator` and, when
-        ``config.enable_prefix_caching``, a :class:`HashChainPrefixIndex` (``"hash"``) or
-        a :class:`RadixPrefixIndex` (``"radix"``) with LRU eviction and a random key.
+        ``config.enable_prefix_caching``, a :class:`RadixPrefixIndex` (``"radix"``, the
+        default: the faster of the two on every measured trace, see
+        docs/prefix_reuse.md) or a :class:`HashChainPrefixIndex` (``"hash"``) with LRU
+        eviction and a random key.
 
         Raises:
             ConfigError: ``index`` is not ``"hash"`` or ``"radix"``.

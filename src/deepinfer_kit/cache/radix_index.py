@@ -79,8 +79,8 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         if node is not None and node.context == context:
             keys = self._keys(tokens, n, memo)
             append = hits.append
-            for i in range(n):
-                node = node.children.get(keys[i])
+            for k in keys if len(keys) == n else keys[:n]:
+                node = node.children.get(k)
                 if node is None or node.block < 0:
                     break
                 append(node.block)
@@ -116,18 +116,29 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
             node = self._root(context)
             i = 0
         new: list[int] = []
-        while i < n:
+        for i in range(i, start):  # the published head (reached only without the shortcut)
             k = keys[i]
-            child = node.children.get(k)
+            children = node.children
+            child = children.get(k)
             if child is None:
-                child = node.children[k] = _Node(_EMPTY, node, k, None)
+                child = children[k] = _Node(_EMPTY, node, k, None)
+            node = child
+        for i in range(start, n):
+            k = keys[i]
+            children = node.children
+            child = children.get(k)
             b = blocks[i]
-            if i >= start and child.block < 0 and b not in entries:
+            if child is None:
+                if b in entries:
+                    child = children[k] = _Node(_EMPTY, node, k, None)
+                else:  # the common case: a fresh block for a new path
+                    child = children[k] = entries[b] = _Node(b, node, k, None)
+                    new.append(b)
+            elif child.block < 0 and b not in entries:
                 child.block = b
                 entries[b] = child
                 new.append(b)
             node = child
-            i += 1
         if node.block < 0 and not node.children:
             self._prune(node)
         self._stats.inserted_blocks += len(new)
@@ -149,11 +160,21 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         if parent is None and not node.children and self._roots.get(node.key) is node:
             del self._roots[node.key]
 
-    def _forget(self, block: int) -> None:
-        node = self._entries.pop(block)
-        node.block = _EMPTY
-        if not node.children:
-            self._prune(node)
+    def _forget_all(self, blocks: list[int]) -> None:
+        pop = self._entries.pop
+        roots = self._roots
+        for b in blocks:
+            node = pop(b)
+            node.block = _EMPTY
+            if node.children:
+                continue  # a placeholder: its cached descendants stay reachable
+            # _prune inlined (evictions are the hottest per-block path)
+            parent = node.parent
+            while parent is not None and node.block < 0 and not node.children:
+                del parent.children[node.key]
+                node, parent = parent, parent.parent
+            if parent is None and not node.children and roots.get(node.key) is node:
+                del roots[node.key]
 
 
 if TYPE_CHECKING:

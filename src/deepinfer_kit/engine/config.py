@@ -91,7 +91,8 @@ class EngineConfig:
         max_num_batched_tokens: token budget of one round.
         long_prefill_token_threshold: cap on one prefill chunk (0: no cap).
         enable_prefix_caching: reuse cached prompt blocks across requests.
-        prefix_index: ``"hash"`` (hash chain) or ``"radix"`` (radix tree).
+        prefix_index: ``"radix"`` (radix tree, the default) or ``"hash"`` (hash chain);
+            both give the same hits and evictions (exact LRU), the radix tree faster.
         scheduler: ``"continuous"`` or ``"static"`` batching.
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``
@@ -142,7 +143,7 @@ class EngineConfig:
     max_num_batched_tokens: int = attrs.field(default=2048, validator=int_at_least(1))
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
     enable_prefix_caching: bool = True
-    prefix_index: str = attrs.field(default="hash", validator=one_of(("hash", "radix")))
+    prefix_index: str = attrs.field(default="radix", validator=one_of(("hash", "radix")))
     scheduler: str = attrs.field(default="continuous", validator=one_of(("continuous", "static")))
     scheduler_policy: str = attrs.field(default="fcfs", validator=one_of(("fcfs", "priority")))
     attention_impl: str = attrs.field(default="auto", validator=one_of(_IMPLS))
