@@ -61,8 +61,12 @@ def test_wide_nuclei_and_dense_crossings() -> None:
     assert torch.equal(ref_ops.nucleus_draw(*case), _sorted_draw(case))
 
 
-def test_rows_are_independent_of_their_neighbours() -> None:
-    case = _case(3, 40, 2000, False)
+@pytest.mark.parametrize("consecutive", [False, True])
+def test_rows_are_independent_of_their_neighbours(consecutive: bool) -> None:
+    """Rows in any order, or consecutive (read as one slab of the logits), draw what
+    they draw alone."""
+    x, rows, *rest = _case(3, 40, 2000, False)
+    case = (x, torch.arange(40) if consecutive else rows, *rest)
     together = ref_ops.nucleus_draw(*case)
     for i in (0, 17, 39):
         alone = ref_ops.nucleus_draw(*(t if t.dim() == 2 else t[i : i + 1] for t in case))

@@ -139,14 +139,18 @@ def _slab_draw(
     arguments as :func:`nucleus_draw`'s)."""
     r = len(row_ids)
     d, bins, w64 = s.d[:r], s.bins[:r], s.w64[:r]
-    for i, row in enumerate(row_ids):
-        top = x[row].amax()
-        torch.sub(x[row], torch.where(torch.isneginf(top), torch.zeros_like(top), top), out=d[i])
+    if row_ids == list(range(row_ids[0], row_ids[0] + r)):  # consecutive rows: one view
+        parts = [(x[row_ids[0] : row_ids[0] + r], d)]
+    else:
+        parts = [(x[row : row + 1], d[i : i + 1]) for i, row in enumerate(row_ids)]
+    for src, dst in parts:  # no copy of the logits: d = x - max straight from x
+        top = src.amax(dim=-1, keepdim=True)
+        torch.sub(src, torch.where(torch.isneginf(top), torch.zeros_like(top), top), out=dst)
     d.mul_(inv_t.unsqueeze(1))
     key = torch.mul(d, -float(BINS_PER_NAT), out=s.key[:r]).clamp_(max=_NBINS - 1)
     bins.copy_(key)
     w = d.exp_()
-    z = torch.cat([blocked_reduce(w[i : i + 1], BLOCK, "sum").double().sum(dim=-1) for i in range(r)])
+    z = blocked_reduce(w, BLOCK, "sum").double().sum(dim=-1)  # as ref_ops.row_norm
     if bool((min_p > 0).any()):
         w.masked_fill_(w < min_p.unsqueeze(1), 0.0)
     w64.copy_(w)
