@@ -1,5 +1,6 @@
 """nucleus_draw (the top-p path whose cost does not grow with the nucleus) against
-candidate_draw over the whole sorted row, for the torch reference and the Triton kernel."""
+candidate_draw over the whole sorted row (with ``z = row_norm``), for the torch reference
+and the Triton kernel."""
 
 from __future__ import annotations
 
@@ -29,16 +30,16 @@ def _case(seed: int, rows: int, vocab: int, ties: bool) -> Case:
     p = torch.rand(rows, generator=gen).double().clamp(min=0.02)
     p[0] = 1.0 - 1e-12
     min_p = torch.where(torch.rand(rows, generator=gen) < 0.5, 0.0, 0.3 * torch.rand(rows, generator=gen))
-    z = ref_ops.row_norm(x, rows_, inv_t)
     u = torch.rand(rows, dtype=torch.float64, generator=gen)
     u[0], u[-1] = 0.0, 1.0 - 2.0**-53
-    return x, rows_, inv_t, p, min_p, z, u
+    return x, rows_, inv_t, p, min_p, u
 
 
 def _sorted_draw(case: Case) -> torch.Tensor:
-    x, rows, inv_t, p, min_p, z, u = case
+    x, rows, inv_t, p, min_p, u = case
     vals, idx = sorted_candidates(x, rows)
     k = torch.full((rows.shape[0],), x.shape[1])
+    z = ref_ops.row_norm(x, rows, inv_t)
     return ref_ops.candidate_draw(vals, idx, inv_t, k, p, min_p, z, u)[0]
 
 
@@ -52,22 +53,23 @@ def test_reference_draws_what_the_full_sort_draws(vocab: int, ties: bool) -> Non
 
 def test_wide_nuclei_and_dense_crossings() -> None:
     """Nuclei of thousands of tokens, and a crossing bin holding hundreds of ties."""
-    x, rows, inv_t, p, min_p, z, u = _case(7, 16, 40_000, False)
+    x, rows, inv_t, p, min_p, u = _case(7, 16, 40_000, False)
     x[5:9] *= 0.01  # nearly flat rows: top-p 0.9 keeps ~36k tokens
     x[9, 1000:1600] = 2.5  # 600 tokens tied near the top of a flat row
     x[9, :1000] = 2.6
-    z = ref_ops.row_norm(x, rows, inv_t)
-    case = (x, rows, inv_t, torch.full_like(p, 0.9), min_p * 0, z, u)
+    case = (x, rows, inv_t, torch.full_like(p, 0.9), min_p * 0, u)
     assert torch.equal(ref_ops.nucleus_draw(*case), _sorted_draw(case))
 
 
-def test_rows_are_independent_of_their_neighbours() -> None:
-    case = _case(3, 40, 2000, False)
-    x, rows, inv_t, p, min_p, z, u = case
+@pytest.mark.parametrize("consecutive", [False, True])
+def test_rows_are_independent_of_their_neighbours(consecutive: bool) -> None:
+    """Rows in any order, or consecutive (read as one slab of the logits), draw what
+    they draw alone."""
+    x, rows, *rest = _case(3, 40, 2000, False)
+    case = (x, torch.arange(40) if consecutive else rows, *rest)
     together = ref_ops.nucleus_draw(*case)
     for i in (0, 17, 39):
-        alone = ref_ops.nucleus_draw(x, rows[i : i + 1], inv_t[i : i + 1], p[i : i + 1], min_p[i : i + 1],
-                                     z[i : i + 1], u[i : i + 1])  # fmt: skip
+        alone = ref_ops.nucleus_draw(*(t if t.dim() == 2 else t[i : i + 1] for t in case))
         assert int(alone) == int(together[i])
 
 

@@ -86,14 +86,14 @@ SIGNATURES = {
     "_candidate_kernel": "vals_ptr:*fp32 idx_ptr:*i64 inv_t_ptr:*fp32 k_ptr:*i64 p_ptr:*fp64 "
     "min_p_ptr:*fp32 z_ptr:*fp64 u_ptr:*fp64 tok_ptr:*i64 kept_ptr:*i64 W:i32",
     "_nucleus_kernel": "x_ptr:*fp32 rows_ptr:*i64 inv_t_ptr:*fp32 p_ptr:*fp64 min_p_ptr:*fp32 "
-    "z_ptr:*fp64 u_ptr:*fp64 out_ptr:*i64 stride:i32 V:i32",
+    "u_ptr:*fp64 out_ptr:*i64 stride:i32 V:i32",
 }
 for name, text in SIGNATURES.items():
     for ones in (False, True):
         signature = dict(item.split(":") for item in text.split())
         constants = {"BLOCK": 64 if name == "_candidate_kernel" else 1024}
         if name == "_nucleus_kernel":
-            constants = {"BLOCK": 256, "SPLITS": 16}
+            constants = {"BLOCK": 256, "SPLITS": 16, "Z_BLOCK": 1024}
         if ones:  # Triton specializes integer arguments equal to 1 into constants
             constants.update({k: 1 for k in ("W", "V", "stride") if k in signature})
         signature.update({k: "constexpr" for k in constants})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kit.sample.ref_ops import blocked_reduce
+from deepinfer_kit.sample.blocked import blocked_reduce
 
 __all__ = [
     "SUBSAMPLE_STRIDE",

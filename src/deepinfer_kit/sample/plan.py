@@ -27,10 +27,10 @@ class RowPlan:
     Attributes:
         greedy: rows whose token is the argmax (temperature 0 or top_k 1).
         full: sampled rows without top-k / top-p: inverse CDF over the vocabulary.
+        nucleus: top-p rows without top-k: ``nucleus_draw`` over the whole row.
         topk: ``width -> rows`` drawn from a ``torch.topk`` candidate set of that width.
         threshold: rows drawn from a histogram-threshold candidate set (large k).
         sort: rows drawn from a full sort (only when a candidate width would reach ``V``).
-        needs_norm: top-p rows without top-k (their top-p mass is over the whole row).
         inv_t: ``[N]`` ``1 / temperature`` (1 for greedy rows).
         top_k: ``[N]`` effective k (``V`` when off).
         top_p: ``[N]`` top-p (1 when off).
@@ -39,10 +39,10 @@ class RowPlan:
 
     greedy: list[int] = attrs.Factory(list)
     full: list[int] = attrs.Factory(list)
+    nucleus: list[int] = attrs.Factory(list)
     topk: dict[int, list[int]] = attrs.Factory(dict)
     threshold: list[int] = attrs.Factory(list)
     sort: list[int] = attrs.Factory(list)
-    needs_norm: list[int] = attrs.Factory(list)
     inv_t: list[float] = attrs.Factory(list)
     top_k: list[int] = attrs.Factory(list)
     top_p: list[float] = attrs.Factory(list)
@@ -59,13 +59,14 @@ def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def plan_rows(batch: SamplingBatch, vocab: int, top_p_width: int) -> RowPlan:
+def plan_rows(batch: SamplingBatch, vocab: int) -> RowPlan:
     """Group the rows of ``batch`` for logits of vocabulary ``vocab``.
 
-    A top-k row gets a ``torch.topk`` width of ``max(64, next_pow2(k + 1))`` (one more than
-    k, so a tie at the k-th value is detectable); a top-p-only row starts at
-    ``top_p_width``. A width ``>= V`` means a full sort (cheap then: V is small), and a
-    top-k width above :data:`MAX_TOPK_WIDTH` means the histogram threshold.
+    A top-p row without top-k goes to ``nucleus_draw`` (its cost does not depend on the
+    nucleus, so no candidate set is tried first). A top-k row gets a ``torch.topk`` width
+    of ``max(64, next_pow2(k + 1))`` (one more than k, so a tie at the k-th value is
+    detectable); a width ``>= V`` means a full sort (cheap then: V is small), and a width
+    above :data:`MAX_TOPK_WIDTH` means the histogram threshold.
     """
     plan = RowPlan()
     for i, params in enumerate(batch.params):
@@ -81,9 +82,10 @@ def plan_rows(batch: SamplingBatch, vocab: int, top_p_width: int) -> RowPlan:
         if not (topk_on or topp_on):
             plan.full.append(i)
             continue
-        if topp_on and not topk_on:
-            plan.needs_norm.append(i)
-        width = max(MIN_TOPK_WIDTH, _next_pow2(params.top_k + 1)) if topk_on else top_p_width
+        if not topk_on:
+            plan.nucleus.append(i)
+            continue
+        width = max(MIN_TOPK_WIDTH, _next_pow2(params.top_k + 1))
         if width >= vocab:
             plan.sort.append(i)
         elif width > MAX_TOPK_WIDTH:

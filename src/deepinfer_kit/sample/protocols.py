@@ -91,10 +91,10 @@ class DrawOps(Protocol):
         inv_t: torch.Tensor,
         p: torch.Tensor,
         min_p: torch.Tensor,
-        z: torch.Tensor,
         u: torch.Tensor,
     ) -> torch.Tensor:
-        """``[n]`` int64 tokens of top-p rows without top-k (``z`` their :meth:`row_norm`),
-        drawn over the whole row in a fixed number of passes, whatever the nucleus width:
-        the same token :meth:`candidate_draw` gives over the row's full sorted order."""
+        """``[n]`` int64 tokens of top-p rows without top-k, drawn over the whole row in a
+        fixed number of passes, whatever the nucleus width: the same token
+        :meth:`candidate_draw` gives over the row's full sorted order with ``z`` the rows'
+        :meth:`row_norm` (which this op sums itself)."""
         ...

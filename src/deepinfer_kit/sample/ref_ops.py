@@ -12,14 +12,12 @@ normalized to NaN); all cumulative sums are float64. Full rows are summed in blo
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-__all__ = ["BLOCK", "blocked_reduce", "row_norm", "full_draw", "candidate_draw", "nucleus_draw", "BINS_PER_NAT"]
+from deepinfer_kit.sample.blocked import BLOCK, blocked_reduce
+from deepinfer_kit.sample.ref_nucleus import BINS_PER_NAT, nucleus_draw
 
-BLOCK = 1024
-"""Tokens per block of the blocked row sums (and of the Triton kernels' chunks)."""
+__all__ = ["BLOCK", "blocked_reduce", "row_norm", "full_draw", "candidate_draw", "nucleus_draw", "BINS_PER_NAT"]
 
 
 def _weights(x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
@@ -30,20 +28,6 @@ def _weights(x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.
     if bool((inv_t != 1.0).any()):
         w.mul_(inv_t.unsqueeze(1))
     return w.exp_()
-
-
-def blocked_reduce(t: torch.Tensor, block: int, how: Literal["sum", "amax"]) -> torch.Tensor:
-    """``[n, ceil(V / block)]`` sums or maxima of consecutive ``block``-token slices of
-    ``t [n, V]`` (the last slice may be shorter); each slice is reduced on its own, so the
-    result for a row does not depend on the other rows."""
-    n, vocab = t.shape
-    full = vocab // block
-    parts = []
-    if full:
-        parts.append(getattr(t[:, : full * block].reshape(n, full, block), how)(dim=-1))
-    if vocab > full * block:
-        parts.append(getattr(t[:, full * block :], how)(dim=-1, keepdim=True))
-    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
 
 def _block_sums(w: torch.Tensor) -> torch.Tensor:
@@ -173,111 +157,3 @@ def candidate_draw(
     tokens = torch.where(kept > 0, tokens, torch.zeros_like(tokens))
     reached = crossed | ~use_p | (k <= width)
     return tokens, torch.where(reached, kept, torch.full_like(kept, -1))
-
-
-
-
-
-BINS_PER_NAT = 256
-"""Resolution of the log-weight histogram of :func:`nucleus_draw` (bins per unit of
-``log w``)."""
-_NBINS = 104 * BINS_PER_NAT + 1  # float32 weights below e^-104 are 0: the last bin is dead
-_NUCLEUS_ROWS = 16  # rows per slice of nucleus_draw (bounds its [rows, V] temporaries)
-
-
-def _settle(
-    xr: torch.Tensor, w: torch.Tensor, bins: torch.Tensor, cum: torch.Tensor,
-    target: torch.Tensor, strict: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The first token, in canonical order, whose running weight reaches ``target``.
-
-    The bin comes from the cumulative bin weights ``cum`` (the last bin with weight when
-    the row falls short); only that bin's tokens are then put in canonical order (stable
-    sort by logit of the tokens taken in id order) and summed one by one.
-
-    Returns:
-        ``(bin [n], ids [n, C] int64, run [n, C] float64, j [n])``: the bin's tokens in
-        canonical order (padded with weight 0), the running weight through each of them
-        (bins before included), and the position of the crossing token.
-    """
-    n = cum.shape[0]
-    goal = target.unsqueeze(1).contiguous()
-    last = torch.searchsorted(cum, cum[:, -1:].contiguous()).squeeze(1)  # last bin with weight
-    b = torch.minimum(torch.searchsorted(cum, goal, right=strict).squeeze(1), last)
-    before = cum.gather(1, (b - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    before = torch.where(b > 0, before, torch.zeros_like(before))
-    member = (bins == b.unsqueeze(1)) & (w > 0)
-    hit_row, hit_col = member.nonzero(as_tuple=True)
-    sizes = torch.bincount(hit_row, minlength=n)
-    width = max(int(sizes.max()) if n else 0, 1)
-    slot = torch.arange(hit_row.shape[0], device=w.device) - (torch.cumsum(sizes, 0) - sizes)[hit_row]
-    vals = torch.full((n, width), float("-inf"), dtype=xr.dtype, device=w.device)
-    ids = torch.zeros((n, width), dtype=torch.int64, device=w.device)
-    ww = torch.zeros((n, width), dtype=torch.float64, device=w.device)
-    vals[hit_row, slot], ids[hit_row, slot] = xr[hit_row, hit_col], hit_col
-    ww[hit_row, slot] = w[hit_row, hit_col].double()
-    order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
-    ids, run = ids.gather(1, order), before.unsqueeze(1) + torch.cumsum(ww.gather(1, order), dim=-1)
-    j = torch.searchsorted(run, goal, right=strict).squeeze(1)
-    return b, ids, run, torch.minimum(j, (sizes - 1).clamp(min=0))
-
-
-def nucleus_draw(
-    x: torch.Tensor,
-    rows: torch.Tensor,
-    inv_t: torch.Tensor,
-    p: torch.Tensor,
-    min_p: torch.Tensor,
-    z: torch.Tensor,
-    u: torch.Tensor,
-) -> torch.Tensor:
-    """Top-p, then min-p, then the draw over whole rows without sorting them: a cost that
-    does not grow with the nucleus.
-
-    Draws what :func:`candidate_draw` draws over the row's full canonical order with
-    top-k off (up to float rounding at a boundary): the nucleus is the canonical prefix
-    ending at the first token whose running weight reaches ``p * z``, cut to the tokens
-    with ``w >= min_p``; the token is the first of the nucleus whose running weight
-    exceeds ``u`` times the nucleus weight. One pass bins every token by its log-weight
-    ``(x - max) * inv_t`` (:data:`BINS_PER_NAT` bins per unit; bins follow the canonical
-    order, ties share a bin) and sums the weight per bin in float64; each of the two
-    crossings (the top-p cut, then the draw) then reads the bin holding it off the
-    cumulative bin weights and sorts only that bin's tokens, so ties keep the id rule.
-    The work is a few passes over the row plus sorts of one bin (its size depends on how
-    dense the logits are at the crossing, not on the nucleus width). Rows are handled
-    each on its own (in slices of 16), so a row's token never depends on the others.
-
-    Args:
-        x: ``[N, V]`` float32 logits (after penalties), contiguous; read only.
-        rows: ``[n]`` int64 row indices into ``x``.
-        inv_t: ``[n]`` float32 ``1 / temperature``.
-        p: ``[n]`` float64 top-p in ``(0, 1]``.
-        min_p: ``[n]`` float32 in ``[0, 1]``.
-        z: ``[n]`` float64 :func:`row_norm` of the rows.
-        u: ``[n]`` float64 uniforms in ``[0, 1)``.
-
-    Returns:
-        ``[n]`` int64 tokens; ``0`` for an all ``-inf`` row.
-    """
-    out = [torch.zeros(0, dtype=torch.int64, device=x.device)]
-    for lo in range(0, rows.shape[0], _NUCLEUS_ROWS):
-        part = slice(lo, lo + _NUCLEUS_ROWS)
-        xr = x[rows[part]]
-        n = xr.shape[0]
-        top = xr.amax(dim=-1, keepdim=True)
-        d = (xr - torch.where(torch.isneginf(top), torch.zeros_like(top), top)) * inv_t[part].unsqueeze(1)
-        bins = (d * -float(BINS_PER_NAT)).clamp_(max=_NBINS - 1).long()
-        w = d.exp_()
-        w.masked_fill_(w < min_p[part].unsqueeze(1), 0.0)
-        base = torch.arange(n, device=x.device).unsqueeze(1) * _NBINS
-        hist = torch.bincount((base + bins).flatten(), w.flatten().double(), minlength=n * _NBINS)
-        cum = hist.view(n, _NBINS).cumsum(dim=-1)
-        b, _, run, j = _settle(xr, w, bins, cum, p[part] * z[part], strict=False)
-        mass = run.gather(1, j.unsqueeze(1)).squeeze(1)
-        cut_bins = torch.arange(_NBINS, device=x.device).unsqueeze(0)
-        cum = torch.where(cut_bins < b.unsqueeze(1), cum, mass.unsqueeze(1))
-        b2, ids, run, j2 = _settle(xr, w, bins, cum, u[part] * mass, strict=True)
-        j2 = torch.where(b2 == b, torch.minimum(j2, j), j2)
-        tokens = ids.gather(1, j2.unsqueeze(1)).squeeze(1)
-        out.append(torch.where(mass > 0, tokens, torch.zeros_like(tokens)))
-    return torch.cat(out)

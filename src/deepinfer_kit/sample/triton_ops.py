@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_kit.sample.ref_ops import BLOCK
+from deepinfer_kit.sample.blocked import BLOCK
 
 __all__ = ["row_norm", "full_draw", "candidate_draw", "nucleus_draw"]
 
@@ -272,15 +272,15 @@ def _nucleus_search(
 
 @triton.jit
 def _nucleus_kernel(
-    x_ptr, rows_ptr, inv_t_ptr, p_ptr, min_p_ptr, z_ptr, u_ptr, out_ptr, stride, V,
-    BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+    x_ptr, rows_ptr, inv_t_ptr, p_ptr, min_p_ptr, u_ptr, out_ptr, stride, V,
+    BLOCK: tl.constexpr, SPLITS: tl.constexpr, Z_BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid, base, inv_t, min_p, top = _row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
     none = tl.full([], -1, tl.int64)
     zero = tl.load(p_ptr + pid) * 0.0
+    z = _row_total(base, V, top, inv_t, 0.0, Z_BLOCK)  # in the chunks of _row_norm_kernel
     cut, cut_rank, ties, above, w_at = _nucleus_search(
-        base, V, top, inv_t, min_p, tl.load(p_ptr + pid) * tl.load(z_ptr + pid), 0, none, zero,
-        BLOCK, SPLITS,
+        base, V, top, inv_t, min_p, tl.load(p_ptr + pid) * z, 0, none, zero, BLOCK, SPLITS,
     )  # fmt: skip
     mass = above + cut_rank.to(tl.float64) * w_at
     # the draw searches the nucleus: keys above the cut, plus cut_rank tokens at it
@@ -306,18 +306,18 @@ def nucleus_draw(
     inv_t: torch.Tensor,
     p: torch.Tensor,
     min_p: torch.Tensor,
-    z: torch.Tensor,
     u: torch.Tensor,
 ) -> torch.Tensor:
     """``[n]`` int64 top-p / min-p draws over whole rows; see ``ref_ops.nucleus_draw``.
 
-    One program per row: eight passes of 16-way bisection on the logits' order keys find
-    each crossing (the top-p cut, then the draw), with weights summed in float64.
+    One program per row: one pass sums the row's weight (as ``row_norm``), then eight
+    passes of 16-way bisection on the logits' order keys find each crossing (the top-p
+    cut, then the draw), with weights summed in float64.
     """
     out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
     if rows.numel():
         _nucleus_kernel[(rows.shape[0],)](
-            x, rows, inv_t.contiguous(), p.contiguous(), min_p.contiguous(), z.contiguous(),
-            u.contiguous(), out, x.stride(0), x.shape[1], BLOCK=_NUCLEUS_BLOCK, SPLITS=_SPLITS,
+            x, rows, inv_t.contiguous(), p.contiguous(), min_p.contiguous(), u.contiguous(), out,
+            x.stride(0), x.shape[1], BLOCK=_NUCLEUS_BLOCK, SPLITS=_SPLITS, Z_BLOCK=BLOCK,
         )  # fmt: skip
     return out

@@ -3,11 +3,12 @@ Python loops over the vocabulary, with seeded rows batch-invariant.
 
 One call: penalties and ``min_tokens`` masks (``penalties.py``); greedy rows take the
 argmax; the other rows get one uniform each (``rng.py``) and are drawn by inverse CDF —
-over the whole vocabulary in token order when they have no top-k / top-p (no sort), or
-over a candidate set sorted by logit when they do (``candidates.py``): a ``torch.topk`` of
-a small width first; when that width proved too small, a top-p row without top-k goes to
-``nucleus_draw`` (a few passes over the row whatever the nucleus width) and a top-k row to
-a histogram threshold; a full sort only as the last resort. Logprobs come from the raw logits (``logprobs.py``).
+over the whole vocabulary in token order when they have no top-k / top-p (no sort); by
+``nucleus_draw`` (a fixed number of passes over the row, whatever the nucleus width) when
+they have top-p without top-k; over a candidate set sorted by logit when they have top-k
+(``candidates.py``): a ``torch.topk`` of a small width first, a histogram threshold when
+that width proved too small, a full sort only as the last resort. Logprobs come from the
+raw logits (``logprobs.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl, resolve_impl
-from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample import ref_ops
 from deepinfer_kit.sample.candidates import (
@@ -90,7 +90,6 @@ class _RowTensors:
     k: torch.Tensor  # int64, V when off
     p: torch.Tensor  # float64, 1 when off
     min_p: torch.Tensor  # float32
-    z: torch.Tensor  # float64, whole-row weight of top-p-only rows, else 0
     u: torch.Tensor  # float64 uniforms (0 for greedy rows)
 
 
@@ -101,19 +100,15 @@ class VectorizedSampler:
     Args:
         impl: ``"ref"`` (torch ops), ``"triton"`` (Triton kernels for the draw and the
             filters), or ``"auto"`` (Triton when CUDA is available). Chosen once here.
-        top_p_width: first candidate width tried for top-p rows without top-k; a row whose
-            top-p set does not fit is drawn by the ops' ``nucleus_draw`` instead.
 
     Raises:
-        ConfigError: an unknown ``impl`` or a ``top_p_width < 1``.
+        ConfigError: an unknown ``impl``.
         DeviceUnavailableError: ``impl="triton"`` without CUDA and without
             ``TRITON_INTERPRET=1``, or without Triton installed.
     """
 
-    def __init__(self, impl: Impl = "auto", *, top_p_width: int = 256) -> None:
-        require_ints_at_least(1, top_p_width=top_p_width)
+    def __init__(self, impl: Impl = "auto") -> None:
         self._ops, self.impl = _select_ops(impl)
-        self._top_p_width = top_p_width
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
         """Draw one token per row; see :meth:`Sampler.__call__` for the contract.
@@ -127,7 +122,7 @@ class VectorizedSampler:
         """
         check_batch(logits, batch)
         vocab = logits.shape[1]
-        plan = plan_rows(batch, vocab, self._top_p_width)
+        plan = plan_rows(batch, vocab)
         x = working_logits(logits, batch)
         tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=x.device)
         if plan.greedy:
@@ -157,7 +152,6 @@ class VectorizedSampler:
             k=torch.tensor(plan.top_k, dtype=torch.int64, device=dev),
             p=torch.tensor(plan.top_p, dtype=torch.float64, device=dev),
             min_p=torch.tensor(plan.min_p, dtype=torch.float32, device=dev),
-            z=torch.zeros(x.shape[0], dtype=torch.float64, device=dev),
             u=u,
         )
 
@@ -166,10 +160,12 @@ class VectorizedSampler:
         if plan.full:
             rows = _index(plan.full, dev)
             tokens[rows] = self._ops.full_draw(x, rows, t.inv_t[rows], t.min_p[rows], t.u[rows])
-        if plan.needs_norm:
-            rows = _index(plan.needs_norm, dev)
-            t.z[rows] = self._ops.row_norm(x, rows, t.inv_t[rows])
-        retry = [self._threshold_stage(x, _index(plan.threshold, dev), t, tokens, None)]
+        if plan.nucleus:
+            rows = _index(plan.nucleus, dev)
+            tokens[rows] = self._ops.nucleus_draw(
+                x, rows, t.inv_t[rows], t.p[rows], t.min_p[rows], t.u[rows]
+            )
+        retry = [self._threshold_stage(x, _index(plan.threshold, dev), t, tokens)]
         topk_rows = _index([i for group in plan.topk.values() for i in group], dev)
         maxima = block_maxima(x, topk_rows) if topk_rows.numel() else x[:0]
         start = 0
@@ -182,53 +178,36 @@ class VectorizedSampler:
             at_cut = vals.gather(1, (kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
             exact = (kept == 0) | ((kept > 0) & (at_cut > vals[:, -1]))
             tokens[rows[exact]] = tok[exact]
-            wide = ~exact & (t.k[rows] >= x.shape[1])
-            if bool(wide.any()):
-                self._nucleus_stage(x, rows[wide], t, tokens)
-            narrow = ~exact & ~wide
-            retry.append(self._threshold_stage(x, rows[narrow], t, tokens, vals[narrow]))
+            retry.append(self._threshold_stage(x, rows[~exact], t, tokens))
         rows = torch.cat([_index(plan.sort, dev), *retry])
         if rows.numel():
             vals, idx = sorted_candidates(x, rows)
             tokens[rows] = self._candidate_draw(vals, idx, rows, t)[0]
 
-    def _nucleus_stage(self, x: torch.Tensor, rows: torch.Tensor, t: _RowTensors, tokens: torch.Tensor) -> None:
-        """Draw top-p rows without top-k whose nucleus outgrew the first candidate width."""
-        tokens[rows] = self._ops.nucleus_draw(
-            x, rows, t.inv_t[rows], t.p[rows], t.min_p[rows], t.z[rows], t.u[rows]
-        )
-
     def _threshold_stage(
-        self,
-        x: torch.Tensor,
-        rows: torch.Tensor,
-        t: _RowTensors,
-        tokens: torch.Tensor,
-        head: torch.Tensor | None,
+        self, x: torch.Tensor, rows: torch.Tensor, t: _RowTensors, tokens: torch.Tensor
     ) -> torch.Tensor:
-        """Draw ``rows`` from threshold candidate sets (a tight try, then a generous one);
-        return the rows still unresolved."""
+        """Draw top-k ``rows`` from threshold candidate sets (a tight try, then a generous
+        one); return the rows still unresolved."""
         for margin in _THRESHOLD_MARGINS:
             if not rows.numel():
                 break
-            k, z = t.k[rows], t.z[rows]
-            need_count = torch.where(k < x.shape[1], k, torch.zeros_like(k))
-            need_mass = torch.where(z > 0, t.p[rows] * z, torch.zeros_like(z))
+            need_mass = torch.zeros_like(t.p[rows])  # top-p here is over the top k only
             vals, idx, ok = threshold_candidates(
-                x, rows, t.inv_t[rows], need_count, need_mass, head, margin
+                x, rows, t.inv_t[rows], t.k[rows], need_mass, None, margin
             )
             tok, kept = self._candidate_draw(vals, idx, rows, t)
             exact = ok & (kept >= 0)
             tokens[rows[exact]] = tok[exact]
             rows = rows[~exact]
-            head = head[~exact] if head is not None else None
         return rows
 
     def _candidate_draw(
         self, vals: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor, t: _RowTensors
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        z = torch.zeros_like(t.p[rows])  # top-p rows here have top-k: renormalized over it
         return self._ops.candidate_draw(
-            vals, idx, t.inv_t[rows], t.k[rows], t.p[rows], t.min_p[rows], t.z[rows], t.u[rows]
+            vals, idx, t.inv_t[rows], t.k[rows], t.p[rows], t.min_p[rows], z, t.u[rows]
         )
 
 
