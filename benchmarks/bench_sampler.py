@@ -15,11 +15,15 @@ bisected so that, at the row's temperature, a probe row's top-p 0.9 nucleus hold
 number of tokens. The sweep's baseline, :func:`sort_sampler`, is what vLLM's
 ``TopKTopPSampler`` native (non-FlashInfer) path does, written here from its description:
 divide by the temperature, sort every row, mask past top-k and past the top-p mass, softmax,
-draw with exponential noise. vLLM is not installed on the machine the project's figures
-come from, so the sweep does not import it; this stands in for it, on the same logits,
-device and threads, in the same run. Each rep times the two back to back and the table
-keeps each one's fastest rep: on a shared machine the slow reps measure the neighbours'
-load, and timing the two in turn lets both see the same load.
+draw with exponential noise. When vLLM imports, its own ``forward_native`` (after dividing
+by the temperature, as its sampler does) is timed beside both, with an "x vllm" column.
+Each rep times them back to back and the table keeps each one's fastest rep: on a shared
+machine the slow reps measure the neighbours' load, and timing them in turn lets all see
+the same load.
+
+vLLM on a CPU-only machine without its CUDA dependencies:
+``pip install --no-deps --target DIR vllm==0.33.0`` plus the pure-Python modules it imports
+(see benchmarks/bench_prefix_cache.py), then run with ``PYTHONPATH=src:DIR``.
 
 Run: ``.venv/bin/python benchmarks/bench_sampler.py [--quick] [--sweep]``. The script sets
 ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already sets it: on a machine with few,
@@ -110,21 +114,19 @@ def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
     return statistics.median(times), out
 
 
-def time_pair(
-    first: Callable[[], Any], second: Callable[[], Any], reps: int
-) -> tuple[float, Any, float, Any]:
-    """Fastest of ``reps`` calls of each function after one warm-up each, the two timed
-    back to back in every rep (so both see the same load), and their last results."""
-    outs = [first(), second()]
-    times: list[list[float]] = [[], []]
+def time_together(fns: list[Callable[[], Any]], reps: int) -> list[tuple[float, Any]]:
+    """Fastest of ``reps`` calls of each function after one warm-up each, all timed back
+    to back in every rep (so each sees the same load), with each one's last result."""
+    outs = [fn() for fn in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        for i, fn in enumerate((first, second)):
+        for i, fn in enumerate(fns):
             start = time.perf_counter()
             outs[i] = fn()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             times[i].append(time.perf_counter() - start)
-    return min(times[0]), outs[0], min(times[1]), outs[1]
+    return [(min(t), out) for t, out in zip(times, outs)]
 
 
 def load_vllm() -> Any | None:
@@ -220,7 +222,7 @@ def in_nucleus(logits: torch.Tensor, temperature: float, tokens: torch.Tensor) -
     return bool((above < TOP_P).all())
 
 
-def run_sweep(quick: bool, impl: str, reps: int) -> None:
+def run_sweep(quick: bool, impl: str, reps: int, vllm: Any | None) -> None:
     """Print the nucleus-width sweep table (see the module docstring)."""
     batch, vocab, widths = 256, 151_936, [10, 100, 1_000, 10_000, 60_000]
     if quick:
@@ -231,7 +233,8 @@ def run_sweep(quick: bool, impl: str, reps: int) -> None:
     base = torch.randn(batch, vocab, generator=gen)
     print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, "
           f"impl={sampler.impl}, batch {batch} x vocab {vocab}, top-p {TOP_P}, no top-k")
-    header = f"{'temp':>4s} {'width':>6s} {'got':>6s} | {'ours ms':>9s} {'sort ms':>9s} {'x sort':>7s} | in-set"
+    header = (f"{'temp':>4s} {'width':>6s} {'got':>6s} | {'ours ms':>9s} {'sort ms':>9s} {'x sort':>7s} | "
+              f"{'vllm ms':>9s} {'x vllm':>7s} | in-set")
     print(header)
     print("-" * len(header))
     for temperature in TEMPERATURES:
@@ -243,15 +246,22 @@ def run_sweep(quick: bool, impl: str, reps: int) -> None:
             temp = torch.full((batch,), temperature, device=device)
             k = torch.full((batch,), vocab, device=device)
             p = torch.full((batch,), TOP_P, device=device)
-            t_ours, res, t_sort, tok = time_pair(
-                lambda: sampler(logits, sampling), lambda: sort_sampler(logits, temp, k, p), reps
-            )
+            fns = [lambda: sampler(logits, sampling), lambda: sort_sampler(logits, temp, k, p)]
+            if vllm is not None:  # vLLM's sampler divides by the temperature first
+                fns.append(lambda: vllm.forward_native(logits / temp.unsqueeze(1), {}, k, p)[0])
+            timed = time_together(fns, reps)
+            (t_ours, res), (t_sort, tok) = timed[0], timed[1]
             inside = in_nucleus(logits.cpu(), temperature, res.token_ids.cpu())
             inside_sort = in_nucleus(logits.cpu(), temperature, tok.cpu())
             got = nucleus_width(logits[0].cpu(), temperature)
+            vl = f"{'-':>9s} {'-':>7s}"
+            if vllm is not None:
+                t_vllm, vtok = timed[2]
+                vl = f"{t_vllm * 1e3:9.1f} {t_vllm / t_ours:6.2f}x"
+                inside_sort = inside_sort and in_nucleus(logits.cpu(), temperature, vtok.cpu())
             print(f"{temperature:4.1f} {width:6d} {got:6d} | {t_ours * 1e3:9.1f} {t_sort * 1e3:9.1f} "
-                  f"{t_sort / t_ours:6.2f}x | {'yes' if inside else 'NO'}"
-                  f"/sort {'yes' if inside_sort else 'NO'}", flush=True)
+                  f"{t_sort / t_ours:6.2f}x | {vl} | {'yes' if inside else 'NO'}"
+                  f"/peers {'yes' if inside_sort else 'NO'}", flush=True)
 
 
 def main() -> None:
@@ -266,13 +276,13 @@ def main() -> None:
     parser.add_argument("--no-naive", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="the nucleus-width sweep instead")
     args = parser.parse_args()
+    vllm = None if args.no_vllm or args.quick else load_vllm()
     if args.sweep:
-        run_sweep(args.quick, args.impl, args.reps)
+        run_sweep(args.quick, args.impl, args.reps, vllm)
         return
     vocabs, batch_sizes, reps = args.vocab, args.batch, args.reps
     if args.quick:
         vocabs, batch_sizes, reps = [8_000], [1, 16], 1
-    vllm = None if args.no_vllm or args.quick else load_vllm()
     kinds = ["llm", "flat"] if args.logits == "both" else [args.logits]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, impl={args.impl}")

@@ -28,4 +28,4 @@ def test_bench_sampler_sweep_quick_runs() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line[:4].strip() in ("0.5", "1.0", "1.5")]
     assert len(rows) == 9, done.stdout
-    assert all(line.rstrip().endswith("yes/sort yes") and "x |" in line for line in rows), done.stdout
+    assert all(line.rstrip().endswith("yes/peers yes") and "x |" in line for line in rows), done.stdout
