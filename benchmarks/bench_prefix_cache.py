@@ -48,11 +48,11 @@ Each replay is timed by the process's CPU time (``time.process_time``: on a shar
 machine the wait for a core is not counted), best of R interleaved rounds; ratios compare
 rows of one run.
 
-Peers: install them without their dependencies into a directory kept off the project's
+Peers: install them without their dependencies into a directory ``$PEERS`` kept off the project's
 path, plus the modules they import at import time (torch and transformers come from the
 project's environment)::
 
-    pip install --no-deps --target /work/peers vllm==0.33.0 sglang==0.5.23 \\
+    pip install --no-deps --target "$PEERS" vllm==0.33.0 sglang==0.5.23 \\
         aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 apache-tvm-ffi==0.1.15.post2 \\
         cachetools==8.0.2 cbor2==6.3.0 cloudpickle==3.1.3 compressed-tensors==0.20.1 \\
         dill==0.4.1 frozenlist==1.8.0 gguf==0.19.0 ipython==9.18.1 llguidance==1.9.1 \\
@@ -61,7 +61,7 @@ project's environment)::
         propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 pyzmq==27.3.0 \\
         requests==2.34.2 sentencepiece==0.2.3 traitlets==5.16.1 uvloop==0.23.0 \\
         xgrammar==0.2.9 yarl==1.25.1
-    PYTHONPATH=src:/work/peers .venv/bin/python benchmarks/bench_prefix_cache.py
+    PYTHONPATH="src:$PEERS" .venv/bin/python benchmarks/bench_prefix_cache.py
 
 A peer that cannot be imported is skipped with the reason printed.
 
