@@ -60,13 +60,8 @@ def test_threshold_sets_are_value_closed_and_sufficient(margin: float) -> None:
     vocab = 6000
     x = torch.randn(6, vocab, generator=gen) * torch.tensor([[0.5], [1], [2], [3], [4], [6]])
     rows = torch.arange(6)
-    inv_t = torch.ones(6)
-    w = torch.exp(x - x.amax(dim=-1, keepdim=True)).double()
-    z = w.sum(dim=-1)
-    need_mass = torch.tensor([0.9, 0.5, 0.0, 0.95, 0.0, 0.7], dtype=torch.float64) * z
-    need_count = torch.tensor([0, 0, 700, 0, 3, 0])
-    head = topk_candidates(x, rows, 256, block_maxima(x, rows))[0]
-    vals, idx, ok = threshold_candidates(x, rows, inv_t, need_count, need_mass, head, margin)
+    need_count = torch.tensor([4097, 300, 700, 5000, 3, 1200])
+    vals, idx, ok = threshold_candidates(x, rows, need_count, margin)
     assert _is_canonical(vals, idx)
     for r in range(6):
         members = idx[r][torch.isfinite(vals[r])]
@@ -76,6 +71,5 @@ def test_threshold_sets_are_value_closed_and_sufficient(margin: float) -> None:
         lowest = vals[r][torch.isfinite(vals[r])].min()
         assert int((x[r] >= lowest).sum()) == members.numel()  # value-closed
         assert members.numel() >= need_count[r]
-        assert float(w[r][members].sum()) >= float(need_mass[r])
     if margin >= 2.0:
         assert bool(ok.all())

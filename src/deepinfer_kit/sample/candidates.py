@@ -7,8 +7,8 @@ Three ways to get them, cheapest first:
   strictly above the ``W``-th largest (ties at the ``W``-th value may be cut arbitrarily).
 * :func:`threshold_candidates` — a value-closed upper set ``{x >= tau}`` (every token at
   least as likely as a member is a member), with ``tau`` read off a strided subsample so
-  the set should hold ``k`` tokens or ``p * Z`` of the mass. One compare pass over the row
-  and a sort of the members only; the caller verifies the set was big enough.
+  the set should hold ``k`` tokens. One compare pass over the row and a sort of the
+  members only; the caller verifies the set was big enough.
 * :func:`sorted_candidates` — a stable sort of the whole row (the last resort).
 """
 
@@ -29,8 +29,6 @@ __all__ = [
 
 SUBSAMPLE_STRIDE = 8
 """Every this-many-th token sizes a threshold set (see :func:`threshold_candidates`)."""
-_MASS_DEPTH = 1024  # subsample ranks per unit of margin examined for a top-p set
-_MASS_SLACK = 1e-6  # relative: the chosen set's weight must exceed p * Z by this much
 TOPK_BLOCK = 64
 """Tokens per block of :func:`block_maxima` (the pre-selection of :func:`topk_candidates`)."""
 
@@ -123,29 +121,22 @@ def _compact(
 def threshold_candidates(
     x: torch.Tensor,
     rows: torch.Tensor,
-    inv_t: torch.Tensor,
     need_count: torch.Tensor,
-    need_mass: torch.Tensor,
-    head: torch.Tensor | None = None,
     margin: float = 2.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A value-closed upper set ``{x >= tau}`` per row holding ``need_count`` tokens and
-    ``need_mass`` of the weight ``w = exp((x - max) * inv_t)``, sized from a subsample.
+    """A value-closed upper set ``{x >= tau}`` per row holding ``need_count`` tokens (a
+    top-k too wide for :func:`topk_candidates`), sized from a subsample.
 
-    Every ``SUBSAMPLE_STRIDE``-th token estimates how deep the set must reach; tokens above
-    the head floor (the smallest value of an exact top-``W`` set from an earlier try) are
-    counted exactly. Candidates down to ``margin`` times that depth are gathered, then the
-    tightest of a few thresholds between the estimate and that depth whose exact count and
-    weight suffice is kept, and only its members are sorted.
+    Every ``SUBSAMPLE_STRIDE``-th token estimates how deep the set must reach. Candidates
+    down to ``margin`` times that depth are gathered, then the tightest of a few thresholds
+    between the estimate and that depth whose exact count suffices is kept, and only its
+    members are sorted. (Top-p rows never come here: ``nucleus_draw`` settles them in a
+    fixed number of passes.)
 
     Args:
         x: ``[N, V]`` float32; read only.
         rows: ``[n]`` int64 row indices (rows with a finite maximum).
-        inv_t: ``[n]`` float32 ``1 / temperature``.
-        need_count: ``[n]`` int64 tokens needed (top-k), 0 for none.
-        need_mass: ``[n]`` float64 weight needed (``p * Z`` for top-p), 0 for none.
-        head: ``[n, W]`` float32 values of exact canonical top-``W`` candidates of the same
-            rows (from :func:`topk_candidates`); needed when any row needs mass.
+        need_count: ``[n]`` int64 tokens needed (top-k).
         margin: how many times deeper than the estimate the gathered set reaches (``> 1``).
 
     Returns:
@@ -157,26 +148,14 @@ def threshold_candidates(
     sub = xr[:, ::SUBSAMPLE_STRIDE]
     ns = sub.shape[1]
     base = need_count.double() / SUBSAMPLE_STRIDE
-    needs_mass = head is not None and bool((need_mass > 0).any())
     depth = int(torch.ceil(base.max() * margin)) + 9 if base.numel() else 9
-    depth = min(ns, max(depth, int(_MASS_DEPTH * margin) if needs_mass else 0))
+    depth = min(ns, depth)
     top_sub = torch.topk(sub, depth, dim=-1, sorted=True).values
-    if needs_mass and head is not None:
-        top, floor = head[:, :1], head[:, -1:]
-        w_head = torch.exp((head - top) * inv_t.unsqueeze(1)).double()
-        exact = torch.where(head > floor, w_head, torch.zeros_like(w_head)).sum(dim=-1)
-        w_sub = torch.exp((top_sub - top) * inv_t.unsqueeze(1)).double() * SUBSAMPLE_STRIDE
-        w_sub = torch.where(top_sub <= floor, w_sub, torch.zeros_like(w_sub))
-        est = exact.unsqueeze(1) + torch.cumsum(w_sub, dim=-1)
-        reach = torch.searchsorted(est, need_mass.unsqueeze(1)).squeeze(1).double()
-        base = torch.where(need_mass > 0, torch.maximum(base, reach), base)
     factors = torch.tensor([1.0, 1.15, 1.35, 1.6, margin], dtype=torch.float64, device=x.device)
     ranks = (torch.ceil(base.unsqueeze(1) * factors) + 8).long()
     levels = top_sub.gather(1, ranks.clamp(max=depth - 1))
     levels = torch.where(ranks >= ns, torch.full_like(levels, float("-inf")), levels)
     vals, ids, sizes = _compact(xr >= levels[:, -1:], xr, None)
-    top = vals.amax(dim=-1, keepdim=True)
-    w = torch.exp((vals - top) * inv_t.unsqueeze(1)).double()
     nlev = levels.shape[1]
     # bucket b = how many levels a candidate reaches (levels descend: level i needs b >= nlev - i)
     bucket = torch.searchsorted(levels.flip(-1).contiguous(), vals, right=True)
@@ -184,13 +163,8 @@ def threshold_candidates(
     bucket = torch.where(real, bucket, torch.zeros_like(bucket))
     counts = torch.zeros(vals.shape[0], nlev + 1, dtype=torch.int64, device=x.device)
     counts.scatter_add_(1, bucket, torch.ones_like(bucket))
-    masses = torch.zeros(vals.shape[0], nlev + 1, dtype=torch.float64, device=x.device)
-    masses.scatter_add_(1, bucket, w)
     counts = counts.flip(-1).cumsum(-1)[:, :nlev]  # [:, i]: candidates reaching level i
-    masses = masses.flip(-1).cumsum(-1)[:, :nlev]
-    enough = (counts >= need_count.unsqueeze(1)) & (
-        masses >= (need_mass * (1.0 + _MASS_SLACK)).unsqueeze(1)
-    )
+    enough = counts >= need_count.unsqueeze(1)
     ok = enough[:, -1]
     choice = torch.argmax(enough.to(torch.int8), dim=-1, keepdim=True)
     vals, ids, _ = _compact(vals >= levels.gather(1, choice), vals, ids)

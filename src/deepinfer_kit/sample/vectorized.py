@@ -192,10 +192,7 @@ class VectorizedSampler:
         for margin in _THRESHOLD_MARGINS:
             if not rows.numel():
                 break
-            need_mass = torch.zeros_like(t.p[rows])  # top-p here is over the top k only
-            vals, idx, ok = threshold_candidates(
-                x, rows, t.inv_t[rows], t.k[rows], need_mass, None, margin
-            )
+            vals, idx, ok = threshold_candidates(x, rows, t.k[rows], margin)
             tok, kept = self._candidate_draw(vals, idx, rows, t)
             exact = ok & (kept >= 0)
             tokens[rows[exact]] = tok[exact]
