@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from deepinfer_kit.sample.candidates import (
+    SUBSAMPLE_STRIDE,
     TOPK_BLOCK,
     block_maxima,
     sorted_candidates,
@@ -73,3 +74,17 @@ def test_threshold_sets_are_value_closed_and_sufficient(margin: float) -> None:
         assert members.numel() >= need_count[r]
     if margin >= 2.0:
         assert bool(ok.all())
+
+
+def test_threshold_set_misjudged_by_its_subsample_is_flagged_not_short() -> None:
+    # The top values sit exactly on the subsample's stride, so the subsample overstates
+    # their density 8x and every threshold it proposes holds too few tokens.
+    vocab = 16_000
+    x = torch.zeros(1, vocab)
+    on_stride = torch.arange(0, vocab, SUBSAMPLE_STRIDE)
+    x[0, on_stride] = 10.0 + torch.linspace(1.0, 0.0, on_stride.numel())
+    need = torch.tensor([800])
+    vals, idx, ok = threshold_candidates(x, torch.arange(1), need, 2.0)
+    members = int(torch.isfinite(vals[0]).sum())
+    assert not bool(ok[0]) or members >= 800, (bool(ok[0]), members)
+    assert not bool(ok[0])  # the gathered set fell short: the caller retries wider
