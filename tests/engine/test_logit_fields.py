@@ -18,6 +18,7 @@ from deepinfer_kit.engine.requests import bad_word_sequences
 from deepinfer_kit.errors import ConfigError
 
 from hf_models import hf_logits
+from logit_oracle import reference_row
 
 
 def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
@@ -27,25 +28,10 @@ def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams])
     return [outs[i].outputs[0].token_ids for i in ids]
 
 
-def _edit(x: torch.Tensor, p: SamplingParams, out: list[int]) -> torch.Tensor:
-    x = x.clone()
-    for token, bias in (p.logit_bias or {}).items():
-        x[token] += bias
-    for word in p.bad_words_token_ids:
-        head = list(word[:-1])
-        if not head or out[len(out) - len(head):] == head and len(out) >= len(head):
-            x[word[-1]] = float("-inf")
-    if p.allowed_token_ids is not None:
-        keep = torch.zeros_like(x, dtype=torch.bool)
-        keep[list(p.allowed_token_ids)] = True
-        x[~keep] = float("-inf")
-    return x
-
-
 def _oracle(model: Any, prompt: list[int], p: SamplingParams, n: int) -> list[int]:
     out: list[int] = []
     for _ in range(n):
-        out.append(int(_edit(hf_logits(model, prompt + out)[-1], p, out).argmax()))
+        out.append(int(reference_row(hf_logits(model, prompt + out)[-1], p, out).argmax()))
     return out
 
 

@@ -4,8 +4,6 @@ invariance, and the SamplingParams validation of the three fields."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,22 +13,7 @@ from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.sample.logit_mask import apply_logit_mask, build_logit_mask
 from deepinfer_kit.sample.params import SamplingParams
 
-
-def reference_row(logits: torch.Tensor, p: SamplingParams, history: Sequence[int]) -> torch.Tensor:
-    """One row edited the obvious way: add each bias, ban each word whose prefix ends the
-    history, keep only the allowed tokens."""
-    x = logits.clone()
-    for token, bias in (p.logit_bias or {}).items():
-        x[token] += bias
-    for word in p.bad_words_token_ids:
-        prefix = list(word[:-1])
-        if not prefix or (len(history) >= len(prefix) and list(history)[-len(prefix):] == prefix):
-            x[word[-1]] = float("-inf")
-    if p.allowed_token_ids is not None:
-        keep = torch.zeros_like(x, dtype=torch.bool)
-        keep[list(p.allowed_token_ids)] = True
-        x[~keep] = float("-inf")
-    return x
+from logit_oracle import reference_row
 
 
 def masked(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]]) -> torch.Tensor:
