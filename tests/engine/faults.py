@@ -89,8 +89,64 @@ def rows_of(step: PreparedStep, request_ids: set[str]) -> list[int]:
     return rows
 
 
+class RunnerFaults:
+    """Installs the runner's injectors into a :class:`ModelRunner` and drives them from a
+    seeded generator: picklable, so a worker process can install them in its own runner
+    (``build_engine(worker="process", worker_setup=RunnerFaults(...))``).
+
+    Each step, with the given probabilities: the forward raises, the sampler raises, or
+    random sampling rows get NaN logits. ``poisoned`` collects the sequences whose logits
+    were poisoned, ``failed_steps`` the steps made to raise (in the process that ran them).
+    """
+
+    def __init__(self, seed: int, *, p_forward: float = 0.0, p_sampler: float = 0.0,
+                 p_nan: float = 0.0) -> None:
+        self.seed, self.p_forward, self.p_sampler, self.p_nan = seed, p_forward, p_sampler, p_nan
+        self.poisoned: set[str] = set()
+        self.failed_steps: list[int] = []
+
+    def __call__(self, runner: Any) -> None:
+        rng = self.rng = random.Random(self.seed)
+        self.model = model = PoisonModel(runner.model)
+        runner.model = model
+        self.sampler = sampler = RaisingSampler(runner.sampler)
+        runner.sampler = sampler
+        inner_prepare = runner.prepare
+        p_forward, p_sampler, p_nan = self.p_forward, self.p_sampler, self.p_nan
+
+        def prepare(plan: SchedulePlan) -> PreparedStep:
+            step = inner_prepare(plan)
+            model.rows = []
+            draw = rng.random()
+            if draw < p_forward:
+                model.raise_next = True
+                self.failed_steps.append(plan.step_id)
+            elif draw < p_forward + p_nan and plan.chunks:
+                victims = {c.request_id for c in plan.chunks if c.sample and rng.random() < 0.3}
+                model.rows = rows_of(step, victims)
+                if model.rows:
+                    self.poisoned |= {c.request_id for c in plan.chunks if c.request_id in victims}
+            fail_sampler = rng.random() < p_sampler
+            sampler.fail = lambda: fail_sampler
+            if fail_sampler:
+                self.failed_steps.append(plan.step_id)
+            return step
+
+        runner.prepare = prepare
+
+
+def fail_commits(engine: Engine, seed: int, p_commit: float) -> RaisingScheduler:
+    """Wrap ``engine``'s scheduler so that ``commit`` raises with probability ``p_commit``."""
+    rng = random.Random(seed)
+    scheduler = RaisingScheduler(engine.scheduler)
+    engine.scheduler = scheduler  # type: ignore[assignment]
+    scheduler.fail_commit = lambda step_id: rng.random() < p_commit
+    return scheduler
+
+
 class FaultInjector:
-    """Wires the injectors into ``engine`` and drives them from a seeded generator.
+    """Wires the injectors into ``engine`` (its runner in this process) and drives them
+    from a seeded generator.
 
     Each step, with the given probabilities: the forward raises, the sampler raises, the
     commit raises, or random sampling rows get NaN logits. ``poisoned`` collects the
@@ -99,36 +155,13 @@ class FaultInjector:
 
     def __init__(self, engine: Engine, seed: int, *, p_forward: float = 0.0,
                  p_sampler: float = 0.0, p_commit: float = 0.0, p_nan: float = 0.0) -> None:
-        self.rng = random.Random(seed)
-        runner = engine.runner
-        self.model = PoisonModel(runner.model)
-        runner.model = self.model  # type: ignore[assignment]
-        self.sampler = RaisingSampler(runner.sampler)
-        runner.sampler = self.sampler
+        self.faults = RunnerFaults(seed, p_forward=p_forward, p_sampler=p_sampler, p_nan=p_nan)
+        self.faults(engine.runner)
+        self.rng = self.faults.rng
+        self.model, self.sampler = self.faults.model, self.faults.sampler
+        self.poisoned = self.faults.poisoned
+        self.failed_steps = self.faults.failed_steps
         self.scheduler = RaisingScheduler(engine.scheduler)
         engine.scheduler = self.scheduler  # type: ignore[assignment]
-        self.poisoned: set[str] = set()
-        self.failed_steps: list[int] = []
-        inner_prepare = runner.prepare
-
-        def prepare(plan: SchedulePlan) -> PreparedStep:
-            step = inner_prepare(plan)
-            self.model.rows = []
-            draw = self.rng.random()
-            if draw < p_forward:
-                self.model.raise_next = True
-                self.failed_steps.append(plan.step_id)
-            elif draw < p_forward + p_nan and plan.chunks:
-                victims = {c.request_id for c in plan.chunks if c.sample and self.rng.random() < 0.3}
-                self.model.rows = rows_of(step, victims)
-                if self.model.rows:
-                    self.poisoned |= {c.request_id for c in plan.chunks if c.request_id in victims}
-            fail_sampler = self.rng.random() < p_sampler
-            self.sampler.fail = lambda: fail_sampler
-            if fail_sampler:
-                self.failed_steps.append(plan.step_id)
-            return step
-
-        runner.prepare = prepare  # type: ignore[method-assign]
         p_c = p_commit
         self.scheduler.fail_commit = lambda step_id: self.rng.random() < p_c

@@ -12,10 +12,12 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.sched import ContinuousBatchScheduler, Scheduler, SchedulerConfig
 
 
-def test_mixed_load_with_aborts_and_forks_loses_nothing() -> None:
+@pytest.mark.parametrize("how", [{}, {"overlap": True}, {"overlap": True, "worker": "process"}],
+                         ids=["sync", "overlap", "overlap-worker-process"])
+def test_mixed_load_with_aborts_and_forks_loses_nothing(how: dict[str, object]) -> None:
     rng = random.Random(0)
     engine = build_engine(num_blocks=48, block_size=8, max_model_len=160, max_num_seqs=32,
-                                max_num_batched_tokens=256)
+                          max_num_batched_tokens=256, **how)  # type: ignore[arg-type]
     expected: dict[str, tuple[int, int]] = {}
     to_abort: set[str] = set()
     for i in range(220):
@@ -54,6 +56,7 @@ def test_mixed_load_with_aborts_and_forks_loses_nothing() -> None:
                 assert len(c.token_ids) == max_tokens
     assert any(c.finish_reason == "abort" for o in outs.values() for c in o.outputs)
     engine.check_idle()
+    engine.close()
 
 
 def test_same_seeds_same_results_across_runs() -> None:

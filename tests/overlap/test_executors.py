@@ -8,12 +8,14 @@ from collections.abc import Callable
 import pytest
 
 from deepinfer_kit import ConfigError
-from deepinfer_kit.overlap import OverlapExecutor, SyncExecutor, ThreadExecutor
+from deepinfer_kit import InvariantError
+from deepinfer_kit.overlap import DeferredExecutor, OverlapExecutor, SyncExecutor, ThreadExecutor
 from deepinfer_kit.sched import StepResult
 from deepinfer_kit.testing import OVERLAP_EXECUTOR_SUITE
 from deepinfer_kit.testing.suite import Check
 
-FACTORIES: dict[str, Callable[[], OverlapExecutor]] = {"sync": SyncExecutor, "threaded": ThreadExecutor}
+FACTORIES: dict[str, Callable[[], OverlapExecutor]] = {
+    "sync": SyncExecutor, "threaded": ThreadExecutor, "deferred": DeferredExecutor}
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
@@ -86,3 +88,24 @@ def test_sync_depth_is_zero_and_threaded_depth_validated() -> None:
     assert ThreadExecutor(depth=2).depth == 2
     with pytest.raises(ConfigError, match="depth must be an int >= 1, got 0"):
         ThreadExecutor(depth=0)
+
+
+def test_deferred_runs_each_step_when_waited_for_and_in_launch_order() -> None:
+    ran: list[int] = []
+
+    def step(i: int) -> Callable[[], StepResult]:
+        def run() -> StepResult:
+            ran.append(i)
+            return StepResult(token_ids=[[i]])
+        return run
+
+    executor = DeferredExecutor()
+    first, second = executor.launch(0, step(0)), executor.launch(1, step(1))
+    assert ran == [] and executor.depth == 1
+    with pytest.raises(InvariantError, match="step 1 waited for before older steps"):
+        executor.wait(second)
+    assert executor.wait(first).token_ids == [[0]] and executor.wait(second).token_ids == [[1]]
+    assert ran == [0, 1]
+    executor.close()
+    with pytest.raises(InvariantError, match="closed"):
+        executor.launch(2, step(2))

@@ -16,6 +16,7 @@ EXPECTED_ERRORS = {
     "bad_router_missing.py": 'incompatible types in assignment (expression has type "type[HalfRouter]"',
     "bad_executor_args.py": 'incompatible types in assignment (expression has type "type[WrongExecutor]"',
     "bad_batching_policy.py": 'incompatible types in assignment (expression has type "type[ForgetfulBatching]"',
+    "bad_runner_slots.py": 'incompatible types in assignment (expression has type "type[ForgetfulRunner]"',
 }
 GOOD = ["good_sampler.py", "good_scheduler_policy.py"]
 

@@ -116,6 +116,11 @@ class EngineConfig:
             ladder (what graphs replay); ``None`` means exactly when graphs are captured.
             ``True`` on CPU runs the same padded path eagerly (tests pin it to the
             unpadded one); ``False`` turns graphs off too.
+        worker: where the model runs: ``"inline"`` (the engine's process, the default) or
+            ``"process"`` (a worker process of its own, :class:`~deepinfer_kit.engine.
+            process_runner.ProcessRunner`: the host's scheduling and the forward then hold
+            separate interpreter locks, which is what lets overlap pay on CPU). Not
+            combinable with ``speculative`` or ``eplb`` yet.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round. Not combinable with ``overlap``.
@@ -156,6 +161,8 @@ class EngineConfig:
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
     )
 
+    worker: str = attrs.field(default="inline", validator=one_of(("inline", "process")))
+
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
@@ -169,6 +176,12 @@ class EngineConfig:
             raise ConfigError(
                 "eplb and static_decode=True cannot be combined yet (padded static rows would "
                 "count as routed tokens); leave static_decode unset or set eplb=None"
+            )
+        if self.worker == "process" and (self.speculative is not None or self.eplb is not None):
+            field = "speculative" if self.speculative is not None else "eplb"
+            raise ConfigError(
+                f"worker='process' cannot be combined with {field} yet (its drafters and "
+                f"expert weights live beside the model); set worker='inline' or {field}=None"
             )
         if not self.model:
             raise ConfigError(

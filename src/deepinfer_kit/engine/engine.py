@@ -13,12 +13,12 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
-from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.protocols import StepRunner
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder
-from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.sync import SyncExecutor
@@ -54,7 +54,8 @@ class Engine:
     requests may be added or aborted from other threads while one thread steps.
 
     Args:
-        runner: lays plans out for the device and executes them.
+        runner: lays plans out for the device and executes them (any :class:`StepRunner`:
+            a :class:`ModelRunner` in this process, a :class:`ProcessRunner` in a worker).
         scheduler: decides each round's work.
         cache: the scheduler's KV cache manager (read for traces and the idle check).
         tokenizer: encodes text prompts and decodes outputs; ``None`` for token ids only.
@@ -85,7 +86,7 @@ class Engine:
     def __init__(
         self,
         *,
-        runner: ModelRunner,
+        runner: StepRunner,
         scheduler: Scheduler,
         cache: KVCacheManager,
         tokenizer: Tokenizer | None,
@@ -101,10 +102,9 @@ class Engine:
         speculation: Speculation | None = None,
         balancer: ExpertBalancer | None = None,
     ) -> None:
-        kv = runner.kv_cache
-        if (kv.block_size, kv.num_blocks) != (cache.block_size, cache.num_blocks):
+        if (runner.block_size, runner.num_blocks) != (cache.block_size, cache.num_blocks):
             raise ConfigError(
-                f"KV storage has {kv.num_blocks} blocks of {kv.block_size} tokens but the cache "
+                f"KV storage has {runner.num_blocks} blocks of {runner.block_size} tokens but the cache "
                 f"manager has {cache.num_blocks} blocks of {cache.block_size}; build both from "
                 f"one block_size and num_blocks"
             )
@@ -301,6 +301,17 @@ class Engine:
             outputs.extend(self.step())
         outputs.extend(self.flush())
         return outputs
+
+    def close(self) -> None:
+        """Release the executor's workers and the runner's (a worker process); rounds still
+        in flight are dropped uncommitted (call :meth:`flush` first to keep them). Later
+        calls raise :class:`EngineDeadError`. Idempotent."""
+        with self._lock:
+            self._inflight.clear()
+            self.executor.close()
+            self.runner.close()
+            if self._failures.dead is None:
+                self._failures.dead = EngineDeadError("the engine was closed")
 
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless no request and no block is held.

@@ -34,8 +34,12 @@ class StepFailures:
         """A step failed with ``exc``.
 
         Raises:
-            EngineDeadError: this was the ``max_failed_steps``-th failure in a row.
+            EngineDeadError: this was the ``max_failed_steps``-th failure in a row, or
+                ``exc`` is itself an EngineDeadError (a component that can never run a
+                step again, such as a model worker process that exited).
         """
+        if isinstance(exc, EngineDeadError):
+            raise self.die("a component cannot go on", exc) from exc
         self.in_a_row += 1
         if self.in_a_row >= self.max_failed_steps:
             raise self.die(f"{self.in_a_row} steps in a row failed", exc) from exc

@@ -17,7 +17,7 @@ from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.failures import StepFailures
-    from deepinfer_kit.engine.runner import ModelRunner
+    from deepinfer_kit.engine.protocols import StepRunner
 
 __all__ = ["InFlight", "failed_result", "launch_round", "commit_round"]
 
@@ -41,7 +41,7 @@ def failed_result(plan: SchedulePlan, message: str) -> StepResult:
 
 
 def launch_round(
-    runner: ModelRunner, executor: OverlapExecutor, failures: StepFailures, plan: SchedulePlan
+    runner: StepRunner, executor: OverlapExecutor, failures: StepFailures, plan: SchedulePlan
 ) -> PendingStep | StepResult:
     """Lay ``plan`` out and start its device part on ``executor``; an empty plan, or one
     whose layout or launch raised (counted in ``failures``), is already its result.

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import attrs
 import torch
 
 from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.engine.prepared import PreparedStep
 from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.step_outputs import logprob_maps, to_host
@@ -30,46 +30,9 @@ from deepinfer_kit.step import StepResult
 if TYPE_CHECKING:
     from deepinfer_kit.cache.kv_cache import PagedKVCache
     from deepinfer_kit.engine.balance import ExpertBalancer
+    from deepinfer_kit.engine.protocols import StepRunner
 
-__all__ = ["PreparedStep", "ModelRunner"]
-
-
-@attrs.define(slots=True, eq=False)
-class PreparedStep:
-    """One plan laid out for the device.
-
-    Attributes:
-        plan: the plan it was built from.
-        forward: the model's inputs (on the model's device), or ``None`` for a decode
-            round staged for the static buffers (``staged``).
-        staged: the host layout of a static-shape decode round, or ``None``.
-        logits_rows: per sampling row, the batch row whose logits it draws from.
-        sampling: one row per drawn token (forks draw several rows from one position).
-        row_counts: per chunk, rows drawn (0 for a non-final prefill chunk).
-        routes: the placeholders this step gathers from the token slots and the rows it
-            scatters into them (see :class:`TokenSlots`); resolved on the device by
-            :meth:`ModelRunner.execute`.
-        placeholder_rows: ``(sampling row, sequence id)`` of rows whose token history
-            (penalties, ``min_tokens``) must include that in-flight token (appended on
-            the host from the previous step's copy back).
-        verified: the chunks whose drafts this round verifies (``1 + len(drafts)`` rows
-            each), in row order.
-        prompt: the prompt-logprob rows (logits rows after the sampling rows).
-        slot_tail: ``routes.tail()`` on the device (a view of the eager step's input
-            copy), or ``None`` for a staged round (its tail comes with the load).
-    """
-
-    plan: SchedulePlan
-    forward: ForwardBatch | None
-    sampling: SamplingBatch
-    row_counts: list[int]
-    logits_rows: list[int] = attrs.field(factory=list)
-    staged: StagedDecode | None = None
-    routes: SlotRoutes = attrs.field(factory=SlotRoutes)
-    placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
-    verified: list[VerifiedChunk] = attrs.field(factory=list)
-    prompt: PromptRows = attrs.field(factory=PromptRows)
-    slot_tail: torch.Tensor | None = None
+__all__ = ["PreparedStep", "ModelRunner"]  # PreparedStep re-exported from engine.prepared
 
 
 class ModelRunner:
@@ -131,6 +94,14 @@ class ModelRunner:
         self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self.balancer = balancer
         self.token_slots = token_slots
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the KV pool."""
+        return self.kv_cache.num_blocks
+
+    def close(self) -> None:
+        """Nothing beyond memory to release (the :class:`StepRunner` contract)."""
 
     def prepare(self, plan: SchedulePlan) -> PreparedStep:
         """Build the forward inputs and the sampling rows of ``plan``.
@@ -398,3 +369,7 @@ class ModelRunner:
         if rows == list(range(len(rows))):
             return full[: len(rows)]
         return full.index_select(0, torch.tensor(rows, device=full.device))
+
+
+if TYPE_CHECKING:
+    _check: type[StepRunner] = ModelRunner

@@ -13,6 +13,7 @@ from deepinfer_kit.testing.cache import (
 from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
 from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
 from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
+from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.sample import SAMPLER_SUITE
 from deepinfer_kit.testing.sched import SCHEDULER_SUITE
 from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
@@ -31,6 +32,7 @@ __all__ = [
     "VERIFY_PLANNER_SUITE",
     "DRAFT_VERIFIER_SUITE",
     "OVERLAP_EXECUTOR_SUITE",
+    "STEP_RUNNER_SUITE",
     "ROUTER_SUITE",
     "DISPATCHER_SUITE",
     "PLACEMENT_POLICY_SUITE",

@@ -1,0 +1,309 @@
+"""ProcessRunner: the model runner in a worker process of its own, so the device step and
+the host's scheduling each hold their own interpreter lock.
+
+In one process, an overlapped engine's worker thread and its host thread take turns on
+the GIL: on CPU, where the forward is Python dispatching small kernels, the two mostly
+serialise (docs/overlap.md measures it). Here the :class:`ModelRunner` lives in a child
+process (:mod:`deepinfer_kit.engine.worker_main`) built from the same
+:class:`EngineConfig`; the host sends it each plan (:class:`PlanEncoder`: a few
+microseconds per decode chunk) and receives each :class:`StepResult`, over one socket.
+
+- :meth:`ProcessRunner.prepare` sends the plan at once: the worker lays it out and runs
+  it as soon as it has finished the step before, while the host goes on scheduling.
+  :meth:`ProcessRunner.execute` only collects the reply (steps complete in send order).
+  :class:`~deepinfer_kit.overlap.deferred.DeferredExecutor` is the executor that fits.
+- Under overlap the worker's runner holds the token slots; the host's commits reach it as
+  a "released through step k" stamp on the next message (:class:`RemoteSlots`), applied
+  before that message's step is prepared — the order the in-process engine keeps.
+- A step that raises in the worker fails that step on the host with the same exception;
+  a worker that exits (crash, kill) makes every later call raise
+  :class:`~deepinfer_kit.errors.EngineDeadError`, which the engine reports at once.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.plan_codec import PlanEncoder
+from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.sample.protocols import Sampler
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.step import StepResult
+
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
+    from deepinfer_kit.engine.runner import ModelRunner
+
+__all__ = ["WorkerSpec", "WorkerInfo", "SentStep", "ProcessRunner", "RemoteSlots"]
+
+_BOOT = "import sys; from deepinfer_kit.engine.worker_main import main; main(int(sys.argv[1]))"
+
+
+@attrs.frozen(slots=True)
+class WorkerSpec:
+    """What a worker process builds its runner from (pickled to it).
+
+    Attributes:
+        config: the engine's config; the worker builds the device half of it
+            (``runner_build.build_runner``).
+        depth: the host executor's depth (1: the runner gets token slots).
+        sampler: a sampler to use instead of the default (must pickle), or ``None``.
+        setup: called in the worker with its :class:`ModelRunner` once built (fault
+            injection, instrumentation); must pickle by reference (a module-level callable
+            or an instance of a module-level class), or ``None``.
+        threads: the worker's torch intra-op threads (the host's count when started).
+    """
+
+    config: EngineConfig
+    depth: int
+    sampler: Sampler | None = None
+    setup: Callable[[ModelRunner], object] | None = None
+    threads: int = 1
+
+
+@attrs.frozen(slots=True)
+class WorkerInfo:
+    """What the worker reports once its runner is built (the host sizes its scheduler and
+    picks its tokenizer from it).
+
+    Attributes:
+        pid: the worker's process id.
+        num_blocks: blocks in its KV pool.
+        block_size: tokens per block.
+        max_model_len: the engine's limit, as sized there.
+        model: the model's config (vocabulary, EOS ids, checkpoint folder).
+    """
+
+    pid: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    model: ModelConfig
+
+
+@attrs.frozen(slots=True)
+class SentStep:
+    """A plan sent to the worker: what :meth:`ProcessRunner.execute` collects."""
+
+    step_id: int
+    message: int
+
+
+class RemoteSlots:
+    """The host's handle on the worker runner's token slots (:class:`SlotLeases`)."""
+
+    def __init__(self, runner: ProcessRunner) -> None:
+        self._runner = runner
+
+    def release_through(self, step_id: int) -> None:
+        """Step ``step_id`` was committed: the worker frees the slots it expires before it
+        prepares the next step it receives."""
+        newest = self._runner.released
+        self._runner.released = step_id if newest is None else max(newest, step_id)
+
+    def check_all_free(self) -> None:
+        """Raise :class:`InvariantError` unless no slot is leased in the worker (a round
+        trip; the engine calls it only with nothing in flight)."""
+        problem = self._runner.request(("check", self._runner.released))
+        if problem is not None:
+            raise InvariantError(str(problem))
+
+
+class ProcessRunner:
+    """A :class:`ModelRunner` in a worker process: the host's side of it.
+
+    Starts the worker (``python -c`` importing :mod:`deepinfer_kit.engine.worker_main`,
+    with this process's ``sys.path`` and environment, so nothing of the caller's
+    ``__main__`` runs again) and waits until its runner is built.
+
+    Args:
+        spec: what the worker builds.
+        start_timeout: seconds to wait for the worker's runner (a CUDA warm-up compiles
+            kernels; a dead worker is noticed at once).
+
+    Raises:
+        ConfigError, CheckpointError: as ``build_engine`` (raised in the worker, re-raised
+            here); a ``sampler`` or ``setup`` that does not pickle.
+        EngineDeadError: the worker exited or did not report within ``start_timeout``.
+    """
+
+    def __init__(self, spec: WorkerSpec, *, start_timeout: float = 600.0) -> None:
+        try:
+            boot = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"a worker process needs sampler and setup that pickle by reference, got "
+                f"sampler={spec.sampler!r}, setup={spec.setup!r}: {exc}"
+            ) from exc
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=env
+            )
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        self._finalizer = weakref.finalize(self, _stop, self._conn, self._proc)
+        self._dead: EngineDeadError | None = None
+        self._results: dict[int, tuple[str, Any]] = {}
+        self._encoder = PlanEncoder()
+        self.released: int | None = None  # newest committed step, for the next message
+        self.record_expert_counts = False
+        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
+        self._send_raw(boot)
+        info = self._handshake(start_timeout)
+        self.info = info
+        self.token_slots: RemoteSlots | None = RemoteSlots(self) if spec.depth else None
+
+    # ---- the StepRunner surface ----------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block of the worker's pool."""
+        return self.info.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the worker's KV pool."""
+        return self.info.num_blocks
+
+    def prepare(self, plan: SchedulePlan) -> SentStep:
+        """Send ``plan`` to the worker, which lays it out and runs it after the steps sent
+        before it; returns at once. Carries the newest committed step for the worker's
+        token slots and :attr:`record_expert_counts`.
+
+        Raises:
+            EngineDeadError: the worker is gone.
+            pickle.PicklingError, TypeError: a plan field does not pickle (nothing sent).
+        """
+        if self.draft_probs is not None:
+            raise InvariantError("a worker process runs no drafter: draft_probs must stay None")
+        message, data = self._encoder.encode(plan)
+        self._send(("step", message, self.released, self.record_expert_counts, data))
+        return SentStep(plan.step_id, message)
+
+    def execute(self, step: SentStep) -> StepResult:
+        """Block until the worker's reply to ``step`` arrives; return its result, or raise
+        the exception its prepare or execute raised there.
+
+        Raises:
+            EngineDeadError: the worker is gone.
+            Exception: whatever the step raised in the worker (its type when it pickles,
+                else a RuntimeError naming it).
+        """
+        while step.message not in self._results:
+            self._receive()
+        kind, payload = self._results.pop(step.message)
+        if kind != "ok":
+            raise payload
+        assert isinstance(payload, StepResult)
+        return payload
+
+    def close(self) -> None:
+        """Stop the worker (it finishes the step it runs, if any). Idempotent; also run
+        when the runner is garbage-collected and at interpreter exit."""
+        self._finalizer()
+        if self._dead is None:
+            self._dead = EngineDeadError("the model worker process was closed")
+
+    # ---- messages ----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return self._proc.pid
+
+    def request(self, message: tuple[Any, ...]) -> Any:
+        """Send a control message and return the worker's answer (replies to steps that
+        arrive first are kept for :meth:`execute`).
+
+        Raises:
+            EngineDeadError: the worker is gone.
+        """
+        self._send(message)
+        while True:
+            kind, _, payload = self._receive()
+            if kind == "answer":
+                return payload
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        self._send_raw(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _send_raw(self, data: bytes) -> None:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            self._conn.send_bytes(data)
+        except OSError as exc:
+            raise self._died(exc) from exc
+
+    def _receive(self) -> tuple[str, int | None, Any]:
+        """One reply; step replies are confirmed to the encoder (in order) and kept."""
+        if self._dead is not None:
+            raise self._dead
+        try:
+            kind, message, payload = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise self._died(exc) from exc
+        if message is not None:
+            if kind == "undecoded":
+                self._encoder.reject(message)
+            else:
+                self._encoder.confirm(message)
+            self._results[message] = (kind, payload)
+        return kind, message, payload
+
+    def _handshake(self, timeout: float) -> WorkerInfo:
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(0.05):
+            code = self._proc.poll()
+            if code is not None or time.monotonic() > deadline:
+                raise self._died(None, code)
+        kind, _, payload = self._receive()
+        if kind == "failed":
+            self.close()
+            raise payload
+        assert isinstance(payload, WorkerInfo)
+        return payload
+
+    def _died(self, cause: BaseException | None, code: int | None = None) -> EngineDeadError:
+        code = self._proc.poll() if code is None else code
+        state = f"exited with code {code}" if code is not None else "stopped answering"
+        self._dead = EngineDeadError(f"the model worker process (pid {self._proc.pid}) {state}")
+        self._dead.__cause__ = cause
+        self._finalizer()
+        return self._dead
+
+
+def _stop(conn: Connection, proc: subprocess.Popen[bytes]) -> None:
+    """Ask the worker to exit, then make sure it did."""
+    try:
+        conn.send_bytes(pickle.dumps(("close",)))
+    except OSError:
+        pass
+    conn.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+if TYPE_CHECKING:
+    _check: type[StepRunner] = ProcessRunner
+    _slots: type[SlotLeases] = RemoteSlots

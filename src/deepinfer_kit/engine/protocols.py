@@ -1,0 +1,88 @@
+"""Contracts of the engine package: the runner the Engine drives, and the token-slot
+leases it releases as rounds commit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.step import StepResult
+
+__all__ = ["SlotLeases", "StepRunner"]
+
+
+class SlotLeases(Protocol):
+    """The host's view of the token slots an overlapped runner keeps (see
+    :class:`~deepinfer_kit.engine.token_slots.TokenSlots`)."""
+
+    def release_through(self, step_id: int) -> object:
+        """Step ``step_id`` was committed (its device work is done): free the slots whose
+        newest reader is that step or older. Called by the engine after each commit, in
+        step order."""
+        ...
+
+    def check_all_free(self) -> None:
+        """Raise :class:`~deepinfer_kit.errors.InvariantError` unless no slot is leased
+        (the engine's idle check; called with nothing in flight)."""
+        ...
+
+
+class StepRunner(Protocol):
+    """Lays plans out for the device and executes them: the execution boundary.
+
+    The Engine calls :meth:`prepare` once per non-empty plan, in step order, then hands
+    ``execute(prepared)`` to its executor; executes run in the same order. Implementations:
+    :class:`~deepinfer_kit.engine.runner.ModelRunner` (in the engine's process) and
+    :class:`~deepinfer_kit.engine.process_runner.ProcessRunner` (a worker process).
+    """
+
+    record_expert_counts: bool
+    """Set by the engine before each :meth:`prepare`: return the round's MoE routing
+    counts in ``StepResult.expert_counts`` (traces)."""
+
+    draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None
+    """Set by the engine under speculation: the distributions a model drafter drew a
+    sequence's drafts from (``None``: one-hot drafts)."""
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the runner's KV pool (must equal the cache manager's)."""
+        ...
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the runner's KV pool (must equal the cache manager's)."""
+        ...
+
+    @property
+    def token_slots(self) -> SlotLeases | None:
+        """The slots that carry each sequence's newest token into the next step (needed
+        under an overlapped executor), or ``None``."""
+        ...
+
+    def prepare(self, plan: SchedulePlan) -> Any:
+        """Lay ``plan`` out (reading only its snapshots); returns what :meth:`execute`
+        takes. May start the device work already.
+
+        Raises:
+            InvariantError: the plan breaks the runner's contract (see the implementation).
+            EngineDeadError: the runner can never run a step again.
+        """
+        ...
+
+    def execute(self, prepared: Any) -> StepResult:
+        """Run (or finish) one prepared step; returns its tokens per chunk, aligned with
+        the plan's chunks. Mutates the KV cache. Blocks until the tokens are on the host.
+
+        Raises:
+            EngineDeadError: the runner can never run a step again.
+            Exception: the step failed (the engine fails its requests and goes on).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the runner holds beyond memory (a worker process). Idempotent."""
+        ...

@@ -1,0 +1,126 @@
+"""The worker process of a :class:`~deepinfer_kit.engine.process_runner.ProcessRunner`:
+builds the runner from a :class:`WorkerSpec`, then prepares and executes the plans it
+receives, one at a time, in order, replying to each.
+
+Messages in (pickled tuples): ``("step", message, released, record_expert_counts, plan
+bytes)``, ``("check", released)``, ``("close",)``. Replies out: ``(kind, message,
+payload)`` with kind ``"ready"`` (a :class:`WorkerInfo`), ``"failed"`` (the build's
+exception), ``"ok"`` (a :class:`StepResult`), ``"error"`` (the step's exception),
+``"undecoded"`` (the plan's bytes could not be decoded) or ``"answer"`` (to ``check``).
+
+The worker ignores SIGINT (the host's Ctrl-C is the host's to handle) and exits when the
+host closes its end of the socket, whatever the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from deepinfer_kit.engine.plan_codec import PlanDecoder
+from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
+from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.runner_build import build_runner
+from deepinfer_kit.errors import InvariantError
+
+__all__ = ["main", "serve"]
+
+
+def main(fd: int) -> None:
+    """Entry point: serve the host at the other end of socket ``fd`` until it leaves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    try:
+        serve(conn)
+    finally:
+        conn.close()
+
+
+def serve(conn: Connection) -> None:
+    """Build the runner of the :class:`WorkerSpec` that arrives first, then answer
+    messages until ``close`` or the host's end closes."""
+    try:
+        spec = pickle.loads(conn.recv_bytes())
+    except EOFError:
+        return
+    assert isinstance(spec, WorkerSpec)
+    try:
+        torch.set_num_threads(spec.threads)
+        parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth)
+        if spec.setup is not None:
+            spec.setup(parts.runner)
+    except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
+        _reply(conn, "failed", None, exc)
+        return
+    info = WorkerInfo(os.getpid(), parts.num_blocks, spec.config.block_size, parts.max_model_len,
+                      parts.loaded.config)
+    _reply(conn, "ready", None, info)
+    _loop(conn, parts.runner)
+
+
+def _loop(conn: Connection, runner: ModelRunner) -> None:
+    decoder = PlanDecoder()
+    slots = runner.token_slots
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        kind = message[0]
+        if kind == "close":
+            return
+        released = message[2] if kind == "step" else message[1]
+        if released is not None and slots is not None:
+            slots.release_through(released)
+        if kind == "check":
+            _reply(conn, "answer", None, _slots_problem(runner))
+            continue
+        _, number, _, record, data = message
+        try:
+            _, plan = decoder.decode(data)
+        except Exception as exc:  # noqa: BLE001 - the host fails this step and resends
+            _reply(conn, "undecoded", number, exc)
+            continue
+        runner.record_expert_counts = record
+        try:
+            result: Any = runner.execute(runner.prepare(plan))
+        except Exception as exc:  # noqa: BLE001 - the step fails on the host, as in-process
+            _reply(conn, "error", number, exc)
+            continue
+        _reply(conn, "ok", number, result)
+
+
+def _slots_problem(runner: ModelRunner) -> str | None:
+    if runner.token_slots is None:
+        return None
+    try:
+        runner.token_slots.check_all_free()
+    except InvariantError as exc:
+        return str(exc)
+    return None
+
+
+def _reply(conn: Connection, kind: str, number: int | None, payload: object) -> None:
+    """Send a reply; an exception that does not pickle goes as a RuntimeError naming it,
+    a result that does not pickle as the error saying so."""
+    if isinstance(payload, BaseException):
+        payload = _portable(payload)
+    try:
+        data = pickle.dumps((kind, number, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - the host must hear of every step
+        data = pickle.dumps(("error", number, _portable(exc)), protocol=pickle.HIGHEST_PROTOCOL)
+    conn.send_bytes(data)
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` when it survives a pickle round trip, else a RuntimeError naming it."""
+    try:
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - any failure means it cannot travel
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc

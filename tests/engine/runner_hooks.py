@@ -1,0 +1,40 @@
+"""``worker_setup`` hooks for tests of the worker process: module-level classes, so they
+pickle by reference and a worker can import them (it gets this process's ``sys.path``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MarkSteps:
+    """Each execute sleeps ``seconds``, then writes ``<folder>/done-<step id>``."""
+
+    def __init__(self, folder: str, seconds: float) -> None:
+        self.folder, self.seconds = folder, seconds
+
+    def __call__(self, runner: Any) -> None:
+        inner = runner.execute
+
+        def execute(step: Any) -> Any:
+            result = inner(step)
+            time.sleep(self.seconds)
+            (Path(self.folder) / f"done-{step.plan.step_id}").write_text("")
+            return result
+
+        runner.execute = execute
+
+
+class KeepSlots:
+    """The worker's token slots are never released (a leak the idle check must see)."""
+
+    def __call__(self, runner: Any) -> None:
+        runner.token_slots.release_through = lambda step_id: []
+
+
+class Explode:
+    """Fails the build in the worker."""
+
+    def __call__(self, runner: Any) -> None:
+        raise RuntimeError("setup exploded")
