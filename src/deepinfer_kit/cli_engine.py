@@ -41,7 +41,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="continuous batching (admit every round) or static (a batch runs to completion)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule step k+1 while step k runs (tokens committed one step late); "
-                        "default: on on CUDA unless --num-draft, off on CPU")
+                        "default: on on CUDA unless --num-draft, and with --worker process; off "
+                        "otherwise on CPU")
+    p.add_argument("--worker", default="inline", choices=("inline", "process"),
+                   help="run the model in this process or in a worker process of its own (the "
+                        "host's scheduling then overlaps the forward on CPU too)")
     p.add_argument("--num-draft", type=int, default=0,
                    help="speculative decoding: drafts verified per round (0: off)")
     p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self", "dspark"),
@@ -89,6 +93,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         block_size=args.block_size,
         max_logprobs=args.max_logprobs,
         overlap=args.overlap,
+        worker=args.worker,
         scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
         speculative=_speculative(args),

@@ -131,6 +131,8 @@ def test_overlap_is_on_by_default_on_cuda_except_with_speculation() -> None:
     assert not EngineConfig(device="cuda", speculative={"num_draft": 2}).overlapped
     assert not EngineConfig(device="cuda", overlap=False).overlapped
     assert EngineConfig(overlap=True).overlapped
+    assert EngineConfig(worker="process").overlapped  # no shared GIL: measured faster
+    assert not EngineConfig(worker="process", overlap=False).overlapped
     assert build_engine(num_blocks=16, max_model_len=64).executor.depth == 0
     assert build_engine(num_blocks=16, max_model_len=64, overlap=True).executor.depth == 1
     assert build_engine(num_blocks=16, max_model_len=64, speculative={"num_draft": 2}).executor.depth == 0

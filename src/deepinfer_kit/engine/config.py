@@ -97,14 +97,16 @@ class EngineConfig:
         scheduler_policy: ``"fcfs"`` or ``"priority"``.
         attention_impl, sampler_impl, moe_impl: ``"auto"``, ``"ref"`` or ``"triton"``
             (``sampler_impl`` also picks the verifier's ops under ``speculative``).
-        overlap: schedule round ``k + 1`` on the host while round ``k`` runs on a worker
-            (a CUDA stream on a GPU, a thread on CPU), committing tokens one step late;
-            outputs are token for token those of the synchronous engine. ``None`` (the
-            default) means on where it is both correct and measured faster: on a CUDA
-            device without ``speculative`` (drafts need each round's tokens before the
-            next is planned); off on CPU, where it is correct but was measured slower
-            (see :attr:`overlapped` and docs/overlap.md). ``True`` with
-            ``speculative`` is a ConfigError; ``False`` forces the synchronous engine.
+        overlap: schedule round ``k + 1`` on the host while round ``k`` runs (on a CUDA
+            stream, a worker thread, or the worker process of ``worker="process"``),
+            committing tokens one step late; outputs are token for token those of the
+            synchronous engine. ``None`` (the default) means on where it is both correct and
+            measured faster (:attr:`overlapped`): on a CUDA device without ``speculative``
+            (drafts need each round's tokens before the next is planned), and with
+            ``worker="process"``; off for the in-process CPU engine, whose worker thread
+            shares the GIL with the host and was measured slower (docs/overlap.md).
+            ``True`` with ``speculative`` is a ConfigError; ``False`` forces the
+            synchronous engine.
         max_logprobs: the most ``logprobs`` (and ``prompt_logprobs``) a request may ask
             for; requests asking for more are rejected with ConfigError at
             ``add_request``, as vLLM does. ``-1``: no cap (vLLM's meaning); a request's
@@ -191,9 +193,11 @@ class EngineConfig:
     @property
     def overlapped(self) -> bool:
         """Whether the engine built from this config overlaps: ``overlap`` when set, else
-        True on a CUDA device unless ``speculative`` is set (on CPU the worker thread
-        competes with the host for the same cores: measured slower on the bench_engine
-        workload, see docs/overlap.md)."""
+        True on a CUDA device unless ``speculative`` is set, and True with a worker process
+        (on CPU in one process the worker thread and the host take turns on the GIL:
+        measured slower, see docs/overlap.md)."""
         if self.overlap is not None:
             return self.overlap
+        if self.worker == "process":
+            return True
         return self.speculative is None and self.device.startswith("cuda")

@@ -181,6 +181,11 @@ class LLM:
             self.engine.tokenizer, ChatTemplate.from_folder(folder) if folder else None
         )
 
+    def close(self) -> None:
+        """Stop the engine (its worker process with ``worker="process"``); see
+        :meth:`Engine.close`. Idempotent."""
+        self.engine.close()
+
     def get_tokenizer(self) -> Tokenizer | None:
         """The engine's tokenizer (``None`` when it takes token ids only)."""
         return self.engine.tokenizer

@@ -282,7 +282,11 @@ class ProcessRunner:
         return payload
 
     def _died(self, cause: BaseException | None, code: int | None = None) -> EngineDeadError:
-        code = self._proc.poll() if code is None else code
+        if code is None and cause is not None:  # its socket closed: it is exiting, if not gone
+            try:
+                code = self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = None
         state = f"exited with code {code}" if code is not None else "stopped answering"
         self._dead = EngineDeadError(f"the model worker process (pid {self._proc.pid}) {state}")
         self._dead.__cause__ = cause
