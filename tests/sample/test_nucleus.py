@@ -43,7 +43,7 @@ def _sorted_draw(case: Case) -> torch.Tensor:
     return ref_ops.candidate_draw(vals, idx, inv_t, k, p, min_p, z, u)[0]
 
 
-@pytest.mark.parametrize("vocab", [1, 9, 300, 5000])
+@pytest.mark.parametrize("vocab", [1, 8, 9, 300, 5000])  # 8, 5000: the 8-byte-word scan
 @pytest.mark.parametrize("ties", [False, True])
 def test_reference_draws_what_the_full_sort_draws(vocab: int, ties: bool) -> None:
     for seed in range(4):

@@ -60,6 +60,18 @@ def _chosen(cut: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tens
     return chosen
 
 
+def _nonzero_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask.nonzero(as_tuple=True)`` of a sparse contiguous ``[n, V]`` bool mask, in the
+    same (row-major) order: the scan reads the mask as 8-byte words first and looks
+    inside the nonzero ones only (about 3x faster for a few hundred hits per row)."""
+    n, v = mask.shape
+    if v % 8 or not mask.is_contiguous():
+        return mask.nonzero(as_tuple=True)
+    word_row, word = mask.view(torch.int64).nonzero(as_tuple=True)
+    hit, byte = mask.view(n, v // 8, 8)[word_row, word].nonzero(as_tuple=True)
+    return word_row[hit], word[hit] * 8 + byte
+
+
 def _gather_members(
     x: torch.Tensor, rows: torch.Tensor, bins: torch.Tensor, w: torch.Tensor, chosen: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,7 +80,7 @@ def _gather_members(
     Args:
         x: ``[N, V]`` the logits (the canonical order is by these, ties by id).
         rows: ``[n]`` int64 the rows of ``x`` of this slab.
-        bins: ``[n, V]`` int32 bin of every token.
+        bins: ``[n, V]`` int64 bin of every token.
         w: ``[n, V]`` float32 weights.
         chosen: ``[n, _NBINS]`` bool, the bins to gather.
 
@@ -78,8 +90,7 @@ def _gather_members(
         bin ``_NBINS``.
     """
     n = rows.shape[0]
-    member = torch.stack([chosen[i].index_select(0, bins[i]) for i in range(n)])
-    hit_row, hit_col = member.nonzero(as_tuple=True)
+    hit_row, hit_col = _nonzero_rows(chosen.gather(1, bins))
     sizes = torch.bincount(hit_row, minlength=n)
     width = max(int(sizes.max()), 1)
     slot = torch.arange(hit_row.shape[0], device=x.device) - (torch.cumsum(sizes, 0) - sizes)[hit_row]
@@ -91,7 +102,7 @@ def _gather_members(
     bb = torch.full((n, width), _NBINS, dtype=torch.int64, device=x.device)
     real = torch.where(live, x[rows[hit_row], hit_col], torch.full_like(wv, float("-inf")))
     vals[hit_row, slot], ids[hit_row, slot], ww[hit_row, slot] = real, hit_col, wv.double()
-    own = bins[hit_row, hit_col].long()
+    own = bins[hit_row, hit_col]
     bb[hit_row, slot] = torch.where(live, own, torch.full_like(own, _NBINS))
     order = torch.sort(vals, dim=-1, descending=True, stable=True).indices
     return ids.gather(1, order), ww.gather(1, order), bb.gather(1, order)
@@ -115,7 +126,7 @@ class _Scratch:
 
     d: torch.Tensor  # [slab, V] float32: log-weights, then weights
     key: torch.Tensor  # [slab, V] float32: scaled log-weights
-    bins: torch.Tensor  # [slab, V] int32
+    bins: torch.Tensor  # [slab, V] int64 (the histogram's scatter index)
     w64: torch.Tensor  # [slab, V] float64
     hist: torch.Tensor  # [slab, _NBINS] float64
 
@@ -125,7 +136,7 @@ class _Scratch:
         return cls(
             d=d,
             key=torch.empty_like(d),
-            bins=torch.empty((slab, vocab), dtype=torch.int32, device=device),
+            bins=torch.empty((slab, vocab), dtype=torch.int64, device=device),
             w64=torch.empty((slab, vocab), dtype=torch.float64, device=device),
             hist=torch.empty((slab, _NBINS), dtype=torch.float64, device=device),
         )
@@ -154,9 +165,9 @@ def _slab_draw(
     if bool((min_p > 0).any()):
         w.masked_fill_(w < min_p.unsqueeze(1), 0.0)
     w64.copy_(w)
-    for i in range(r):
-        s.hist[i] = torch.bincount(bins[i], w64[i], minlength=_NBINS)
-    cum = s.hist[:r].cumsum(dim=-1)
+    # One scatter for the slab (rows in parallel, each summed in token order, as a
+    # per-row bincount would): about half of bincount's time per row.
+    cum = s.hist[:r].zero_().scatter_add_(1, bins, w64).cumsum(dim=-1)
     target = p * z
     cut, draw_lo, draw_hi = _crossing_bins(cum, target, u)
     ids, ww, bb = _gather_members(x, rows, bins, w, _chosen(cut, draw_lo, draw_hi))
