@@ -7,6 +7,9 @@ a language model's next-token logits) and ``flat`` (i.i.d. N(0, 3^2): a top-p 0.
 thousands of tokens, the hard case for a sampler that avoids sorting). vLLM gets top-k /
 top-p tensors and no per-request generators (its fastest path); it sorts every row.
 
+``--issue-mix`` times issue 18's mixed rows (per-row temperatures 0.5–1.5, top-k 50 / top-p
+0.9 / both) against vLLM.
+
 ``--sweep`` measures the top-p path across nucleus widths instead: every row top-p 0.9
 without top-k, seeded; temperatures {0.5, 1, 1.5} x nucleus widths {10, 100, 1k, 10k, 60k}
 at batch 256 x vocab 151,936 (``--quick``: batch 8 x vocab 32,000, widths 10 / 1k / 20k).
@@ -264,6 +267,37 @@ def run_sweep(quick: bool, impl: str, reps: int, vllm: Any | None) -> None:
                   f"/peers {'yes' if inside_sort else 'NO'}", flush=True)
 
 
+def run_issue_mix(quick: bool, impl: str, reps: int, vllm: Any | None) -> None:
+    """Issue 18's mixed rows: per-row temperatures uniform in [0.5, 1.5], even rows top-k
+    50, odd rows top-p 0.9, every fourth row both, all seeded; batch 256 x vocab 151,936
+    (``quick``: 16 x 32,000), ``llm`` and ``flat`` logits. vLLM's ``forward_native`` gets
+    the temperature-divided logits with the top-k / top-p tensors (what its sampler does);
+    both are timed back to back, fastest of ``reps``."""
+    rows, vocab = (16, 32_000) if quick else (256, 151_936)
+    gen = torch.Generator().manual_seed(0)
+    temps = (0.5 + torch.rand(rows, generator=gen)).tolist()
+    params = [SamplingParams(seed=i, temperature=temps[i],  # type: ignore[arg-type]
+                             **({"top_k": 50} if i % 2 == 0 else {}),
+                             **({"top_p": 0.9} if i % 2 == 1 or i % 4 == 0 else {}))
+              for i in range(rows)]
+    batch = make_batch(params)
+    ours = VectorizedSampler(impl)  # type: ignore[arg-type]
+    k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+    p_ = torch.tensor([p.top_p for p in params])
+    divide = torch.tensor(temps).unsqueeze(1)
+    print(f"issue 18's mixed rows: batch {rows} x vocab {vocab}, {torch.get_num_threads()} threads, impl={impl}")
+    for kind in ("llm", "flat"):
+        logits = make_logits(kind, rows, vocab, seed=1)
+        fns: list[Callable[[], Any]] = [lambda: ours(logits, batch)]
+        if vllm is not None:
+            fns.append(lambda: vllm.forward_native(logits / divide, {}, k, p_))
+        timed = time_together(fns, reps)
+        line = f"{kind:5s} ours {timed[0][0] * 1e3:8.1f} ms"
+        if vllm is not None:
+            line += f" | vllm {timed[1][0] * 1e3:8.1f} ms  x{timed[1][0] / timed[0][0]:.1f}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one rep (smoke run)")
@@ -275,10 +309,14 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-naive", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="the nucleus-width sweep instead")
+    parser.add_argument("--issue-mix", action="store_true", help="issue 18's mixed rows instead")
     args = parser.parse_args()
     vllm = None if args.no_vllm or args.quick else load_vllm()
     if args.sweep:
         run_sweep(args.quick, args.impl, args.reps, vllm)
+        return
+    if args.issue_mix:
+        run_issue_mix(args.quick, args.impl, args.reps, vllm)
         return
     vocabs, batch_sizes, reps = args.vocab, args.batch, args.reps
     if args.quick:
