@@ -18,7 +18,10 @@ configuration's time goes (drafting, the target step, the host). Outputs are che
 equal to plain.
 
     .venv/bin/python benchmarks/bench_spec.py [--quick] [--tokens 128] [--gamma 4] [--profile]
-        [--cpu-time] [--only tiny|tiny-words]
+        [--cpu-time] [--only tiny|tiny-words] [--overlap]
+
+``--overlap`` adds plain and n-gram rows under overlap (``overlap=True`` in-process, and
+``worker="process"`` synchronous and overlapped), each checked equal to plain too.
 """
 
 from __future__ import annotations
@@ -94,9 +97,14 @@ class _Clock:
 _TIMER = time.perf_counter  # time.process_time with --cpu-time
 
 
-def _run(spec: dict[str, Any] | None, prompts: list[list[int]],
+Spec = dict[str, Any] | None
+Row = Spec | tuple[Spec, dict[str, Any]]  # a speculative config, or one with engine options
+
+
+def _run(row: Row, prompts: list[list[int]],
          tokens: int, model: str = "tiny") -> tuple[float, list[Any], list[StepTrace], _Clock]:
-    engine = build_engine(model=model, speculative=spec, num_blocks=256, max_model_len=1024)
+    spec, opts = row if isinstance(row, tuple) else (row, {})
+    engine = build_engine(model=model, speculative=spec, num_blocks=256, max_model_len=1024, **opts)
     traces: list[StepTrace] = []
     engine.trace = traces.append
     clock = _Clock(engine)
@@ -106,8 +114,10 @@ def _run(spec: dict[str, Any] | None, prompts: list[list[int]],
     for i, p in enumerate(prompts):  # batch 1: one request at a time
         engine.add_request(f"r{i}", p, params)
         outs += [o.outputs[0].token_ids for o in engine.run()]
+    dt = _TIMER() - t0
     engine.check_idle()
-    return _TIMER() - t0, outs, traces, clock
+    engine.close()
+    return dt, outs, traces, clock
 
 
 def main() -> None:
@@ -121,6 +131,9 @@ def main() -> None:
                     help="time each run by this process's CPU time (one thread), not wall time: "
                          "steadier on a shared machine; tok/s are then per CPU-second")
     ap.add_argument("--only", choices=("tiny", "tiny-words"), help="run one model's workloads")
+    ap.add_argument("--overlap", action="store_true",
+                    help="add n-gram (and plain) rows under overlap: in-process (a worker thread) "
+                         "and with the model in a worker process")
     args = ap.parse_args()
     global _TIMER
     _TIMER = time.process_time if args.cpu_time else time.perf_counter
@@ -128,7 +141,7 @@ def main() -> None:
     num, tokens, repeats = (2, 32, 1) if args.quick else (6, args.tokens, args.repeats)
     g = args.gamma
     draft_dir = _one_layer_draft(Path(tempfile.mkdtemp(prefix="bench_spec_")) / "draft")
-    configs: dict[str, dict[str, Any] | None] = {
+    configs: dict[str, Row] = {
         "plain": None,
         f"ngram γ={g} fixed": {"num_draft": g},
         f"ngram γ={g} threshold 0.5": {"num_draft": g, "planner": "threshold", "threshold": 0.5},
@@ -139,12 +152,14 @@ def main() -> None:
                                       "num_draft": g},
         f"draft identical γ={g}": {"drafter": "draft_model", "draft_model": "tiny", "num_draft": g},
     }
+    if args.overlap:
+        configs = {**configs, **_overlap_rows(g)}
     if args.only != "tiny-words":
         for name, prompts in _workloads(num).items():
             _compare(name, prompts, configs, "tiny", tokens, repeats, args.profile)
     if args.only == "tiny":
         return
-    words: dict[str, dict[str, Any] | None] = {
+    words: dict[str, Row] = {
         "plain": None,
         f"ngram γ={g} fixed": {"num_draft": g},
         f"self k=2 γ={g}": {"drafter": "self", "draft_layers": 2, "num_draft": g},
@@ -152,8 +167,24 @@ def main() -> None:
         "dspark k=2 γ=4 threshold 0.5": {"drafter": "dspark", "dspark_heads": "tiny-words",
                                          "num_draft": 4, "planner": "threshold", "threshold": 0.5},
     }
+    if args.overlap:
+        words = {**words, **_overlap_rows(g)}
     _compare("tiny-words (corpus prompts)", _corpus_prompts(num), words, "tiny-words", tokens,
              repeats, args.profile)
+
+
+def _overlap_rows(g: int) -> dict[str, Row]:
+    """Plain and n-gram speculation overlapped (the runner drafts, docs/speculative.md),
+    in-process and with the model in a worker process; plus the worker process synchronous."""
+    ngram = {"num_draft": g}
+    return {
+        "plain, overlap thread": (None, {"overlap": True}),
+        "plain, worker process sync": (None, {"worker": "process", "overlap": False}),
+        "plain, worker process overlap": (None, {"worker": "process", "overlap": True}),
+        f"ngram γ={g}, overlap thread": (ngram, {"overlap": True}),
+        f"ngram γ={g}, worker process sync": (ngram, {"worker": "process", "overlap": False}),
+        f"ngram γ={g}, worker process overlap": (ngram, {"worker": "process", "overlap": True}),
+    }
 
 
 def _corpus_prompts(num: int) -> list[list[int]]:
@@ -164,7 +195,7 @@ def _corpus_prompts(num: int) -> list[list[int]]:
     return [list(data[s:s + 48]) for s in starts]
 
 
-def _compare(name: str, prompts: list[list[int]], configs: dict[str, dict[str, Any] | None],
+def _compare(name: str, prompts: list[list[int]], configs: dict[str, Row],
              model: str, tokens: int, repeats: int, profile: bool) -> None:
     """Run every configuration on ``prompts`` (alternating, best of ``repeats``), check each
     output equals plain's, print tokens/s, the ratio to plain and the acceptance length."""

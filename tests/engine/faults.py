@@ -144,6 +144,19 @@ def fail_commits(engine: Engine, seed: int, p_commit: float) -> RaisingScheduler
     return scheduler
 
 
+def run_to_end(engine: Engine, reqs: list[tuple[str, Any, Any]]) -> tuple[dict[str, RequestOutput], list[str | None]]:
+    """Add ``reqs`` (``(id, prompt, params)``), run ``engine`` dry and check every request
+    came back; returns the outputs by id and every completion's finish reason, which the
+    caller checks (an injected fault must show up as ``"error"``)."""
+    for rid, prompt, params in reqs:
+        engine.add_request(rid, prompt, params)
+    outs = {o.request_id: o for o in engine.run()}
+    assert set(outs) == {rid for rid, _, _ in reqs}
+    reasons = [c.finish_reason for o in outs.values() for c in o.outputs]
+    assert None not in reasons
+    return outs, reasons
+
+
 class FaultInjector:
     """Wires the injectors into ``engine`` (its runner in this process) and drives them
     from a seeded generator.

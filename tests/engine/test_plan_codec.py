@@ -63,6 +63,7 @@ class Sequences:
             row is not None, rng.choice([1, 1, 2]), tuple(rng.randrange(250) for _ in range(rng.choice([0, 0, 2]))),
             rng.choice([0, 0, 1]), rng.randrange(3), row, rng.choice([0, 16]), rng.randrange(20),
             (1, 2) if row is not None and row.needs_history else (), (), 0, 0,
+            rng.choice([0, 0, 2]), rng.choice([0, 3]),
         )
 
     def plan(self, step: int, live: list[str]) -> SchedulePlan:

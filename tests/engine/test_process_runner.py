@@ -23,7 +23,7 @@ from deepinfer_kit.testing import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.runner import reference_runner
 from deepinfer_kit.testing.suite import Check
 from differential import run_workload, workload
-from faults import RunnerFaults, fail_commits
+from faults import RunnerFaults, fail_commits, run_to_end
 from runner_hooks import Explode, KeepSlots, MarkSteps
 
 SMALL_POOL = {"num_blocks": 20, "block_size": 8, "max_model_len": 96, "max_num_seqs": 8,
@@ -80,13 +80,8 @@ def test_faults_in_the_worker_fail_their_requests_only() -> None:
     engine = build_engine(overlap=True, worker="process", **SMALL_POOL,
                           worker_setup=RunnerFaults(3, p_forward=0.08, p_sampler=0.05, p_nan=0.08))
     fail_commits(engine, 3, 0.05)
-    reqs = workload(3, 40)
-    for rid, prompt, params in reqs:
-        engine.add_request(rid, prompt, params)
-    outs = {o.request_id: o for o in engine.run()}
-    assert set(outs) == {rid for rid, _, _ in reqs}
-    reasons = [c.finish_reason for o in outs.values() for c in o.outputs]
-    assert None not in reasons and "error" in reasons and {"stop", "length"} & set(reasons)
+    outs, reasons = run_to_end(engine, workload(3, 40))
+    assert "error" in reasons and {"stop", "length"} & set(reasons)
     messages = {c.stop_reason for o in outs.values() for c in o.outputs if c.finish_reason == "error"}
     assert any("InjectedFault('forward failed')" in str(m) for m in messages), messages
     assert any("non-finite logits" in str(m) for m in messages), messages
@@ -116,11 +111,12 @@ def test_build_errors_in_the_worker_reach_the_caller() -> None:
         build_engine(worker="process", num_blocks=8, max_model_len=64, worker_setup=lambda runner: None)
 
 
-def test_the_worker_cannot_yet_take_speculation_or_eplb() -> None:
+def test_the_worker_cannot_yet_take_a_model_drafter_or_eplb() -> None:
     from deepinfer_kit import EngineConfig
 
-    with pytest.raises(ConfigError, match="worker='process' cannot be combined with speculative"):
-        EngineConfig(worker="process", speculative={"num_draft": 2})
+    EngineConfig(worker="process", speculative={"num_draft": 2})  # prompt lookup: fine
+    with pytest.raises(ConfigError, match="drafter 'self' cannot be combined with worker='process'"):
+        EngineConfig(worker="process", speculative={"drafter": "self", "draft_layers": 1})
     with pytest.raises(ConfigError, match="worker='process' cannot be combined with eplb"):
         EngineConfig(worker="process", eplb={"window": 4, "interval": 4})
     with pytest.raises(ConfigError, match="worker must be one of"):

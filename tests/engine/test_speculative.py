@@ -208,8 +208,8 @@ def test_a_repetitive_prompt_accepts_several_tokens_per_round() -> None:
 
 
 def test_speculation_config_errors() -> None:
-    with pytest.raises(ConfigError, match="speculative and overlap"):
-        build_engine(speculative={"num_draft": 2}, overlap=True)
+    with pytest.raises(ConfigError, match="drafter 'self' cannot be combined with overlap=True"):
+        build_engine(speculative={"drafter": "self", "draft_layers": 1, "num_draft": 2}, overlap=True)
     with pytest.raises(ConfigError, match="unknown keys"):
         build_engine(speculative={"gamma": 2})
     with pytest.raises(ConfigError, match="drafter"):

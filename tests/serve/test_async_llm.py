@@ -155,3 +155,26 @@ def test_generate_without_params_streams_cumulative_outputs(allm: AsyncLLM) -> N
                for a, b in zip(outs, outs[1:]))
     assert outs[-1].finished and not any(o.finished for o in outs[:-1])
     asyncio.run(allm.wait_idle())
+
+
+def test_streams_from_a_worker_process_match_the_in_process_engine() -> None:
+    """The server's engine loop over ``worker="process"`` (overlapped by default there)."""
+    allm = AsyncLLM("tiny", num_blocks=64, block_size=8, max_model_len=256, worker="process")
+    prompts = [f"worker request {i}" for i in range(6)]
+
+    async def main() -> list[list[RequestOutput]]:
+        got = await asyncio.gather(*(_collect(allm, p, _params(i, DELTA), f"w{i}") for i, p in enumerate(prompts)))
+        await asyncio.wait_for(allm.wait_idle(), 30)
+        return got
+
+    try:
+        streams = asyncio.run(main())
+        assert allm.engine.executor.depth == 1
+        allm.engine.check_idle()
+    finally:
+        allm.shutdown()
+        allm.engine.close()
+    reference = LLM("tiny", num_blocks=64, block_size=8, max_model_len=256).generate(
+        prompts, [_params(i, CUMULATIVE) for i in range(6)])
+    for outs, ref in zip(streams, reference):
+        assert [t for o in outs for t in o.outputs[0].token_ids] == ref.outputs[0].token_ids

@@ -18,6 +18,7 @@ from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
 from deepinfer_kit.engine.protocols import StepRunner
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.runner_build import build_runner, engine_device
+from deepinfer_kit.engine.runner_drafts import RunnerDrafting
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.sps_profile import forward_timer, measure_sps, sps_points
 from deepinfer_kit.errors import ConfigError
@@ -33,7 +34,7 @@ from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPl
 from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 
-__all__ = ["build_engine", "build_speculation", "load_host_tokenizer"]
+__all__ = ["build_engine", "build_speculation", "load_host_tokenizer", "runner_drafting", "runner_speculation"]
 
 
 def build_engine(
@@ -72,34 +73,91 @@ def build_engine(
             raise ConfigError(f"unknown EngineConfig field in {sorted(overrides)}: {exc}") from exc
     executor = executor if executor is not None else _default_executor(config)
     depth = executor.depth if executor is not None else 0
+    spec = config.speculative
     if config.worker == "process":
         engine_device(config)
         remote = ProcessRunner(WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads()))
         info = remote.info
-        return _engine(config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
-                       info.max_model_len, executor, make_scheduler)
+        host_spec = None
+        if spec is not None and not depth:  # the host drafts, the worker verifies
+            if spec.sps == "profile" and spec.planner == "dspark":
+                remote.close()
+                raise ConfigError(
+                    "speculative sps='profile' needs the model in the engine's process; with "
+                    "worker='process' give the SPS curve, or overlap (the worker then plans)"
+                )
+            host_spec = build_speculation(spec, sps=spec.sps if isinstance(spec.sps, SpsCurve) else None)
+        return _reserve_drafts(_engine(
+            config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
+            info.max_model_len, executor, make_scheduler, speculation=host_spec,
+        ), spec, depth)
     parts = build_runner(config, sampler=sampler, depth=depth)
     runner, loaded, num_blocks, max_model_len = parts.runner, parts.loaded, parts.num_blocks, parts.max_model_len
-    spec = config.speculative
     drafter = None if spec is None else build_drafter(
         spec, loaded, seed=config.seed, block_size=config.block_size,
         num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
         dtype=parts.dtype, device=parts.device, attention_impl=cast(Impl, config.attention_impl),
         moe_impl=cast(Impl, config.moe_impl),
     )
-    sps = spec.sps if spec is not None else None
-    if spec is not None and sps == "profile" and spec.planner == "dspark":
+    speculation = runner_speculation(config, runner, max_model_len, drafter)
+    if speculation is not None and depth:  # overlapped: the runner drafts, round by round
+        runner.drafting = runner_drafting(speculation)
+        speculation = None
+    runner.balancer = parts.balancer  # after warm-up: its dummy rounds stay out of the window
+    if worker_setup is not None:
+        worker_setup(runner)
+    return _reserve_drafts(_engine(
+        config, runner, loaded.config, loaded.tokenizer, num_blocks, max_model_len, executor,
+        make_scheduler, speculation=speculation, balancer=parts.balancer,
+    ), spec, depth)
+
+
+def runner_speculation(
+    config: EngineConfig, runner: ModelRunner, max_model_len: int, drafter: Drafter | None = None,
+) -> Speculation | None:
+    """The drafting phase of ``config.speculative`` over ``drafter`` (the n-gram one when
+    ``None``), its DSpark curve profiled on ``runner`` when ``sps="profile"``; ``None``
+    without speculation. Called once per engine, in the process that holds the model."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    sps = spec.sps
+    if sps == "profile" and spec.planner == "dspark":
         chunk = spec.num_draft + 1
         sps = measure_sps(
             forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
             sps_points(min(config.max_num_batched_tokens, config.max_num_seqs * chunk)),
         )
-    speculation = build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
-    runner.balancer = parts.balancer  # after warm-up: its dummy rounds stay out of the window
-    if worker_setup is not None:
-        worker_setup(runner)
-    return _engine(config, runner, loaded.config, loaded.tokenizer, num_blocks, max_model_len,
-                   executor, make_scheduler, speculation=speculation, balancer=parts.balancer)
+    return build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
+
+
+def runner_drafting(speculation: Speculation) -> RunnerDrafting:
+    """The runner's side of overlapped speculation, from the engine's drafting phase.
+
+    Raises:
+        ConfigError: the drafter is not the prompt-lookup one (the only one that drafts
+            from token lists alone).
+    """
+    drafter = speculation.drafter
+    if not isinstance(drafter, NgramDrafter):
+        raise ConfigError(
+            f"overlapped speculation drafts on the runner's side, which only the n-gram "
+            f"drafter can; got {type(drafter).__name__}: set overlap=False"
+        )
+    return RunnerDrafting(drafter, speculation.planner, speculation.num_draft)
+
+
+def _reserve_drafts(engine: Engine, spec: SpecConfig | None, depth: int) -> Engine:
+    """Overlapped speculation: the scheduler plans room for the runner's drafts."""
+    if spec is not None and depth:
+        reserve = getattr(engine.scheduler, "reserve_drafts", None)
+        if not callable(reserve):
+            raise ConfigError(
+                f"overlapped speculation needs a scheduler with reserve_drafts(); "
+                f"{type(engine.scheduler).__name__} has none: set overlap=False"
+            )
+        reserve(spec.num_draft)
+    return engine
 
 
 def _engine(

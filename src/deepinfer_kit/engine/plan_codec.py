@@ -126,7 +126,7 @@ class PlanEncoder:
                 rid, c.start, c.num_tokens, c.token_ids, table_code, c.sample, c.num_samples,
                 c.spec_token_ids, c.num_placeholders, c.preemption_epoch, row_code,
                 c.num_cached_tokens, c.output_position, c.output_token_ids, c.prompt_targets,
-                c.prompt_first, c.prompt_top,
+                c.prompt_first, c.prompt_top, c.pending_drafts, c.draft_room,
             ))  # fmt: skip
         used = {c.request_id for c in plan.chunks}
         message = self._next
@@ -184,7 +184,8 @@ class PlanDecoder:
         new_tables: dict[str, list[int]] = {}
         chunks: list[ScheduledChunk] = []
         for (rid, start, num_tokens, token_ids, table_code, sample, num_samples, spec,
-             holes, epoch, row_code, cached, out_pos, out_ids, targets, first, top) in encoded:  # fmt: skip
+             holes, epoch, row_code, cached, out_pos, out_ids, targets, first, top, pending,
+             room) in encoded:  # fmt: skip
             if row_code is None:
                 row = None
             elif row_code == _HELD:
@@ -197,7 +198,7 @@ class PlanDecoder:
                 table = new_tables[rid] = table_code
             chunks.append(ScheduledChunk(
                 rid, start, num_tokens, token_ids, table, sample, num_samples, spec, holes,
-                epoch, row, cached, out_pos, out_ids, targets, first, top,
+                epoch, row, cached, out_pos, out_ids, targets, first, top, pending, room,
             ))  # fmt: skip
         for rid in forget_rows:
             rows.pop(rid, None)

@@ -185,14 +185,14 @@ class ProcessRunner:
     def prepare(self, plan: SchedulePlan) -> SentStep:
         """Send ``plan`` to the worker, which lays it out and runs it after the steps sent
         before it; returns at once. Carries the newest committed step for the worker's
-        token slots and :attr:`record_expert_counts`.
+        token slots and :attr:`record_expert_counts`. Drafts are verified as one-hot
+        (:attr:`draft_probs` is not consulted: only the n-gram drafter, whose drafts are
+        one-hot, runs with a worker process).
 
         Raises:
             EngineDeadError: the worker is gone.
             pickle.PicklingError, TypeError: a plan field does not pickle (nothing sent).
         """
-        if self.draft_probs is not None:
-            raise InvariantError("a worker process runs no drafter: draft_probs must stay None")
         message, data = self._encoder.encode(plan)
         self._send(("step", message, self.released, self.record_expert_counts, data))
         return SentStep(plan.step_id, message)

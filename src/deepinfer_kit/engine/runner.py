@@ -9,6 +9,7 @@ import torch
 
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.prepared import PreparedStep
+from deepinfer_kit.engine.runner_drafts import LateStep, RunnerDrafting
 from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.step_outputs import logprob_maps, to_host
@@ -64,6 +65,9 @@ class ModelRunner:
         draft_probs: ``(sequence id, drafts) -> [len(drafts), V]`` the distributions a
             model drafter drew the drafts from (``None``: one-hot drafts); the engine sets
             it to its speculation's lookup.
+        drafting: overlapped speculation (:class:`RunnerDrafting`): each round is laid out
+            when it executes, its chunks resolved against the round before and drafted
+            for here; ``None`` (the default) lays rounds out in :meth:`prepare`.
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class ModelRunner:
         self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self.balancer = balancer
         self.token_slots = token_slots
+        self.drafting: RunnerDrafting | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -103,8 +108,10 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing beyond memory to release (the :class:`StepRunner` contract)."""
 
-    def prepare(self, plan: SchedulePlan) -> PreparedStep:
-        """Build the forward inputs and the sampling rows of ``plan``.
+    def prepare(self, plan: SchedulePlan) -> PreparedStep | LateStep:
+        """Build the forward inputs and the sampling rows of ``plan`` — or, under
+        overlapped speculation (:attr:`drafting`), defer that to :meth:`execute`, which
+        first resolves the chunks against the round before (:class:`RunnerDrafting`).
 
         Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
         live request, so it may run while the scheduler mutates its requests and while
@@ -124,6 +131,12 @@ class ModelRunner:
                 together with drafts, drafts without a verifier, a placeholder without
                 token slots, or no token slot free.
         """
+        if self.drafting is not None:
+            return LateStep(plan)
+        return self._layout(plan)
+
+    def _layout(self, plan: SchedulePlan) -> PreparedStep:
+        """:meth:`prepare`'s layout of a plan (see there)."""
         input_ids: list[int] = []
         positions: list[int] = []
         num_tokens = 0
@@ -254,7 +267,7 @@ class ModelRunner:
             prompt=prompt,
         )
 
-    def execute(self, step: PreparedStep) -> StepResult:
+    def execute(self, step: PreparedStep | LateStep) -> StepResult:
         """Fill the placeholders, copy-on-write block copies, the forward, and the draw;
         returns tokens per chunk.
 
@@ -277,6 +290,9 @@ class ModelRunner:
         Mutates the KV cache (the scheduled tokens' K/V) and the token slots this step
         writes. Blocks until the tokens are on the host.
         """
+        if isinstance(step, LateStep):
+            assert self.drafting is not None
+            return self.drafting.run(step.plan, lambda plan: self.execute(self._layout(plan)))
         last, self._last = self._last, {}
         forward, tail = step.forward, step.slot_tail
         if step.staged is not None:

@@ -64,12 +64,16 @@ class Speculation:
 
         Raises:
             ConfigError: the scheduler takes no drafts (no ``set_spec_tokens`` /
-                ``pending_prefill_tokens`` / ``running``), or the executor overlaps rounds (``depth != 0``).
+                ``pending_prefill_tokens`` / ``running``), or the executor overlaps rounds
+                (``depth != 0``: the host's drafts would need the tokens still in flight; under
+                overlap the runner drafts, see :mod:`deepinfer_kit.engine.runner_drafts`).
         """
         if depth != 0:
             raise ConfigError(
-                f"speculative decoding needs a synchronous executor (overlap=False); got an "
-                f"executor of depth {depth}: set overlap=False or speculative=None"
+                f"host-side speculation needs a synchronous executor (overlap=False); got an "
+                f"executor of depth {depth}: set overlap=False, or draft on the runner's side "
+                f"(ModelRunner.drafting with BatchScheduler.reserve_drafts, what build_engine "
+                f"does for drafter='ngram' under overlap)"
             )
         if (not callable(getattr(scheduler, "set_spec_tokens", None))
                 or not callable(getattr(scheduler, "pending_prefill_tokens", None))

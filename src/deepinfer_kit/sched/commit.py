@@ -68,9 +68,12 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
     logprobs = result.logprobs
     errors = result.errors
     prompt_lps = result.prompt_logprobs
+    drafted_by_runner = result.num_drafted
     max_len = state.config.max_model_len
     block_size = state.cache.block_size
     cache = state.cache
+    shifts = entry.shifts
+    follows = _follows(state) if state.draft_room else None
     finished: list[Request] = []
     i = -1
     for chunk, req, tokens in zip(chunks, entry.requests, token_ids):
@@ -84,8 +87,14 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
                 state.finish(req, FinishReason.ERROR, message)
                 finished.append(req)
                 continue
-        start = chunk.start
-        end = start + chunk.num_tokens
+        start = chunk.start - shifts.get(req, 0) if shifts else chunk.start
+        num_tokens = chunk.num_tokens
+        room = chunk.draft_room
+        num_spec = len(chunk.spec_token_ids)
+        if room:  # the runner drafted (up to room) itself: its result says how many
+            num_spec = drafted_by_runner[i] if drafted_by_runner else 0
+            num_tokens += num_spec - room
+        end = start + num_tokens
         if prompt_lps:
             done = req.prompt_logprobs
             if done is not None and chunk.prompt_first == len(done) - 1:
@@ -94,10 +103,11 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             lps = logprobs[i] if logprobs is not None else None
             if chunk.num_samples > 1:
                 _commit_fork(state, req, chunk, tokens, lps, finished)
-            elif chunk.spec_token_ids:
-                end = _commit_spec(state, req, chunk, tokens, lps)
+            elif num_spec or room:
+                follow = follows.get(req) if follows else None
+                end = _commit_spec(state, req, start, num_tokens, num_spec, tokens, lps, follow)
                 if req.metrics is not None:
-                    req.metrics.num_draft_tokens += len(chunk.spec_token_ids)
+                    req.metrics.num_draft_tokens += num_spec
                     req.metrics.num_accepted_tokens += max(len(tokens) - 1, 0)
             elif len(tokens) != 1:
                 raise InvariantError(
@@ -172,29 +182,59 @@ def _commit_fork(
     append_token(parent, tokens[0], lps[0] if lps else None, max_len)
 
 
+def _follows(state: SchedulerState) -> dict[Request, tuple[InflightPlan, ScheduledChunk]] | None:
+    """Overlapped speculation: the sequences whose chunk in the next plan in flight
+    continues from this one (a placeholder), with that plan and chunk."""
+    if not state.inflight:
+        return None
+    nxt = state.inflight[0]
+    return {req: (nxt, c) for req, c in zip(nxt.requests, nxt.plan.chunks) if c.num_placeholders}
+
+
 def _commit_spec(
     state: SchedulerState,
     req: Request,
-    chunk: ScheduledChunk,
+    start: int,
+    num_tokens: int,
+    num_spec: int,
     tokens: list[int],
     lps: list[dict[int, Logprob]] | None,
+    follow: tuple[InflightPlan, ScheduledChunk] | None,
 ) -> int:
-    """A verified chunk: append the accepted drafts plus the bonus token, roll the KV of
-    rejected positions back. Returns the end of the KV that stays valid."""
-    num_spec = len(chunk.spec_token_ids)
+    """A verified chunk (``num_tokens`` from ``start``, its last ``num_spec`` drafts,
+    possibly none): append the accepted drafts plus the bonus token, roll the KV of
+    rejected positions back. Returns the end of the KV that stays valid.
+
+    With the sequence's next chunk already in flight (``follow``, overlapped speculation),
+    that chunk assumed every draft here accepted: it moves down by the drafts rejected
+    (recorded for its own commit, the runner moving it the same way), and so does the
+    sequence's computed count; the blocks past the moved chunk are released."""
     if not 1 <= len(tokens) <= 1 + num_spec:
         raise InvariantError(
             f"verified chunk of {req.request_id} with {num_spec} drafts got {len(tokens)} tokens"
         )
     appended = append_tokens(req, tokens, lps, state.config.max_model_len)
-    valid_end = chunk.start + chunk.num_tokens - num_spec + min(appended, len(tokens) - 1)
+    valid_end = start + num_tokens - num_spec + min(appended, len(tokens) - 1)
     # A stop inside the accepted run drops what follows; like a plain decode, the KV of
     # the last token (never fed as context) is not published.
     valid_end = min(valid_end, len(req.all_token_ids) - 1)
     if req.status is _RUNNING:
-        req.num_computed_tokens = valid_end
-        if valid_end < chunk.start + chunk.num_tokens:
-            state.cache.truncate(req, valid_end)
+        if follow is None:
+            reserved = req.num_computed_tokens
+            req.num_computed_tokens = valid_end
+        else:
+            nxt, chunk = follow
+            shift = chunk.pending_drafts - (len(tokens) - 1)
+            if shift < 0:
+                raise InvariantError(
+                    f"{req.request_id}: the chunk in flight assumed {chunk.pending_drafts} drafts, "
+                    f"{len(tokens) - 1} were accepted"
+                )
+            nxt.shifts[req] = shift
+            reserved = req.num_computed_tokens
+            req.num_computed_tokens -= shift
+        if req.num_computed_tokens < reserved:
+            state.cache.truncate(req, req.num_computed_tokens)
             state.tables.pop(req, None)
             # The next write lands in a kept block: let allocate check it for CoW.
             state.may_share.add(req)

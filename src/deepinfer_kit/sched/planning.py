@@ -37,11 +37,14 @@ def add_chunk(
     spec: list[int] | None = None,
     placeholders: int = 0,
     num_cached: int = 0,
+    pending: int = 0,
+    room: int = 0,
 ) -> int:
     """Append to ``entry`` the chunk feeding ``n`` tokens of ``req`` from ``start`` (the
-    last ``placeholders`` of them still being sampled by the step in flight), then
-    ``spec``; advance ``req.num_computed_tokens`` past it. ``num_cached`` is the prefix
-    hit of an admission chunk (traces). Returns the chunk's tokens.
+    last ``placeholders`` of them still being sampled by the step in flight, which may
+    still reject ``pending`` drafts before them), then ``spec``, then ``room`` drafts for
+    the runner to propose; advance ``req.num_computed_tokens`` past it. ``num_cached`` is
+    the prefix hit of an admission chunk (traces). Returns the chunk's tokens.
 
     The chunk samples when it reaches the last known token; that sample forks into ``n``
     completions when it is the request's first (and not a placeholder decode). The token
@@ -71,12 +74,12 @@ def add_chunk(
                 req.eos_token_id,
                 bool(params.min_tokens) or params.has_penalties or bool(params.bad_words_token_ids),
             )
-        if row.needs_history:
+        if row.needs_history or room:
             history = tuple(req.output_token_ids)
         fan_out = row.params.n
         if fan_out > 1 and not placeholders and will_fork(req):
             num_samples = fan_out
-    total = n + len(spec) if spec else n
+    total = (n + len(spec) if spec else n) + room
     entry.plan.chunks.append(
         ScheduledChunk(
             req.request_id,
@@ -94,6 +97,8 @@ def add_chunk(
             end - len(req.prompt_token_ids),
             history,
             *_prompt_targets(req, start, end),
+            pending,
+            room,
         )
     )
     entry.requests.append(req)
@@ -113,6 +118,8 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     logprobs, it is built here without the general path's tests (this loop runs once
     per decoding sequence and round; it allocates nothing and never preempts).
     """
+    if state.draft_room:  # every decode reserves draft room: the general path sizes it
+        return i, budget
     running = state.running
     num_running = len(running)
     block_size = state.cache.block_size
@@ -215,7 +222,8 @@ def plan_running(
             state.mark_admitted(req, num_cached)
             plan.num_cached_tokens += num_cached
             start = req.num_computed_tokens
-        placeholders = 0
+        placeholders = pending = room = 0
+        limit = length_limit(req, max_len)
         if start < num_known:
             n = num_known - start
             if n > 1:
@@ -224,16 +232,20 @@ def plan_running(
                 if n > budget:
                     n = budget
         else:
-            placeholders = start - num_known + 1
-            if num_known + placeholders >= length_limit(req, max_len):
-                i += 1  # the step in flight samples its last token
+            # The step in flight samples 1 token, or up to pending + 1 when it verifies
+            # drafts; this chunk's start assumes all are accepted.
+            pending = start - num_known
+            if num_known + 1 >= limit or start >= limit - 1:
+                i += 1  # the step in flight samples its last token (or may: wait for it)
                 continue
-            n = 1
+            placeholders, n = 1, 1
         spec = drafts.pop(req, None) if drafts else None
         if spec is not None:
-            room = min(budget - n, length_limit(req, max_len) - 1 - start - n)
-            spec = spec[:room] if room > 0 and start + n == num_known else None
-        total = n + len(spec) if spec else n
+            spare = min(budget - n, limit - 1 - start - n)
+            spec = spec[:spare] if spare > 0 and start + n == num_known else None
+        elif state.draft_room and n == 1 and start + 1 >= num_known and not will_fork(req):
+            room = max(0, min(state.draft_room, budget - n, limit - 1 - start - n))  # a decode
+        total = (n + len(spec) if spec else n) + room
         if start + total > len(table) * block_size or (may_share and req in may_share):
             if not cache.can_allocate(req, total, num_cached):
                 if victim is None:
@@ -247,7 +259,7 @@ def plan_running(
                     continue
             state.allocate(plan, req, total, num_cached)
             may_share.discard(req)
-        budget -= add_chunk(state, entry, req, start, n, spec, placeholders, num_cached)
+        budget -= add_chunk(state, entry, req, start, n, spec, placeholders, num_cached, pending, room)
         i += 1
     return budget, preempted
 

@@ -69,8 +69,9 @@ class ScheduledChunk:
     The model is fed ``num_tokens`` tokens at positions ``[start, start + num_tokens)``:
     ``token_ids`` (known values), then ``num_placeholders`` tokens whose values a step
     still in flight is sampling (resolved on the device under overlap), then
-    ``spec_token_ids`` (drafts verified this round). So
-    ``len(token_ids) + num_placeholders + len(spec_token_ids) == num_tokens``.
+    ``spec_token_ids`` (drafts verified this round), then room for ``draft_room`` drafts
+    the runner proposes itself (overlapped speculation). So
+    ``len(token_ids) + num_placeholders + len(spec_token_ids) + draft_room == num_tokens``.
 
     Attributes:
         request_id: the sequence's id (a fork child's is ``"{parent}#{index}"``).
@@ -88,6 +89,13 @@ class ScheduledChunk:
             logits at ``1 + len(spec_token_ids)`` positions. ``()`` (one shared empty
             tuple, not a fresh list per chunk) when there are none.
         num_placeholders: tokens (0 or 1) whose values the step in flight produces.
+        pending_drafts: with a placeholder, the drafts the step in flight may still reject
+            before it: ``start`` (and ``output_position``) assume it accepts them all, and
+            each one it rejects moves this chunk down one position. The runner and the
+            scheduler's commit both derive that shift from the in-flight step's result.
+        draft_room: drafts the runner may append to this decode chunk itself, from the
+            sequence's newest tokens (overlapped speculation: the host cannot draft from
+            tokens still in flight); ``num_tokens``, the budget and the blocks count them.
         preemption_epoch: the sequence's preemption count when scheduled; ``commit``
             ignores a chunk whose sequence was preempted since.
         sampling: the sequence's sampling row when ``sample`` is True, else ``None``.
@@ -96,7 +104,8 @@ class ScheduledChunk:
         output_position: index of the output token this chunk's sample draws (0 for the
             first); it keys the seeded random stream and the ``min_tokens`` rule.
         output_token_ids: a copy of the tokens generated so far when
-            ``sampling.needs_history``, else empty.
+            ``sampling.needs_history`` or ``draft_room`` (the runner drafts from them),
+            else empty.
         prompt_targets: for a request with ``prompt_logprobs``, the prompt tokens whose
             logprobs this chunk's positions give: position ``prompt_first + j`` predicts
             ``prompt_targets[j]`` (the prompt token after it); ``()`` otherwise.
@@ -121,6 +130,8 @@ class ScheduledChunk:
     prompt_targets: Sequence[int] = ()
     prompt_first: int = 0
     prompt_top: int = 0
+    pending_drafts: int = 0
+    draft_room: int = 0
 
     @property
     def end(self) -> int:
@@ -130,7 +141,7 @@ class ScheduledChunk:
     @property
     def is_prefill(self) -> bool:
         """True when the chunk computes prompt tokens (or recomputes after preemption)."""
-        return self.num_tokens - len(self.spec_token_ids) > 1 or not self.sample
+        return self.num_tokens - len(self.spec_token_ids) - self.draft_room > 1 or not self.sample
 
 
 @attrs.define(slots=True, eq=False)

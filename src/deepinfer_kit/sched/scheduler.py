@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import FinishReason, Request, RequestStatus
@@ -205,8 +206,9 @@ class BatchScheduler:
 
         The next ``schedule()`` appends them to the chunk as ``spec_token_ids``, trimmed to
         the round's remaining budget and to the request's length limit; they are dropped
-        if the request is not decoding then. Not supported together with overlap: a
-        verified chunk never carries a placeholder.
+        if the request is not decoding then. Host-side drafts need the sequence's newest
+        tokens, so under overlap (a round in flight) use :meth:`reserve_drafts` instead:
+        the runner drafts from the tokens it holds.
 
         Raises:
             ConfigError: ``request_id`` is not a live sequence.
@@ -215,6 +217,19 @@ class BatchScheduler:
         if req is None:
             raise ConfigError(f"request_id {request_id!r} is not live")
         self.state.drafts[req] = list(token_ids)
+
+    def reserve_drafts(self, num_draft: int) -> None:
+        """Overlapped speculation: from the next ``schedule()`` on, every decode chunk
+        reserves budget and blocks for up to ``num_draft`` drafts that the runner proposes
+        itself from the sequence's newest tokens (``ScheduledChunk.draft_room``); a decode
+        planned while its sequence's previous round is in flight carries that round's
+        draft room as ``pending_drafts``. ``0`` turns it off.
+
+        Raises:
+            ConfigError: ``num_draft < 0``.
+        """
+        require_ints_at_least(0, num_draft=num_draft)
+        self.state.draft_room = num_draft
 
     def pending_prefill_tokens(self) -> int:
         """See :meth:`DraftTarget.pending_prefill_tokens`: the running sequences'

@@ -37,6 +37,9 @@ class InflightPlan:
 
     plan: SchedulePlan
     requests: list[Request]
+    shifts: dict[Request, int] = attrs.field(factory=dict)
+    """Sequences whose chunk here continues from a step that rejected some of its drafts:
+    the positions to move that chunk down (set by the commit of that step)."""
 
 
 @attrs.define(slots=True, eq=False)
@@ -61,6 +64,8 @@ class SchedulerState:
         fork_seats: running seats held for the children of ``n > 1`` requests that have
             not forked yet.
         drafts: speculative tokens for each sequence's next decode chunk.
+        draft_room: drafts every decode chunk reserves room for, for the runner to propose
+            itself (overlapped speculation, :meth:`BatchScheduler.reserve_drafts`); 0 off.
         rows: each live sequence's sampling row, built at its first sample.
         tables: each running sequence's block-table snapshot, shared by its chunks while
             the table is unchanged: dropped whenever the scheduler lets the cache change
@@ -82,6 +87,7 @@ class SchedulerState:
     may_share: set[Request] = attrs.field(factory=set)
     fork_seats: int = 0
     drafts: dict[Request, list[int]] = attrs.field(factory=dict)
+    draft_room: int = 0
     rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
     tables: dict[Request, list[int]] = attrs.field(factory=dict)
     next_step: int = 0

@@ -1,0 +1,180 @@
+"""RunnerDrafting: overlapped speculation on the runner's side — each round is laid out only
+when it runs, after the round before it, so the runner knows what that round accepted.
+
+Under overlap the host plans round ``k + 1`` while round ``k`` verifies its drafts: it
+cannot know how many round ``k`` accepts (so where round ``k + 1`` starts), nor draft from
+tokens it has not seen. The scheduler therefore plans round ``k + 1``'s decode chunks
+optimistically (``ScheduledChunk.pending_drafts``: round ``k``'s drafts all accepted) with
+room for drafts (``draft_room``); the runner, which executes rounds in order, resolves
+each chunk when round ``k + 1`` starts executing:
+
+- the chunk moves down by the drafts round ``k`` rejected (``pending_drafts`` minus the
+  accepted count), its input is the last token round ``k`` emitted, its output position
+  moves with it; the scheduler's commit of round ``k`` moves its own record the same way;
+- its drafts are proposed now (prompt lookup over the prompt, the committed outputs and
+  round ``k``'s tokens: the context synchronous drafting would see) and cut by the
+  verify planner, so an overlapped run verifies the same drafts as a synchronous one.
+
+A chunk whose round ``k`` produced nothing (it failed, or its logits were not finite) is
+reported as an error; its request was already ended by round ``k``'s commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from deepinfer_kit.outputs import Logprob
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
+from deepinfer_kit.spec.ngram import NgramDrafter, lookup
+from deepinfer_kit.spec.protocols import VerifyPlanner
+from deepinfer_kit.step import StepResult
+
+__all__ = ["LateStep", "RunnerDrafting"]
+
+NEVER_SAMPLED = "the in-flight token this step continues from was never sampled"
+
+
+@attrs.frozen(slots=True)
+class LateStep:
+    """A plan whose layout waits until it executes (``ModelRunner.prepare`` under
+    :class:`RunnerDrafting`)."""
+
+    plan: SchedulePlan
+
+
+class RunnerDrafting:
+    """Resolves and drafts the chunks of overlapped speculative rounds (module docstring).
+
+    Args:
+        drafter: the prompt-lookup drafter whose n-gram sizes are used.
+        planner: cuts each chunk's drafts (its confidences, the round's prefill tokens).
+        num_draft: γ, the most drafts per chunk (the scheduler's ``draft_room``).
+    """
+
+    def __init__(self, drafter: NgramDrafter, planner: VerifyPlanner, num_draft: int) -> None:
+        self.drafter = drafter
+        self.planner = planner
+        self.num_draft = num_draft
+        self._emitted: dict[str, list[int]] = {}  # sequence id -> tokens of its last round
+
+    def resolve(self, plan: SchedulePlan) -> tuple[SchedulePlan, list[int], list[str | None]]:
+        """``(resolved plan, index in plan of each resolved chunk, error per chunk of
+        plan)``: chunks that could not be resolved are left out and named in the errors.
+        Reads what :meth:`record` kept of the round before. O(chunks + lookup)."""
+        emitted = self._emitted
+        errors: list[str | None] = [None] * len(plan.chunks)
+        kept: list[int] = []
+        chunks: list[ScheduledChunk] = []
+        wanted: list[tuple[int, list[int], list[float]]] = []  # (chunk, drafts, confidence)
+        other = 0
+        for i, c in enumerate(plan.chunks):
+            if not c.num_placeholders and not c.draft_room:
+                if c.is_prefill:
+                    other += c.num_tokens
+                kept.append(i)
+                chunks.append(c)
+                continue
+            shift, tokens = 0, list(c.token_ids)
+            history: tuple[int, ...] = tuple(c.output_token_ids)
+            new: tuple[int, ...] = ()
+            if c.num_placeholders:
+                prev = emitted.get(c.request_id)
+                shift = c.pending_drafts - (len(prev) - 1) if prev else -1
+                if prev is None or shift < 0:
+                    errors[i] = NEVER_SAMPLED
+                    continue
+                tokens, new = [prev[-1]], tuple(prev)
+            row = c.sampling
+            if new and row is not None and (row.needs_history or c.draft_room):
+                history = (*history, *new)
+            if c.draft_room and row is not None:
+                context = [*row.prompt_token_ids, *history]
+                drafts, confidence = lookup(context, c.draft_room, self.drafter.min_n, self.drafter.max_n)
+                wanted.append((len(chunks), drafts, confidence))
+            kept.append(i)
+            chunks.append(attrs.evolve(
+                c, start=c.start - shift, num_tokens=1, token_ids=tokens, num_placeholders=0,
+                output_position=c.output_position - shift, output_token_ids=history,
+                pending_drafts=0, draft_room=0,
+            ))  # fmt: skip
+        if wanted:
+            gamma = self.num_draft
+            lengths = self.planner.plan(
+                [conf + [0.0] * (gamma - len(conf)) for _, _, conf in wanted],
+                [len(d) for _, d, _ in wanted], other,
+            )
+            for (j, drafts, _), n in zip(wanted, lengths):
+                if n:
+                    chunks[j] = attrs.evolve(chunks[j], num_tokens=1 + n, spec_token_ids=tuple(drafts[:n]))
+        resolved = SchedulePlan(plan.step_id, chunks, plan.block_copies, plan.preempted_ids,
+                                plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
+                                plan.num_cached_tokens)
+        return resolved, kept, errors
+
+    def run(self, plan: SchedulePlan, execute: Callable[[SchedulePlan], StepResult]) -> StepResult:
+        """Resolve ``plan`` (:meth:`resolve`), ``execute`` the resolved plan (lay it out and
+        run it), :meth:`record` what it emitted and return its result on ``plan``'s
+        chunks. A round that raises is forgotten (the next one's placeholders fail)."""
+        resolved, kept, errors = self.resolve(plan)
+        try:
+            result = execute(resolved)
+        except BaseException:
+            self.forget()
+            raise
+        self.record(resolved, result)
+        return self.merge(result, kept, errors)
+
+    def record(self, resolved: SchedulePlan, result: StepResult) -> None:
+        """Keep each sequence's tokens of the round just executed (its parent's own token
+        for a fork), for the next round's :meth:`resolve`; forgets the rounds before."""
+        emitted: dict[str, list[int]] = {}
+        for chunk, tokens in zip(resolved.chunks, result.token_ids):
+            if chunk.sample and tokens:
+                emitted[chunk.request_id] = tokens if chunk.num_samples == 1 else tokens[:1]
+        self._emitted = emitted
+
+    def forget(self) -> None:
+        """A round failed: nothing it was to emit is known."""
+        self._emitted = {}
+
+    @staticmethod
+    def merge(result: StepResult, kept: list[int], errors: list[str | None]) -> StepResult:
+        """``result`` of the resolved plan, laid back onto the chunks of the plan (the ones
+        left out get no tokens and their error)."""
+        n = len(errors)
+        token_ids: list[list[int]] = [[] for _ in range(n)]
+        for j, i in enumerate(kept):
+            token_ids[i] = result.token_ids[j]
+        merged = list(errors)
+        if result.errors:
+            for j, i in enumerate(kept):
+                merged[i] = result.errors[j]
+
+        def spread(values: list[int]) -> list[int]:
+            out = [0] * n
+            for j, i in enumerate(kept):
+                out[i] = values[j]
+            return out
+
+        logprobs: list[list[dict[int, Logprob]]] | None = None
+        prompt_lps: list[list[dict[int, Logprob]]] | None = None
+        if result.logprobs is not None:
+            logprobs = [[] for _ in range(n)]
+            for j, i in enumerate(kept):
+                logprobs[i] = result.logprobs[j]
+        if result.prompt_logprobs is not None:
+            prompt_lps = [[] for _ in range(n)]
+            for j, i in enumerate(kept):
+                prompt_lps[i] = result.prompt_logprobs[j]
+        return StepResult(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            num_drafted=spread(result.num_drafted) if result.num_drafted else [],
+            num_accepted=spread(result.num_accepted) if result.num_accepted else [],
+            errors=merged if any(e is not None for e in merged) else [],
+            expert_counts=result.expert_counts,
+            slot_counts=result.slot_counts,
+            prompt_logprobs=prompt_lps,
+        )
