@@ -20,8 +20,9 @@ equal to plain.
     .venv/bin/python benchmarks/bench_spec.py [--quick] [--tokens 128] [--gamma 4] [--profile]
         [--cpu-time] [--only tiny|tiny-words] [--overlap]
 
-``--overlap`` adds plain and n-gram rows under overlap (``overlap=True`` in-process, and
-``worker="process"`` synchronous and overlapped), each checked equal to plain too.
+``--overlap`` adds plain and n-gram rows (and DSpark rows on tiny-words) under overlap
+(``overlap=True`` in-process, and ``worker="process"`` synchronous and overlapped), each
+checked equal to plain too.
 """
 
 from __future__ import annotations
@@ -168,15 +169,24 @@ def main() -> None:
                                          "num_draft": 4, "planner": "threshold", "threshold": 0.5},
     }
     if args.overlap:
-        words = {**words, **_overlap_rows(g)}
+        words = {**words, **_overlap_rows(g, ("dspark γ=4", words["dspark k=2 γ=4 fixed"]))}  # type: ignore[arg-type]
     _compare("tiny-words (corpus prompts)", _corpus_prompts(num), words, "tiny-words", tokens,
              repeats, args.profile)
 
 
-def _overlap_rows(g: int) -> dict[str, Row]:
-    """Plain and n-gram speculation overlapped (the runner drafts, docs/speculative.md),
-    in-process and with the model in a worker process; plus the worker process synchronous."""
+def _overlap_rows(g: int, model: tuple[str, dict[str, Any]] | None = None) -> dict[str, Row]:
+    """Plain and n-gram speculation (and ``model``, a named model drafter) overlapped (the
+    runner drafts, docs/speculative.md), in-process and with the model in a worker
+    process; plus the worker process synchronous."""
     ngram = {"num_draft": g}
+    extra: dict[str, Row] = {}
+    if model is not None:
+        name, spec = model
+        extra = {
+            f"{name}, overlap thread": (spec, {"overlap": True}),
+            f"{name}, worker process sync": (spec, {"worker": "process", "overlap": False}),
+            f"{name}, worker process overlap": (spec, {"worker": "process", "overlap": True}),
+        }
     return {
         "plain, overlap thread": (None, {"overlap": True}),
         "plain, worker process sync": (None, {"worker": "process", "overlap": False}),
@@ -184,6 +194,7 @@ def _overlap_rows(g: int) -> dict[str, Row]:
         f"ngram γ={g}, overlap thread": (ngram, {"overlap": True}),
         f"ngram γ={g}, worker process sync": (ngram, {"worker": "process", "overlap": False}),
         f"ngram γ={g}, worker process overlap": (ngram, {"worker": "process", "overlap": True}),
+        **extra,
     }
 
 

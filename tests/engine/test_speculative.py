@@ -208,8 +208,6 @@ def test_a_repetitive_prompt_accepts_several_tokens_per_round() -> None:
 
 
 def test_speculation_config_errors() -> None:
-    with pytest.raises(ConfigError, match="drafter 'self' cannot be combined with overlap=True"):
-        build_engine(speculative={"drafter": "self", "draft_layers": 1, "num_draft": 2}, overlap=True)
     with pytest.raises(ConfigError, match="unknown keys"):
         build_engine(speculative={"gamma": 2})
     with pytest.raises(ConfigError, match="drafter"):
@@ -246,3 +244,18 @@ def test_request_metrics_count_drafts_and_accepted_tokens() -> None:
     plain.add_request("r", prompt, params)
     metrics = plain.run()[0].metrics
     assert metrics is not None and metrics.num_draft_tokens == metrics.num_accepted_tokens == 0
+
+
+@pytest.mark.parametrize("drafter", [{"drafter": "self", "draft_layers": 1}, {"drafter": "ngram"}])
+def test_a_request_about_to_fork_gets_no_drafts(drafter: dict[str, object]) -> None:
+    """Chunked prefill can leave an ``n > 1`` request's last prompt token alone in its own
+    chunk: the sequence then looks like a decode to the drafter, but that chunk forks, and
+    a forking chunk cannot verify drafts (it failed the round, and every request in it)."""
+    engine = build_engine(speculative={**drafter, "num_draft": 3}, num_blocks=64, block_size=8,
+                          max_model_len=128, long_prefill_token_threshold=8)
+    prompt = [5, 6, 7, 8] * 4 + [5]  # 17 tokens: chunks of 8, 8 and the last one
+    engine.add_request("fork", prompt, SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6))
+    engine.add_request("other", prompt, SamplingParams(temperature=0.0, max_tokens=6))
+    outs = engine.run()
+    assert [c.finish_reason for o in outs for c in o.outputs] == ["length"] * 3
+    engine.check_idle()

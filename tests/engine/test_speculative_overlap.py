@@ -18,7 +18,9 @@ import attrs
 import pytest
 
 from deepinfer_kit import ConfigError, SamplingParams, build_engine
+from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.engine.runner_drafts import NEVER_SAMPLED, RunnerDrafting
+from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
@@ -175,14 +177,20 @@ def test_the_worker_process_drafts_and_equals_the_synchronous_engine() -> None:
         engine.close()
 
 
-def test_what_cannot_be_combined_yet() -> None:
-    with pytest.raises(ConfigError, match="drafter 'draft_model' cannot be combined with overlap=True"):
-        build_engine(overlap=True, speculative={"drafter": "draft_model", "draft_model": "tiny", "num_draft": 2})
-    with pytest.raises(ConfigError, match="drafter 'self' cannot be combined with worker='process'"):
-        build_engine(worker="process", overlap=False, speculative={"drafter": "self", "draft_layers": 1})
-    with pytest.raises(ConfigError, match="sps='profile' needs the model in the engine's process"):
-        build_engine(worker="process", overlap=False, num_blocks=16, max_model_len=64,
-                     speculative={"planner": "dspark", "sps": "profile"})
+def test_a_scheduler_without_draft_room_is_refused_for_runner_drafting() -> None:
+    from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
+
+    class NoRoom:  # a scheduler of someone else's: everything but reserve_drafts
+        def __init__(self, config: Any, cache: Any) -> None:
+            self._inner = ContinuousBatchScheduler(config, cache)
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "reserve_drafts":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    with pytest.raises(ConfigError, match="needs a scheduler with reserve_drafts"):
+        build_engine(overlap=True, speculative=SPECS["fixed"], make_scheduler=NoRoom, **ROOMY)
 
 
 def _row() -> SamplingRow:
@@ -193,7 +201,7 @@ def test_the_runner_moves_a_chunk_by_the_drafts_rejected_before_it() -> None:
     """Round k verified 3 drafts of "a" and accepted 1 (2 tokens out), so round k + 1's
     chunk (planned as if all 3 were accepted) starts 2 positions lower and feeds the last
     token out; "b" continues from a round that produced nothing; "c" prefills."""
-    drafting = RunnerDrafting(NgramDrafter(1, 3), FixedPlanner(3), 3)
+    drafting = RunnerDrafting(Speculation(NgramDrafter(1, 3), FixedPlanner(3), 3))
     row = _row()
     first = SchedulePlan(0, [ScheduledChunk("a", 4, 4, [6], [0, 1], sampling=row, spec_token_ids=(7, 5, 6)),
                              ScheduledChunk("b", 4, 1, [6], [2], sampling=row)])
@@ -214,3 +222,115 @@ def test_the_runner_moves_a_chunk_by_the_drafts_rejected_before_it() -> None:
     merged = RunnerDrafting.merge(StepResult(token_ids=[[4], []]), kept, errors)
     assert merged.token_ids == [[4], [], []] and merged.errors == [None, NEVER_SAMPLED, None]
     assert attrs.evolve(resolved.chunks[1]) is not resolved.chunks[1]  # records copied, not shared
+
+
+def test_a_late_step_holds_its_slots_from_prepare_on() -> None:
+    """The layout of a LateStep runs on the executor's thread, while the host commits the
+    round before and releases its slots: the host's prepare must lease them, or a release
+    could free a slot the late layout is about to use (and race on the lease tables)."""
+    engine = build_engine(overlap=True, speculative=SPECS["fixed"], **ROOMY)
+    runner, slots = engine.runner, engine.runner.token_slots
+    prepare = runner.prepare
+    seen: list[int] = []
+
+    def checked(plan: SchedulePlan) -> Any:
+        step = prepare(plan)
+        for c in plan.chunks:
+            if c.sample:
+                assert slots._newest[c.request_id] == plan.step_id, c.request_id
+                seen.append(plan.step_id)
+        return step
+
+    runner.prepare = checked
+    for rid, prompt, params in workload(11, 6):
+        engine.add_request(rid, prompt, params)
+    engine.run()
+    assert len(set(seen)) > 5
+    engine.check_idle()
+
+
+MODEL_DRAFTERS = {
+    "self": {"drafter": "self", "draft_layers": 1, "num_draft": 3},
+    "draft_model": {"drafter": "draft_model", "draft_model": "tiny", "num_draft": 3},
+}
+
+
+@pytest.mark.parametrize("drafter", sorted(MODEL_DRAFTERS))
+def test_model_drafters_overlapped_equal_synchronous(drafter: str) -> None:
+    """A draft model's KV follows the runner's late rounds: rolled back to what the round
+    before accepted, released with the sequence's slot. The differential workload (seeded
+    sampling draws its drafts from the draft model's distribution: strict rejection
+    sampling) token for token, and the draft pool ends empty."""
+    reqs = workload(13, 24)
+    spec = MODEL_DRAFTERS[drafter]
+    want, _ = run_workload(reqs, False, speculative=spec, **ROOMY)
+    engine, traces = _traced(True, speculative=spec, **ROOMY)
+    got, _ = run_workload(reqs, engine=engine)  # ends with check_idle: the draft pool too
+    assert engine.executor.depth == 1 and engine.speculation is None
+    assert got == want
+    assert sum(t.num_drafted for t in traces) >= sum(t.num_accepted for t in traces) > 0  # "tiny": all
+    engine.runner.drafting.speculation.check_idle()  # every released slot released its draft KV
+
+
+@pytest.mark.parametrize("drafter", sorted(MODEL_DRAFTERS))
+def test_model_drafters_overlapped_under_preemption(drafter: str) -> None:
+    """A pool that preempts and a draft pool that runs short: which sequences get drafts
+    then depends on what each engine keeps (the runner keeps a sequence's draft KV while it
+    holds a token slot, the host while it runs), so sampled tokens may differ — drawn from
+    the same target distribution — but greedy ones may not; nothing is lost."""
+    reqs = workload(17, 20)
+    spec = MODEL_DRAFTERS[drafter]
+    want, _ = run_workload(reqs, False, speculative=spec, **SMALL_POOL)
+    engine, traces = _traced(True, speculative=spec, **SMALL_POOL)
+    got, _ = run_workload(reqs, engine=engine)
+    greedy = {rid for rid, _, params in reqs if params.temperature == 0.0}
+    assert greedy and all(got[rid] == want[rid] for rid in greedy)
+    assert all(reason != "error" for comps in got.values() for _, reason, _ in comps)
+    assert any(t.preempted for t in traces) and sum(t.num_accepted for t in traces) > 0
+
+
+def test_dspark_overlapped_equals_plain_greedy() -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    data = (Path(__file__).resolve().parents[2] / "scripts" / "embedded_corpus.txt").read_bytes()
+    reqs = [(f"d{i}", list(data[97 * i: 97 * i + 40]), greedy) for i in range(6)]
+    config = dict(model="tiny-words", num_blocks=128, block_size=8, max_model_len=128)
+    plain, _ = run_workload(reqs, False, **config)
+    spec = {"drafter": "dspark", "dspark_heads": "tiny-words", "num_draft": 4}
+    engine, traces = _traced(True, speculative=spec, **config)
+    got, _ = run_workload(reqs, engine=engine)
+    assert got == plain
+    assert sum(t.num_accepted for t in traces) > len(reqs)
+
+
+def test_a_model_drafter_in_the_worker_equals_the_in_process_engine() -> None:
+    reqs = workload(17, 20)
+    spec = MODEL_DRAFTERS["self"]
+    want, _ = run_workload(reqs, False, speculative=spec, **ROOMY)
+    for overlap in (True, False):  # the worker drafts either way
+        got, engine = run_workload(reqs, overlap, worker="process", speculative=spec, **ROOMY)
+        assert got == want and engine.executor.depth == int(overlap)
+        engine.close()
+
+
+def test_aborts_with_a_model_drafter_release_its_kv() -> None:
+    engine = build_engine(overlap=True, speculative=MODEL_DRAFTERS["draft_model"], **SMALL_POOL)
+    rng = random.Random(5)
+    reqs = workload(19, 16)
+    for rid, prompt, params in reqs:
+        engine.add_request(rid, prompt, params)
+    live = [rid for rid, _, _ in reqs]
+    while engine.has_unfinished_requests():
+        engine.step()
+        if live and rng.random() < 0.4:
+            engine.abort(live.pop(rng.randrange(len(live))))
+    engine.flush()
+    engine.check_idle()
+
+
+def test_the_idle_check_sees_draft_kv_the_runner_kept() -> None:
+    engine = build_engine(overlap=True, speculative=MODEL_DRAFTERS["self"], **ROOMY)
+    engine.runner.drafting.release = lambda seq_ids: None  # forgets to drop released sequences
+    engine.add_request("a", list(range(3, 30)), SamplingParams(temperature=0.0, max_tokens=8))
+    engine.run()
+    with pytest.raises(InvariantError, match="runner drafting still holds sequences"):
+        engine.check_idle()

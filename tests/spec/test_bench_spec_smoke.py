@@ -18,5 +18,5 @@ def test_bench_spec_quick_runs() -> None:
 def test_bench_spec_overlap_rows_run_and_equal_plain() -> None:
     done = subprocess.run([sys.executable, str(BENCH), "--quick", "--only", "tiny-words", "--overlap"],
                           capture_output=True, text=True, timeout=300, check=True)
-    assert done.stdout.count("mean acceptance length") == 11, done.stdout
+    assert done.stdout.count("mean acceptance length") == 14, done.stdout
     assert "ngram γ=4, worker process overlap" in done.stdout

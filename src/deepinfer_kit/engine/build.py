@@ -17,7 +17,7 @@ from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
 from deepinfer_kit.engine.protocols import StepRunner
 from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.runner_build import build_runner, engine_device
+from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
 from deepinfer_kit.engine.runner_drafts import RunnerDrafting
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.sps_profile import forward_timer, measure_sps, sps_points
@@ -34,7 +34,7 @@ from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPl
 from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 
-__all__ = ["build_engine", "build_speculation", "load_host_tokenizer", "runner_drafting", "runner_speculation"]
+__all__ = ["build_engine", "build_speculation", "load_host_tokenizer", "attach_drafting", "runner_speculation"]
 
 
 def build_engine(
@@ -78,30 +78,15 @@ def build_engine(
         engine_device(config)
         remote = ProcessRunner(WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads()))
         info = remote.info
-        host_spec = None
-        if spec is not None and not depth:  # the host drafts, the worker verifies
-            if spec.sps == "profile" and spec.planner == "dspark":
-                remote.close()
-                raise ConfigError(
-                    "speculative sps='profile' needs the model in the engine's process; with "
-                    "worker='process' give the SPS curve, or overlap (the worker then plans)"
-                )
-            host_spec = build_speculation(spec, sps=spec.sps if isinstance(spec.sps, SpsCurve) else None)
-        return _reserve_drafts(_engine(
+        return _reserve_drafts(_engine(  # with speculation the worker drafts, round by round
             config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
-            info.max_model_len, executor, make_scheduler, speculation=host_spec,
-        ), spec, depth)
+            info.max_model_len, executor, make_scheduler,
+        ), spec, True)
     parts = build_runner(config, sampler=sampler, depth=depth)
     runner, loaded, num_blocks, max_model_len = parts.runner, parts.loaded, parts.num_blocks, parts.max_model_len
-    drafter = None if spec is None else build_drafter(
-        spec, loaded, seed=config.seed, block_size=config.block_size,
-        num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-        dtype=parts.dtype, device=parts.device, attention_impl=cast(Impl, config.attention_impl),
-        moe_impl=cast(Impl, config.moe_impl),
-    )
-    speculation = runner_speculation(config, runner, max_model_len, drafter)
+    speculation = runner_speculation(config, parts)
     if speculation is not None and depth:  # overlapped: the runner drafts, round by round
-        runner.drafting = runner_drafting(speculation)
+        attach_drafting(runner, speculation)
         speculation = None
     runner.balancer = parts.balancer  # after warm-up: its dummy rounds stay out of the window
     if worker_setup is not None:
@@ -109,18 +94,24 @@ def build_engine(
     return _reserve_drafts(_engine(
         config, runner, loaded.config, loaded.tokenizer, num_blocks, max_model_len, executor,
         make_scheduler, speculation=speculation, balancer=parts.balancer,
-    ), spec, depth)
+    ), spec, bool(depth))
 
 
-def runner_speculation(
-    config: EngineConfig, runner: ModelRunner, max_model_len: int, drafter: Drafter | None = None,
-) -> Speculation | None:
-    """The drafting phase of ``config.speculative`` over ``drafter`` (the n-gram one when
-    ``None``), its DSpark curve profiled on ``runner`` when ``sps="profile"``; ``None``
+def runner_speculation(config: EngineConfig, parts: RunnerParts) -> Speculation | None:
+    """The drafting phase of ``config.speculative`` beside ``parts``' runner: its drafter
+    (a draft model or the target's first layers get KV pools of their own on the model's
+    device), its DSpark curve profiled on the runner when ``sps="profile"``; ``None``
     without speculation. Called once per engine, in the process that holds the model."""
     spec = config.speculative
     if spec is None:
         return None
+    runner, max_model_len = parts.runner, parts.max_model_len
+    drafter = build_drafter(
+        spec, parts.loaded, seed=config.seed, block_size=config.block_size,
+        num_blocks=parts.num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
+        dtype=parts.dtype, device=parts.device, attention_impl=cast(Impl, config.attention_impl),
+        moe_impl=cast(Impl, config.moe_impl),
+    )
     sps = spec.sps
     if sps == "profile" and spec.planner == "dspark":
         chunk = spec.num_draft + 1
@@ -131,30 +122,29 @@ def runner_speculation(
     return build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
 
 
-def runner_drafting(speculation: Speculation) -> RunnerDrafting:
-    """The runner's side of overlapped speculation, from the engine's drafting phase.
-
-    Raises:
-        ConfigError: the drafter is not the prompt-lookup one (the only one that drafts
-            from token lists alone).
-    """
-    drafter = speculation.drafter
-    if not isinstance(drafter, NgramDrafter):
-        raise ConfigError(
-            f"overlapped speculation drafts on the runner's side, which only the n-gram "
-            f"drafter can; got {type(drafter).__name__}: set overlap=False"
-        )
-    return RunnerDrafting(drafter, speculation.planner, speculation.num_draft)
+def attach_drafting(runner: ModelRunner, speculation: Speculation) -> RunnerDrafting:
+    """Overlapped speculation: ``runner`` drafts each round as it executes it
+    (:class:`RunnerDrafting` over ``speculation``), hands the draft distributions to its
+    verifier, and keeps the drafter's per-sequence state as long as the token slots."""
+    drafting = RunnerDrafting(speculation)
+    runner.drafting = drafting
+    runner.draft_probs = speculation.draft_probs
+    if runner.token_slots is not None:
+        runner.token_slots.followers.append(drafting)
+    return drafting
 
 
-def _reserve_drafts(engine: Engine, spec: SpecConfig | None, depth: int) -> Engine:
-    """Overlapped speculation: the scheduler plans room for the runner's drafts."""
-    if spec is not None and depth:
+def _reserve_drafts(engine: Engine, spec: SpecConfig | None, runner_drafts: bool) -> Engine:
+    """Speculation drafted by the runner (overlapped, or in a worker process): the
+    scheduler plans room for its drafts."""
+    if spec is not None and runner_drafts:
         reserve = getattr(engine.scheduler, "reserve_drafts", None)
         if not callable(reserve):
+            engine.close()
             raise ConfigError(
-                f"overlapped speculation needs a scheduler with reserve_drafts(); "
-                f"{type(engine.scheduler).__name__} has none: set overlap=False"
+                f"speculation drafted by the runner (overlap, or worker='process') needs a "
+                f"scheduler with reserve_drafts(); {type(engine.scheduler).__name__} has none: "
+                f"set overlap=False and worker='inline'"
             )
         reserve(spec.num_draft)
     return engine

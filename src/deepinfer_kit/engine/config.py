@@ -105,9 +105,8 @@ class EngineConfig:
             (drafts need each round's tokens before the next is planned), and with
             ``worker="process"``; off for the in-process CPU engine, whose worker thread
             shares the GIL with the host and was measured slower (docs/overlap.md).
-            ``True`` with ``speculative`` drafts on the runner's side (prompt lookup only:
-            a model drafter is a ConfigError), see docs/speculative.md; ``False`` forces the
-            synchronous engine.
+            ``True`` with ``speculative`` drafts on the runner's side as each round
+            executes (docs/speculative.md); ``False`` forces the synchronous engine.
         max_logprobs: the most ``logprobs`` (and ``prompt_logprobs``) a request may ask
             for; requests asking for more are rejected with ConfigError at
             ``add_request``, as vLLM does. ``-1``: no cap (vLLM's meaning); a request's
@@ -122,12 +121,11 @@ class EngineConfig:
         worker: where the model runs: ``"inline"`` (the engine's process, the default) or
             ``"process"`` (a worker process of its own, :class:`~deepinfer_kit.engine.
             process_runner.ProcessRunner`: the host's scheduling and the forward then hold
-            separate interpreter locks, which is what lets overlap pay on CPU). Not
-            combinable with ``eplb`` yet, nor with a model drafter (``speculative`` with
-            ``drafter="ngram"`` is fine).
+            separate interpreter locks, which is what lets overlap pay on CPU); with
+            ``speculative`` the worker drafts too. Not combinable with ``eplb`` yet.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
-            decodes one token per round. With ``overlap=True`` only ``drafter="ngram"``.
+            decodes one token per round.
         eplb: live expert load balancing (an :class:`~deepinfer_kit.eplb.EplbConfig` or a
             dict with its keys, e.g. ``{"window": 32, "interval": 32, "num_redundant": 8,
             "num_gpus": 4}``); ``None``: each expert in its own slot, no rebalancing. A
@@ -171,14 +169,6 @@ class EngineConfig:
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
     def __attrs_post_init__(self) -> None:
-        spec = self.speculative
-        if spec is not None and spec.drafter != "ngram" and (self.overlap or self.worker == "process"):
-            field = "overlap=True" if self.overlap else "worker='process'"
-            raise ConfigError(
-                f"speculative drafter {spec.drafter!r} cannot be combined with {field} yet (its "
-                f"KV lives beside the host's requests, which lag a round under overlap and live "
-                f"in another process than the model); use drafter='ngram' or drop {field}"
-            )
         if self.eplb is not None and self.static_decode:
             raise ConfigError(
                 "eplb and static_decode=True cannot be combined yet (padded static rows would "

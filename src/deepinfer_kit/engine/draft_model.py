@@ -22,7 +22,7 @@ from deepinfer_kit.engine.draft_rows import DraftRow, check_draft_pool
 from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.errors import ConfigError, OutOfBlocksError
 from deepinfer_kit.models.protocols import CausalLM
-from deepinfer_kit.request import Request
+from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.spec.draft_kv import DraftKVBook
 from deepinfer_kit.spec.records import DraftProposal
 from deepinfer_kit.spec.draw import draw_drafts
@@ -74,7 +74,7 @@ class DraftModelDrafter:
         self.stop_below = stop_below
         self.num_forwards = 0  # draft forwards run (catch-up rounds included)
 
-    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftSequence], num_draft: int) -> DraftProposal:
         """Draft up to ``num_draft`` (γ) tokens after each request's ``all_token_ids``.
 
         Mutates the drafter's KV and book: afterwards each drafted request holds the KV
@@ -127,7 +127,7 @@ class DraftModelDrafter:
             num_drafted=counts, draft_probs=probs, confidence=conf,
         )
 
-    def sync(self, running: Sequence[Request]) -> None:
+    def sync(self, running: Sequence[DraftSequence]) -> None:
         """See :meth:`StatefulDrafter.sync`: roll back to the accepted tokens, release the
         blocks of every sequence no longer running. O(running + held tokens)."""
         self.book.sync({r.request_id: r.all_token_ids for r in running})
@@ -138,7 +138,7 @@ class DraftModelDrafter:
 
     # ---- one round -----------------------------------------------------------------
 
-    def _plan(self, requests: Sequence[Request], gamma: int) -> list[DraftRow]:
+    def _plan(self, requests: Sequence[DraftSequence], gamma: int) -> list[DraftRow]:
         """Roll back, size and reserve each request's drafts; requests that cannot draft
         this round are left out (their valid KV is kept)."""
         rows: list[DraftRow] = []

@@ -7,7 +7,7 @@ import attrs
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.request import Request
+from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.spec.draft_kv import DraftKVBook
 
 __all__ = ["DraftRow", "check_draft_pool"]
@@ -18,7 +18,7 @@ class DraftRow:
     """One request drafted this round (host only; mutated by its drafter while drafting)."""
 
     index: int  # its row in the proposal
-    req: Request
+    req: DraftSequence
     start: int  # first token the drafter's KV does not hold
     depth: int  # drafts it gets (<= γ)
     table: list[int]  # its block table in the drafter's pool

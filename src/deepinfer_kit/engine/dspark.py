@@ -23,7 +23,7 @@ from deepinfer_kit.engine.draft_rows import DraftRow, check_draft_pool
 from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.errors import ConfigError, OutOfBlocksError
 from deepinfer_kit.models.truncated import LayerTruncatedLM
-from deepinfer_kit.request import Request
+from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.spec.draft_kv import DraftKVBook
 from deepinfer_kit.spec.draw import draw_drafts
 from deepinfer_kit.spec.dspark_heads import DSparkHeads
@@ -70,7 +70,7 @@ class DSparkDrafter:
         self.vocab_size = backbone.config.vocab_size
         self.num_forwards = 0  # backbone forwards run
 
-    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftSequence], num_draft: int) -> DraftProposal:
         """Draft up to ``num_draft`` (γ, at most the heads' positions) tokens per request.
 
         Mutates the drafter's KV and book: afterwards each drafted request holds the KV of
@@ -126,7 +126,7 @@ class DSparkDrafter:
         return DraftProposal(torch.tensor(ids, dtype=torch.int64).view(num_req, gamma), counts,
                              probs, conf)
 
-    def sync(self, running: Sequence[Request]) -> None:
+    def sync(self, running: Sequence[DraftSequence]) -> None:
         """See :meth:`StatefulDrafter.sync`: roll back to the accepted tokens, release the
         blocks of every sequence no longer running."""
         self.book.sync({r.request_id: r.all_token_ids for r in running})
@@ -135,7 +135,7 @@ class DSparkDrafter:
         """See :meth:`StatefulDrafter.check_idle`."""
         self.book.check_idle()
 
-    def _plan(self, requests: Sequence[Request], gamma: int) -> list[DraftRow]:
+    def _plan(self, requests: Sequence[DraftSequence], gamma: int) -> list[DraftRow]:
         """The requests that draft this round, their KV rolled back and reserved."""
         rows: list[DraftRow] = []
         for index, req in enumerate(requests):

@@ -132,6 +132,11 @@ class ModelRunner:
                 token slots, or no token slot free.
         """
         if self.drafting is not None:
+            slots = self.token_slots
+            if slots is not None:  # leased here, on the host's thread, like a full layout
+                for chunk in plan.chunks:
+                    if chunk.sample:
+                        slots.lease(chunk.request_id, plan.step_id)
             return LateStep(plan)
         return self._layout(plan)
 

@@ -11,9 +11,14 @@ each chunk when round ``k + 1`` starts executing:
 - the chunk moves down by the drafts round ``k`` rejected (``pending_drafts`` minus the
   accepted count), its input is the last token round ``k`` emitted, its output position
   moves with it; the scheduler's commit of round ``k`` moves its own record the same way;
-- its drafts are proposed now (prompt lookup over the prompt, the committed outputs and
-  round ``k``'s tokens: the context synchronous drafting would see) and cut by the
-  verify planner, so an overlapped run verifies the same drafts as a synchronous one.
+- its drafts are proposed now by the engine's drafter (prompt lookup, or a draft model
+  over its own KV) from the prompt, the committed outputs and round ``k``'s tokens — the
+  context synchronous drafting would see — and cut by the verify planner
+  (:meth:`Speculation.choose`) and the chunk's room.
+
+A drafter with KV of its own keeps each sequence's state while the sequence holds a token
+slot (this class is a :class:`~deepinfer_kit.engine.token_slots.SlotFollower`): it is
+rolled back to the accepted tokens before each round drafts and released when the slot is.
 
 A chunk whose round ``k`` produced nothing (it failed, or its logits were not finite) is
 reported as an error; its request was already ended by round ``k``'s commit.
@@ -21,17 +26,19 @@ reported as an error; its request was already ended by round ``k``'s commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import attrs
 
+from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.outputs import Logprob
+from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
-from deepinfer_kit.spec.ngram import NgramDrafter, lookup
-from deepinfer_kit.spec.protocols import VerifyPlanner
 from deepinfer_kit.step import StepResult
 
-__all__ = ["LateStep", "RunnerDrafting"]
+__all__ = ["DraftView", "LateStep", "RunnerDrafting"]
 
 NEVER_SAMPLED = "the in-flight token this step continues from was never sampled"
 
@@ -44,30 +51,49 @@ class LateStep:
     plan: SchedulePlan
 
 
+@attrs.frozen(slots=True)
+class DraftView:
+    """A sequence as the runner's drafter sees it when a round executes (a
+    :class:`~deepinfer_kit.spec.protocols.DraftSequence`): the planned chunk's snapshots
+    plus the tokens the round before emitted."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    all_token_ids: list[int]
+    params: SamplingParams
+    seed: int | None
+    eos_token_id: int | None
+
+
 class RunnerDrafting:
     """Resolves and drafts the chunks of overlapped speculative rounds (module docstring).
 
     Args:
-        drafter: the prompt-lookup drafter whose n-gram sizes are used.
-        planner: cuts each chunk's drafts (its confidences, the round's prefill tokens).
-        num_draft: γ, the most drafts per chunk (the scheduler's ``draft_room``).
+        speculation: the drafter, the verify planner and γ (``num_draft``, the most
+            drafts per chunk: the scheduler's ``draft_room``); its draft distributions
+            are the runner's ``draft_probs``.
     """
 
-    def __init__(self, drafter: NgramDrafter, planner: VerifyPlanner, num_draft: int) -> None:
-        self.drafter = drafter
-        self.planner = planner
-        self.num_draft = num_draft
+    def __init__(self, speculation: Speculation) -> None:
+        self.speculation = speculation
         self._emitted: dict[str, list[int]] = {}  # sequence id -> tokens of its last round
+        self._stateful = speculation.stateful
+        self._views: dict[str, DraftView] = {}  # stateful drafter: sequences it may hold
+        self._released: deque[str] = deque()  # slots freed since the last round (any thread)
 
     def resolve(self, plan: SchedulePlan) -> tuple[SchedulePlan, list[int], list[str | None]]:
         """``(resolved plan, index in plan of each resolved chunk, error per chunk of
         plan)``: chunks that could not be resolved are left out and named in the errors.
-        Reads what :meth:`record` kept of the round before. O(chunks + lookup)."""
+        Reads what :meth:`record` kept of the round before; mutates the drafter's state
+        (a draft model's KV). O(chunks + drafter + planner)."""
+        self._apply_releases()
         emitted = self._emitted
         errors: list[str | None] = [None] * len(plan.chunks)
         kept: list[int] = []
         chunks: list[ScheduledChunk] = []
-        wanted: list[tuple[int, list[int], list[float]]] = []  # (chunk, drafts, confidence)
+        views: list[DraftView] = []
+        wanted: list[int] = []  # index in chunks of each view's chunk
         other = 0
         for i, c in enumerate(plan.chunks):
             if not c.num_placeholders and not c.draft_room:
@@ -90,28 +116,53 @@ class RunnerDrafting:
             if new and row is not None and (row.needs_history or c.draft_room):
                 history = (*history, *new)
             if c.draft_room and row is not None:
-                context = [*row.prompt_token_ids, *history]
-                drafts, confidence = lookup(context, c.draft_room, self.drafter.min_n, self.drafter.max_n)
-                wanted.append((len(chunks), drafts, confidence))
+                prompt = row.prompt_token_ids
+                views.append(DraftView(c.request_id, prompt, history, [*prompt, *history], row.params,
+                                       row.seed, row.eos_token_id))
+                wanted.append(len(chunks))
             kept.append(i)
             chunks.append(attrs.evolve(
                 c, start=c.start - shift, num_tokens=1, token_ids=tokens, num_placeholders=0,
                 output_position=c.output_position - shift, output_token_ids=history,
                 pending_drafts=0, draft_room=0,
             ))  # fmt: skip
-        if wanted:
-            gamma = self.num_draft
-            lengths = self.planner.plan(
-                [conf + [0.0] * (gamma - len(conf)) for _, _, conf in wanted],
-                [len(d) for _, d, _ in wanted], other,
-            )
-            for (j, drafts, _), n in zip(wanted, lengths):
-                if n:
-                    chunks[j] = attrs.evolve(chunks[j], num_tokens=1 + n, spec_token_ids=tuple(drafts[:n]))
+        if views:
+            spec = self.speculation
+            if self._stateful:  # roll the drafter's KV back to what round k accepted
+                for view in views:
+                    self._views[view.request_id] = view
+                spec.sync(list(self._views.values()))
+            for j, view, drafts in zip(wanted, views, spec.choose(views, other)):
+                room = plan.chunks[kept[j]].draft_room
+                if drafts and room:
+                    cut = tuple(drafts[:room])
+                    chunks[j] = attrs.evolve(chunks[j], num_tokens=1 + len(cut), spec_token_ids=cut)
         resolved = SchedulePlan(plan.step_id, chunks, plan.block_copies, plan.preempted_ids,
                                 plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
                                 plan.num_cached_tokens)
         return resolved, kept, errors
+
+    def release(self, seq_ids: list[str]) -> None:
+        """The token slots of ``seq_ids`` were freed (:class:`SlotFollower`): their draft
+        state goes before the next round drafts (this may run on the committing thread
+        while a round executes, so nothing is touched here)."""
+        if self._stateful:
+            self._released.extend(seq_ids)
+
+    def check_idle(self) -> None:
+        """Raise :class:`InvariantError` unless the drafter holds no sequence and no block
+        (the engine's idle check, through the token slots)."""
+        self._apply_releases()
+        if self._views:
+            raise InvariantError(f"runner drafting still holds sequences {sorted(self._views)}")
+        self.speculation.check_idle()
+
+    def _apply_releases(self) -> None:
+        released = self._released
+        if released:
+            while released:  # popleft and append are atomic: no lock with the committing thread
+                self._views.pop(released.popleft(), None)
+            self.speculation.sync(list(self._views.values()))
 
     def run(self, plan: SchedulePlan, execute: Callable[[SchedulePlan], StepResult]) -> StepResult:
         """Resolve ``plan`` (:meth:`resolve`), ``execute`` the resolved plan (lay it out and

@@ -9,9 +9,8 @@ from typing import Any, cast
 import torch
 
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.request import Request
 from deepinfer_kit.sched.protocols import DraftTarget
-from deepinfer_kit.spec.protocols import Drafter, StatefulDrafter, VerifyPlanner
+from deepinfer_kit.spec.protocols import Drafter, DraftSequence, StatefulDrafter, VerifyPlanner
 
 __all__ = ["Speculation"]
 
@@ -84,6 +83,11 @@ class Speculation:
             )
         return cast(DraftTarget, scheduler)
 
+    @property
+    def stateful(self) -> bool:
+        """Whether the drafter keeps per-sequence state (a draft model's KV)."""
+        return self._stateful is not None
+
     def draft(self, scheduler: DraftTarget) -> None:
         """Propose, plan and hand the drafts to ``scheduler`` for its next ``schedule()``.
 
@@ -101,6 +105,22 @@ class Speculation:
         ]
         if not live:
             return
+        for req, drafts in zip(live, self.choose(live, scheduler.pending_prefill_tokens())):
+            scheduler.set_spec_tokens(req.request_id, drafts)
+
+    def choose(self, live: Sequence[DraftSequence], other_tokens: int) -> list[list[int]]:
+        """The drafts each of ``live`` verifies this round: proposed by the drafter (up to
+        γ after each one's ``all_token_ids``), cut by the planner (``other_tokens``: the
+        round's prefill tokens). Keeps the round's draft distributions for
+        :meth:`draft_probs` (forgetting the previous round's) and counts the totals.
+
+        Called by :meth:`draft` on the host, and by the runner's side of overlapped
+        speculation (:class:`~deepinfer_kit.engine.runner_drafts.RunnerDrafting`) when a
+        round executes. Mutates the drafter's state (a draft model's KV). O(drafter + planner).
+        """
+        self._probs.clear()
+        if not live:
+            return []
         gamma = self.num_draft
         proposal = self.drafter.propose(live, gamma)
         ids: list[list[int]] = proposal.token_ids.tolist()
@@ -114,15 +134,15 @@ class Speculation:
             zeros = [0.0] * gamma
             seen = [self._previous.get(r.request_id, zeros) for r in live]
             self._previous = {r.request_id: row for r, row in zip(live, conf)}
-        lengths = self.planner.plan(seen, proposal.num_drafted, scheduler.pending_prefill_tokens())
-        for req, row, n, made in zip(live, ids, lengths, proposal.num_drafted):
+        lengths = self.planner.plan(seen, proposal.num_drafted, other_tokens)
+        chosen: list[list[int]] = []
+        for r, (seq, row, n, made) in enumerate(zip(live, ids, lengths, proposal.num_drafted)):
             self.num_drafted += made
             self.num_planned += n
-            scheduler.set_spec_tokens(req.request_id, row[:n])
-        if probs is not None:
-            for r, (req, row, n) in enumerate(zip(live, ids, lengths)):
-                if n:
-                    self._probs[req.request_id] = (row[:n], probs[r, :n])
+            chosen.append(row[:n])
+            if probs is not None and n:
+                self._probs[seq.request_id] = (row[:n], probs[r, :n])
+        return chosen
 
     def draft_probs(self, request_id: str, drafts: Sequence[int]) -> torch.Tensor | None:
         """``[len(drafts), V]`` the distributions ``drafts`` were drawn from, or ``None``
@@ -135,7 +155,7 @@ class Speculation:
             return None
         return kept[1][: len(drafts)]
 
-    def sync(self, running: Sequence[Request]) -> None:
+    def sync(self, running: Sequence[DraftSequence]) -> None:
         """Tell a stateful drafter which sequences still run (see
         :meth:`StatefulDrafter.sync`); a no-op for a stateless one.
 

@@ -15,6 +15,11 @@ Leases (host bookkeeping, called from ``prepare`` and the engine's commit):
   written by a step still in flight is never free, so it can never be handed to another
   sequence; there is no ring that could wrap onto a live slot.
 
+Followers (:class:`SlotFollower`, :attr:`TokenSlots.followers`) are per-sequence runner
+state that lives exactly as long as the sequence's slot (the runner's draft KV under
+overlapped speculation): each is told which sequences :meth:`release_through` freed, and
+:meth:`check_all_free` checks them too.
+
 A slot holds ``-1`` when its token was never sampled (the writing step failed, or its
 row's logits were not finite): each step invalidates the slots it will write before its
 forward and scatters ``-1`` for a non-finite row. A placeholder of a sequence that holds
@@ -23,13 +28,29 @@ no slot reads :attr:`invalid_slot`, which is always ``-1``.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 import torch
 
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import InvariantError
 
-__all__ = ["SlotRoutes", "TokenSlots"]
+__all__ = ["SlotFollower", "SlotRoutes", "TokenSlots"]
+
+
+class SlotFollower(Protocol):
+    """Runner state kept per sequence for as long as the sequence holds a token slot."""
+
+    def release(self, seq_ids: list[str]) -> None:
+        """The slots of ``seq_ids`` were freed: drop their state (now, or before the
+        follower's next use; called on the thread that commits)."""
+        ...
+
+    def check_idle(self) -> None:
+        """Raise :class:`InvariantError` unless no sequence state is held (called with
+        nothing in flight)."""
+        ...
 
 
 class TokenSlots:
@@ -53,6 +74,7 @@ class TokenSlots:
         self._slot: dict[str, int] = {}  # sequence id -> its slot
         self._newest: dict[str, int] = {}  # sequence id -> newest step that references it
         self._expiring: dict[int, set[str]] = {}  # step id -> sequences whose newest it is
+        self.followers: list[SlotFollower] = []
 
     @property
     def invalid_slot(self) -> int:
@@ -104,21 +126,29 @@ class TokenSlots:
         O(steps expired + slots freed).
         """
         freed: list[int] = []
+        seqs: list[str] = []
         for step in sorted(s for s in self._expiring if s <= step_id):
             for seq_id in self._expiring.pop(step):
                 del self._newest[seq_id]
                 slot = self._slot.pop(seq_id)
                 self._free.append(slot)
                 freed.append(slot)
+                seqs.append(seq_id)
+        if seqs:
+            for follower in self.followers:
+                follower.release(seqs)
         return freed
 
     def check_all_free(self) -> None:
-        """Raise :class:`InvariantError` unless no slot is leased (the idle check)."""
+        """Raise :class:`InvariantError` unless no slot is leased and no follower holds
+        state (the idle check)."""
         if len(self._free) != self.capacity:
             raise InvariantError(
                 f"{self.capacity - len(self._free)} token slots still leased with no request "
                 f"live: {sorted(self._slot)}"
             )
+        for follower in self.followers:
+            follower.check_idle()
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """``[H]`` int64 tokens of ``slots`` (``[H]`` int64 on the slots' device);

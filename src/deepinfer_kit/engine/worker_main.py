@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kit.engine.build import runner_drafting, runner_speculation
+from deepinfer_kit.engine.build import attach_drafting, runner_speculation
 from deepinfer_kit.engine.plan_codec import PlanDecoder
 from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.runner import ModelRunner
@@ -53,10 +53,10 @@ def serve(conn: Connection) -> None:
     try:
         torch.set_num_threads(spec.threads)
         parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth)
-        if spec.config.speculative is not None and spec.depth:  # overlapped: drafts made here
-            speculation = runner_speculation(spec.config, parts.runner, parts.max_model_len)
+        if spec.config.speculative is not None:  # the worker drafts as each round executes
+            speculation = runner_speculation(spec.config, parts)
             assert speculation is not None
-            parts.runner.drafting = runner_drafting(speculation)
+            attach_drafting(parts.runner, speculation)
         if spec.setup is not None:
             spec.setup(parts.runner)
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it

@@ -238,12 +238,17 @@ def plan_running(
             if num_known + 1 >= limit or start >= limit - 1:
                 i += 1  # the step in flight samples its last token (or may: wait for it)
                 continue
+            if pending and start + 1 + state.draft_room > limit - 1:
+                # Near the limit, the room for drafts depends on where the chunk really
+                # starts: wait a round, so the drafts are those synchronous planning gives.
+                i += 1
+                continue
             placeholders, n = 1, 1
         spec = drafts.pop(req, None) if drafts else None
         if spec is not None:
             spare = min(budget - n, limit - 1 - start - n)
-            spec = spec[:spare] if spare > 0 and start + n == num_known else None
-        elif state.draft_room and n == 1 and start + 1 >= num_known and not will_fork(req):
+            spec = spec[:spare] if spare > 0 and start + n == num_known and not will_fork(req) else None
+        elif state.draft_room and n == 1 and start + 1 >= num_known and (placeholders or not will_fork(req)):
             room = max(0, min(state.draft_room, budget - n, limit - 1 - start - n))  # a decode
         total = (n + len(spec) if spec else n) + room
         if start + total > len(table) * block_size or (may_share and req in may_share):

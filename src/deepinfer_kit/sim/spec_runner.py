@@ -14,7 +14,6 @@ import torch
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.errors import InvariantError
-from deepinfer_kit.request import Request
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sim.cost_analytic import ModelShape
@@ -23,7 +22,7 @@ from deepinfer_kit.sim.records import SimStep
 from deepinfer_kit.sim.runner import SimRunner
 from deepinfer_kit.sim.simulator import Simulator
 from deepinfer_kit.sim.tokens import SyntheticTokens
-from deepinfer_kit.spec.protocols import VerifyPlanner
+from deepinfer_kit.spec.protocols import DraftSequence, VerifyPlanner
 from deepinfer_kit.spec.records import DraftProposal
 from deepinfer_kit.step import StepResult
 
@@ -52,7 +51,7 @@ class SyntheticDrafter:
         self.acceptance = acceptance
         self.tokens = tokens
 
-    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftSequence], num_draft: int) -> DraftProposal:
         """See :meth:`Drafter.propose`: ``[R, γ]`` drafts and confidences, ``γ`` each.
         Reads each request's id and output count; mutates only the acceptance model's
         per-request cache. O(R · γ)."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from deepinfer_kit.request import Request
+from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.sample.distribution import target_probs
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.rng import mix64, row_uniforms
@@ -18,7 +18,7 @@ __all__ = ["draw_drafts"]
 _DRAFT_SALT = 0x2545F4914F6CDD1D  # separates the draft's stream from the sampler's and acceptance's
 
 
-def draw_drafts(logits: torch.Tensor, requests: Sequence[Request],
+def draw_drafts(logits: torch.Tensor, requests: Sequence[DraftSequence],
                 previous: Sequence[Sequence[int]], j: int, *, greedy: bool,
                 generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None,
                                                              torch.Tensor]:

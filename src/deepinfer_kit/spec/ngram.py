@@ -9,7 +9,7 @@ import torch
 
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.request import Request
+from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.spec.records import DraftProposal
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class NgramDrafter:
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftSequence], num_draft: int) -> DraftProposal:
         """Draft up to ``num_draft`` tokens per request; see :meth:`Drafter.propose`.
 
         Reads ``all_token_ids``; mutates nothing. O(sum of request lengths * max_n).

@@ -7,17 +7,58 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from deepinfer_kit.request import Request
+from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
 
-__all__ = ["Drafter", "StatefulDrafter", "VerifyPlanner", "DraftVerifier"]
+__all__ = ["DraftSequence", "Drafter", "StatefulDrafter", "VerifyPlanner", "DraftVerifier"]
+
+
+class DraftSequence(Protocol):
+    """What a drafter reads of a sequence: a live :class:`~deepinfer_kit.request.Request`
+    (host-side drafting), or the runner's view of a planned chunk (overlapped drafting,
+    :class:`~deepinfer_kit.engine.runner_drafts.DraftView`). Read only."""
+
+    @property
+    def request_id(self) -> str:
+        """The sequence's id (a fork child's is ``"{parent}#{index}"``)."""
+        ...
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]:
+        """The prompt."""
+        ...
+
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        """The tokens generated so far (the drafts continue after them)."""
+        ...
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by the generated tokens."""
+        ...
+
+    @property
+    def params(self) -> SamplingParams:
+        """The sequence's sampling parameters (sampled drafts follow them)."""
+        ...
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the sequence samples with, or ``None``."""
+        ...
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's EOS id (``min_tokens`` masks it), or ``None``."""
+        ...
 
 
 class Drafter(Protocol):
     """Proposes cheap guesses of a request's next tokens."""
 
-    def propose(self, requests: Sequence[Request], num_draft: int) -> DraftProposal:
+    def propose(self, requests: Sequence[DraftSequence], num_draft: int) -> DraftProposal:
         """Draft up to ``num_draft`` (γ) tokens after each request's current tokens.
 
         Called once per round before the verify forward; reads ``all_token_ids`` and
@@ -35,7 +76,7 @@ class StatefulDrafter(Drafter, Protocol):
     sequences that finished, were aborted or were preempted.
     """
 
-    def sync(self, running: Sequence[Request]) -> None:
+    def sync(self, running: Sequence[DraftSequence]) -> None:
         """Keep state only for ``running`` (the scheduler's running sequences), each rolled
         back to what its ``all_token_ids`` still agree with; release everything else.
 
