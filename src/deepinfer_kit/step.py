@@ -32,6 +32,10 @@ class StepResult:
             runner was asked for them (traces); ``None`` otherwise.
         slot_counts: ``[L][P]`` token copies each physical expert slot served in this
             round, when tracing an engine with EPLB on; ``None`` otherwise.
+        drafts: per chunk, the drafts a runner proposed itself and verified (overlapped
+            speculation, :class:`~deepinfer_kit.engine.runner_drafts.RunnerDrafting`:
+            the plan carried only room for them); empty when every draft came with the
+            plan (``ScheduledChunk.spec_token_ids``).
         prompt_logprobs: per chunk, the maps of the prompt tokens its positions predict
             (``ScheduledChunk.prompt_targets``, in order; empty for other chunks); ``None``
             when no chunk asked.
@@ -45,3 +49,4 @@ class StepResult:
     expert_counts: list[list[int]] | None = None
     slot_counts: list[list[int]] | None = None
     prompt_logprobs: list[list[dict[int, Logprob]]] | None = None
+    drafts: list[tuple[int, ...]] = attrs.field(factory=list)

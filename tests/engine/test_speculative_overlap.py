@@ -334,3 +334,17 @@ def test_the_idle_check_sees_draft_kv_the_runner_kept() -> None:
     engine.run()
     with pytest.raises(InvariantError, match="runner drafting still holds sequences"):
         engine.check_idle()
+
+
+@pytest.mark.parametrize("worker", ["inline", "process"])
+def test_traces_show_the_drafts_the_runner_verified(worker: str) -> None:
+    """The runner's own drafts come back in StepResult.drafts: each traced verify chunk
+    names the drafts it verified, and its accepted tokens are their prefix."""
+    engine, traces = _traced(True, worker=worker, speculative=SPECS["fixed"], **ROOMY)
+    run_workload(workload(23, 12), engine=engine)
+    verified = [c for t in traces for c in t.chunks if c.num_drafted]
+    assert verified
+    for c in verified:
+        assert len(c.drafted) == c.num_drafted
+        assert c.sampled[: c.num_accepted] == c.drafted[: c.num_accepted]
+    engine.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -167,14 +169,29 @@ def test_streams_from_a_worker_process_match_the_in_process_engine() -> None:
         await asyncio.wait_for(allm.wait_idle(), 30)
         return got
 
+    pid = allm.engine.runner.pid  # type: ignore[attr-defined]
     try:
         streams = asyncio.run(main())
         assert allm.engine.executor.depth == 1
         allm.engine.check_idle()
     finally:
-        allm.shutdown()
-        allm.engine.close()
+        allm.shutdown()  # closes the engine it built: the worker exits
+    _gone(pid)
     reference = LLM("tiny", num_blocks=64, block_size=8, max_model_len=256).generate(
         prompts, [_params(i, CUMULATIVE) for i in range(6)])
     for outs, ref in zip(streams, reference):
         assert [t for o in outs for t in o.outputs[0].token_ids] == ref.outputs[0].token_ids
+
+
+def _gone(pid: int) -> None:
+    for _ in range(100):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} still running after shutdown")

@@ -175,7 +175,13 @@ class RunnerDrafting:
             self.forget()
             raise
         self.record(resolved, result)
-        return self.merge(result, kept, errors)
+        merged = self.merge(result, kept, errors)
+        if any(c.spec_token_ids for c in resolved.chunks):
+            drafts: list[tuple[int, ...]] = [() for _ in plan.chunks]
+            for j, i in enumerate(kept):
+                drafts[i] = tuple(resolved.chunks[j].spec_token_ids)
+            merged.drafts = drafts
+        return merged
 
     def record(self, resolved: SchedulePlan, result: StepResult) -> None:
         """Keep each sequence's tokens of the round just executed (its parent's own token

@@ -162,7 +162,7 @@ def make_trace(
                 num_blocks=len(chunk.block_table),
                 num_drafted=result.num_drafted[i] if i < len(result.num_drafted) else 0,
                 num_accepted=result.num_accepted[i] if i < len(result.num_accepted) else 0,
-                drafted=tuple(chunk.spec_token_ids),
+                drafted=result.drafts[i] if result.drafts else tuple(chunk.spec_token_ids),
                 candidates=tuple(
                     tuple(sorted(((t, lp.logprob, lp.rank) for t, lp in m.items()), key=_by_rank))
                     for m in maps

@@ -61,6 +61,7 @@ class AsyncLLM:
     def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
         self.llm = LLM(model, engine=engine, **config)
         self.engine = self.llm.engine
+        self._owns_engine = engine is None  # built here: shutdown closes it
         self.chat_renderer = self.llm.chat_renderer
         self._streams: dict[str, _Stream] = {}
         self._live: dict[str, str] = {}  # user request id -> engine id
@@ -162,13 +163,17 @@ class AsyncLLM:
         await self.call(self._flush_and_check)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Abort every live request, let the engine finish them, stop the thread. Consumers
+        """Abort every live request, let the engine finish them, stop the thread, then
+        close the engine when this AsyncLLM built it (its worker process with
+        ``worker="process"``; an engine passed in stays the caller's to close). Consumers
         still waiting get :class:`EngineDeadError`. Idempotent; safe from any thread."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
+            if self._owns_engine and not self._thread.is_alive():
+                self.engine.close()
 
     @property
     def is_running(self) -> bool:
