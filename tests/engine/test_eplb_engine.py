@@ -182,6 +182,37 @@ def test_static_decode_is_refused_with_eplb() -> None:
         build_engine(eplb={}, static_decode=True)
 
 
-def test_dense_model_is_refused(folder_of: Callable[[str], str]) -> None:
+@pytest.mark.parametrize("worker", ["inline", "process"])
+def test_dense_model_is_refused(folder_of: Callable[[str], str], worker: str) -> None:
     with pytest.raises(ConfigError, match="eplb needs a model with MoE layers; this model has none"):
-        build_engine(model=folder_of("qwen3"), eplb={})
+        build_engine(model=folder_of("qwen3"), eplb={}, worker=worker)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_the_worker_process_rebalances_like_the_engine_in_process(overlap: bool) -> None:
+    """The balancer lives in the worker (its window fed there, weights moved there); the
+    host's handle asks between steps. Same tokens, and the same plans at the same steps
+    from the same windows as the in-process engine."""
+    prompts = _prompts(13)
+    common = {"block_size": 4, "max_num_batched_tokens": 40, "overlap": overlap,
+              "eplb": REBALANCING | {"policy": "refine"}}
+    local = build_engine(**common)
+    want = _run(local, prompts)
+    engine = build_engine(worker="process", **common)
+    traces: list[StepTrace] = []
+    engine.trace = traces.append
+    try:
+        assert _run(engine, prompts) == want
+        here, there = local.balancer, engine.balancer
+        assert here is not None and there is not None and len(here.history) >= 3
+        assert [r.after_step for r in there.history] == [r.after_step for r in here.history]
+        for a, b in zip(here.history, there.history):
+            assert torch.equal(a.window, b.window) and torch.equal(a.phy2log, b.phy2log)
+            assert a.moved_slots == b.moved_slots
+        assert torch.equal(there.placement.phy2log, here.placement.phy2log)
+        assert there.num_steps == here.num_steps
+        rounds = [t for t in traces if t.chunks]
+        assert rounds and all(t.slot_counts is not None for t in rounds)
+        assert all(len(row) == 12 for t in rounds for row in t.slot_counts or [])
+    finally:
+        engine.close()

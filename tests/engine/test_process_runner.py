@@ -111,12 +111,11 @@ def test_build_errors_in_the_worker_reach_the_caller() -> None:
         build_engine(worker="process", num_blocks=8, max_model_len=64, worker_setup=lambda runner: None)
 
 
-def test_the_worker_cannot_yet_take_eplb() -> None:
+def test_the_worker_field_is_checked() -> None:
     from deepinfer_kit import EngineConfig
 
-    EngineConfig(worker="process", speculative={"drafter": "self", "draft_layers": 1})  # fine
-    with pytest.raises(ConfigError, match="worker='process' cannot be combined with eplb"):
-        EngineConfig(worker="process", eplb={"window": 4, "interval": 4})
+    EngineConfig(worker="process", speculative={"drafter": "self", "draft_layers": 1},
+                 eplb={"window": 4, "interval": 4})  # both run in the worker
     with pytest.raises(ConfigError, match="worker must be one of"):
         EngineConfig(worker="thread")
 

@@ -22,7 +22,7 @@ from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.moe.layer import MoELayer
 
-__all__ = ["ExpertBalancer", "Rebalance", "moe_layers"]
+__all__ = ["BalancerState", "ExpertBalancer", "Rebalance", "moe_layers"]
 
 
 @attrs.frozen(slots=True)
@@ -51,6 +51,23 @@ class Rebalance:
     moved_bytes: int
     plan_s: float
     apply_s: float
+
+
+@attrs.frozen(slots=True)
+class BalancerState:
+    """What a host needs of a balancer that lives in a worker process
+    (:class:`~deepinfer_kit.engine.remote_balancer.RemoteBalancer`); picklable.
+
+    Attributes:
+        topology, num_experts, placement: as on :class:`ExpertBalancer`.
+        num_steps: forward steps counted so far; ``last_plan``: its value at the last plan.
+    """
+
+    topology: Topology
+    num_experts: int
+    placement: Placement
+    num_steps: int
+    last_plan: int
 
 
 def moe_layers(model: CausalLM) -> list[MoELayer]:
@@ -120,6 +137,12 @@ class ExpertBalancer:
             return None
         rows: list[list[int]] = torch.stack([c.cpu() for c in counts if c is not None]).tolist()
         return rows
+
+    def state(self) -> BalancerState:
+        """A snapshot for a host in another process (placements are not copied: do not
+        mutate them)."""
+        return BalancerState(self.topology, self.num_experts, self.placement, self.num_steps,
+                             self._last_plan)
 
     def due(self) -> bool:
         """True once ``interval`` forward steps ran since the last plan (and the window

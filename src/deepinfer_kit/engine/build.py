@@ -9,13 +9,13 @@ import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl
-from deepinfer_kit.engine.balance import ExpertBalancer
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.drafters import build_drafter
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
-from deepinfer_kit.engine.protocols import StepRunner
+from deepinfer_kit.engine.remote_balancer import RemoteBalancer
+from deepinfer_kit.engine.protocols import Balancer, StepRunner
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
 from deepinfer_kit.engine.runner_drafts import RunnerDrafting
@@ -78,9 +78,13 @@ def build_engine(
         engine_device(config)
         remote = ProcessRunner(WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads()))
         info = remote.info
+        remote_balancer = None
+        if config.eplb is not None:
+            assert info.balancer is not None  # the worker built one
+            remote_balancer = RemoteBalancer(remote, config.eplb, info.balancer)
         return _reserve_drafts(_engine(  # with speculation the worker drafts, round by round
             config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
-            info.max_model_len, executor, make_scheduler,
+            info.max_model_len, executor, make_scheduler, balancer=remote_balancer,
         ), spec, True)
     parts = build_runner(config, sampler=sampler, depth=depth)
     runner, loaded, num_blocks, max_model_len = parts.runner, parts.loaded, parts.num_blocks, parts.max_model_len
@@ -154,7 +158,7 @@ def _engine(
     config: EngineConfig, runner: StepRunner, mc: ModelConfig, tokenizer: Tokenizer | None,
     num_blocks: int, max_model_len: int, executor: OverlapExecutor | None,
     make_scheduler: SchedulerFactory | None, *, speculation: Speculation | None = None,
-    balancer: ExpertBalancer | None = None,
+    balancer: Balancer | None = None,
 ) -> Engine:
     """The host half: scheduler, cache manager and tokenizer around ``runner``."""
     scheduler, cache = build_host_components(

@@ -122,7 +122,8 @@ class EngineConfig:
             ``"process"`` (a worker process of its own, :class:`~deepinfer_kit.engine.
             process_runner.ProcessRunner`: the host's scheduling and the forward then hold
             separate interpreter locks, which is what lets overlap pay on CPU); with
-            ``speculative`` the worker drafts too. Not combinable with ``eplb`` yet.
+            ``speculative`` the worker drafts too, with ``eplb`` it keeps the load window
+            and moves the expert weights (the host's ``engine.balancer`` is a handle).
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round.
@@ -173,11 +174,6 @@ class EngineConfig:
             raise ConfigError(
                 "eplb and static_decode=True cannot be combined yet (padded static rows would "
                 "count as routed tokens); leave static_decode unset or set eplb=None"
-            )
-        if self.worker == "process" and self.eplb is not None:
-            raise ConfigError(
-                "worker='process' cannot be combined with eplb yet (its load window and expert "
-                "weights live beside the model); set worker='inline' or eplb=None"
             )
         if not self.model:
             raise ConfigError(

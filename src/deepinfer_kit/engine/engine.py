@@ -13,7 +13,7 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
-from deepinfer_kit.engine.protocols import StepRunner
+from deepinfer_kit.engine.protocols import Balancer, StepRunner
 from deepinfer_kit.engine.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
@@ -26,7 +26,6 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
 
 if TYPE_CHECKING:
-    from deepinfer_kit.engine.balance import ExpertBalancer
     from deepinfer_kit.models.tokenizer import Tokenizer
 
 __all__ = ["Engine"]
@@ -100,7 +99,7 @@ class Engine:
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
         speculation: Speculation | None = None,
-        balancer: ExpertBalancer | None = None,
+        balancer: Balancer | None = None,
     ) -> None:
         if (runner.block_size, runner.num_blocks) != (cache.block_size, cache.num_blocks):
             raise ConfigError(

@@ -45,6 +45,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.balance import BalancerState
     from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
     from deepinfer_kit.engine.runner import ModelRunner
 
@@ -86,6 +87,7 @@ class WorkerInfo:
         block_size: tokens per block.
         max_model_len: the engine's limit, as sized there.
         model: the model's config (vocabulary, EOS ids, checkpoint folder).
+        balancer: the state of the worker's live expert balancer (``eplb``), or ``None``.
     """
 
     pid: int
@@ -93,6 +95,7 @@ class WorkerInfo:
     block_size: int
     max_model_len: int
     model: ModelConfig
+    balancer: BalancerState | None = None
 
 
 @attrs.frozen(slots=True)
@@ -163,6 +166,7 @@ class ProcessRunner:
         self._results: dict[int, tuple[str, Any]] = {}
         self._encoder = PlanEncoder()
         self.released: int | None = None  # newest committed step, for the next message
+        self.num_step_replies = 0  # steps the worker has answered (ran, or failed)
         self.record_expert_counts = False
         self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self._send_raw(boot)
@@ -265,6 +269,7 @@ class ProcessRunner:
                 self._encoder.reject(message)
             else:
                 self._encoder.confirm(message)
+                self.num_step_replies += 1
             self._results[message] = (kind, payload)
         return kind, message, payload
 

@@ -1,17 +1,22 @@
-"""Contracts of the engine package: the runner the Engine drives, and the token-slot
-leases it releases as rounds commit."""
+"""Contracts of the engine package: the runner the Engine drives, the token-slot leases it
+releases as rounds commit, and the live expert balancer it asks between rounds."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
-__all__ = ["SlotLeases", "StepRunner"]
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.balance import Rebalance
+    from deepinfer_kit.eplb.config import EplbConfig
+    from deepinfer_kit.eplb.records import Placement, Topology
+
+__all__ = ["Balancer", "SlotLeases", "StepRunner"]
 
 
 class SlotLeases(Protocol):
@@ -85,4 +90,46 @@ class StepRunner(Protocol):
 
     def close(self) -> None:
         """Release what the runner holds beyond memory (a worker process). Idempotent."""
+        ...
+
+
+class Balancer(Protocol):
+    """Live EPLB as the Engine drives it: asked :meth:`due` before each step, and told to
+    :meth:`rebalance` with nothing in flight. Implementations:
+    :class:`~deepinfer_kit.engine.balance.ExpertBalancer` (beside the model) and
+    :class:`~deepinfer_kit.engine.remote_balancer.RemoteBalancer` (the model in a worker
+    process)."""
+
+    config: EplbConfig
+    """The window, interval, policy and topology asked for."""
+
+    topology: Topology
+    """Slots, GPUs and nodes the placements span."""
+
+    num_experts: int
+    """Logical experts per MoE layer."""
+
+    placement: Placement
+    """The placement the model runs under now."""
+
+    history: list[Rebalance]
+    """One record per rebalance so far, oldest first."""
+
+    @property
+    def num_steps(self) -> int:
+        """Forward steps counted into the load window so far."""
+        ...
+
+    def due(self) -> bool:
+        """True once ``config.interval`` forward steps ran since the last plan."""
+        ...
+
+    def rebalance(self, *, in_flight: int = 0) -> Rebalance | None:
+        """Plan from the window and move the expert weights (between steps only);
+        appends to :attr:`history` and returns the record, or ``None`` when it turned out
+        not to be due yet.
+
+        Raises:
+            InvariantError: ``in_flight > 0`` (a forward could read half-moved weights).
+        """
         ...

@@ -3,10 +3,12 @@ builds the runner from a :class:`WorkerSpec`, then prepares and executes the pla
 receives, one at a time, in order, replying to each.
 
 Messages in (pickled tuples): ``("step", message, released, record_expert_counts, plan
-bytes)``, ``("check", released)``, ``("close",)``. Replies out: ``(kind, message,
-payload)`` with kind ``"ready"`` (a :class:`WorkerInfo`), ``"failed"`` (the build's
-exception), ``"ok"`` (a :class:`StepResult`), ``"error"`` (the step's exception),
-``"undecoded"`` (the plan's bytes could not be decoded) or ``"answer"`` (to ``check``).
+bytes)``, ``("check", released)``, ``("rebalance", released)``, ``("close",)``. Replies
+out: ``(kind, message, payload)`` with kind ``"ready"`` (a :class:`WorkerInfo`),
+``"failed"`` (the build's exception), ``"ok"`` (a :class:`StepResult`), ``"error"`` (the
+step's exception), ``"undecoded"`` (the plan's bytes could not be decoded) or
+``"answer"`` (to ``check``: a problem or ``None``; to ``rebalance``: ``(record or None,
+balancer state)`` or the exception it raised).
 
 The worker ignores SIGINT (the host's Ctrl-C is the host's to handle) and exits when the
 host closes its end of the socket, whatever the reason.
@@ -57,13 +59,15 @@ def serve(conn: Connection) -> None:
             speculation = runner_speculation(spec.config, parts)
             assert speculation is not None
             attach_drafting(parts.runner, speculation)
+        parts.runner.balancer = parts.balancer  # after warm-up, as in-process
         if spec.setup is not None:
             spec.setup(parts.runner)
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
         _reply(conn, "failed", None, exc)
         return
+    state = parts.balancer.state() if parts.balancer is not None else None
     info = WorkerInfo(os.getpid(), parts.num_blocks, spec.config.block_size, parts.max_model_len,
-                      parts.loaded.config)
+                      parts.loaded.config, state)
     _reply(conn, "ready", None, info)
     _loop(conn, parts.runner)
 
@@ -85,6 +89,9 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
         if kind == "check":
             _reply(conn, "answer", None, _slots_problem(runner))
             continue
+        if kind == "rebalance":
+            _reply(conn, "answer", None, _rebalance(runner))
+            continue
         _, number, _, record, data = message
         try:
             _, plan = decoder.decode(data)
@@ -98,6 +105,18 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
             _reply(conn, "error", number, exc)
             continue
         _reply(conn, "ok", number, result)
+
+
+def _rebalance(runner: ModelRunner) -> object:
+    """Every step sent before this request has run: rebalance when due."""
+    balancer = runner.balancer
+    if balancer is None:
+        return InvariantError("rebalance asked of a worker without eplb")
+    try:
+        record = balancer.rebalance() if balancer.due() else None
+    except Exception as exc:  # noqa: BLE001 - raised on the host
+        return exc
+    return record, balancer.state()
 
 
 def _slots_problem(runner: ModelRunner) -> str | None:

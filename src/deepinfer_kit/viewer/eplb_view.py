@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from deepinfer_kit.engine.balance import ExpertBalancer
+from deepinfer_kit.engine.protocols import Balancer
 from deepinfer_kit.viewer.schema import EplbMeta, EplbStepDoc, RebalanceDoc
 
 __all__ = ["EplbView"]
 
 
 class EplbView:
-    """Reads an :class:`ExpertBalancer` after each committed step (for the recorder).
+    """Reads a :class:`~deepinfer_kit.engine.protocols.Balancer` after each committed step (for the recorder).
 
     The engine commits every step in flight before it rebalances, so when a step's trace
     arrives the balancer's placement is the one that step's forward ran under, and a
@@ -20,7 +20,7 @@ class EplbView:
         balancer: the engine's balancer (read only).
     """
 
-    def __init__(self, balancer: ExpertBalancer) -> None:
+    def __init__(self, balancer: Balancer) -> None:
         self._balancer = balancer
         self._seen = len(balancer.history)
         self._placement: list[list[int]] = balancer.placement.phy2log.tolist()
