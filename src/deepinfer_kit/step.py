@@ -36,6 +36,9 @@ class StepResult:
             speculation, :class:`~deepinfer_kit.engine.runner_drafts.RunnerDrafting`:
             the plan carried only room for them); empty when every draft came with the
             plan (``ScheduledChunk.spec_token_ids``).
+        shifts: per chunk, the positions a runner moved it down when it ran (overlapped
+            speculation: the round before rejected drafts the plan assumed accepted);
+            empty when no chunk moved.
         prompt_logprobs: per chunk, the maps of the prompt tokens its positions predict
             (``ScheduledChunk.prompt_targets``, in order; empty for other chunks); ``None``
             when no chunk asked.
@@ -50,3 +53,4 @@ class StepResult:
     slot_counts: list[list[int]] | None = None
     prompt_logprobs: list[list[dict[int, Logprob]]] | None = None
     drafts: list[tuple[int, ...]] = attrs.field(factory=list)
+    shifts: list[int] = attrs.field(factory=list)

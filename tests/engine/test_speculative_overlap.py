@@ -21,7 +21,7 @@ from deepinfer_kit import ConfigError, SamplingParams, build_engine
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.engine.runner_drafts import NEVER_SAMPLED, RunnerDrafting
 from deepinfer_kit.engine.speculation import Speculation
-from deepinfer_kit.engine.trace import StepTrace
+from deepinfer_kit.engine.trace import StepTrace, token_timeline
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
 from deepinfer_kit.spec.ngram import NgramDrafter
@@ -341,10 +341,28 @@ def test_traces_show_the_drafts_the_runner_verified(worker: str) -> None:
     """The runner's own drafts come back in StepResult.drafts: each traced verify chunk
     names the drafts it verified, and its accepted tokens are their prefix."""
     engine, traces = _traced(True, worker=worker, speculative=SPECS["fixed"], **ROOMY)
-    run_workload(workload(23, 12), engine=engine)
+    reqs = workload(23, 12)
+    got, _ = run_workload(reqs, engine=engine)
     verified = [c for t in traces for c in t.chunks if c.num_drafted]
     assert verified
     for c in verified:
         assert len(c.drafted) == c.num_drafted
         assert c.sampled[: c.num_accepted] == c.drafted[: c.num_accepted]
+    # Chunks are traced where they ran (after the runner's shift), not where they were
+    # planned: a decode feeds the token before its output position, plus its drafts, and
+    # every output index of a completion is committed exactly once.
+    prompts = {rid: len(prompt) for rid, prompt, _ in reqs}
+    for t in traces:
+        for c in t.chunks:
+            base = c.request_id.split("#")[0]
+            if c.kind == "decode" and c.request_id in prompts:
+                assert c.start == prompts[base] + c.output_position - 1, (t.step_id, c)
+                assert c.num_tokens == 1 + c.num_drafted
+    for rid, comps in got.items():
+        if any(p.n > 1 for r, _, p in reqs if r == rid):
+            continue
+        tokens = comps[0][0]
+        line = token_timeline(traces, rid, tokens)
+        committed = [(i, tok) for i, tok, _, step in line if step is not None]
+        assert committed == list(enumerate(tokens)), rid
     engine.close()

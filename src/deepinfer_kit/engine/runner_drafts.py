@@ -181,6 +181,11 @@ class RunnerDrafting:
             for j, i in enumerate(kept):
                 drafts[i] = tuple(resolved.chunks[j].spec_token_ids)
             merged.drafts = drafts
+        shifts = [0] * len(plan.chunks)
+        for j, i in enumerate(kept):
+            shifts[i] = plan.chunks[i].start - resolved.chunks[j].start
+        if any(shifts):
+            merged.shifts = shifts
         return merged
 
     def record(self, resolved: SchedulePlan, result: StepResult) -> None:

@@ -151,16 +151,21 @@ def make_trace(
     for i, chunk in enumerate(plan.chunks):
         sampled = result.token_ids[i] if i < len(result.token_ids) else []
         maps = logprobs[i] if logprobs is not None and i < len(logprobs) else []
+        drafted = result.num_drafted[i] if i < len(result.num_drafted) else 0
+        # A chunk the runner resolved (overlapped speculation) ran where it really started,
+        # with the drafts it proposed in its room.
+        shift = result.shifts[i] if result.shifts else 0
+        num_tokens = chunk.num_tokens - chunk.draft_room + drafted if chunk.draft_room else chunk.num_tokens
         chunks.append(
             TracedChunk(
                 request_id=chunk.request_id,
                 kind="prefill" if chunk.is_prefill else "decode",
-                start=chunk.start,
-                num_tokens=chunk.num_tokens,
+                start=chunk.start - shift,
+                num_tokens=num_tokens,
                 num_cached_tokens=chunk.num_cached_tokens,
                 sampled=tuple(sampled),
                 num_blocks=len(chunk.block_table),
-                num_drafted=result.num_drafted[i] if i < len(result.num_drafted) else 0,
+                num_drafted=drafted,
                 num_accepted=result.num_accepted[i] if i < len(result.num_accepted) else 0,
                 drafted=result.drafts[i] if result.drafts else tuple(chunk.spec_token_ids),
                 candidates=tuple(
@@ -169,7 +174,7 @@ def make_trace(
                 ),
                 block_table=tuple(chunk.block_table),
                 row=chunk.sampling,
-                output_position=chunk.output_position,
+                output_position=chunk.output_position - shift,
             )
         )
     counts = result.expert_counts
