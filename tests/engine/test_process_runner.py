@@ -14,9 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from deepinfer_kit import ConfigError, EngineDeadError, InvariantError, SamplingParams, build_engine
+from deepinfer_kit.engine.process_group import ProcessGroupRunner
 from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
 from deepinfer_kit.engine.protocols import StepRunner
 from deepinfer_kit.testing import STEP_RUNNER_SUITE
@@ -36,7 +38,14 @@ def _process_runner(config: Any, depth: int) -> StepRunner:
     return ProcessRunner(WorkerSpec(config, depth))
 
 
-RUNNERS: dict[str, Callable[[Any, int], StepRunner]] = {"inline": reference_runner, "process": _process_runner}
+def _expert_parallel_runner(config: Any, depth: int) -> StepRunner:
+    ep = attrs.evolve(config, worker="process", expert_parallel=2)
+    return ProcessGroupRunner(WorkerSpec(ep, depth))
+
+
+RUNNERS: dict[str, Callable[[Any, int], StepRunner]] = {
+    "inline": reference_runner, "process": _process_runner, "expert-parallel": _expert_parallel_runner,
+}
 
 
 @pytest.mark.parametrize("name", sorted(RUNNERS))

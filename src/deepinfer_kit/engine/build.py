@@ -13,6 +13,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.drafters import build_drafter
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
+from deepinfer_kit.engine.process_group import ProcessGroupRunner
 from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
 from deepinfer_kit.engine.remote_balancer import RemoteBalancer
 from deepinfer_kit.engine.protocols import Balancer, StepRunner
@@ -76,10 +77,13 @@ def build_engine(
     spec = config.speculative
     if config.worker == "process":
         engine_device(config)
-        remote = ProcessRunner(WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads()))
+        worker = WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads())
+        remote: ProcessRunner | ProcessGroupRunner = (
+            ProcessGroupRunner(worker) if config.expert_parallel > 1 else ProcessRunner(worker)
+        )  # one worker per expert-parallel rank
         info = remote.info
         remote_balancer = None
-        if config.eplb is not None:
+        if config.eplb is not None and isinstance(remote, ProcessRunner):
             assert info.balancer is not None  # the worker built one
             remote_balancer = RemoteBalancer(remote, config.eplb, info.balancer)
         return _reserve_drafts(_engine(  # with speculation the worker drafts, round by round

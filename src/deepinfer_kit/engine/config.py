@@ -124,6 +124,11 @@ class EngineConfig:
             separate interpreter locks, which is what lets overlap pay on CPU); with
             ``speculative`` the worker drafts too, with ``eplb`` it keeps the load window
             and moves the expert weights (the host's ``engine.balancer`` is a handle).
+        expert_parallel: ranks the MoE layers' experts are split over (each rank a worker
+            process holding ``E / expert_parallel`` experts per layer, token copies sent to
+            their expert's rank by all-to-all over gloo; attention runs on every rank).
+            ``1``: no expert parallelism. More needs ``worker="process"``, a CPU device
+            and no ``eplb`` yet; ``E`` must divide by it.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round.
@@ -165,6 +170,7 @@ class EngineConfig:
     )
 
     worker: str = attrs.field(default="inline", validator=one_of(("inline", "process")))
+    expert_parallel: int = attrs.field(default=1, validator=int_at_least(1))
 
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
@@ -175,6 +181,17 @@ class EngineConfig:
                 "eplb and static_decode=True cannot be combined yet (padded static rows would "
                 "count as routed tokens); leave static_decode unset or set eplb=None"
             )
+        if self.expert_parallel > 1:
+            if self.worker != "process":
+                raise ConfigError(
+                    f"expert_parallel={self.expert_parallel} runs one worker process per rank: "
+                    f"set worker='process'"
+                )
+            if self.eplb is not None or not self.device.startswith("cpu"):
+                raise ConfigError(
+                    f"expert_parallel={self.expert_parallel} runs on CPU ranks over gloo, without "
+                    f"eplb, for now; got device={self.device!r}, eplb={self.eplb!r}"
+                )
         if not self.model:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"

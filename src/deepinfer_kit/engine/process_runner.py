@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
     from deepinfer_kit.engine.runner import ModelRunner
 
-__all__ = ["WorkerSpec", "WorkerInfo", "SentStep", "ProcessRunner", "RemoteSlots"]
+__all__ = ["WorkerSpec", "WorkerInfo", "WorkerPool", "SentStep", "ProcessRunner", "RemoteSlots"]
 
 _BOOT = "import sys; from deepinfer_kit.engine.worker_main import main; main(int(sys.argv[1]))"
 
@@ -67,6 +67,8 @@ class WorkerSpec:
             injection, instrumentation); must pickle by reference (a module-level callable
             or an instance of a module-level class), or ``None``.
         threads: the worker's torch intra-op threads (the host's count when started).
+        rank, rendezvous: with ``config.expert_parallel > 1``, this worker's rank and the
+            ``tcp://host:port`` every rank joins (gloo) before the model loads.
     """
 
     config: EngineConfig
@@ -74,6 +76,8 @@ class WorkerSpec:
     sampler: Sampler | None = None
     setup: Callable[[ModelRunner], object] | None = None
     threads: int = 1
+    rank: int = 0
+    rendezvous: str | None = None
 
 
 @attrs.frozen(slots=True)
@@ -126,7 +130,24 @@ class RemoteSlots:
             raise InvariantError(str(problem))
 
 
-class ProcessRunner:
+class WorkerPool:
+    """The pool geometry a worker reported (:attr:`info`): the ``StepRunner`` members
+    shared by the host-side runners of worker processes."""
+
+    info: WorkerInfo
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block of the worker's pool."""
+        return self.info.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the worker's KV pool."""
+        return self.info.num_blocks
+
+
+class ProcessRunner(WorkerPool):
     """A :class:`ModelRunner` in a worker process: the host's side of it.
 
     Starts the worker (``python -c`` importing :mod:`deepinfer_kit.engine.worker_main`,
@@ -144,7 +165,7 @@ class ProcessRunner:
         EngineDeadError: the worker exited or did not report within ``start_timeout``.
     """
 
-    def __init__(self, spec: WorkerSpec, *, start_timeout: float = 600.0) -> None:
+    def __init__(self, spec: WorkerSpec, *, start_timeout: float = 600.0, wait: bool = True) -> None:
         try:
             boot = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -170,21 +191,24 @@ class ProcessRunner:
         self.record_expert_counts = False
         self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self._send_raw(boot)
-        info = self._handshake(start_timeout)
-        self.info = info
         self.token_slots: RemoteSlots | None = RemoteSlots(self) if spec.depth else None
+        self._start_timeout = start_timeout
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> WorkerInfo:
+        """Wait until the worker's runner is built (the constructor does, unless
+        ``wait=False``: workers that rendezvous with each other must all start first).
+
+        Raises:
+            ConfigError, CheckpointError, ...: what building raised in the worker.
+            EngineDeadError: the worker exited or did not report in time.
+        """
+        info = self._handshake(self._start_timeout)
+        self.info = info
+        return info
 
     # ---- the StepRunner surface ----------------------------------------------------------
-
-    @property
-    def block_size(self) -> int:
-        """Tokens per KV block of the worker's pool."""
-        return self.info.block_size
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks in the worker's KV pool."""
-        return self.info.num_blocks
 
     def prepare(self, plan: SchedulePlan) -> SentStep:
         """Send ``plan`` to the worker, which lays it out and runs it after the steps sent

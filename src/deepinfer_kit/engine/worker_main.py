@@ -23,13 +23,17 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from deepinfer_kit.engine.balance import moe_layers
 from deepinfer_kit.engine.build import attach_drafting, runner_speculation
 from deepinfer_kit.engine.plan_codec import PlanDecoder
 from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.runner_build import build_runner
-from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 
 __all__ = ["main", "serve"]
 
@@ -54,7 +58,12 @@ def serve(conn: Connection) -> None:
     assert isinstance(spec, WorkerSpec)
     try:
         torch.set_num_threads(spec.threads)
+        world = spec.config.expert_parallel
+        if world > 1:
+            dist.init_process_group("gloo", init_method=spec.rendezvous, rank=spec.rank, world_size=world)
         parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth)
+        if world > 1:  # after the warm-up's local forwards: from here every forward is collective
+            shard_experts(parts.loaded.model, world)
         if spec.config.speculative is not None:  # the worker drafts as each round executes
             speculation = runner_speculation(spec.config, parts)
             assert speculation is not None
@@ -105,6 +114,23 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
             _reply(conn, "error", number, exc)
             continue
         _reply(conn, "ok", number, result)
+
+
+def shard_experts(model: CausalLM, world: int) -> None:
+    """Keep this rank's ``E / world`` experts of every MoE layer and route through the
+    world group (expert ``e`` on rank ``e // (E / world)``).
+
+    Raises:
+        ConfigError: the model has no MoE layers, or ``E`` does not divide by ``world``.
+    """
+    layers = moe_layers(model)
+    if not layers:
+        raise ConfigError(f"expert_parallel={world} needs a model with MoE layers; this model has none")
+    for layer in layers:
+        experts = layer.config.num_experts
+        if experts % world:
+            raise ConfigError(f"expert_parallel={world} must divide the {experts} experts per layer")
+        layer.use_expert_parallel(ExpertParallelDispatcher(experts, list(range(experts))))
 
 
 def _rebalance(runner: ModelRunner) -> object:

@@ -224,6 +224,33 @@ class MoELayer(nn.Module):
             setattr(self.experts, name, nn.Parameter(old.index_select(0, index), requires_grad=False))
         self.replicas = table
 
+    @torch.no_grad()
+    def use_expert_parallel(self, dispatcher: ExpertParallelDispatcher) -> None:
+        """Serve as this rank's shard of an expert-parallel layer: keep only the weights
+        of ``dispatcher.local_experts`` and route every copy through ``dispatcher`` (a
+        collective call per forward from now on). Called once, after the weights are
+        loaded, on every rank with the same slot map. Outputs are unchanged.
+
+        Raises:
+            ConfigError: the layer is not local with one slot per expert (replicas in
+                use, or already sharded), or the dispatcher has another expert count.
+        """
+        if not self._all_local or self.replicas is not None:
+            raise ConfigError("use_expert_parallel needs a local layer without replicas")
+        if dispatcher.num_slots < self.config.num_experts or any(
+            not 0 <= e < self.config.num_experts for e in dispatcher.phy2log
+        ):
+            raise ConfigError(
+                f"dispatcher slots {list(dispatcher.phy2log)} do not place the layer's "
+                f"{self.config.num_experts} experts"
+            )
+        index = torch.tensor(dispatcher.local_experts, device=self.experts.gate_up.device)
+        for name in ("gate_up", "down"):
+            old = getattr(self.experts, name)
+            setattr(self.experts, name, nn.Parameter(old.index_select(0, index), requires_grad=False))
+        self.dispatcher = dispatcher
+        self._all_local = False
+
     def apply_placement(self, phy2log: Sequence[int]) -> int:
         """Move to the slot map ``phy2log``: copy each slot whose expert changes from a
         slot holding that expert now, then swap the routing table. Call between forwards

@@ -1,0 +1,131 @@
+"""ProcessGroupRunner: an expert-parallel model over one worker process per rank.
+
+``EngineConfig(worker="process", expert_parallel=W)`` starts ``W`` workers
+(:class:`ProcessRunner` each, rank ``r`` of a gloo group that rendezvous on a local
+port before the model loads). Every rank holds the whole model but only ``E / W`` experts
+of each MoE layer (:meth:`MoELayer.use_expert_parallel`); a forward's token copies go to
+their expert's rank by all-to-all, so every rank must run every step, in order, on the
+same plan. This runner is the host's side: it sends each plan to every rank (each
+connection with its own plan encoder), collects every rank's reply, and returns rank
+0's (all ranks sample the same tokens from the same logits; a disagreement is an
+:class:`~deepinfer_kit.errors.InvariantError`).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+
+from deepinfer_kit.engine.process_runner import ProcessRunner, RemoteSlots, WorkerInfo, WorkerPool, WorkerSpec
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.step import StepResult
+
+__all__ = ["GroupSlots", "ProcessGroupRunner"]
+
+
+class GroupSlots:
+    """Every rank's token slots, released and checked together (a ``SlotLeases``)."""
+
+    def __init__(self, ranks: Sequence[RemoteSlots]) -> None:
+        self._ranks = list(ranks)
+
+    def release_through(self, step_id: int) -> None:
+        """See :meth:`RemoteSlots.release_through`, on every rank."""
+        for slots in self._ranks:
+            slots.release_through(step_id)
+
+    def check_all_free(self) -> None:
+        """See :meth:`RemoteSlots.check_all_free`, on every rank (rank 0 first)."""
+        for slots in self._ranks:
+            slots.check_all_free()
+
+
+class ProcessGroupRunner(WorkerPool):
+    """The host's side of ``W`` expert-parallel worker processes (a ``StepRunner``).
+
+    Args:
+        spec: what every rank builds (its ``config.expert_parallel`` is ``W``); the
+            rank and the rendezvous address are filled in here.
+        start_timeout: seconds to wait for each rank's runner.
+
+    Raises:
+        ConfigError: what building raised in a worker (every rank is stopped then).
+        EngineDeadError: a worker exited or did not report in time.
+    """
+
+    def __init__(self, spec: WorkerSpec, *, start_timeout: float = 600.0) -> None:
+        world = spec.config.expert_parallel
+        with socket.socket() as probe:  # a free port for the gloo rendezvous
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        address = f"tcp://127.0.0.1:{port}"
+        self.ranks: list[ProcessRunner] = []
+        try:
+            for rank in range(world):  # all start before any is awaited: they rendezvous
+                self.ranks.append(ProcessRunner(attrs.evolve(spec, rank=rank, rendezvous=address),
+                                                start_timeout=start_timeout, wait=False))
+            infos = [r.wait_ready() for r in self.ranks]
+        except BaseException:
+            self.close()
+            raise
+        self.info: WorkerInfo = infos[0]
+        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
+        slots = [r.token_slots for r in self.ranks]
+        self.token_slots: GroupSlots | None = (
+            GroupSlots([s for s in slots if s is not None]) if slots[0] is not None else None
+        )
+
+    @property
+    def record_expert_counts(self) -> bool:
+        """Whether the ranks return each round's routing counts (traces)."""
+        return self.ranks[0].record_expert_counts
+
+    @record_expert_counts.setter
+    def record_expert_counts(self, value: bool) -> None:
+        for r in self.ranks:
+            r.record_expert_counts = value
+
+    @property
+    def pids(self) -> list[int]:
+        """The ranks' process ids, rank 0 first."""
+        return [r.pid for r in self.ranks]
+
+    def prepare(self, plan: SchedulePlan) -> list[object]:
+        """Send ``plan`` to every rank (see :meth:`ProcessRunner.prepare`); returns at once.
+
+        Raises:
+            EngineDeadError: a worker is gone.
+        """
+        return [r.prepare(plan) for r in self.ranks]
+
+    def execute(self, sent: list[object]) -> StepResult:
+        """Collect every rank's reply to one step and return rank 0's result.
+
+        Raises:
+            Exception: the first rank's exception when a step failed there.
+            InvariantError: ranks that sampled different tokens.
+            EngineDeadError: a worker is gone.
+        """
+        results: list[StepResult] = []
+        failure: BaseException | None = None
+        for runner, step in zip(self.ranks, sent):
+            try:
+                results.append(runner.execute(step))  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - every rank's reply is read first
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        first = results[0].token_ids
+        for rank, result in enumerate(results[1:], 1):
+            if result.token_ids != first:
+                raise InvariantError(f"expert-parallel rank {rank} sampled other tokens than rank 0")
+        return results[0]
+
+    def close(self) -> None:
+        """Stop every rank. Idempotent."""
+        for r in self.ranks:
+            r.close()

@@ -1,0 +1,62 @@
+"""Expert parallelism in the engine: one worker process per rank, each holding E / W
+experts per MoE layer, token copies exchanged by all-to-all (gloo); outputs equal the
+single-process engine's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deepinfer_kit import ConfigError, EngineConfig, build_engine
+from deepinfer_kit.engine.balance import moe_layers
+from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from differential import run_workload, workload
+
+POOL = {"num_blocks": 48, "block_size": 8, "max_model_len": 96, "max_num_seqs": 6,
+        "max_num_batched_tokens": 48, "long_prefill_token_threshold": 16}
+
+
+class ChecksShards:
+    """worker_setup: fail the worker's build unless every MoE layer is this rank's shard."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def __call__(self, runner: ModelRunner) -> None:
+        for layer in moe_layers(runner.model):
+            dispatcher = layer.dispatcher
+            assert isinstance(dispatcher, ExpertParallelDispatcher), type(dispatcher)
+            assert dispatcher.world_size == self.world
+            held = layer.experts.gate_up.shape[0]
+            assert held == layer.config.num_experts // self.world, held
+            first = dispatcher.rank * held
+            assert dispatcher.local_experts == tuple(range(first, first + held))
+
+
+@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), (4, False)],
+                         ids=["2-sync", "2-overlap", "4-sync"])
+def test_expert_parallel_ranks_equal_the_single_process_engine(world: int, overlap: bool) -> None:
+    """The differential workload: greedy and seeded sampling, forks, penalties, logprobs,
+    stops, prefix hits, chunked prefill and preemption."""
+    reqs = workload(29, 14)
+    want, _ = run_workload(reqs, False, **POOL)
+    got, engine = run_workload(reqs, overlap, worker="process", expert_parallel=world,
+                               worker_setup=ChecksShards(world), **POOL)
+    try:
+        assert got == want
+        assert len(engine.runner.pids) == world  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+
+
+def test_what_expert_parallelism_needs() -> None:
+    with pytest.raises(ConfigError, match="set worker='process'"):
+        EngineConfig(expert_parallel=2)
+    with pytest.raises(ConfigError, match="without eplb, for now"):
+        EngineConfig(expert_parallel=2, worker="process", eplb={"window": 2, "interval": 2})
+    with pytest.raises(ConfigError, match="expert_parallel must be an int >= 1"):
+        EngineConfig(expert_parallel=0)
+    with pytest.raises(ConfigError, match="expert_parallel=3 must divide the 8 experts per layer"):
+        build_engine(worker="process", expert_parallel=3, **POOL)
