@@ -51,12 +51,37 @@ def test_expert_parallel_ranks_equal_the_single_process_engine(world: int, overl
         engine.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_eplb_moves_expert_weights_rank_to_rank(overlap: bool) -> None:
+    """Two ranks with 2 redundant slots (5 per rank): every rank's window sees the same
+    tokens, plans alike and exchanges slots by all-to-all between steps. The tokens are
+    the single-process engine's; the plans are those of the in-process EPLB engine (same
+    windows, same steps)."""
+    import torch
+
+    eplb = {"window": 3, "interval": 2, "num_redundant": 2, "num_gpus": 2, "policy": "refine"}
+    greedy = [(rid, p, params) for rid, p, params in workload(31, 10) if params.temperature == 0.0]
+    reqs = greedy + [(f"g{i}", list(range(7 * i, 7 * i + 20)), greedy[0][2]) for i in range(4)]
+    want, local = run_workload(reqs, overlap, eplb=eplb, **POOL)
+    got, engine = run_workload(reqs, overlap, worker="process", expert_parallel=2, eplb=eplb, **POOL)
+    try:
+        assert got == want
+        here, there = local.balancer, engine.balancer
+        assert here is not None and there is not None and len(here.history) >= 3
+        assert sum(r.moved_slots for r in there.history) > 0
+        assert [r.after_step for r in there.history] == [r.after_step for r in here.history]
+        for a, b in zip(here.history, there.history):
+            assert torch.equal(a.window, b.window) and torch.equal(a.phy2log, b.phy2log)
+    finally:
+        engine.close()
+
+
 def test_what_expert_parallelism_needs() -> None:
     with pytest.raises(ConfigError, match="set worker='process'"):
         EngineConfig(expert_parallel=2)
-    with pytest.raises(ConfigError, match="without eplb, for now"):
-        EngineConfig(expert_parallel=2, worker="process", eplb={"window": 2, "interval": 2})
+    with pytest.raises(ConfigError, match="eplb.num_gpus must be 2, got 4"):
+        EngineConfig(expert_parallel=2, worker="process", eplb={"window": 2, "interval": 2, "num_gpus": 4})
     with pytest.raises(ConfigError, match="expert_parallel must be an int >= 1"):
         EngineConfig(expert_parallel=0)
-    with pytest.raises(ConfigError, match="expert_parallel=3 must divide the 8 experts per layer"):
+    with pytest.raises(ConfigError, match="expert_parallel=3 must divide the 8 expert slots per layer"):
         build_engine(worker="process", expert_parallel=3, **POOL)

@@ -20,9 +20,10 @@ from deepinfer_kit.eplb.records import Placement, Topology
 from deepinfer_kit.eplb.window import LoadWindow
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
 
-__all__ = ["BalancerState", "ExpertBalancer", "Rebalance", "moe_layers"]
+__all__ = ["BalancerState", "ExpertBalancer", "Rebalance", "first_placement", "moe_layers"]
 
 
 @attrs.frozen(slots=True)
@@ -70,6 +71,17 @@ class BalancerState:
     last_plan: int
 
 
+def first_placement(config: EplbConfig, layers: list[MoELayer]) -> Placement:
+    """The placement every balancer starts from: DeepSeek's policy on a uniform load over
+    ``config``'s topology (an expert-parallel model is sharded under it before its
+    :class:`ExpertBalancer` is built). Raises ConfigError as :meth:`EplbConfig.topology`."""
+    cfg = layers[0].config
+    groups = cfg.n_group if cfg.routing == "deepseek_v3" else 1
+    topology = config.topology(cfg.num_experts, groups)
+    uniform = torch.ones(len(layers), cfg.num_experts, dtype=torch.int64)
+    return make_policy(attrs.evolve(config, policy="deepseek"), 0).place(uniform, topology)
+
+
 def moe_layers(model: CausalLM) -> list[MoELayer]:
     """The model's :class:`MoELayer` modules, in layer order (empty for a dense model)."""
     if not isinstance(model, torch.nn.Module):
@@ -91,7 +103,8 @@ class ExpertBalancer:
         device: where the window lives (the model's device).
 
     Raises:
-        ConfigError: no MoE layers, layers that are not all local, layers of different
+        ConfigError: no MoE layers, expert-parallel layers not sharded under
+            :func:`first_placement`, layers of different
             ``E``, or a topology the slots do not divide over (the message names the field).
     """
 
@@ -111,10 +124,14 @@ class ExpertBalancer:
                              + down[0].numel() * down.element_size())
         self.policy = make_policy(config, self.expert_bytes)
         self.window = LoadWindow(len(layers), self.num_experts, config.window, device=device)
-        uniform = torch.ones(len(layers), self.num_experts, dtype=torch.int64)
-        first = make_policy(attrs.evolve(config, policy="deepseek"), 0).place(uniform, self.topology)
+        first = first_placement(config, layers)
         for layer, row in zip(layers, first.phy2log.tolist()):
-            layer.use_replicas(row)
+            dispatcher = layer.dispatcher
+            if isinstance(dispatcher, ExpertParallelDispatcher):  # sharded under this plan
+                if list(dispatcher.phy2log) != row:
+                    raise ConfigError("an expert-parallel layer must be sharded under first_placement")
+            else:
+                layer.use_replicas(row)
         self.placement: Placement = first
         self.num_steps = 0
         self._last_plan = 0

@@ -83,7 +83,7 @@ def build_engine(
         )  # one worker per expert-parallel rank
         info = remote.info
         remote_balancer = None
-        if config.eplb is not None and isinstance(remote, ProcessRunner):
+        if config.eplb is not None:
             assert info.balancer is not None  # the worker built one
             remote_balancer = RemoteBalancer(remote, config.eplb, info.balancer)
         return _reserve_drafts(_engine(  # with speculation the worker drafts, round by round

@@ -127,8 +127,10 @@ class EngineConfig:
         expert_parallel: ranks the MoE layers' experts are split over (each rank a worker
             process holding ``E / expert_parallel`` experts per layer, token copies sent to
             their expert's rank by all-to-all over gloo; attention runs on every rank).
-            ``1``: no expert parallelism. More needs ``worker="process"``, a CPU device
-            and no ``eplb`` yet; ``E`` must divide by it.
+            ``1``: no expert parallelism. More needs ``worker="process"`` and a CPU
+            device; the expert slots must divide by it; with ``eplb`` the ranks are its
+            GPUs (``eplb.num_gpus == expert_parallel``) and rebalances move expert weights
+            rank to rank.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round.
@@ -187,10 +189,15 @@ class EngineConfig:
                     f"expert_parallel={self.expert_parallel} runs one worker process per rank: "
                     f"set worker='process'"
                 )
-            if self.eplb is not None or not self.device.startswith("cpu"):
+            if not self.device.startswith("cpu"):
                 raise ConfigError(
-                    f"expert_parallel={self.expert_parallel} runs on CPU ranks over gloo, without "
-                    f"eplb, for now; got device={self.device!r}, eplb={self.eplb!r}"
+                    f"expert_parallel={self.expert_parallel} runs on CPU ranks over gloo for now; "
+                    f"got device={self.device!r}"
+                )
+            if self.eplb is not None and self.eplb.num_gpus != self.expert_parallel:
+                raise ConfigError(
+                    f"with expert_parallel={self.expert_parallel} the ranks are eplb's GPUs: "
+                    f"eplb.num_gpus must be {self.expert_parallel}, got {self.eplb.num_gpus}"
                 )
         if not self.model:
             raise ConfigError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -124,6 +125,32 @@ class ProcessGroupRunner(WorkerPool):
             if result.token_ids != first:
                 raise InvariantError(f"expert-parallel rank {rank} sampled other tokens than rank 0")
         return results[0]
+
+    @property
+    def released(self) -> int | None:
+        """The newest committed step the ranks were told of (alike on every rank)."""
+        return self.ranks[0].released
+
+    @property
+    def num_step_replies(self) -> int:
+        """Steps rank 0 has answered."""
+        return self.ranks[0].num_step_replies
+
+    def request(self, message: tuple[Any, ...]) -> Any:
+        """Send a control message to every rank, then collect every answer (a rebalance
+        is a collective: no rank may be awaited before all have it); returns rank 0's.
+
+        Raises:
+            InvariantError: ranks whose answers differ in kind (one failed).
+            EngineDeadError: a worker is gone.
+        """
+        for r in self.ranks:
+            r.send_control(message)
+        answers = [r.answer() for r in self.ranks]
+        failed = [isinstance(a, BaseException) for a in answers]
+        if any(failed) and not all(failed):
+            raise InvariantError(f"expert-parallel ranks answered {message[0]!r} differently: {answers}")
+        return answers[0]
 
     def close(self) -> None:
         """Stop every rank. Idempotent."""

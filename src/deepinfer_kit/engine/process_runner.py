@@ -264,6 +264,20 @@ class ProcessRunner(WorkerPool):
             EngineDeadError: the worker is gone.
         """
         self._send(message)
+        return self.answer()
+
+    def send_control(self, message: tuple[Any, ...]) -> None:
+        """Send a control message whose answer :meth:`answer` collects (for requests every
+        rank of a group must receive before any can answer)."""
+        self._send(message)
+
+    def answer(self) -> Any:
+        """The worker's answer to the last control message (step replies that arrive
+        first are kept for :meth:`execute`).
+
+        Raises:
+            EngineDeadError: the worker is gone.
+        """
         while True:
             kind, _, payload = self._receive()
             if kind == "answer":

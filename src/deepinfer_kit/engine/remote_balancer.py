@@ -23,6 +23,7 @@ from deepinfer_kit.eplb.placement_ops import placement_from_phy2log
 from deepinfer_kit.errors import InvariantError
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.process_group import ProcessGroupRunner
     from deepinfer_kit.engine.process_runner import ProcessRunner
 
 __all__ = ["RemoteBalancer"]
@@ -33,12 +34,14 @@ class RemoteBalancer:
     :class:`~deepinfer_kit.engine.protocols.Balancer`).
 
     Args:
-        runner: the worker's runner handle (its request channel and reply count).
+        runner: the worker's runner handle (its request channel and reply count), or the
+            expert-parallel ranks' (the request goes to every rank, each moves its slots).
         config: the engine's ``eplb`` config.
         state: the worker balancer's state when the worker was built.
     """
 
-    def __init__(self, runner: ProcessRunner, config: EplbConfig, state: BalancerState) -> None:
+    def __init__(self, runner: ProcessRunner | ProcessGroupRunner, config: EplbConfig,
+                 state: BalancerState) -> None:
         self._runner = runner
         self.config = config
         self.topology = state.topology

@@ -122,7 +122,7 @@ def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int) -
     )
     on_cuda = device.type == "cuda"
     balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
-                if config.eplb is not None else None)
+                if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
     static = balancer is None and (config.static_decode if config.static_decode is not None else (
         on_cuda and config.cuda_graphs))
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))

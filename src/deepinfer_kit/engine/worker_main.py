@@ -25,12 +25,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from deepinfer_kit.engine.balance import moe_layers
+from deepinfer_kit.engine.balance import ExpertBalancer, first_placement, moe_layers
 from deepinfer_kit.engine.build import attach_drafting, runner_speculation
 from deepinfer_kit.engine.plan_codec import PlanDecoder
 from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.runner_build import build_runner
+from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
@@ -62,19 +63,20 @@ def serve(conn: Connection) -> None:
         if world > 1:
             dist.init_process_group("gloo", init_method=spec.rendezvous, rank=spec.rank, world_size=world)
         parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth)
+        balancer = parts.balancer
         if world > 1:  # after the warm-up's local forwards: from here every forward is collective
-            shard_experts(parts.loaded.model, world)
+            balancer = shard_experts(parts.loaded.model, world, spec.config.eplb, parts.device)
         if spec.config.speculative is not None:  # the worker drafts as each round executes
             speculation = runner_speculation(spec.config, parts)
             assert speculation is not None
             attach_drafting(parts.runner, speculation)
-        parts.runner.balancer = parts.balancer  # after warm-up, as in-process
+        parts.runner.balancer = balancer  # after warm-up, as in-process
         if spec.setup is not None:
             spec.setup(parts.runner)
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
         _reply(conn, "failed", None, exc)
         return
-    state = parts.balancer.state() if parts.balancer is not None else None
+    state = balancer.state() if balancer is not None else None
     info = WorkerInfo(os.getpid(), parts.num_blocks, spec.config.block_size, parts.max_model_len,
                       parts.loaded.config, state)
     _reply(conn, "ready", None, info)
@@ -116,21 +118,27 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
         _reply(conn, "ok", number, result)
 
 
-def shard_experts(model: CausalLM, world: int) -> None:
-    """Keep this rank's ``E / world`` experts of every MoE layer and route through the
-    world group (expert ``e`` on rank ``e // (E / world)``).
+def shard_experts(model: CausalLM, world: int, eplb: EplbConfig | None,
+                  device: torch.device) -> ExpertBalancer | None:
+    """Keep this rank's slots of every MoE layer and route through the world group: one
+    slot per expert (expert ``e`` on rank ``e // (E / world)``), or with ``eplb`` the
+    ``E + num_redundant`` slots of :func:`first_placement`, and then the balancer over
+    them (returned).
 
     Raises:
-        ConfigError: the model has no MoE layers, or ``E`` does not divide by ``world``.
+        ConfigError: the model has no MoE layers, or its slots do not divide by ``world``.
     """
     layers = moe_layers(model)
     if not layers:
         raise ConfigError(f"expert_parallel={world} needs a model with MoE layers; this model has none")
-    for layer in layers:
-        experts = layer.config.num_experts
-        if experts % world:
-            raise ConfigError(f"expert_parallel={world} must divide the {experts} experts per layer")
-        layer.use_expert_parallel(ExpertParallelDispatcher(experts, list(range(experts))))
+    experts = layers[0].config.num_experts
+    rows = (first_placement(eplb, layers).phy2log.tolist() if eplb is not None
+            else [list(range(experts))] * len(layers))
+    for layer, row in zip(layers, rows):
+        if len(row) % world:
+            raise ConfigError(f"expert_parallel={world} must divide the {len(row)} expert slots per layer")
+        layer.use_expert_parallel(ExpertParallelDispatcher(layer.config.num_experts, row))
+    return ExpertBalancer(eplb, layers, device) if eplb is not None else None
 
 
 def _rebalance(runner: ModelRunner) -> object:
