@@ -51,19 +51,20 @@ def test_expert_parallel_ranks_equal_the_single_process_engine(world: int, overl
         engine.close()
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_eplb_moves_expert_weights_rank_to_rank(overlap: bool) -> None:
-    """Two ranks with 2 redundant slots (5 per rank): every rank's window sees the same
-    tokens, plans alike and exchanges slots by all-to-all between steps. The tokens are
-    the single-process engine's; the plans are those of the in-process EPLB engine (same
-    windows, same steps)."""
+@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), (4, False)],
+                         ids=["2-sync", "2-overlap", "4-sync"])
+def test_eplb_moves_expert_weights_rank_to_rank(world: int, overlap: bool) -> None:
+    """Ranks with redundant slots (2 ranks of 5 slots, 4 of 3): every rank's window sees
+    the same tokens, plans alike and exchanges slots by all-to-all between steps. The
+    tokens are the single-process engine's; the plans are those of the in-process EPLB
+    engine (same windows, same steps)."""
     import torch
 
-    eplb = {"window": 3, "interval": 2, "num_redundant": 2, "num_gpus": 2, "policy": "refine"}
+    eplb = {"window": 3, "interval": 2, "num_redundant": world, "num_gpus": world, "policy": "refine"}
     greedy = [(rid, p, params) for rid, p, params in workload(31, 10) if params.temperature == 0.0]
     reqs = greedy + [(f"g{i}", list(range(7 * i, 7 * i + 20)), greedy[0][2]) for i in range(4)]
     want, local = run_workload(reqs, overlap, eplb=eplb, **POOL)
-    got, engine = run_workload(reqs, overlap, worker="process", expert_parallel=2, eplb=eplb, **POOL)
+    got, engine = run_workload(reqs, overlap, worker="process", expert_parallel=world, eplb=eplb, **POOL)
     try:
         assert got == want
         here, there = local.balancer, engine.balancer
