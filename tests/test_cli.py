@@ -171,3 +171,13 @@ def test_whole_vocabulary_logprobs_need_max_logprobs(capsys: pytest.CaptureFixtu
     assert "logprobs" in capsys.readouterr().err
     assert main([*tiny, "--max-logprobs", "-1"]) == 0
     assert "(2 tokens, length, logprob -" in capsys.readouterr().out
+
+
+def test_generate_over_expert_parallel_ranks_matches_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "--prompt", "experts apart", "--max-tokens", "6", "--temperature", "0"]
+    assert main(args) == 0
+    alone = capsys.readouterr().out.splitlines()[0]
+    assert main([*args, "--worker", "process", "--expert-parallel", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == alone
+    assert main(["generate", "--expert-parallel", "2"]) == 2  # needs --worker process
+    assert "set worker='process'" in capsys.readouterr().err

@@ -46,6 +46,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", default="inline", choices=("inline", "process"),
                    help="run the model in this process or in a worker process of its own (the "
                         "host's scheduling then overlaps the forward on CPU too)")
+    p.add_argument("--expert-parallel", type=int, default=1, metavar="W",
+                   help="split the MoE layers' experts over W worker processes (gloo ranks, "
+                        "CPU; needs --worker process)")
     p.add_argument("--num-draft", type=int, default=0,
                    help="speculative decoding: drafts verified per round (0: off)")
     p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self", "dspark"),
@@ -94,6 +97,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         max_logprobs=args.max_logprobs,
         overlap=args.overlap,
         worker=args.worker,
+        expert_parallel=args.expert_parallel,
         scheduler=args.scheduler,
         cuda_graphs=not args.no_cuda_graphs,
         speculative=_speculative(args),
