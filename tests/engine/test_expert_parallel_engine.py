@@ -13,6 +13,7 @@ from deepinfer_kit.engine.balance import moe_layers
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from differential import run_workload, workload
+from faults import RunnerFaults, fail_commits, run_to_end
 
 POOL = {"num_blocks": 48, "block_size": 8, "max_model_len": 96, "max_num_seqs": 6,
         "max_num_batched_tokens": 48, "long_prefill_token_threshold": 16}
@@ -86,3 +87,22 @@ def test_what_expert_parallelism_needs() -> None:
         EngineConfig(expert_parallel=0)
     with pytest.raises(ConfigError, match="expert_parallel=3 must divide the 8 expert slots per layer"):
         build_engine(worker="process", expert_parallel=3, **POOL)
+
+
+def test_faults_on_every_rank_lose_nothing() -> None:
+    """The fault injector draws from one seed on every rank, so a forward or sampler that
+    raises, or a NaN row, happens on all ranks at the same point (before any collective
+    of that forward): the step fails alone, every request ends with a reason, and the
+    ranks keep serving."""
+    engine = build_engine(overlap=True, worker="process", expert_parallel=2,
+                          worker_setup=RunnerFaults(6, p_forward=0.08, p_sampler=0.05, p_nan=0.08), **POOL)
+    fail_commits(engine, 6, 0.05)
+    try:
+        outs, reasons = run_to_end(engine, workload(37, 16))
+        assert "error" in reasons and {"stop", "length"} & set(reasons)
+        messages = {str(c.stop_reason) for o in outs.values() for c in o.outputs if c.finish_reason == "error"}
+        assert any("InjectedFault" in m for m in messages), messages
+        assert not any("other tokens than rank 0" in m for m in messages), messages  # ranks agreed
+        engine.check_idle()
+    finally:
+        engine.close()
