@@ -36,7 +36,10 @@ class ChecksShards:
             assert dispatcher.local_experts == tuple(range(first, first + held))
 
 
-@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), (4, False)],
+FOUR_RANKS = pytest.param(4, False, id="4-sync", marks=pytest.mark.slow)  # 2 ranks cover it by default
+
+
+@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), FOUR_RANKS],
                          ids=["2-sync", "2-overlap", "4-sync"])
 def test_expert_parallel_ranks_equal_the_single_process_engine(world: int, overlap: bool) -> None:
     """The differential workload: greedy and seeded sampling, forks, penalties, logprobs,
@@ -52,7 +55,7 @@ def test_expert_parallel_ranks_equal_the_single_process_engine(world: int, overl
         engine.close()
 
 
-@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), (4, False)],
+@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), FOUR_RANKS],
                          ids=["2-sync", "2-overlap", "4-sync"])
 def test_eplb_moves_expert_weights_rank_to_rank(world: int, overlap: bool) -> None:
     """Ranks with redundant slots (2 ranks of 5 slots, 4 of 3): every rank's window sees
