@@ -213,9 +213,8 @@ class ProcessRunner(WorkerPool):
     def prepare(self, plan: SchedulePlan) -> SentStep:
         """Send ``plan`` to the worker, which lays it out and runs it after the steps sent
         before it; returns at once. Carries the newest committed step for the worker's
-        token slots and :attr:`record_expert_counts`. Drafts are verified as one-hot
-        (:attr:`draft_probs` is not consulted: only the n-gram drafter, whose drafts are
-        one-hot, runs with a worker process).
+        token slots and :attr:`record_expert_counts`. With speculation the worker drafts
+        and keeps its own draft distributions (:attr:`draft_probs` is not consulted).
 
         Raises:
             EngineDeadError: the worker is gone.

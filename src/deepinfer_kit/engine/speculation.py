@@ -72,7 +72,7 @@ class Speculation:
                 f"host-side speculation needs a synchronous executor (overlap=False); got an "
                 f"executor of depth {depth}: set overlap=False, or draft on the runner's side "
                 f"(ModelRunner.drafting with BatchScheduler.reserve_drafts, what build_engine "
-                f"does for drafter='ngram' under overlap)"
+                f"does under overlap)"
             )
         if (not callable(getattr(scheduler, "set_spec_tokens", None))
                 or not callable(getattr(scheduler, "pending_prefill_tokens", None))

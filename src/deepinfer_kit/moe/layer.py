@@ -218,10 +218,7 @@ class MoELayer(nn.Module):
         if not self._all_local or self.replicas is not None:
             raise ConfigError("use_replicas needs a layer with a LocalDispatcher and no replicas yet")
         table = ReplicaTable(phy2log, self.config.num_experts, device=self.experts.gate_up.device)
-        index = torch.tensor(table.slot_experts, device=self.experts.gate_up.device)
-        for name in ("gate_up", "down"):
-            old = getattr(self.experts, name)
-            setattr(self.experts, name, nn.Parameter(old.index_select(0, index), requires_grad=False))
+        self._keep_slots(table.slot_experts)
         self.replicas = table
 
     @torch.no_grad()
@@ -237,19 +234,23 @@ class MoELayer(nn.Module):
         """
         if not self._all_local or self.replicas is not None:
             raise ConfigError("use_expert_parallel needs a local layer without replicas")
-        if dispatcher.num_slots < self.config.num_experts or any(
-            not 0 <= e < self.config.num_experts for e in dispatcher.phy2log
-        ):
+        # The dispatcher checked its map against its own expert count; it must be ours.
+        if set(dispatcher.phy2log) != set(range(self.config.num_experts)):
             raise ConfigError(
                 f"dispatcher slots {list(dispatcher.phy2log)} do not place the layer's "
                 f"{self.config.num_experts} experts"
             )
-        index = torch.tensor(dispatcher.local_experts, device=self.experts.gate_up.device)
+        self._keep_slots(dispatcher.local_experts)
+        self.dispatcher = dispatcher
+        self._all_local = False
+
+    def _keep_slots(self, slot_experts: Sequence[int]) -> None:
+        """Replace the expert weights by one row per slot, slot ``s`` a copy of expert
+        ``slot_experts[s]`` (from the full local weights)."""
+        index = torch.tensor(list(slot_experts), device=self.experts.gate_up.device)
         for name in ("gate_up", "down"):
             old = getattr(self.experts, name)
             setattr(self.experts, name, nn.Parameter(old.index_select(0, index), requires_grad=False))
-        self.dispatcher = dispatcher
-        self._all_local = False
 
     def apply_placement(self, phy2log: Sequence[int]) -> int:
         """Move to the slot map ``phy2log``: copy each slot whose expert changes from a
