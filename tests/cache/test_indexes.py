@@ -3,6 +3,7 @@ placeholders for evicted ancestors, context encoding, constructor validation."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import pytest
@@ -103,3 +104,29 @@ def test_context_encoding_separates_values_that_print_alike() -> None:
     encoded = [encode_context(v) for v in values]
     assert len(set(encoded)) == len(values)
     assert encode_context(frozenset({"x", "y"})) == encode_context(frozenset({"y", "x"}))
+
+
+@pytest.mark.parametrize(
+    ("seed", "key", "salted"),
+    [(None, None, False), ("random", None, False), ("0", None, True), ("123", None, True),
+     (None, b"k" * 8, True)],
+)
+def test_radix_keys_carry_a_salt_only_when_the_dict_hash_is_predictable_or_a_key_is_given(
+    monkeypatch: pytest.MonkeyPatch, seed: str | None, key: bytes | None, salted: bool
+) -> None:
+    if seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+    index = RadixPrefixIndex(P, key=key)
+    t = list(range(3 * P))
+    memo: list[bytes] = []
+    index.insert(t, [0, 1, 2], memo=memo)
+    raw = [array("I", t[i : i + P]).tobytes() for i in range(0, 3 * P, P)]
+    if salted:
+        salt = memo[0][: len(memo[0]) - 4 * P]
+        assert len(salt) == (len(key) if key else 32)
+        assert memo == [salt + r for r in raw]
+    else:
+        assert memo == raw
+    assert index.match(t) == [0, 1, 2]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from array import array
 from collections.abc import Hashable, Sequence
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["BlockHasher", "encode_context", "new_key", "extend_block_bytes"]
+__all__ = ["BlockHasher", "encode_context", "new_key", "extend_block_bytes", "hash_key_is_secret"]
 
 
 def _framed(tag: bytes, payload: bytes) -> bytes:
@@ -50,10 +51,34 @@ def encode_context(context: Hashable) -> bytes:
     return _framed(b"o", name.encode() + b"|" + repr(context).encode())
 
 
+def _block_array(tokens: Sequence[int], first: int, end: int, block_size: int) -> array[int]:
+    """Tokens of blocks ``[first, end)`` as native uint32s (``4 * P`` bytes per block).
+
+    Raises:
+        OverflowError: a token id outside ``[0, 2**32)``.
+    """
+    seg = tokens[first * block_size : end * block_size]
+    if type(seg) is list:
+        out = array("I")
+        out.fromlist(seg)  # twice as fast as array("I", seg) on a list of ints
+        return out
+    return array("I", seg)
+
+
 def _block_bytes(tokens: Sequence[int], first: int, end: int, block_size: int) -> memoryview:
-    """Tokens of blocks ``[first, end)`` as native uint32 bytes (``4 * P`` per block), as a
-    byte view: slicing it copies nothing, so each block's key is built with one copy."""
-    return memoryview(array("I", tokens[first * block_size : end * block_size])).cast("B")
+    """:func:`_block_array` as a byte view: slicing it copies nothing, so each block's key
+    is built with one copy."""
+    return memoryview(_block_array(tokens, first, end, block_size)).cast("B")
+
+
+def hash_key_is_secret() -> bool:
+    """True when Python's ``str`` / ``bytes`` hash is keyed by a random per-process secret
+    (``PYTHONHASHSEED`` unset, empty or ``random``), so a client cannot craft dict-key
+    collisions; False when a fixed seed makes the hash predictable."""
+    return sys.flags.hash_randomization == 1 and os.environ.get("PYTHONHASHSEED", "") in (
+        "",
+        "random",
+    )
 
 
 def new_key(key: bytes | None, name: str = "key") -> bytes:
@@ -72,9 +97,9 @@ def new_key(key: bytes | None, name: str = "key") -> bytes:
 def extend_block_bytes(
     keys: list[bytes], tokens: Sequence[int], num_blocks: int, block_size: int, salt: bytes
 ) -> None:
-    """Append ``salt || tokens of block i`` (uint32 little-endian-native) to ``keys`` until
+    """Append ``salt || tokens of block i`` (uint32 native byte order) to ``keys`` until
     it holds ``num_blocks`` keys: exact block identities whose Python hash (SipHash, keyed
-    per process) is also keyed by the secret ``salt``. O(new blocks).
+    per process) is also keyed by ``salt`` when it is not empty. O(new blocks).
 
     Raises:
         OverflowError: a token id outside ``[0, 2**32)``.
@@ -83,8 +108,12 @@ def extend_block_bytes(
     if have >= num_blocks:
         return
     stride = 4 * block_size
-    data = _block_bytes(tokens, have, num_blocks, block_size)
-    keys.extend([salt + data[off : off + stride] for off in range(0, len(data), stride)])
+    if salt:
+        view = _block_bytes(tokens, have, num_blocks, block_size)
+        keys.extend([salt + view[off : off + stride] for off in range(0, len(view), stride)])
+    else:  # one copy per key, from bytes
+        data = _block_array(tokens, have, num_blocks, block_size).tobytes()
+        keys.extend([data[off : off + stride] for off in range(0, len(data), stride)])
 
 
 class BlockHasher:

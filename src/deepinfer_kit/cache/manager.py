@@ -380,7 +380,39 @@ class BlockKVCacheManager:
         self, request: Request, num_new_tokens: int, num_computed_tokens: int | None = None
     ) -> SlotGrant:
         """Publish, take the cached prefix and allocate in one call; see
-        :func:`deepinfer_kit.cache.slots.allocate_slots` (same arguments and errors)."""
+        :func:`deepinfer_kit.cache.slots.allocate_slots` (same arguments, result and
+        errors). A request that holds blocks and only grows (a decode, a later prefill
+        chunk) takes a fast path here; every other case runs the generic function."""
+        table = request.block_table
+        if table and num_new_tokens > 0:
+            computed = (
+                request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+            )
+            st: _PrefixState | None = request.prefix_state  # type: ignore[assignment]
+            end = computed + num_new_tokens
+            if computed > 0 and end <= len(request.all_token_ids) and st is not None and not st.cow:
+                P = self._P
+                num_new = (end + P - 1) // P - len(table)
+                allocator = self._allocator
+                if num_new > 0:
+                    short = num_new - allocator.num_free
+                    index = self._index
+                    if short > 0 and (index is None or short > index.num_evictable):
+                        raise OutOfBlocksError(
+                            f"request {request.request_id!r} needs room for "
+                            f"{num_new_tokens} tokens, {self.num_free_blocks} blocks free or "
+                            f"evictable"
+                        )
+                if computed // P > st.num_published:
+                    self.cache_full_blocks(request, computed)
+                request.num_computed_tokens = computed
+                if num_new > 0:
+                    short = num_new - allocator.num_free
+                    if short > 0:
+                        assert self._index is not None
+                        self._evict(self._index, short)
+                    table.extend(allocator.allocate(num_new))
+                return SlotGrant(0, computed, num_new_tokens, [])
         return allocate_slots(self, request, num_new_tokens, num_computed_tokens)
 
     def check_integrity(self, requests: Iterable[Request] | None = None) -> None:

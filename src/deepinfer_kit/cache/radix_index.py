@@ -6,7 +6,12 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache._index_base import PublishedBlocks
-from deepinfer_kit.cache.hashing import encode_context, extend_block_bytes, new_key
+from deepinfer_kit.cache.hashing import (
+    encode_context,
+    extend_block_bytes,
+    hash_key_is_secret,
+    new_key,
+)
 from deepinfer_kit.cache.protocols import EvictionPolicy
 
 __all__ = ["RadixPrefixIndex"]
@@ -31,16 +36,19 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
     """A radix tree whose edges are full blocks (radix ``P`` tokens, so every block can be
     evicted on its own), with one root per ``context``.
 
-    A node's children are keyed by the exact bytes of the child block's tokens behind a
-    secret per-index salt, so lookups compare tokens exactly (no hash can collide into a
-    wrong hit) and the dict's hash is keyed twice: by Python's per-process hash key and by
-    the salt, which a client cannot learn. A path from the root is the whole prefix. An
+    A node's children are keyed by the exact bytes of the child block's tokens, so
+    lookups compare tokens exactly (no hash can collide into a wrong hit). The dict's hash
+    is keyed by Python's per-process secret; when that secret is not random
+    (``PYTHONHASHSEED`` fixed, see :func:`~deepinfer_kit.cache.hashing.hash_key_is_secret`)
+    or ``key`` is given, every key also starts with a salt a client cannot learn, so
+    nobody can craft prompts whose blocks collide in one node's dict. A path from the root is the whole prefix. An
     evicted block whose descendants are still cached leaves a placeholder node; the path
     becomes reachable again when an equal block is published.
 
     Args:
         block_size: tokens per block ``P``.
-        key: the salt; ``None`` draws 32 random bytes.
+        key: the salt; ``None`` draws 32 random bytes when Python's hash key is not
+            secret, else uses none (one copy less per block key).
         policy: eviction order of unreferenced cached blocks; LRU when ``None``.
 
     Raises:
@@ -53,7 +61,7 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         self, block_size: int, *, key: bytes | None = None, policy: EvictionPolicy | None = None
     ) -> None:
         super().__init__(block_size, policy)
-        self._salt = new_key(key)
+        self._salt = new_key(key) if key is not None or not hash_key_is_secret() else b""
         self._roots: dict[bytes, _Node] = {}
 
     def _keys(self, tokens: Sequence[int], num_blocks: int, memo: list[bytes] | None) -> list[bytes]:

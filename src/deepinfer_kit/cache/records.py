@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import attrs
 
 from deepinfer_kit._validators import int_at_least
@@ -48,9 +50,11 @@ class PrefixCacheStats:
         return self.hit_blocks / self.query_blocks if self.query_blocks else 0.0
 
 
-@attrs.frozen(slots=True)
-class SlotGrant:
+class SlotGrant(NamedTuple):
     """What one :func:`~deepinfer_kit.cache.slots.allocate_slots` call gave a request.
+
+    A named tuple (immutable; built once per scheduled request per step, so it is kept
+    cheaper to make than an attrs record).
 
     Attributes:
         num_cached_tokens: tokens taken from the prefix cache by this call (0 unless the

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable
+from functools import partial
 
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.records import SlotGrant
 from deepinfer_kit.cache.slots import allocate_slots
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
@@ -315,11 +317,17 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
     @suite.check
     def check_allocate_slots_equals_the_step_by_step_calls(factory: ManagerFactory) -> None:
         for seed in range(3):
-            one, steps = factory(24, P), factory(24, P)
-            got = _drive_slots(one, seed, one_call=True)
-            want = _drive_slots(steps, seed, one_call=False)
-            expect(got == want, f"seed {seed}: allocate_slots diverged from the step-by-step calls\n"
-                                f"one call:     {got[:6]}\nstep by step: {want[:6]}")
+            want = _drive_slots(factory(24, P), seed, None)
+            m = factory(24, P)
+            ways = [("allocate_slots(manager, ...)", m, partial(allocate_slots, m))]
+            m = factory(24, P)
+            own = getattr(m, "allocate_slots", None)
+            if callable(own):  # the manager's own method (e.g. a fast path) must agree too
+                ways.append(("manager.allocate_slots(...)", m, own))
+            for name, manager, call in ways:
+                got = _drive_slots(manager, seed, call)
+                expect(got == want, f"seed {seed}: {name} diverged from the step-by-step calls\n"
+                                    f"one call:     {got[:6]}\nstep by step: {want[:6]}")
 
     @suite.check
     def check_random_operations_against_exact_lru_model(factory: ManagerFactory) -> None:
@@ -330,10 +338,13 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
             driver.drain()
 
 
-def _drive_slots(m: KVCacheManager, seed: int, one_call: bool) -> list[tuple[object, ...]]:
+def _drive_slots(
+    m: KVCacheManager, seed: int, one_call: Callable[[Request, int], SlotGrant] | None
+) -> list[tuple[object, ...]]:
     """Chunked prefills and decodes of requests sharing prefixes, scheduled either through
-    :func:`allocate_slots` or through ``cache_full_blocks`` / ``match_prefix`` /
-    ``allocate``; returns what each step saw (hits, tables, free blocks)."""
+    ``one_call(request, num_new_tokens)`` (an ``allocate_slots`` of ``m``) or, when it is
+    None, through ``cache_full_blocks`` / ``match_prefix`` / ``allocate``; returns what
+    each step saw (hits, tables, free blocks)."""
     rng = random.Random(seed)
     heads = [[rng.randrange(40) for _ in range(rng.randrange(2 * P, 4 * P))] for _ in range(3)]
     live: list[Request] = []
@@ -347,8 +358,8 @@ def _drive_slots(m: KVCacheManager, seed: int, one_call: bool) -> list[tuple[obj
         r = rng.choice(live)
         if r.num_computed_tokens == r.num_tokens:  # the last step committed: a token arrives
             if r.num_tokens > 5 * P or rng.random() < 0.3:
-                if one_call:
-                    allocate_slots(m, r, 0)  # publishes what the last step wrote
+                if one_call is not None:
+                    one_call(r, 0)  # publishes what the last step wrote
                 else:
                     m.cache_full_blocks(r, r.num_tokens)
                 m.free(r)
@@ -357,8 +368,8 @@ def _drive_slots(m: KVCacheManager, seed: int, one_call: bool) -> list[tuple[obj
                 continue
             r.append_token(rng.randrange(40))
         end = r.num_tokens if rng.random() < 0.5 else rng.randint(r.num_computed_tokens + 1, r.num_tokens)
-        if one_call:
-            grant = allocate_slots(m, r, end - r.num_computed_tokens)
+        if one_call is not None:
+            grant = one_call(r, end - r.num_computed_tokens)
             cached, start = grant.num_cached_tokens, grant.num_computed_tokens
         else:
             cached = 0
