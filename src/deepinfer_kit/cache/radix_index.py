@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit.cache._index_base import PublishedBlocks
 from deepinfer_kit.cache.hashing import (
@@ -18,21 +18,17 @@ __all__ = ["RadixPrefixIndex"]
 
 _EMPTY = -1  # block of a placeholder node (its block was evicted, descendants remain)
 
-
-class _Node:
-    """One full block on a path from a context's root (a root has ``parent is None``)."""
-
-    __slots__ = ("block", "parent", "key", "children", "context")
-
-    def __init__(self, block: int, parent: _Node | None, key: bytes, context: Hashable) -> None:
-        self.block = block
-        self.parent = parent
-        self.key = key
-        self.children: dict[bytes, _Node] = {}
-        self.context = context
+# A node is a list, not an object: one full block on a path from a context's root. Lists
+# are built 4x faster than slotted instances, and an insert builds one per fresh block.
+#   node[0]  block: the physical block, or _EMPTY (a placeholder, or a root)
+#   node[1]  parent: the parent node; None for a root
+#   node[2]  key: the block's token bytes (a root: its encoded context)
+#   node[3]  children: key -> child node
+#   node[4]  context: the context (roots only)
+_Node = list[Any]
 
 
-class RadixPrefixIndex(PublishedBlocks[_Node]):
+class RadixPrefixIndex(PublishedBlocks[list[Any]]):
     """A radix tree whose edges are full blocks (radix ``P`` tokens, so every block can be
     evicted on its own), with one root per ``context``.
 
@@ -84,14 +80,14 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         n = self._query_blocks(tokens, max_blocks)
         hits: list[int] = []
         node = self._roots.get(encode_context(context)) if n else None
-        if node is not None and node.context == context:
+        if node is not None and node[4] == context:
             keys = self._keys(tokens, n, memo)
             append = hits.append
             for k in keys if len(keys) == n else keys[:n]:
-                node = node.children.get(k)
-                if node is None or node.block < 0:
+                node = node[3].get(k)
+                if node is None or node[0] < 0:
                     break
-                append(node.block)
+                append(node[0])
         if touch:
             self._touch_hits(hits, n)
         return hits
@@ -118,7 +114,7 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         keys = self._keys(tokens, n, memo)
         entries = self._entries
         node = entries.get(blocks[start - 1]) if start else None
-        if node is not None and node.key == keys[start - 1]:
+        if node is not None and node[2] == keys[start - 1]:
             i = start
         else:
             node = self._root(context)
@@ -126,28 +122,28 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
         new: list[int] = []
         for i in range(i, start):  # the published head (reached only without the shortcut)
             k = keys[i]
-            children = node.children
+            children = node[3]
             child = children.get(k)
             if child is None:
-                child = children[k] = _Node(_EMPTY, node, k, None)
+                child = children[k] = [_EMPTY, node, k, {}]
             node = child
         for i in range(start, n):
             k = keys[i]
-            children = node.children
+            children = node[3]
             child = children.get(k)
             b = blocks[i]
             if child is None:
                 if b in entries:
-                    child = children[k] = _Node(_EMPTY, node, k, None)
+                    child = children[k] = [_EMPTY, node, k, {}]
                 else:  # the common case: a fresh block for a new path
-                    child = children[k] = entries[b] = _Node(b, node, k, None)
+                    child = children[k] = entries[b] = [b, node, k, {}]
                     new.append(b)
-            elif child.block < 0 and b not in entries:
-                child.block = b
+            elif child[0] < 0 and b not in entries:
+                child[0] = b
                 entries[b] = child
                 new.append(b)
             node = child
-        if node.block < 0 and not node.children:
+        if node[0] < 0 and not node[3]:
             self._prune(node)
         self._stats.inserted_blocks += len(new)
         return new
@@ -155,34 +151,34 @@ class RadixPrefixIndex(PublishedBlocks[_Node]):
     def _root(self, context: Hashable) -> _Node:
         enc = encode_context(context)
         root = self._roots.get(enc)
-        if root is None or root.context != context:
-            root = self._roots[enc] = _Node(_EMPTY, None, enc, context)
+        if root is None or root[4] != context:
+            root = self._roots[enc] = [_EMPTY, None, enc, {}, context]
         return root
 
     def _prune(self, node: _Node) -> None:
         """Remove empty placeholder nodes upwards from ``node``, and an empty root."""
-        parent = node.parent
-        while parent is not None and node.block < 0 and not node.children:
-            del parent.children[node.key]
-            node, parent = parent, parent.parent
-        if parent is None and not node.children and self._roots.get(node.key) is node:
-            del self._roots[node.key]
+        parent = node[1]
+        while parent is not None and node[0] < 0 and not node[3]:
+            del parent[3][node[2]]
+            node, parent = parent, parent[1]
+        if parent is None and not node[3] and self._roots.get(node[2]) is node:
+            del self._roots[node[2]]
 
     def _forget_all(self, blocks: list[int]) -> None:
         pop = self._entries.pop
         roots = self._roots
         for b in blocks:
             node = pop(b)
-            node.block = _EMPTY
-            if node.children:
+            node[0] = _EMPTY
+            if node[3]:
                 continue  # a placeholder: its cached descendants stay reachable
             # _prune inlined (evictions are the hottest per-block path)
-            parent = node.parent
-            while parent is not None and node.block < 0 and not node.children:
-                del parent.children[node.key]
-                node, parent = parent, parent.parent
-            if parent is None and not node.children and roots.get(node.key) is node:
-                del roots[node.key]
+            parent = node[1]
+            while parent is not None and node[0] < 0 and not node[3]:
+                del parent[3][node[2]]
+                node, parent = parent, parent[1]
+            if parent is None and not node[3] and roots.get(node[2]) is node:
+                del roots[node[2]]
 
 
 if TYPE_CHECKING:

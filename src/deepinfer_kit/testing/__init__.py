@@ -11,6 +11,7 @@ from deepinfer_kit.testing.cache import (
     PREFIX_INDEX_SUITE,
 )
 from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
+from deepinfer_kit.testing.eviction import EVICTION_POLICY_SUITE, LRU_POLICY_SUITE
 from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
 from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
 from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
@@ -27,6 +28,8 @@ __all__ = [
     "BLOCK_ALLOCATOR_SUITE",
     "PREFIX_INDEX_SUITE",
     "KV_CACHE_MANAGER_SUITE",
+    "EVICTION_POLICY_SUITE",
+    "LRU_POLICY_SUITE",
     "SCHEDULER_SUITE",
     "SAMPLER_SUITE",
     "VERIFY_PLANNER_SUITE",
