@@ -59,14 +59,8 @@ class PublishedBlocks(Generic[E]):
         (first given evicted first); returns the others, in order, for the caller to free.
         """
         entries = self._entries
-        cached: list[int] = []
-        rest: list[int] = []
-        keep, drop = cached.append, rest.append
-        for b in blocks:
-            if b in entries:
-                keep(b)
-            else:
-                drop(b)
+        cached = [b for b in blocks if b in entries]
+        rest = [b for b in blocks if b not in entries] if len(cached) < len(blocks) else []
         if cached:
             self._policy.push(cached)
         return rest

@@ -11,6 +11,7 @@ from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 __all__ = ["FreeListBlockAllocator"]
 
 _FREE = -1  # internal count of a block on the free list
+_OUT = -2  # what the mutators read for a negative block id (out of range, like a free one)
 
 
 class FreeListBlockAllocator:
@@ -61,12 +62,6 @@ class FreeListBlockAllocator:
     def _in_range(self, block: int) -> bool:
         return 0 <= block < self._num_blocks
 
-    def _check_range(self, blocks: Sequence[int]) -> None:
-        """InvariantError for the first block outside ``[0, num_blocks)`` (two C passes
-        over ``blocks``, so the per-block loops of the mutators need no range test)."""
-        if blocks and (min(blocks) < 0 or max(blocks) >= self._num_blocks):
-            raise self._bad(next(b for b in blocks if not self._in_range(b)), "")
-
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free blocks with count 1. O(n).
 
@@ -95,34 +90,41 @@ class FreeListBlockAllocator:
         Raises:
             InvariantError: a block is free or out of range; no count changes.
         """
-        self._check_range(blocks)
         ref = self._ref
-        for i, b in enumerate(blocks):
-            c = ref[b]
-            if c == _FREE:
-                for u in blocks[:i]:
-                    ref[u] -= 1
-                raise self._bad(b, "is free and cannot be retained")
-            ref[b] = c + 1
+        i = 0
+        try:
+            for i, b in enumerate(blocks):
+                c = ref[b] if b >= 0 else _OUT  # ref[b] raises IndexError past the end
+                if c < 0:
+                    raise IndexError
+                ref[b] = c + 1
+        except (IndexError, TypeError):
+            for u in blocks[:i]:
+                ref[u] -= 1
+            raise self._bad(blocks[i], "is free and cannot be retained") from None
 
     def release(self, blocks: Sequence[int]) -> list[int]:
         """Drop a reference from each block; returns those whose count reached 0.
 
         Raises:
-            InvariantError: a block is free or already at count 0; no count changes.
+            InvariantError: a block is free, already at count 0 or out of range; no count
+                changes.
         """
-        self._check_range(blocks)
         ref = self._ref
         zero: list[int] = []
-        for i, b in enumerate(blocks):
-            c = ref[b] - 1
-            if c <= 0:
-                if c < 0:
-                    for u in blocks[:i]:
-                        ref[u] += 1
-                    raise self._bad(b, "is not referenced and cannot be released")
-                zero.append(b)
-            ref[b] = c
+        i = 0
+        try:
+            for i, b in enumerate(blocks):
+                c = (ref[b] if b >= 0 else _OUT) - 1
+                if c <= 0:
+                    if c < 0:
+                        raise IndexError
+                    zero.append(b)
+                ref[b] = c
+        except (IndexError, TypeError):
+            for u in blocks[:i]:
+                ref[u] += 1
+            raise self._bad(blocks[i], "is not referenced and cannot be released") from None
         return zero
 
     def free(self, blocks: Sequence[int]) -> None:
@@ -132,14 +134,17 @@ class FreeListBlockAllocator:
             InvariantError: a block is referenced, free, given twice or out of range;
                 nothing changes.
         """
-        self._check_range(blocks)
         ref = self._ref
-        for i, b in enumerate(blocks):
-            if ref[b]:
-                for u in blocks[:i]:
-                    ref[u] = 0
-                raise self._bad(b, "is referenced or already free and cannot be freed")
-            ref[b] = _FREE
+        i = 0
+        try:
+            for i, b in enumerate(blocks):
+                if b < 0 or ref[b]:
+                    raise IndexError
+                ref[b] = _FREE
+        except (IndexError, TypeError):
+            for u in blocks[:i]:
+                ref[u] = 0
+            raise self._bad(blocks[i], "is referenced or already free and cannot be freed") from None
         self._free.extend(blocks)
 
     def make_writable(self, block: int) -> tuple[int, int | None]:

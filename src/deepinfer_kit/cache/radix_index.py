@@ -166,19 +166,17 @@ class RadixPrefixIndex(PublishedBlocks[list[Any]]):
 
     def _forget_all(self, blocks: list[int]) -> None:
         pop = self._entries.pop
-        roots = self._roots
         for b in blocks:
             node = pop(b)
-            node[0] = _EMPTY
             if node[3]:
-                continue  # a placeholder: its cached descendants stay reachable
-            # _prune inlined (evictions are the hottest per-block path)
+                node[0] = _EMPTY  # a placeholder: its cached descendants stay reachable
+                continue
+            # A leaf leaves the tree (a node holding a block always has a parent); nothing
+            # refers to it afterwards, so its fields stay as they were.
             parent = node[1]
-            while parent is not None and node[0] < 0 and not node[3]:
-                del parent[3][node[2]]
-                node, parent = parent, parent[1]
-            if parent is None and not node[3] and roots.get(node[2]) is node:
-                del roots[node[2]]
+            del parent[3][node[2]]
+            if parent[0] < 0 and not parent[3]:
+                self._prune(parent)  # an emptied placeholder or root: rare
 
 
 if TYPE_CHECKING:

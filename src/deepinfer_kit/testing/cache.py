@@ -116,6 +116,10 @@ def check_bad_calls_raise_and_change_nothing(factory: AllocatorFactory) -> None:
     cases: list[tuple[str, Callable[[], object]]] = [
         ("retain of a free block", lambda: alloc.retain([a, free_block])),
         ("retain of an out-of-range block", lambda: alloc.retain([a, 4])),
+        ("retain of a negative block id", lambda: alloc.retain([a, -4 + a])),
+        ("release of a negative block id", lambda: alloc.release([-4 + a])),
+        ("release of an out-of-range block", lambda: alloc.release([a, 4])),
+        ("free of a negative block id", lambda: alloc.free([-4 + b])),
         ("release of an unreferenced block", lambda: alloc.release([a, b])),
         ("free of a referenced block", lambda: alloc.free([a])),
         ("free of a block given twice", lambda: alloc.free([b, b])),
