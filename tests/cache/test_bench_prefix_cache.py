@@ -17,6 +17,7 @@ def test_quick_run_matches_the_exact_lru_model() -> None:
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
     rows = [line for line in out.splitlines() if line.startswith("deepinfer")]
-    assert len(rows) == 2 * 2 * 2, out  # indexes x traces x publish patterns
+    # (2 indexes x 2 publish patterns + the one-call row, token pattern only) x 2 traces
+    assert len(rows) == (2 * 2 + 1) * 2, out
     for row in rows:
         assert row.split()[-1] == "0", f"requests differing from the exact-LRU model: {row}"
