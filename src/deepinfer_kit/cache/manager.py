@@ -18,6 +18,8 @@ from deepinfer_kit.request import Request
 
 __all__ = ["BlockKVCacheManager"]
 
+_tuple_new = tuple.__new__
+
 
 class BlockKVCacheManager:
     """Block tables, prefix reuse, forks with copy-on-write, on injected components.
@@ -412,7 +414,24 @@ class BlockKVCacheManager:
                         assert self._index is not None
                         self._evict(self._index, short)
                     table.extend(allocator.allocate(num_new))
-                return SlotGrant(0, computed, num_new_tokens, [])
+                # tuple.__new__ skips the named tuple's Python-level __new__ (a decode's hot path)
+                return _tuple_new(SlotGrant, (0, computed, num_new_tokens, []))
+        elif (
+            not table
+            and not (request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens)
+            and 0 < num_new_tokens <= request.num_tokens
+        ):
+            # A new (or preempted) request: take the cached prefix and allocate. allocate
+            # itself changes nothing when it raises, so no separate can_allocate plan.
+            before = request.num_computed_tokens
+            cached = min(self.match_prefix(request), (num_new_tokens - 1) // self._P * self._P)
+            request.num_computed_tokens = cached
+            try:
+                copies = self.allocate(request, num_new_tokens - cached, cached)
+            except OutOfBlocksError:
+                request.num_computed_tokens = before
+                raise
+            return SlotGrant(cached, cached, num_new_tokens - cached, copies)
         return allocate_slots(self, request, num_new_tokens, num_computed_tokens)
 
     def check_integrity(self, requests: Iterable[Request] | None = None) -> None:

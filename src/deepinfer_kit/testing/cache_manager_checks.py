@@ -14,7 +14,7 @@ from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.testing.lru_reference import ExactLRUPrefixCache
-from deepinfer_kit.testing.suite import Suite, expect
+from deepinfer_kit.testing.suite import ConformanceError, Suite, expect
 
 __all__ = ["ManagerShadowDriver", "register_manager_checks", "make_request", "admit"]
 
@@ -313,6 +313,33 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
         c = make_request("c", list(range(3 * P + 1)))
         expect(m.match_prefix(c) == 3 * P, "blocks published after a reset are cached again")
         expect(m.reset_prefix_cache() and m.reset_prefix_cache(), "a reset of an empty cache succeeds")
+
+    @suite.check
+    def check_a_refused_allocate_slots_changes_nothing(factory: ManagerFactory) -> None:
+        for own in (False, True):
+            m = factory(4, P)
+            call = getattr(m, "allocate_slots", None) if own else partial(allocate_slots, m)
+            if not callable(call):
+                continue
+            warm = make_request("warm", list(range(2 * P + 1)))
+            m.allocate(warm, warm.num_tokens)
+            warm.num_computed_tokens = warm.num_tokens
+            m.cache_full_blocks(warm, warm.num_tokens)
+            m.free(warm)  # two cached blocks, evictable
+            big = make_request("big", list(range(5 * P)))  # shares them, needs 5 blocks
+            before = (m.num_free_blocks, big.num_computed_tokens, list(big.block_table))
+            try:
+                call(big, big.num_tokens, 0)
+            except OutOfBlocksError:
+                pass
+            else:
+                raise ConformanceError("allocate_slots beyond the pool must raise OutOfBlocksError")
+            after = (m.num_free_blocks, big.num_computed_tokens, list(big.block_table))
+            expect(after == before, f"a refused allocate_slots changed {before} to {after}")
+            small = make_request("small", list(range(2 * P + 1)))
+            grant = call(small, small.num_tokens, 0)
+            expect(grant.num_cached_tokens == 2 * P, "the cached blocks survived the refusal")
+            m.free(small)
 
     @suite.check
     def check_allocate_slots_equals_the_step_by_step_calls(factory: ManagerFactory) -> None:
