@@ -22,9 +22,9 @@ class LRUEvictionPolicy:
     entries are compacted away once they outnumber the live ones, so memory stays
     O(tracked blocks + largest block id).
 
-    The same order as an ``OrderedDict`` with ``move_to_end``, at about a third of its
-    cost per block on the prefix-cache benchmark's call sequence (no per-block node is
-    allocated). With the indexes' calling conventions (a request's blocks pushed tail
+    The same order as an ``OrderedDict`` with ``move_to_end``, at about 60% of its cost
+    on the prefix-cache benchmark's recorded call sequence (no per-block node is
+    allocated, and a touch that the next allocation takes is never applied). With the indexes' calling conventions (a request's blocks pushed tail
     first, matched chains touched tail first) a chain's tail is always evicted before its
     head. Block ids are the allocator's: ints >= 0. Not thread-safe (the scheduler owns
     it).

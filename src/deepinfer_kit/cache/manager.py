@@ -395,26 +395,28 @@ class BlockKVCacheManager:
             if computed > 0 and end <= len(request.all_token_ids) and st is not None and not st.cow:
                 P = self._P
                 num_new = (end + P - 1) // P - len(table)
+                if num_new <= 0:  # a decode inside its last block: publish at most
+                    if computed // P > st.num_published:
+                        self.cache_full_blocks(request, computed)
+                    request.num_computed_tokens = computed
+                    # tuple.__new__ skips the named tuple's Python-level __new__
+                    return _tuple_new(SlotGrant, (0, computed, num_new_tokens, []))
                 allocator = self._allocator
-                if num_new > 0:
-                    short = num_new - allocator.num_free
-                    index = self._index
-                    if short > 0 and (index is None or short > index.num_evictable):
-                        raise OutOfBlocksError(
-                            f"request {request.request_id!r} needs room for "
-                            f"{num_new_tokens} tokens, {self.num_free_blocks} blocks free or "
-                            f"evictable"
-                        )
+                index = self._index
+                short = num_new - allocator.num_free
+                if short > 0 and (index is None or short > index.num_evictable):
+                    raise OutOfBlocksError(
+                        f"request {request.request_id!r} needs room for {num_new_tokens} "
+                        f"tokens, {self.num_free_blocks} blocks free or evictable"
+                    )
                 if computed // P > st.num_published:
                     self.cache_full_blocks(request, computed)
                 request.num_computed_tokens = computed
-                if num_new > 0:
-                    short = num_new - allocator.num_free
-                    if short > 0:
-                        assert self._index is not None
-                        self._evict(self._index, short)
-                    table.extend(allocator.allocate(num_new))
-                # tuple.__new__ skips the named tuple's Python-level __new__ (a decode's hot path)
+                short = num_new - allocator.num_free
+                if short > 0:
+                    assert index is not None
+                    self._evict(index, short)
+                table.extend(allocator.allocate(num_new))
                 return _tuple_new(SlotGrant, (0, computed, num_new_tokens, []))
         elif (
             not table
