@@ -11,17 +11,15 @@ from deepinfer_kit.cache.integrity import check_block_accounting
 from deepinfer_kit.cache.prefix_state import PrefixState as _PrefixState
 from deepinfer_kit.cache.prefix_state import state_of as _state
 from deepinfer_kit.cache.protocols import BlockAllocator, PrefixIndex
-from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats, SlotGrant
-from deepinfer_kit.cache.slots import allocate_slots
+from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats
+from deepinfer_kit.cache.slot_fast_path import SlotFastPath
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 
 __all__ = ["BlockKVCacheManager"]
 
-_tuple_new = tuple.__new__
 
-
-class BlockKVCacheManager:
+class BlockKVCacheManager(SlotFastPath):
     """Block tables, prefix reuse, forks with copy-on-write, on injected components.
 
     Token ``t`` of a request lives at slot ``block_table[t // P] * P + t % P``. The
@@ -377,64 +375,6 @@ class BlockKVCacheManager:
         if index is not None and evictable:
             self._evict(index, evictable)
         return True
-
-    def allocate_slots(
-        self, request: Request, num_new_tokens: int, num_computed_tokens: int | None = None
-    ) -> SlotGrant:
-        """Publish, take the cached prefix and allocate in one call; see
-        :func:`deepinfer_kit.cache.slots.allocate_slots` (same arguments, result and
-        errors). A request that holds blocks and only grows (a decode, a later prefill
-        chunk) takes a fast path here; every other case runs the generic function."""
-        table = request.block_table
-        if table and num_new_tokens > 0:
-            computed = (
-                request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
-            )
-            st: _PrefixState | None = request.prefix_state  # type: ignore[assignment]
-            end = computed + num_new_tokens
-            if computed > 0 and end <= len(request.all_token_ids) and st is not None and not st.cow:
-                P = self._P
-                num_new = (end + P - 1) // P - len(table)
-                if num_new <= 0:  # a decode inside its last block: publish at most
-                    if computed // P > st.num_published:
-                        self.cache_full_blocks(request, computed)
-                    request.num_computed_tokens = computed
-                    # tuple.__new__ skips the named tuple's Python-level __new__
-                    return _tuple_new(SlotGrant, (0, computed, num_new_tokens, []))
-                allocator = self._allocator
-                index = self._index
-                short = num_new - allocator.num_free
-                if short > 0 and (index is None or short > index.num_evictable):
-                    raise OutOfBlocksError(
-                        f"request {request.request_id!r} needs room for {num_new_tokens} "
-                        f"tokens, {self.num_free_blocks} blocks free or evictable"
-                    )
-                if computed // P > st.num_published:
-                    self.cache_full_blocks(request, computed)
-                request.num_computed_tokens = computed
-                short = num_new - allocator.num_free
-                if short > 0:
-                    assert index is not None
-                    self._evict(index, short)
-                table.extend(allocator.allocate(num_new))
-                return _tuple_new(SlotGrant, (0, computed, num_new_tokens, []))
-        elif (
-            not table
-            and not (request.num_computed_tokens if num_computed_tokens is None else num_computed_tokens)
-            and 0 < num_new_tokens <= request.num_tokens
-        ):
-            # A new (or preempted) request: take the cached prefix and allocate. allocate
-            # itself changes nothing when it raises, so no separate can_allocate plan.
-            before = request.num_computed_tokens
-            cached = min(self.match_prefix(request), (num_new_tokens - 1) // self._P * self._P)
-            request.num_computed_tokens = cached
-            try:
-                copies = self.allocate(request, num_new_tokens - cached, cached)
-            except OutOfBlocksError:
-                request.num_computed_tokens = before
-                raise
-            return SlotGrant(cached, cached, num_new_tokens - cached, copies)
-        return allocate_slots(self, request, num_new_tokens, num_computed_tokens)
 
     def check_integrity(self, requests: Iterable[Request] | None = None) -> None:
         """Conservation (free + evictable + in use == total) and, when ``requests`` lists

@@ -10,6 +10,7 @@ from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, Prefix
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.testing.cache_index_checks import register_index_checks
 from deepinfer_kit.testing.cache_manager_checks import register_manager_checks
+from deepinfer_kit.testing.cache_slot_checks import register_slot_checks
 from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = [
@@ -41,6 +42,7 @@ KV_CACHE_MANAGER_SUITE: Suite[KVCacheManagerFactory] = Suite(
 )
 register_index_checks(PREFIX_INDEX_SUITE)
 register_manager_checks(KV_CACHE_MANAGER_SUITE)
+register_slot_checks(KV_CACHE_MANAGER_SUITE)
 
 
 def _raises(exc: type[Exception], fn: Callable[[], object], what: str) -> None:
