@@ -24,10 +24,10 @@ class LRUEvictionPolicy:
 
     The same order as an ``OrderedDict`` with ``move_to_end``, at about 60% of its cost
     on the prefix-cache benchmark's recorded call sequence (no per-block node is
-    allocated, and a touch that the next allocation takes is never applied). With the indexes' calling conventions (a request's blocks pushed tail
-    first, matched chains touched tail first) a chain's tail is always evicted before its
-    head. Block ids are the allocator's: ints >= 0. Not thread-safe (the scheduler owns
-    it).
+    allocated, and a touch that the next allocation takes is never applied). With the
+    indexes' calling conventions (a request's blocks pushed tail first, matched chains
+    touched tail first) a chain's tail is always evicted before its head. Block ids are
+    the allocator's: ints >= 0. Not thread-safe (the scheduler owns it).
     """
 
     __slots__ = ("_where", "_size", "_batches", "_head", "_next_id", "_entries", "_owed")

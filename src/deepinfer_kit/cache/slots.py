@@ -73,13 +73,20 @@ def allocate_slots(
             cached = min(manager.match_prefix(request), (end - 1) // P * P)
     start = cached if not request.block_table else computed
     request.num_computed_tokens = start
-    if end > start and not manager.can_allocate(request, end - start, cached):
+    publish = bool(request.block_table) and computed > 0
+    if publish and end > start and not manager.can_allocate(request, end - start, cached):
+        # Checked first only when something would be published before the allocation;
+        # otherwise allocate itself raises having changed nothing (one plan, not two).
         request.num_computed_tokens = before
         raise OutOfBlocksError(
             f"request {request.request_id!r} needs room for {end - start} tokens, "
             f"{manager.num_free_blocks} blocks free or evictable"
         )
-    if request.block_table and computed:
+    if publish:
         manager.cache_full_blocks(request, computed)
-    copies = manager.allocate(request, end - start, cached) if end > start else []
+    try:
+        copies = manager.allocate(request, end - start, cached) if end > start else []
+    except OutOfBlocksError:
+        request.num_computed_tokens = before
+        raise
     return SlotGrant(cached, start, end - start, copies)

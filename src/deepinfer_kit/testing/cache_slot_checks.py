@@ -21,6 +21,14 @@ P = 4
 ManagerFactory = Callable[[int, int], KVCacheManager]
 
 
+def _expect_refused(call: Callable[[], object], what: str) -> None:
+    try:
+        call()
+    except OutOfBlocksError:
+        return
+    raise ConformanceError(f"{what} must raise OutOfBlocksError")
+
+
 def register_slot_checks(suite: Suite[ManagerFactory]) -> None:
     """Add the ``allocate_slots`` checks to ``suite`` (the KVCacheManager suite)."""
 
@@ -38,17 +46,23 @@ def register_slot_checks(suite: Suite[ManagerFactory]) -> None:
             m.free(warm)  # two cached blocks, evictable
             big = make_request("big", list(range(5 * P)))  # shares them, needs 5 blocks
             before = (m.num_free_blocks, big.num_computed_tokens, list(big.block_table))
-            try:
-                call(big, big.num_tokens, 0)
-            except OutOfBlocksError:
-                pass
-            else:
-                raise ConformanceError("allocate_slots beyond the pool must raise OutOfBlocksError")
+            _expect_refused(lambda: call(big, big.num_tokens, 0), "allocate_slots beyond the pool")
             after = (m.num_free_blocks, big.num_computed_tokens, list(big.block_table))
             expect(after == before, f"a refused allocate_slots changed {before} to {after}")
             small = make_request("small", list(range(2 * P + 1)))
             grant = call(small, small.num_tokens, 0)
             expect(grant.num_cached_tokens == 2 * P, "the cached blocks survived the refusal")
+            # A request holding blocks whose next chunk does not fit: its committed full
+            # blocks must not be published by the refused call.
+            small.all_token_ids.extend(range(100, 100 + 3 + 2 * P))  # 3 P + 2 P tokens
+            computed = 3 * P  # committed: 3 full blocks, the third not published yet
+            state = (m.num_free_blocks, small.num_computed_tokens, list(small.block_table))
+            _expect_refused(lambda: call(small, 2 * P, computed), "a chunk beyond the pool")  # 1 free
+            got = (m.num_free_blocks, small.num_computed_tokens, list(small.block_table))
+            expect(got == state, f"a refused allocate_slots changed {state} to {got}")
+            probe = make_request("probe", list(small.all_token_ids))
+            expect(m.match_prefix(probe) == 2 * P,
+                   f"a refused allocate_slots published blocks: {m.match_prefix(probe)} cached")
             m.free(small)
 
     @suite.check
