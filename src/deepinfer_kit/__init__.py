@@ -30,6 +30,7 @@ _LAZY = {
     "Engine": "deepinfer_kit.engine.engine",
     "EngineConfig": "deepinfer_kit.engine.config",
     "build_engine": "deepinfer_kit.engine.build",
+    "AsyncLLM": "deepinfer_kit.serve.async_llm",
 }
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "build_engine",
+    "AsyncLLM",
     "SamplingParams",
     "RequestOutputKind",
     "RequestOutput",

@@ -71,12 +71,20 @@ def test_defaults_and_disabled_values_are_accepted() -> None:
 
 
 def test_vllm_shaped_values_are_accepted() -> None:
-    assert SamplingParams(n=3, temperature=0.0).n == 3  # vLLM allows n > 1 with greedy
+    with pytest.raises(ConfigError, match="n must be 1 when using greedy sampling"):
+        SamplingParams(n=3, temperature=0.0)  # vLLM refuses n > 1 with greedy
+    assert SamplingParams(n=3, top_k=1).n == 3  # vLLM's greedy check reads temperature only
+    assert SamplingParams(temperature=0.001).temperature == 0.01  # vLLM raises it to 0.01
+    assert SamplingParams(temperature=1e-30).temperature == 0.01
+    assert SamplingParams(temperature=0.0).temperature == 0.0
     assert SamplingParams(max_tokens=None, min_tokens=100).max_tokens is None
     assert SamplingParams(stop="x").stop == ("x",)
     assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
     assert SamplingParams(stop=None).stop == ()
-    assert SamplingParams().output_kind is RequestOutputKind.FINAL_ONLY
+    assert SamplingParams().output_kind is None  # the caller's default (AsyncLLM: CUMULATIVE)
+    p = SamplingParams(temperature=0.5, logit_bias={3: 1.0}, stop=["x"])
+    q = p.clone()
+    assert q == p and q.logit_bias is not p.logit_bias
     assert SamplingParams().skip_special_tokens and SamplingParams().detokenize
 
 

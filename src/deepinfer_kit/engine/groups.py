@@ -103,7 +103,7 @@ class OutputGroups:
         request.observer = SequenceStream(request, self._detokenizer(request), group.streams)
         self._groups[request.request_id] = group
         self._live[user_id] = request.request_id
-        if request.params.output_kind is not _FINAL_ONLY:
+        if request.params.output_kind not in (_FINAL_ONLY, None):  # None: FINAL_ONLY here
             self._streaming[request.request_id] = group
 
     def discard(self, user_id: str) -> None:
@@ -153,7 +153,7 @@ class OutputGroups:
                 if self._live.get(group.user_id) == sid:
                     del self._live[group.user_id]
                 cached += group.num_cached_tokens
-            kind = req.params.output_kind
+            kind = req.params.output_kind or _FINAL_ONLY  # None: the engine's default
             if kind is _FINAL_ONLY and not complete:
                 continue
             outputs = self._completions(group, kind)

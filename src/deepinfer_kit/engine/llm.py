@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import reprlib
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict, Union
 
@@ -16,9 +17,10 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.chat_template import ChatTemplate
 from deepinfer_kit.models.tokenizer import Tokenizer
 from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "PromptInput", "TextPrompt", "TokensPrompt"]
+__all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "one_prompt"]
 
 
 class TextPrompt(TypedDict):
@@ -65,8 +67,13 @@ def _token_ids(value: object, where: str, expected: str) -> list[int] | None:
     return list(value)
 
 
-def _one_prompt(value: object, where: str) -> str | list[int]:
-    """One prompt of any accepted form, as text or token ids."""
+def one_prompt(value: object, where: str) -> str | list[int]:
+    """One prompt of any accepted form (text, token ids, ``{"prompt": ...}`` or
+    ``{"prompt_token_ids": ...}``) as text or token ids.
+
+    Raises:
+        ConfigError: naming ``where`` and the type or key at fault.
+    """
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping):
@@ -108,7 +115,7 @@ def _normalize(prompts: object) -> list[str | list[int]]:
         ConfigError: naming ``prompts`` (or ``prompts[i]``) and the type at fault.
     """
     if isinstance(prompts, (str, Mapping)):
-        return [_one_prompt(prompts, "prompts")]
+        return [one_prompt(prompts, "prompts")]
     if isinstance(prompts, _BYTES) or not isinstance(prompts, Sequence):
         raise ConfigError(
             f"prompts must be {_EXPECTED}, or a list of them; got {_show(prompts)}"
@@ -116,13 +123,36 @@ def _normalize(prompts: object) -> list[str | list[int]]:
     items = list(prompts)
     if items and all(_is_int(p) for p in items):
         return [items]
-    return [_one_prompt(p, f"prompts[{i}]") for i, p in enumerate(items)]
+    return [one_prompt(p, f"prompts[{i}]") for i, p in enumerate(items)]
 
 
-def _params_list(sampling_params: object, count: int) -> list[SamplingParams]:
+def _vllm_options(config: dict[str, Any]) -> None:
+    """vLLM's ``LLM`` options that are spelled differently here, translated in place.
+
+    Raises:
+        ConfigError: ``enforce_eager`` not a bool; ``tensor_parallel_size`` other than 1
+            (this engine runs a model on one device).
+    """
+    if "enforce_eager" in config:  # vLLM's name: never capture CUDA graphs
+        eager = config.pop("enforce_eager")
+        if not isinstance(eager, bool):
+            raise ConfigError(f"enforce_eager must be a bool, got {eager!r}")
+        config["cuda_graphs"] = not eager
+    if "tensor_parallel_size" in config and not any(
+        f.name == "tensor_parallel_size" for f in attrs.fields(EngineConfig)
+    ):
+        size = config.pop("tensor_parallel_size")
+        if size != 1 or isinstance(size, bool):
+            raise ConfigError(
+                f"tensor_parallel_size must be 1: this engine runs the model on one device, "
+                f"got {size!r}"
+            )
+
+
+def _params_list(sampling_params: object, count: int, default: SamplingParams) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt; ConfigError naming the index and type at fault."""
     if sampling_params is None:
-        return [SamplingParams()] * count
+        return [default] * count
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * count
     if isinstance(sampling_params, (str, *_BYTES)) or not isinstance(sampling_params, Sequence):
@@ -150,21 +180,33 @@ class LLM:
         model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (random
             weights) or ``"tiny-words"`` (trained on the project's docs).
         engine: an already built :class:`Engine` to use instead of building one.
+        generation_config: where the default sampling parameters come from (vLLM's
+            option): ``"auto"`` the checkpoint's ``generation_config.json`` (temperature,
+            top_p, top_k, min_p, repetition_penalty, max_new_tokens), ``"vllm"`` none,
+            or another folder holding the file. See :meth:`get_default_sampling_params`.
         **config: other :class:`EngineConfig` fields (``device``, ``dtype``, ``num_blocks``,
             ``gpu_memory_utilization``, ``tokenizer``…); ``enforce_eager=True`` is vLLM's
-            name for ``cuda_graphs=False``.
+            name for ``cuda_graphs=False``; ``tensor_parallel_size`` must be 1. Unlike a
+            bare :class:`EngineConfig`, ``device`` defaults to ``"cuda"`` when a GPU is
+            present and ``model`` is a checkpoint folder, and ``dtype`` to vLLM's
+            ``"auto"`` (:func:`~deepinfer_kit.engine.sampling_defaults.default_dtype`).
 
     Raises:
         ConfigError: an option that is not an :class:`EngineConfig` field (named, with the
             valid ones), options given together with ``engine``, or a bad option value.
     """
 
-    def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
-        if "enforce_eager" in config:  # vLLM's name: never capture CUDA graphs
-            eager = config.pop("enforce_eager")
-            if not isinstance(eager, bool):
-                raise ConfigError(f"enforce_eager must be a bool, got {eager!r}")
-            config["cuda_graphs"] = not eager
+    def __init__(self, model: str = "tiny", *, engine: Engine | None = None,
+                 generation_config: str = "auto", **config: Any) -> None:
+        _vllm_options(config)
+        if engine is None:
+            config.setdefault("device", default_device(model))
+            dtype = config.get("dtype", "auto")
+            if dtype == "auto" and ("dtype" not in config or Path(model).is_dir()):
+                config["dtype"] = default_dtype(model, str(config["device"]))
+        self._sampling_defaults = generation_defaults(
+            model if engine is None else "", generation_config)
+        SamplingParams(**self._sampling_defaults)  # a bad file fails here, not per request
         valid = [f.name for f in attrs.fields(EngineConfig) if f.name != "model"]
         unknown = sorted(k for k in config if k not in valid)
         if unknown:
@@ -180,6 +222,18 @@ class LLM:
         self.chat_renderer = ChatRenderer(
             self.engine.tokenizer, ChatTemplate.from_folder(folder) if folder else None
         )
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The parameters :meth:`generate` and :meth:`chat` use when given none: the
+        checkpoint's ``generation_config.json`` sampling fields over ``SamplingParams()``
+        (vLLM's ``LLM.get_default_sampling_params``); a new object each call."""
+        return SamplingParams(**self._sampling_defaults)
+
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The ``generation_config.json`` fields in force (SamplingParams field -> value;
+        empty with ``generation_config="vllm"``); a copy."""
+        return dict(self._sampling_defaults)
 
     def close(self) -> None:
         """Stop the engine (its worker process with ``worker="process"``); see
@@ -242,7 +296,7 @@ class LLM:
             prompts: a text, a list of token ids, ``{"prompt": text}``,
                 ``{"prompt_token_ids": ids}``, or a list of any of these.
             sampling_params: one for all prompts, or one per prompt (default:
-                ``SamplingParams()``).
+                :meth:`get_default_sampling_params`).
             use_tqdm: show a progress bar (default: for 8 prompts or more).
 
         Raises:
@@ -255,7 +309,7 @@ class LLM:
         params = [  # like vLLM: generate reports each request once, finished
             sp if sp.output_kind is RequestOutputKind.FINAL_ONLY
             else attrs.evolve(sp, output_kind=RequestOutputKind.FINAL_ONLY)
-            for sp in _params_list(sampling_params, len(items))
+            for sp in _params_list(sampling_params, len(items), self.get_default_sampling_params())
         ]
         for p, sp in zip(items, params):
             self.engine.check_request(p, sp)  # validate all before queuing any

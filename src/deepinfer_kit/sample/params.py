@@ -14,6 +14,7 @@ from deepinfer_kit.errors import ConfigError
 __all__ = ["RequestOutputKind", "SamplingParams"]
 
 _SEED_LIMIT = 2**63
+_MIN_TEMPERATURE = 0.01  # vLLM's floor: a positive temperature below it is raised to it
 
 
 def _to_int_tuple(value: Iterable[int] | None) -> tuple[int, ...]:
@@ -45,6 +46,14 @@ class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
+
+
+def _floor_temperature(value: Any) -> Any:
+    """A positive temperature below 0.01 raised to 0.01 (as vLLM does: tiny values make
+    ``logits / T`` overflow); anything else unchanged (validated afterwards)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < _MIN_TEMPERATURE:
+        return _MIN_TEMPERATURE
+    return value
 
 
 def _to_bias(value: Any) -> dict[int, float] | None:
@@ -108,9 +117,12 @@ class SamplingParams:
 
     Attributes:
         n: completions to generate for the prompt (``n > 1`` forks the request after its
-            prompt is computed; the children share the prompt's KV blocks). Needs sampling
-            With greedy sampling the ``n`` completions are identical (as in vLLM).
-        temperature: logits are divided by it; ``0`` means greedy (argmax).
+            prompt is computed; the children share the prompt's KV blocks). ``n > 1`` with
+            ``temperature=0`` is refused, as vLLM refuses it (the completions would be
+            identical).
+        temperature: logits are divided by it; ``0`` means greedy (argmax). A value in
+            ``(0, 0.01)`` is raised to ``0.01`` (vLLM's rule). Values above 2 are accepted
+            (vLLM refuses them).
         top_k: keep the ``k`` most likely tokens; ``0`` or ``-1`` disables it.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``;
             in ``(0, 1]``, ``1`` disables it.
@@ -148,8 +160,11 @@ class SamplingParams:
         truncate_prompt_tokens: keep only the last ``k`` prompt tokens (``>= 1``, at most
             the engine's ``max_model_len``); ``-1``: the last ``max_model_len - 1`` (the
             most a prompt may hold and still leave room for one output token).
-        output_kind: what ``Engine.step()`` reports while the request runs (see
-            :class:`RequestOutputKind`); ``LLM.generate`` always uses FINAL_ONLY.
+        output_kind: what is reported while the request runs (see
+            :class:`RequestOutputKind`). ``None`` (the default) leaves it to the caller:
+            :class:`~deepinfer_kit.serve.AsyncLLM` streams CUMULATIVE outputs (vLLM's
+            default), ``Engine.step()`` reports the request once finished (FINAL_ONLY);
+            ``LLM.generate`` always uses FINAL_ONLY.
         prompt_logprobs: when set, the logprob of every prompt token after the first
             (given the tokens before it) and the top-``prompt_logprobs`` alternatives, in
             ``RequestOutput.prompt_logprobs``; ``-1``: the whole vocabulary (capped by
@@ -171,7 +186,7 @@ class SamplingParams:
     """
 
     n: int = 1
-    temperature: float = 1.0
+    temperature: float = attrs.field(default=1.0, converter=_floor_temperature)
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
@@ -190,7 +205,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
-    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    output_kind: RequestOutputKind | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = attrs.field(
         default=None, converter=_to_bias, hash=False
@@ -210,6 +225,10 @@ class SamplingParams:
         temperature = _require_float("temperature", self.temperature)
         if temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if temperature == 0.0 and self.n > 1:
+            raise ConfigError(
+                f"n must be 1 when using greedy sampling (temperature=0), got n={self.n}"
+            )
         _require_int("top_k", self.top_k)
         if self.top_k < -1:
             raise ConfigError(f"top_k must be -1, 0 (disabled) or >= 1, got {self.top_k}")
@@ -303,10 +322,15 @@ class SamplingParams:
                     f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got "
                     f"{self.truncate_prompt_tokens}"
                 )
-        if not isinstance(self.output_kind, RequestOutputKind):
+        if self.output_kind is not None and not isinstance(self.output_kind, RequestOutputKind):
             raise ConfigError(
                 f"output_kind must be a RequestOutputKind, got {self.output_kind!r}"
             )
+
+    def clone(self) -> SamplingParams:
+        """A copy of these parameters (vLLM's ``SamplingParams.clone``). The record is
+        frozen, so the copy is equal to this one; its ``logit_bias`` dict is a new dict."""
+        return attrs.evolve(self, logit_bias=self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:

@@ -7,14 +7,14 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import attrs
 
 from deepinfer_kit.engine.engine import Engine
-from deepinfer_kit.engine.llm import LLM
+from deepinfer_kit.engine.llm import LLM, SinglePrompt, one_prompt
 from deepinfer_kit.errors import ConfigError, EngineDeadError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
@@ -77,7 +77,7 @@ class AsyncLLM:
 
     async def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: SinglePrompt,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
@@ -85,8 +85,10 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs as the engine produces them.
 
-        With ``output_kind`` CUMULATIVE (the default when ``sampling_params`` is ``None``)
-        each output holds everything so far; DELTA only what is new; FINAL_ONLY yields once.
+        ``prompt`` is a text, token ids, ``{"prompt": text}`` or ``{"prompt_token_ids":
+        ids}``. With ``output_kind`` CUMULATIVE (the default, as in vLLM: also when the
+        params leave ``output_kind`` as ``None``) each output holds everything so far;
+        DELTA only what is new; FINAL_ONLY yields once.
         The last output has ``finished`` True. Closing the generator or cancelling the
         task that iterates it before then aborts the request (its blocks are freed by the
         engine's next round).
@@ -97,10 +99,12 @@ class AsyncLLM:
                 are unaffected).
             EngineDeadError: the engine died or this AsyncLLM was shut down.
         """
-        params = sampling_params if sampling_params is not None else SamplingParams(
-            output_kind=RequestOutputKind.CUMULATIVE)
+        params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"sampling_params must be SamplingParams, got {params!r}")
+        if params.output_kind is None:  # vLLM's AsyncLLM streams by default
+            params = attrs.evolve(params, output_kind=RequestOutputKind.CUMULATIVE)
+        prompt = one_prompt(prompt, "prompt")
         self._check_running()
         rid = request_id if request_id is not None else f"async-{next(self._keys)}"
         if rid in self._live:
@@ -129,13 +133,15 @@ class AsyncLLM:
             if not finished:
                 self._submit(lambda: self._abort(key))
 
-    async def abort(self, request_id: str) -> bool:
-        """Abort a live request: its consumer's next output is the final one, with finish
-        reason ``abort``. Returns False for an id that is not live."""
-        key = self._live.get(request_id)
-        if key is None:
+    async def abort(self, request_id: str | Iterable[str]) -> bool:
+        """Abort live requests (one id or several, as vLLM's ``abort``): each consumer's
+        next output is its final one, with finish reason ``abort``. Returns True when any
+        of the ids was live; ids that are not live are skipped."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        keys = [key for key in (self._live.get(rid) for rid in ids) if key is not None]
+        if not keys:
             return False
-        return await self.call(lambda: self.engine.abort(key))
+        return await self.call(lambda: any([self.engine.abort(key) for key in keys]))
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread between two rounds and return its result (or
@@ -193,7 +199,7 @@ class AsyncLLM:
             self._commands.append(command)
             self._wake.notify()
 
-    def _add(self, key: str, prompt: str | Sequence[int], params: SamplingParams, priority: int) -> None:
+    def _add(self, key: str, prompt: str | list[int], params: SamplingParams, priority: int) -> None:
         stream = self._streams.get(key)
         if stream is None:  # the consumer left before its request was queued
             return
