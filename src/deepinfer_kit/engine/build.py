@@ -9,12 +9,14 @@ import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl
+from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.drafters import build_drafter
+from deepinfer_kit.engine.drafters import build_drafter, check_speculative
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.process_group import ProcessGroupRunner
 from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
+from deepinfer_kit.engine.rank_groups import build_launched
 from deepinfer_kit.engine.remote_balancer import RemoteBalancer
 from deepinfer_kit.engine.protocols import Balancer, StepRunner
 from deepinfer_kit.engine.runner import ModelRunner
@@ -45,6 +47,7 @@ def build_engine(
     sampler: Sampler | None = None,
     executor: OverlapExecutor | None = None,
     worker_setup: Callable[[ModelRunner], object] | None = None,
+    wrap_comm: Callable[[Communicator], Communicator] | None = None,
     **overrides: Any,
 ) -> Engine:
     """Load the model and build every default component of ``config`` — the one place
@@ -58,7 +61,10 @@ def build_engine(
     (:class:`ProcessRunner`; ``sampler`` must then pickle) and ``worker_setup``, when given,
     is called there with the worker's :class:`ModelRunner` once built (it must pickle by
     reference: instrumentation, fault injection). In the engine's process it is called with
-    the runner just the same.
+    the runner just the same. With several worker ranks (``tensor_parallel *
+    expert_parallel``), ``wrap_comm`` wraps each rank's tensor-parallel communicator
+    (fault injection; it must pickle by reference). ``worker="launched"`` builds this
+    rank's shard in this process (:func:`build_launched`).
 
     Raises:
         ConfigError: bad config values, an unknown device, an unsupported checkpoint, or
@@ -72,15 +78,18 @@ def build_engine(
             config = attrs.evolve(config, **overrides)
         except TypeError as exc:
             raise ConfigError(f"unknown EngineConfig field in {sorted(overrides)}: {exc}") from exc
+    check_speculative(config.speculative, config.model, config.max_model_len)  # before any weights
     executor = executor if executor is not None else _default_executor(config)
     depth = executor.depth if executor is not None else 0
     spec = config.speculative
     if config.worker == "process":
         engine_device(config)
-        worker = WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads())
+        worker = WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads(),
+                            wrap_comm=wrap_comm)
         remote: ProcessRunner | ProcessGroupRunner = (
-            ProcessGroupRunner(worker) if config.expert_parallel > 1 else ProcessRunner(worker)
-        )  # one worker per expert-parallel rank
+            ProcessGroupRunner(worker) if config.expert_parallel * config.tensor_parallel > 1
+            else ProcessRunner(worker)
+        )  # one worker per rank
         info = remote.info
         remote_balancer = None
         if config.eplb is not None:
@@ -90,7 +99,8 @@ def build_engine(
             config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
             info.max_model_len, executor, make_scheduler, balancer=remote_balancer,
         ), spec, True)
-    parts = build_runner(config, sampler=sampler, depth=depth)
+    parts = (build_launched(config, sampler=sampler, depth=depth) if config.worker == "launched"
+             else build_runner(config, sampler=sampler, depth=depth))
     runner, loaded, num_blocks, max_model_len = parts.runner, parts.loaded, parts.num_blocks, parts.max_model_len
     speculation = runner_speculation(config, parts)
     if speculation is not None and depth:  # overlapped: the runner drafts, round by round
@@ -108,8 +118,9 @@ def build_engine(
 def runner_speculation(config: EngineConfig, parts: RunnerParts) -> Speculation | None:
     """The drafting phase of ``config.speculative`` beside ``parts``' runner: its drafter
     (a draft model or the target's first layers get KV pools of their own on the model's
-    device), its DSpark curve profiled on the runner when ``sps="profile"``; ``None``
-    without speculation. Called once per engine, in the process that holds the model."""
+    device), the DSpark planner's curve profiled on the runner unless one is given
+    (``sps`` ``None`` or ``"profile"``); ``None`` without speculation. Called once per
+    engine, in the process that holds the model."""
     spec = config.speculative
     if spec is None:
         return None
@@ -121,11 +132,13 @@ def runner_speculation(config: EngineConfig, parts: RunnerParts) -> Speculation 
         moe_impl=cast(Impl, config.moe_impl),
     )
     sps = spec.sps
-    if sps == "profile" and spec.planner == "dspark":
+    if spec.planner == "dspark" and not isinstance(sps, SpsCurve):
+        # profiled once, over every round size the budget allows (a verify round plus
+        # the prefill planned beside it), as the DSpark paper's engine does at start-up
         chunk = spec.num_draft + 1
         sps = measure_sps(
             forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
-            sps_points(min(config.max_num_batched_tokens, config.max_num_seqs * chunk)),
+            sps_points(config.max_num_batched_tokens),
         )
     return build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
 
@@ -133,8 +146,9 @@ def runner_speculation(config: EngineConfig, parts: RunnerParts) -> Speculation 
 def attach_drafting(runner: ModelRunner, speculation: Speculation) -> RunnerDrafting:
     """Overlapped speculation: ``runner`` drafts each round as it executes it
     (:class:`RunnerDrafting` over ``speculation``), hands the draft distributions to its
-    verifier, and keeps the drafter's per-sequence state as long as the token slots."""
-    drafting = RunnerDrafting(speculation)
+    verifier, and keeps the drafter's per-sequence state as long as the token slots (a
+    runner without them, in a synchronous worker: while the sequence has a chunk in each round)."""
+    drafting = RunnerDrafting(speculation, follows_slots=runner.token_slots is not None)
     runner.drafting = drafting
     runner.draft_probs = speculation.draft_probs
     if runner.token_slots is not None:
@@ -208,16 +222,26 @@ def build_speculation(
     """The drafting phase of ``spec`` (``None`` without it): ``drafter`` (default: the
     n-gram drafter of ``spec``; ``engine.drafters.build_drafter`` builds the model
     drafters) and the named planner; the DSpark planner's curve is ``sps`` (``build_engine``
-    passes ``spec.sps``, or the curve it profiled for ``sps="profile"``), flat when
-    ``None``. The verifier is built beside it (a :class:`RejectionVerifier`), since the
-    runner needs it before the curve can be profiled."""
+    passes ``spec.sps``, or the curve it profiled). The verifier is built beside it (a
+    :class:`RejectionVerifier`), since the runner needs it before the curve can be profiled.
+
+    Raises:
+        ConfigError: ``planner="dspark"`` without a curve (neither ``sps`` nor an
+            ``SpsCurve`` in ``spec.sps``): the planner has nothing to trade drafts against.
+    """
     if spec is None:
         return None
     planner: VerifyPlanner
     if spec.planner == "threshold":
-        planner = ThresholdPlanner(spec.threshold)
+        planner = ThresholdPlanner(spec.threshold, spec.threshold_rule)
     elif spec.planner == "dspark":
-        planner = DSparkPlanner(sps if sps is not None else SpsCurve((1,), (1.0,)))
+        curve = sps if sps is not None else spec.sps
+        if not isinstance(curve, SpsCurve):
+            raise ConfigError(
+                f"speculative.sps: planner='dspark' needs an SpsCurve (the engine profiles "
+                f"one when it is built), got {curve!r}"
+            )
+        planner = DSparkPlanner(curve)
     else:
         planner = FixedPlanner(spec.num_draft)
     if drafter is None:

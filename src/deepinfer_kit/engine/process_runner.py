@@ -45,6 +45,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.comm.protocols import Communicator
     from deepinfer_kit.engine.balance import BalancerState
     from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
     from deepinfer_kit.engine.runner import ModelRunner
@@ -67,8 +68,12 @@ class WorkerSpec:
             injection, instrumentation); must pickle by reference (a module-level callable
             or an instance of a module-level class), or ``None``.
         threads: the worker's torch intra-op threads (the host's count when started).
-        rank, rendezvous: with ``config.expert_parallel > 1``, this worker's rank and the
-            ``tcp://host:port`` every rank joins (gloo) before the model loads.
+        rank, rendezvous: with more than one rank (``tensor_parallel * expert_parallel``),
+            this worker's rank and the ``tcp://host:port`` every rank joins (gloo) before
+            the model loads.
+        wrap_comm: called in the worker with its tensor-parallel communicator, returns the
+            one the model uses (fault injection in tests); must pickle by reference, or
+            ``None``.
     """
 
     config: EngineConfig
@@ -78,6 +83,7 @@ class WorkerSpec:
     threads: int = 1
     rank: int = 0
     rendezvous: str | None = None
+    wrap_comm: Callable[[Communicator], Communicator] | None = None
 
 
 @attrs.frozen(slots=True)
@@ -111,7 +117,9 @@ class SentStep:
 
 
 class RemoteSlots:
-    """The host's handle on the worker runner's token slots (:class:`SlotLeases`)."""
+    """The host's handle on the worker runner's per-sequence state (:class:`SlotLeases`):
+    its token slots under overlap and its drafter's sequences with speculation (a
+    synchronous worker drafts too, without token slots)."""
 
     def __init__(self, runner: ProcessRunner) -> None:
         self._runner = runner
@@ -123,8 +131,9 @@ class RemoteSlots:
         self._runner.released = step_id if newest is None else max(newest, step_id)
 
     def check_all_free(self) -> None:
-        """Raise :class:`InvariantError` unless no slot is leased in the worker (a round
-        trip; the engine calls it only with nothing in flight)."""
+        """Raise :class:`InvariantError` unless no slot is leased in the worker and its
+        drafter holds no sequence or draft block (a round trip; the engine calls it only
+        with nothing in flight and no request live)."""
         problem = self._runner.request(("check", self._runner.released))
         if problem is not None:
             raise InvariantError(str(problem))
@@ -191,7 +200,10 @@ class ProcessRunner(WorkerPool):
         self.record_expert_counts = False
         self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self._send_raw(boot)
-        self.token_slots: RemoteSlots | None = RemoteSlots(self) if spec.depth else None
+        # The worker's per-sequence state: its token slots under overlap, and a drafter's
+        # sequences with speculation (the worker drafts), which the idle check must reach.
+        keeps = spec.depth or spec.config.speculative is not None
+        self.token_slots: RemoteSlots | None = RemoteSlots(self) if keeps else None
         self._start_timeout = start_timeout
         if wait:
             self.wait_ready()
@@ -254,6 +266,19 @@ class ProcessRunner(WorkerPool):
     def pid(self) -> int:
         """The worker's process id."""
         return self._proc.pid
+
+    @property
+    def connection(self) -> Connection:
+        """The socket to the worker: readable when a reply arrived or the worker exited
+        (for ``multiprocessing.connection.wait`` over several workers)."""
+        return self._conn
+
+    def kill(self) -> None:
+        """Kill the worker at once (its process group is broken: it cannot finish a
+        step), then :meth:`close`, which reaps it. Idempotent."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self.close()
 
     def request(self, message: tuple[Any, ...]) -> Any:
         """Send a control message and return the worker's answer (replies to steps that

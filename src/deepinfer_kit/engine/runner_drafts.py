@@ -19,6 +19,10 @@ each chunk when round ``k + 1`` starts executing:
 A drafter with KV of its own keeps each sequence's state while the sequence holds a token
 slot (this class is a :class:`~deepinfer_kit.engine.token_slots.SlotFollower`): it is
 rolled back to the accepted tokens before each round drafts and released when the slot is.
+A synchronous worker process (``worker="process"``, ``overlap=False``) drafts here too but
+has no token slots: there every round before the one resolved has been committed, and a
+sequence's state lives while it has a chunk in each round, released by the first round
+without it (as a slot would be) and, at the idle check, after the last round.
 
 A chunk whose round ``k`` produced nothing (it failed, or its logits were not finite) is
 reported as an error; its request was already ended by round ``k``'s commit.
@@ -73,20 +77,29 @@ class RunnerDrafting:
         speculation: the drafter, the verify planner and γ (``num_draft``, the most
             drafts per chunk: the scheduler's ``draft_room``); its draft distributions
             are the runner's ``draft_probs``.
+        follows_slots: the runner's token slots release the sequences (:meth:`release`);
+            ``False`` for a runner without them (a synchronous worker process): a round
+            releases the sequences it has no chunk of.
     """
 
-    def __init__(self, speculation: Speculation) -> None:
+    def __init__(self, speculation: Speculation, *, follows_slots: bool = True) -> None:
         self.speculation = speculation
         self._emitted: dict[str, list[int]] = {}  # sequence id -> tokens of its last round
         self._stateful = speculation.stateful
         self._views: dict[str, DraftView] = {}  # stateful drafter: sequences it may hold
         self._released: deque[str] = deque()  # slots freed since the last round (any thread)
+        self._follows_slots = follows_slots
+        self._last_round: set[str] = set()  # without slots: the sequences of the last round
 
     def resolve(self, plan: SchedulePlan) -> tuple[SchedulePlan, list[int], list[str | None]]:
         """``(resolved plan, index in plan of each resolved chunk, error per chunk of
         plan)``: chunks that could not be resolved are left out and named in the errors.
         Reads what :meth:`record` kept of the round before; mutates the drafter's state
         (a draft model's KV). O(chunks + drafter + planner)."""
+        if not self._follows_slots and self._stateful:
+            present = {c.request_id for c in plan.chunks}
+            self._released.extend(sid for sid in self._views if sid not in present)
+            self._last_round = present
         self._apply_releases()
         emitted = self._emitted
         errors: list[str | None] = [None] * len(plan.chunks)
@@ -151,7 +164,12 @@ class RunnerDrafting:
 
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless the drafter holds no sequence and no block
-        (the engine's idle check, through the token slots)."""
+        (the engine's idle check: through the token slots, or without them called by the
+        worker with nothing in flight and no request live, so the last round's sequences
+        have ended and are released first)."""
+        if not self._follows_slots and self._stateful:
+            self._released.extend(self._last_round)
+            self._last_round = set()
         self._apply_releases()
         if self._views:
             raise InvariantError(f"runner drafting still holds sequences {sorted(self._views)}")

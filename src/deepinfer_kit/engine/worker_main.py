@@ -3,11 +3,11 @@ builds the runner from a :class:`WorkerSpec`, then prepares and executes the pla
 receives, one at a time, in order, replying to each.
 
 Messages in (pickled tuples): ``("step", message, released, record_expert_counts, plan
-bytes)``, ``("check", released)``, ``("rebalance", released)``, ``("close",)``. Replies
+bytes)``, ``("check", released)``, ``("rebalance", released, after_step)``, ``("close",)``. Replies
 out: ``(kind, message, payload)`` with kind ``"ready"`` (a :class:`WorkerInfo`),
 ``"failed"`` (the build's exception), ``"ok"`` (a :class:`StepResult`), ``"error"`` (the
 step's exception), ``"undecoded"`` (the plan's bytes could not be decoded) or
-``"answer"`` (to ``check``: a problem or ``None``; to ``rebalance``: ``(record or None,
+``"answer"`` (to ``check``: a problem or ``None``; to ``rebalance``: ``(record,
 balancer state)`` or the exception it raised).
 
 The worker ignores SIGINT (the host's Ctrl-C is the host's to handle) and exits when the
@@ -29,8 +29,9 @@ from deepinfer_kit.engine.balance import ExpertBalancer, first_placement, moe_la
 from deepinfer_kit.engine.build import attach_drafting, runner_speculation
 from deepinfer_kit.engine.plan_codec import PlanDecoder
 from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
+from deepinfer_kit.engine.rank_groups import worker_groups
 from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.runner_build import build_runner
+from deepinfer_kit.engine.runner_build import build_runner, engine_device
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
@@ -60,12 +61,13 @@ def serve(conn: Connection) -> None:
     try:
         torch.set_num_threads(spec.threads)
         world = spec.config.expert_parallel
-        if world > 1:
-            dist.init_process_group("gloo", init_method=spec.rendezvous, rank=spec.rank, world_size=world)
-        parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth)
+        groups = worker_groups(spec, engine_device(spec.config))  # None: a single rank
+        parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth,
+                             tp=groups.tp if groups is not None else None)
         balancer = parts.balancer
         if world > 1:  # after the warm-up's local forwards: from here every forward is collective
-            balancer = shard_experts(parts.loaded.model, world, spec.config.eplb, parts.device)
+            balancer = shard_experts(parts.loaded.model, world, spec.config.eplb, parts.device,
+                                     group=groups.ep_group if groups is not None else None)
         if spec.config.speculative is not None:  # the worker drafts as each round executes
             speculation = runner_speculation(spec.config, parts)
             assert speculation is not None
@@ -101,7 +103,7 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
             _reply(conn, "answer", None, _slots_problem(runner))
             continue
         if kind == "rebalance":
-            _reply(conn, "answer", None, _rebalance(runner))
+            _reply(conn, "answer", None, _rebalance(runner, message[2]))
             continue
         _, number, _, record, data = message
         try:
@@ -119,11 +121,11 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
 
 
 def shard_experts(model: CausalLM, world: int, eplb: EplbConfig | None,
-                  device: torch.device) -> ExpertBalancer | None:
+                  device: torch.device, group: dist.ProcessGroup | None = None) -> ExpertBalancer | None:
     """Keep this rank's slots of every MoE layer and route through the world group: one
     slot per expert (expert ``e`` on rank ``e // (E / world)``), or with ``eplb`` the
     ``E + num_redundant`` slots of :func:`first_placement`, and then the balancer over
-    them (returned).
+    them (returned). ``group``: the expert-parallel process group (``None``: the world).
 
     Raises:
         ConfigError: the model has no MoE layers, or its slots do not divide by ``world``.
@@ -137,27 +139,31 @@ def shard_experts(model: CausalLM, world: int, eplb: EplbConfig | None,
     for layer, row in zip(layers, rows):
         if len(row) % world:
             raise ConfigError(f"expert_parallel={world} must divide the {len(row)} expert slots per layer")
-        layer.use_expert_parallel(ExpertParallelDispatcher(layer.config.num_experts, row))
+        layer.use_expert_parallel(ExpertParallelDispatcher(layer.config.num_experts, row, group))
     return ExpertBalancer(eplb, layers, device) if eplb is not None else None
 
 
-def _rebalance(runner: ModelRunner) -> object:
-    """Every step sent before this request has run: rebalance when due."""
+def _rebalance(runner: ModelRunner, after_step: int) -> object:
+    """Every step sent before this request has run: rebalance now (the host decided, on
+    its clock of committed rounds), stamped ``after_step``."""
     balancer = runner.balancer
     if balancer is None:
         return InvariantError("rebalance asked of a worker without eplb")
     try:
-        record = balancer.rebalance() if balancer.due() else None
+        record = balancer.rebalance(after_step=after_step)
     except Exception as exc:  # noqa: BLE001 - raised on the host
         return exc
     return record, balancer.state()
 
 
 def _slots_problem(runner: ModelRunner) -> str | None:
-    if runner.token_slots is None:
-        return None
+    """The idle check of the runner's per-sequence state: its token slots (their
+    followers: the drafter under overlap), else its drafter's (a synchronous worker)."""
     try:
-        runner.token_slots.check_all_free()
+        if runner.token_slots is not None:
+            runner.token_slots.check_all_free()
+        elif runner.drafting is not None:
+            runner.drafting.check_idle()
     except InvariantError as exc:
         return str(exc)
     return None
