@@ -147,7 +147,7 @@ def test_raw_sse_ends_with_done_and_models_and_health(served: Served) -> None:
     (json.dumps({"prompt": "x", "top_p": 0.0}).encode(), "top_p", "top_p"),
     (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), "max_tokens", "max_tokens"),
     (json.dumps({"prompt": 5}).encode(), "prompt", "prompt"),
-    (json.dumps({"prompt": "x", "logit_bias": {"1": 5}}).encode(), "logit_bias", "logit_bias"),
+    (json.dumps({"prompt": "x", "logit_bias": {"one": 5}}).encode(), "logit_bias", "logit_bias"),
     (json.dumps({"prompt": "x" * 300, "stream": True}).encode(), None, "max_model_len"),
     (json.dumps({"prompt": [1, 2, 999999]}).encode(), None, "259"),
 ])
@@ -192,7 +192,7 @@ def test_a_client_that_leaves_before_a_plain_answer_aborts_its_request(served: S
         time.sleep(0.01)
         return step()
 
-    body: dict[str, Any] = {"max_tokens": 200, "ignore_eos": True}
+    body: dict[str, Any] = {"max_tokens": 150, "ignore_eos": True}
     body.update({"prompt": "wait for it"} if "chat" not in path else
                 {"messages": [{"role": "user", "content": "wait for it"}]})
     before = len(served.aborted)

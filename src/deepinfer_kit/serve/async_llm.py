@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import Future
@@ -19,11 +20,39 @@ from deepinfer_kit.errors import ConfigError, EngineDeadError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
-__all__ = ["AsyncLLM"]
+__all__ = ["AsyncLLM", "StepTimes"]
 
 T = TypeVar("T")
 
 _Item = RequestOutput | BaseException
+
+
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@attrs.define(slots=True)
+class StepTimes:
+    """Durations of the engine's rounds as a histogram (counts per upper bound in
+    ``buckets``, plus one for larger values), written by the engine thread only; read it
+    through :meth:`AsyncLLM.call` for a consistent copy."""
+
+    buckets: tuple[float, ...] = STEP_BUCKETS_S
+    counts: list[int] = attrs.field(factory=lambda: [0] * (len(STEP_BUCKETS_S) + 1))
+    count: int = 0
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one round of ``seconds``. O(buckets)."""
+        i = 0
+        while i < len(self.buckets) and seconds > self.buckets[i]:
+            i += 1
+        self.counts[i] += 1
+        self.count += 1
+        self.total_s += seconds
+
+    def copy(self) -> StepTimes:
+        """A snapshot."""
+        return StepTimes(self.buckets, list(self.counts), self.count, self.total_s)
 
 
 @attrs.define(slots=True)
@@ -70,6 +99,7 @@ class AsyncLLM:
         self._wake = threading.Condition()
         self._stopping = False
         self._error: BaseException | None = None
+        self.step_times = StepTimes()
         self._thread = threading.Thread(target=self._run, name="deepinfer-async-llm", daemon=True)
         self._thread.start()
 
@@ -237,7 +267,10 @@ class AsyncLLM:
                     self._drain()
                     return
                 if self.engine.has_unfinished_requests():
-                    for out in self.engine.step():
+                    t0 = time.perf_counter()
+                    outputs = self.engine.step()
+                    self.step_times.observe(time.perf_counter() - t0)
+                    for out in outputs:
                         self._dispatch(out)
                     if not self.engine.has_unfinished_requests():
                         for out in self.engine.flush():
