@@ -9,8 +9,9 @@ import torch
 
 from deepinfer_kit import build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.build import build_speculation
 from deepinfer_kit.engine.sps_profile import (
-    fit_sps, forward_timer, measure_sps, sps_points, verify_shape,
+    fit_sps, forward_timer, knee_interval, measure_sps, sps_points, verify_shape,
 )
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.planners import DSparkPlanner
@@ -56,12 +57,21 @@ def test_profiled_curve_equals_the_known_step_time() -> None:
     runner = _FakeRunner(_FakeModel(clock), PagedKVCache(1, 8, 16, 1, 4, dtype=torch.float32, device="cpu"))
     points = sps_points(40)
     curve = measure_sps(forward_timer(runner, chunk=5, clock=clock), points)  # type: ignore[arg-type]
-    assert curve.batch_tokens == (1, 2, 4, 8, 16, 32, 40)
-    for b in points:
+    # powers of two, then the knee bisected: 16 is the first count 25% slower than 1, so
+    # 12 (slower), 10 (not), 11 (not) locate it between 11 and 12
+    assert curve.batch_tokens == (1, 2, 4, 8, 10, 11, 12, 16, 32, 40)
+    for b in range(1, 41):  # the time is piecewise linear, so exact between the points too
         assert curve(b) == pytest.approx(1.0 / _step_seconds(b))
+    assert curve(80) == pytest.approx(1.0 / _step_seconds(80))  # extended along the last slope
     # one untimed call and three timed ones per point, every K/V write to the pad slot
-    assert [t for t, _ in runner.model.fed] == [b for b in points for _ in range(4)]
+    assert [t for t, _ in runner.model.fed] == [b for b in (*points, 12, 10, 11) for _ in range(4)]
     assert {slots for _, slots in runner.model.fed} == {1}
+
+
+def test_the_knee_is_the_first_rise_over_the_flat_part() -> None:
+    assert knee_interval([1, 2, 4, 8], [1.0, 1.0, 1.1, 2.0]) == (4, 8)
+    assert knee_interval([1, 2, 4, 8], [1.0, 1.0, 1.1, 1.2]) is None  # never rises enough
+    assert knee_interval([1, 2, 4], [1.0, 3.0, 4.0]) is None  # nothing between 1 and 2
 
 
 def test_fit_takes_the_median_and_never_lets_a_larger_step_be_faster() -> None:
@@ -75,21 +85,23 @@ def test_fit_takes_the_median_and_never_lets_a_larger_step_be_faster() -> None:
 
 def test_points_and_shapes() -> None:
     assert sps_points(1) == [1]
-    assert sps_points(2048) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert sps_points(48, cap=256) == [1, 2, 4, 8, 16, 32, 48]
+    assert sps_points(2048) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert sps_points(48) == [1, 2, 4, 8, 16, 32, 48]
     query, seq = verify_shape(13, chunk=5, context=10)
     assert query == [5, 4, 4] and seq == [15, 14, 14]
     assert verify_shape(3, chunk=5, context=0) == ([3], [3])
 
 
-def test_engine_profiles_its_curve_only_when_asked() -> None:
-    spec = {"drafter": "ngram", "num_draft": 3, "planner": "dspark", "sps": "profile"}
+def test_engine_profiles_the_dspark_curve_unless_one_is_given() -> None:
+    spec = {"drafter": "ngram", "num_draft": 3, "planner": "dspark"}
     engine = build_engine(speculative=spec, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64,
                           max_model_len=512)
     assert engine.speculation is not None
     planner = engine.speculation.planner
     assert isinstance(planner, DSparkPlanner)
-    assert planner.sps.batch_tokens == (1, 2, 4, 8, 16)  # up to max_num_seqs * (1 + γ)
+    # the whole budget, not only max_num_seqs * (1 + γ): prefill rides in the same rounds
+    assert {1, 2, 4, 8, 16, 32, 64} <= set(planner.sps.batch_tokens)
+    assert planner.sps.batch_tokens[-1] == 64
     sps = planner.sps.steps_per_second
     assert all(b <= a for a, b in zip(sps, sps[1:]))
     given = SpsCurve((1, 8), (50.0, 40.0))
@@ -97,3 +109,5 @@ def test_engine_profiles_its_curve_only_when_asked() -> None:
     assert engine.speculation is not None and engine.speculation.planner.sps is given  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="speculative.sps"):
         SpecConfig(sps="measure")
+    with pytest.raises(ConfigError, match="speculative.sps: planner='dspark' needs an SpsCurve"):
+        build_speculation(SpecConfig(planner="dspark"))

@@ -47,6 +47,12 @@ def _check_fraction(instance: object, attribute: attrs.Attribute[float], value: 
         raise ConfigError(f"{attribute.name} must be a number in (0, 1], got {value!r}")
 
 
+def _check_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """A positive, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{attribute.name} must be a positive number of seconds, got {value!r}")
+
+
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
@@ -124,6 +130,17 @@ class EngineConfig:
             separate interpreter locks, which is what lets overlap pay on CPU); with
             ``speculative`` the worker drafts too, with ``eplb`` it keeps the load window
             and moves the expert weights (the host's ``engine.balancer`` is a handle).
+            ``"launched"``: this process is one rank of ``tensor_parallel *
+            expert_parallel`` started by a launcher (``torchrun``, on one host or several:
+            ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``); every rank runs
+            the whole engine on the same inputs, its model being its shard (docs/distributed.md).
+        tensor_parallel: ranks attention, dense MLPs, the embedding and the LM head are
+            sharded over (vLLM's ``tensor_parallel_size``; ``models.parallel``); inside each
+            expert-parallel group, so the world is ``tensor_parallel * expert_parallel``
+            ranks. More than 1 needs ``worker="process"`` (one worker process per rank, on
+            this host) or ``"launched"``, and a CPU device (gloo) for now.
+        collective_timeout: seconds any one collective of a multi-rank model may take; a
+            rank that dies, raises or stalls surfaces as EngineDeadError within it.
         expert_parallel: ranks the MoE layers' experts are split over (each rank a worker
             process holding ``E / expert_parallel`` experts per layer, token copies sent to
             their expert's rank by all-to-all over gloo; attention runs on every rank).
@@ -171,8 +188,10 @@ class EngineConfig:
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
     )
 
-    worker: str = attrs.field(default="inline", validator=one_of(("inline", "process")))
+    worker: str = attrs.field(default="inline", validator=one_of(("inline", "process", "launched")))
     expert_parallel: int = attrs.field(default=1, validator=int_at_least(1))
+    tensor_parallel: int = attrs.field(default=1, validator=int_at_least(1))
+    collective_timeout: float = attrs.field(default=300.0, validator=_check_seconds)
 
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
@@ -183,17 +202,14 @@ class EngineConfig:
                 "eplb and static_decode=True cannot be combined yet (padded static rows would "
                 "count as routed tokens); leave static_decode unset or set eplb=None"
             )
+        self._check_parallel()
+        spec = self.speculative
+        if spec is not None and self.max_model_len is not None and spec.num_draft >= self.max_model_len:
+            raise ConfigError(
+                f"speculative.num_draft must be below max_model_len ({self.max_model_len}): a "
+                f"verified chunk holds 1 + num_draft tokens, got {spec.num_draft}"
+            )
         if self.expert_parallel > 1:
-            if self.worker != "process":
-                raise ConfigError(
-                    f"expert_parallel={self.expert_parallel} runs one worker process per rank: "
-                    f"set worker='process'"
-                )
-            if not self.device.startswith("cpu"):
-                raise ConfigError(
-                    f"expert_parallel={self.expert_parallel} runs on CPU ranks over gloo for now; "
-                    f"got device={self.device!r}"
-                )
             if self.eplb is not None and self.eplb.num_gpus != self.expert_parallel:
                 raise ConfigError(
                     f"with expert_parallel={self.expert_parallel} the ranks are eplb's GPUs: "
@@ -203,6 +219,21 @@ class EngineConfig:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
+
+    def _check_parallel(self) -> None:
+        """Multi-rank models: a worker kind that runs one process per rank, CPU ranks."""
+        for name in ("tensor_parallel", "expert_parallel"):
+            value = getattr(self, name)
+            if value > 1 and self.worker == "inline":
+                raise ConfigError(
+                    f"{name}={value} runs one process per rank: set worker='process' (spawned "
+                    f"here) or worker='launched' (started by torchrun), got worker='inline'")
+            if value > 1 and not self.device.startswith("cpu"):
+                raise ConfigError(f"{name}={value} runs on CPU ranks over gloo for now; "
+                                  f"got device={self.device!r}")
+        if self.tensor_parallel > 1 and self.eplb is not None:
+            raise ConfigError(f"eplb with tensor_parallel={self.tensor_parallel} is not built yet; "
+                              f"set eplb=None or tensor_parallel=1")
 
     @property
     def overlapped(self) -> bool:

@@ -46,10 +46,14 @@ class DraftModelDrafter:
             device); ``None`` uses torch's default generator.
         max_model_len: positions the draft may write stay below it (the draft model's
             ``max_position_embeddings`` at most).
-        stop_below: stop drafting a request once the cumulative product of its drafts'
-            confidences (their survival) falls below this: the threshold planner would
-            not verify past that draft, so the forwards after it are saved. 0 drafts all
-            ``γ``.
+        stop_below: stop drafting a request at the first draft whose confidence makes it
+            fall below this (``stop_rule``): the threshold planner would not verify it nor
+            any after it, so it is not drawn and the forwards after it are saved. 0 drafts
+            all ``γ``. The confidence is known before the draft is drawn
+            (:func:`~deepinfer_kit.spec.draw.draft_confidence`), so the stop never reads
+            the drafted value.
+        stop_rule: ``"survival"`` compares the cumulative product of the confidences with
+            ``stop_below``, ``"step"`` each draft's own (the threshold planner's rules).
 
     Raises:
         ConfigError: the book's block size or pool differs from ``kv_cache``'s, or the
@@ -58,7 +62,7 @@ class DraftModelDrafter:
 
     def __init__(self, model: CausalLM, kv_cache: PagedKVCache, book: DraftKVBook, *,
                  generator: torch.Generator | None = None, max_model_len: int,
-                 stop_below: float = 0.0) -> None:
+                 stop_below: float = 0.0, stop_rule: str = "survival") -> None:
         check_draft_pool(book, kv_cache, "draft")
         if kv_cache.num_layers < model.config.num_layers:
             raise ConfigError(
@@ -72,6 +76,7 @@ class DraftModelDrafter:
         self.max_model_len = min(max_model_len, model.config.max_position_embeddings)
         self.vocab_size = model.config.vocab_size
         self.stop_below = stop_below
+        self.stop_rule = stop_rule
         self.num_forwards = 0  # draft forwards run (catch-up rounds included)
 
     def propose(self, requests: Sequence[DraftSequence], num_draft: int) -> DraftProposal:
@@ -85,7 +90,8 @@ class DraftModelDrafter:
 
         Returns:
             ``token_ids [R, γ]`` int64 and ``confidence [R, γ]`` float32 (the draft
-            model's own probability of each draft, temperature 1) on the CPU;
+            model's expected probability of the draft it is about to draw, temperature 1:
+            :func:`~deepinfer_kit.spec.draw.draft_confidence`) on the CPU;
             ``draft_probs [R, γ, V]`` float64 on the model's device (the distribution each
             draft was drawn from; zeros past ``num_drafted``), or ``None`` when every
             request is greedy (one-hot drafts).
@@ -102,23 +108,29 @@ class DraftModelDrafter:
             if not step:
                 break
             logits = self._forward(step, ids, j)
+            for row in step:
+                row.fed = j  # the KV of drafts 0 .. j - 1 is now written
             tokens, q, c = draw_drafts(logits, [row.req for row in step],
                                        [ids[row.index] for row in step], j, greedy=greedy,
                                        generator=self.generator)
-            for row, tok in zip(step, tokens):
+            kept = []
+            for k, (row, tok, cj) in enumerate(zip(step, tokens, c.tolist())):
+                row.survival *= cj
+                if self._stops(row.survival, cj):
+                    row.depth = j  # the planner verifies no draft from here: keep none
+                    continue
                 ids[row.index][j] = tok
-            where = torch.tensor([row.index for row in step], dtype=torch.int64)
-            conf[where, j] = c
-            if self.stop_below > 0:
-                for row, cj in zip(step, c.tolist()):
-                    row.survival *= cj
-                    if row.survival < self.stop_below:
-                        row.depth = j + 1  # this draft is its last
+                kept.append(k)
+            if not kept:
+                continue
+            where = torch.tensor([step[k].index for k in kept], dtype=torch.int64)
+            pick = torch.tensor(kept, dtype=torch.int64)
+            conf[where, j] = c[pick]
             if probs is not None and q is not None:
-                probs[where.to(probs.device), j] = q
+                probs[where.to(probs.device), j] = q[pick.to(q.device)]
         for row in rows:
             toks = row.req.all_token_ids
-            self.book.written(row.req.request_id, toks + ids[row.index][: row.depth - 1])
+            self.book.written(row.req.request_id, toks + ids[row.index][: row.fed])
         counts = [0] * num_req
         for row in rows:
             counts[row.index] = row.depth
@@ -126,6 +138,13 @@ class DraftModelDrafter:
             token_ids=torch.tensor(ids, dtype=torch.int64).view(num_req, gamma),
             num_drafted=counts, draft_probs=probs, confidence=conf,
         )
+
+    def _stops(self, survival: float, confidence: float) -> bool:
+        """Whether a draft of this ``survival`` / own ``confidence`` is below the stop."""
+        if self.stop_below <= 0:
+            return False
+        value = confidence if self.stop_rule == "step" else survival
+        return value < self.stop_below
 
     def sync(self, running: Sequence[DraftSequence]) -> None:
         """See :meth:`StatefulDrafter.sync`: roll back to the accepted tokens, release the

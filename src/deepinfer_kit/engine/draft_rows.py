@@ -23,6 +23,7 @@ class DraftRow:
     depth: int  # drafts it gets (<= γ)
     table: list[int]  # its block table in the drafter's pool
     survival: float = 1.0  # product of its drafts' confidences so far
+    fed: int = 0  # drafts whose KV the drafter has written (fed back as inputs)
 
 
 def check_draft_pool(book: DraftKVBook, kv_cache: PagedKVCache, owner: str) -> None:

@@ -17,17 +17,63 @@ from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.draft_model import DraftModelDrafter
 from deepinfer_kit.engine.dspark import DSparkDrafter
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.embedded import embedded_dspark_heads, is_embedded
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, embedded_dspark_heads, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.protocols import CausalLM
+from deepinfer_kit.models.tiny import tiny_hf_config
 from deepinfer_kit.models.truncated import LayerTruncatedLM
 from deepinfer_kit.spec.draft_kv import DraftKVBook
-from deepinfer_kit.spec.dspark_heads import DSparkHeads, check_num_draft, load_heads
+from deepinfer_kit.spec.dspark_heads import DSparkHeads, check_num_draft, heads_positions, load_heads
 from deepinfer_kit.spec.ngram import NgramDrafter
 from deepinfer_kit.spec.protocols import Drafter
 from deepinfer_kit.spec.records import SpecConfig
 
-__all__ = ["build_drafter", "draft_pool_blocks"]
+__all__ = ["build_drafter", "draft_pool_blocks", "check_speculative"]
+
+
+def _model_config(model: str) -> ModelConfig:
+    """The config of a model name (``"tiny"``, an embedded name or a folder), read from its
+    ``config.json`` only — no weights."""
+    if model == TINY:
+        return ModelConfig.from_hf_config(tiny_hf_config())
+    return ModelConfig.from_pretrained(embedded_checkpoint(model) if is_embedded(model) else model)
+
+
+def check_speculative(spec: SpecConfig | None, model: str, max_model_len: int | None) -> None:
+    """Check ``spec`` against the target ``model``'s config file, the draft model's and the
+    DSpark heads' file, before any weights are loaded (``build_engine`` calls it first, on
+    the host, so a bad config never starts a worker).
+
+    Raises:
+        ConfigError: ``draft_layers`` beyond the target's layers, a draft model of another
+            vocabulary, ``num_draft`` beyond the DSpark heads' positions, or ``num_draft``
+            not below the model's length limit (each names the field and value).
+        CheckpointError: a config or heads file that cannot be read.
+    """
+    if spec is None:
+        return
+    target = _model_config(model)
+    limit = min(max_model_len or target.max_position_embeddings, target.max_position_embeddings)
+    if spec.num_draft >= limit:
+        raise ConfigError(f"speculative.num_draft must be below the model's length limit "
+                          f"({limit}), got {spec.num_draft}")
+    if spec.drafter == "self" and spec.draft_layers is not None and spec.draft_layers > target.num_layers:
+        raise ConfigError(f"speculative.draft_layers must be in [1, {target.num_layers}] (the "
+                          f"target's layers), got {spec.draft_layers}")
+    if spec.drafter == "draft_model" and spec.draft_model:
+        draft = _model_config(spec.draft_model)
+        if draft.vocab_size != target.vocab_size:
+            raise ConfigError(
+                f"speculative.draft_model {spec.draft_model!r} has vocab_size "
+                f"{draft.vocab_size}, the target has {target.vocab_size}; a draft model must "
+                f"share the target's tokenizer")
+    if spec.drafter == "dspark" and spec.dspark_heads:
+        name = spec.dspark_heads
+        positions = heads_positions(embedded_dspark_heads(name) if is_embedded(name) else name)
+        if spec.num_draft > positions:
+            raise ConfigError(f"speculative.num_draft must be <= {positions} (the DSpark heads' "
+                              f"positions), got {spec.num_draft}")
 
 
 def draft_pool_blocks(num_blocks: int, block_size: int, max_num_seqs: int, num_draft: int) -> int:
@@ -94,7 +140,7 @@ def build_drafter(
     book = DraftKVBook(FreeListBlockAllocator(blocks, block_size))
     stop = spec.threshold if spec.planner == "threshold" else 0.0  # it verifies no further
     return DraftModelDrafter(model, kv, book, generator=generator, max_model_len=max_model_len,
-                             stop_below=stop)
+                             stop_below=stop, stop_rule=spec.threshold_rule)
 
 
 def _load_draft(path: str, target: LoadedModel, *, seed: int, dtype: torch.dtype,

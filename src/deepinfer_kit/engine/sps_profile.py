@@ -1,5 +1,7 @@
-"""SPS profiling: time the runner's forward at a few batch-token counts when the engine is
-built and fit the ``SpsCurve`` the DSpark planner maximises ``τ · SPS(B)`` with."""
+"""SPS profiling: time the runner's forward over the whole range of batch-token counts a
+round can hold when the engine is built — powers of two up to the token budget, then more
+points bisecting the knee where the step stops being flat — and fit the ``SpsCurve`` the
+DSpark planner maximises ``τ · SPS(B)`` with."""
 
 from __future__ import annotations
 
@@ -14,21 +16,34 @@ from deepinfer_kit.engine.warmup import dummy_forward
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpsCurve
 
-__all__ = ["sps_points", "verify_shape", "fit_sps", "measure_sps", "forward_timer"]
+__all__ = ["sps_points", "knee_interval", "verify_shape", "fit_sps", "measure_sps", "forward_timer"]
 
 _CONTEXT = 64  # context tokens of each profiled request (a short decode's)
 
 
-def sps_points(max_tokens: int, *, cap: int = 256) -> list[int]:
-    """The batch-token counts profiled: powers of two from 1 up to
-    ``min(max_tokens, cap)``, and that bound itself. Pure."""
-    top = max(1, min(max_tokens, cap))
+def sps_points(max_tokens: int) -> list[int]:
+    """The batch-token counts profiled first: powers of two from 1 up to ``max_tokens``
+    (the round's token budget), and that bound itself. Pure."""
+    top = max(1, max_tokens)
     points = [1]
     while points[-1] * 2 <= top:
         points.append(points[-1] * 2)
     if points[-1] != top:
         points.append(top)
     return points
+
+
+def knee_interval(batch_tokens: Sequence[int], seconds: Sequence[float], *,
+                  rise: float = 1.25) -> tuple[int, int] | None:
+    """The neighbouring counts ``(a, b)`` between which the step time first exceeds
+    ``rise`` times the time of the smallest count — where the device stops being flat —
+    or ``None`` when it never does or no count lies strictly between them. Pure."""
+    base = seconds[0] * rise
+    for i in range(1, len(batch_tokens)):
+        if seconds[i] > base:
+            a, b = batch_tokens[i - 1], batch_tokens[i]
+            return (a, b) if b - a > 1 else None
+    return None
 
 
 def verify_shape(tokens: int, chunk: int, context: int = _CONTEXT) -> tuple[list[int], list[int]]:
@@ -64,14 +79,27 @@ def fit_sps(batch_tokens: Sequence[int], seconds: Sequence[Sequence[float]]) -> 
 
 
 def measure_sps(time_step: Callable[[int], float], batch_tokens: Sequence[int], *,
-                repeats: int = 3) -> SpsCurve:
+                repeats: int = 3, refine: int = 4) -> SpsCurve:
     """Time ``time_step(B)`` (seconds of one step of ``B`` tokens) ``repeats`` times per
-    count after one untimed call, and fit the curve (:func:`fit_sps`)."""
-    seconds = []
-    for b in batch_tokens:
+    count after one untimed call, then locate the knee: up to ``refine`` more counts, each
+    bisecting the interval where the step time first rises (:func:`knee_interval`); fit
+    the curve over all of them (:func:`fit_sps`)."""
+    timed: dict[int, list[float]] = {}
+
+    def measure(b: int) -> None:
         time_step(b)  # first touch: allocations, kernel selection
-        seconds.append([time_step(b) for _ in range(repeats)])
-    return fit_sps(batch_tokens, seconds)
+        timed[b] = [time_step(b) for _ in range(repeats)]
+
+    for b in batch_tokens:
+        measure(b)
+    for _ in range(refine):
+        xs = sorted(timed)
+        knee = knee_interval(xs, [statistics.median(timed[b]) for b in xs])
+        if knee is None:
+            break
+        measure((knee[0] + knee[1]) // 2)
+    xs = sorted(timed)
+    return fit_sps(xs, [timed[b] for b in xs])
 
 
 def forward_timer(runner: ModelRunner, chunk: int, *, context: int = _CONTEXT,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from deepinfer_kit.errors import CheckpointError, ConfigError
 
-__all__ = ["DSparkHeads", "load_heads", "save_heads", "check_num_draft", "HEADS_FORMAT", "TENSOR_NAMES"]
+__all__ = ["DSparkHeads", "load_heads", "save_heads", "check_num_draft", "heads_positions", "HEADS_FORMAT", "TENSOR_NAMES"]
 
 HEADS_FORMAT = "deepinfer-kit-dspark-heads/1"
 TENSOR_NAMES = ("parallel.weight", "parallel.bias", "markov.w1", "markov.w2",
@@ -159,6 +159,29 @@ def load_heads(path: str | os.PathLike[str], *, vocab_size: int, hidden_size: in
             f"{tensors['sts.temperature'].tolist()}"
         )
     return _from_tensors({k: v.float() for k, v in tensors.items()}, layers)
+
+
+def heads_positions(path: str | os.PathLike[str]) -> int:
+    """``γ`` of a heads file (its ``sts.temperature`` length), read from the file's header
+    without loading a tensor; called before any model loads.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable or lacks ``sts.temperature``.
+    """
+    from safetensors import safe_open
+
+    file = Path(path)
+    if not file.is_file():
+        raise CheckpointError(f"speculative.dspark_heads: no such file {str(file)!r}")
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            shape = f.get_slice("sts.temperature").get_shape()
+    except Exception as exc:  # safetensors raises SafetensorError, OSError, ...
+        raise CheckpointError(f"cannot read DSpark heads {str(file)!r}: {exc}") from None
+    if len(shape) != 1:
+        raise CheckpointError(f"DSpark heads {str(file)!r}: tensor 'sts.temperature' has shape "
+                              f"{list(shape)}, expected [γ]")
+    return int(shape[0])
 
 
 def _check_names(tensors: dict[str, torch.Tensor], file: Path) -> None:

@@ -12,7 +12,7 @@ from deepinfer_kit.spec.records import SpsCurve
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import VerifyPlanner
 
-__all__ = ["FixedPlanner", "ThresholdPlanner", "DSparkPlanner", "survival"]
+__all__ = ["FixedPlanner", "ThresholdPlanner", "DSparkPlanner", "survival", "THRESHOLD_RULES"]
 
 
 def survival(confidence: Sequence[float], limit: int) -> list[float]:
@@ -41,45 +41,82 @@ class FixedPlanner:
         return [m if cap is None else min(cap, m) for m in max_lengths]
 
 
+THRESHOLD_RULES = ("survival", "step")
+
+
 class ThresholdPlanner:
-    """Verify a request's drafts while their cumulative survival ``a_{r,j}`` stays at or
-    above ``threshold`` (0 verifies everything, above 1 nothing).
+    """Verify a request's drafts while they clear ``threshold``.
+
+    ``rule="survival"`` (the default): while the cumulative survival ``a_{r,j} = prod_{i<=j}
+    c_{r,i}`` — the estimated probability that draft ``j`` is accepted — stays at or above
+    ``threshold``; every verified draft then has at least that chance of being kept, so the
+    threshold bounds the waste per verified token. ``rule="step"``: while each draft's own
+    confidence ``c_{r,j}`` (conditional on the drafts before it) stays at or above it — the
+    early stop of DeepSpec's DSpark evaluation, which verifies a long chain of moderately
+    confident drafts even when its tail is unlikely to survive (five drafts of 0.6 each:
+    the fifth survives with 0.08).
+
+    Either way the first draft that falls below is not verified, nor any after it; a
+    threshold of 0 verifies every draft, one above 1 none. The decision on draft ``j``
+    reads confidences ``c_{r,0..j}`` only, so it is non-anticipating whenever the drafter's
+    ``c_{r,j}`` does not read draft ``j`` itself.
 
     Raises:
-        ConfigError: ``threshold`` negative or not finite.
+        ConfigError: ``threshold`` negative or not finite, or an unknown ``rule``.
     """
 
-    def __init__(self, threshold: float = 0.5) -> None:
+    def __init__(self, threshold: float = 0.5, rule: str = "survival") -> None:
         if not 0.0 <= float(threshold) < float("inf"):
             raise ConfigError(f"threshold must be a finite number >= 0, got {threshold!r}")
+        if rule not in THRESHOLD_RULES:
+            raise ConfigError(f"threshold rule must be one of {THRESHOLD_RULES}, got {rule!r}")
         self.threshold = float(threshold)
+        self.rule = rule
 
     def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
              other_tokens: int = 0) -> list[int]:
         """See :meth:`VerifyPlanner.plan` (``other_tokens`` is ignored). O(sum max_lengths)."""
-        out = []
-        for conf, m in zip(confidence, max_lengths):
+        return [self.length(conf, m) for conf, m in zip(confidence, max_lengths)]
+
+    def length(self, confidence: Sequence[float], limit: int) -> int:
+        """Drafts of one request verified: the number of leading drafts (at most ``limit``)
+        that clear the threshold under the rule. Pure."""
+        thr = self.threshold
+        if self.rule == "step":
             n = 0
-            for a in survival(conf, m):
-                if a < self.threshold:
+            for c in confidence[:limit]:
+                if min(1.0, max(0.0, float(c))) < thr:
                     break
                 n += 1
-            out.append(n)
-        return out
+            return n
+        n = 0
+        for a in survival(confidence, limit):
+            if a < thr:
+                break
+            n += 1
+        return n
 
 
 class DSparkPlanner:
     """DSpark's hardware-aware prefix scheduler: verify the drafts that maximise
-    ``Θ = τ · SPS(B)``.
+    ``Θ = τ · SPS(B)`` (Algorithm 1 of the DSpark paper).
 
     Each of the ``R`` requests verifies its base token (``B`` starts at ``R``, expected
-    tokens ``τ`` at ``R``). Candidates ``(r, j)`` are admitted in decreasing order of
-    survival ``a_{r,j} = prod_{i <= j} c_{r,i}`` (ties: earlier ``j`` first, so a request's
-    ``j``-th draft always follows its ``(j-1)``-th — survival never grows with ``j``); each
-    admission adds ``a_{r,j}`` to ``τ`` and 1 to ``B``. Admission stops at the first
-    candidate that would lower ``Θ``. For a fixed ``B`` the top-``B`` survivals maximise
-    ``τ``, and with a concave positive ``SPS`` ``log Θ`` is concave in ``B``, so the early
-    stop finds the global maximum over prefix-closed selections.
+    tokens ``τ`` at ``R``). Candidates ``(r, j)`` with a positive survival ``a_{r,j} =
+    prod_{i <= j} c_{r,i}`` are admitted in decreasing order of survival (ties: earlier
+    ``j`` first, so a request's ``j``-th draft always follows its ``(j-1)``-th — survival
+    never grows with ``j``); each admission adds ``a_{r,j}`` to ``τ`` and 1 to ``B``. A
+    draft of zero survival is never verified. Admission stops at the first candidate that
+    would not raise ``Θ``. For a fixed ``B`` the top-``B`` survivals maximise ``τ``, so
+    when ``Θ`` is unimodal along that path — a step time that is convex and non-decreasing
+    in ``B``, such as a roofline's flat-then-linear one — the early stop finds the global
+    maximum over prefix-closed selections.
+
+    The early stop is also what keeps the planner exact: the admission of ``(r, j)`` reads
+    only the candidates sorted before it, whose survivals involve request ``r``'s
+    confidences ``c_{r,0..j}`` alone — never one computed after draft ``j`` was drawn. A
+    search that looked past the stop would let later drafts' confidences decide earlier
+    admissions (the paper's Appendix A counterexample).
 
     Prefill in the same round (``other_tokens = P``): the step really runs ``B + P``
     tokens, so each draft costs the marginal time at ``B + P`` on the curve; the prefill
@@ -104,6 +141,7 @@ class DSparkPlanner:
             (-a, j, r)
             for r, (conf, m) in enumerate(zip(confidence, max_lengths))
             for j, a in enumerate(survival(conf, m))
+            if a > 0.0
         ]
         candidates.sort()
         lengths = [0] * num_req
@@ -118,7 +156,7 @@ class DSparkPlanner:
             if j != lengths[r]:
                 continue  # unreachable: survival is non-increasing in j
             nxt = (tau - neg_a) / (1.0 / sps(tokens + 1) - prefill_s)
-            if nxt < theta:
+            if not nxt > theta:
                 break
             tau, tokens, theta = tau - neg_a, tokens + 1, nxt
             lengths[r] = j + 1

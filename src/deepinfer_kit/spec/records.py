@@ -19,7 +19,7 @@ from deepinfer_kit.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DraftProposal", "VerifyResult", "SpsCurve", "SpecConfig"]
+__all__ = ["DraftProposal", "VerifyResult", "SpsCurve", "SpecConfig", "MAX_NUM_DRAFT"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -69,14 +69,20 @@ def _float_tuple(values: Iterable[float]) -> tuple[float, ...]:
 class SpsCurve:
     """Profiled steps per second as a function of verified tokens in a step, ``SPS(B)``.
 
+    Between the profiled counts the step time ``1 / SPS`` is interpolated linearly (a
+    step's time is what adds up, and a roofline's time is piecewise linear in ``B``; SPS
+    itself is convex past the knee, so interpolating it would overstate it). Past the last
+    count the time keeps growing at the last segment's per-token cost (never shrinking);
+    below the first it is the first point's.
+
     Attributes:
         batch_tokens: increasing token counts ``B`` at which SPS was measured.
-        steps_per_second: the measured SPS at each count (linear interpolation between,
-            constant beyond the ends).
+        steps_per_second: the measured SPS at each count.
     """
 
     batch_tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
     steps_per_second: tuple[float, ...] = attrs.field(converter=_float_tuple)
+    _times: tuple[float, ...] = attrs.field(init=False, eq=False, repr=False, default=())
 
     def __attrs_post_init__(self) -> None:
         xs, ys = self.batch_tokens, self.steps_per_second
@@ -89,20 +95,32 @@ class SpsCurve:
             raise ConfigError(f"SpsCurve batch_tokens must increase, got {xs}")
         if not all(math.isfinite(y) and y > 0 for y in ys):
             raise ConfigError(f"SpsCurve steps_per_second must be finite and > 0, got {ys}")
+        object.__setattr__(self, "_times", tuple(1.0 / y for y in ys))
+
+    def step_time(self, tokens: int) -> float:
+        """Seconds of a step of ``tokens`` tokens, ``1 / SPS(tokens)``. O(log n)."""
+        xs, ts = self.batch_tokens, self._times
+        if tokens <= xs[0]:
+            return ts[0]
+        i = bisect_left(xs, tokens)
+        if i == len(xs):
+            if len(xs) == 1:
+                return ts[0]
+            slope = max(0.0, (ts[-1] - ts[-2]) / (xs[-1] - xs[-2]))
+            return ts[-1] + slope * (tokens - xs[-1])
+        frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ts[i - 1] + frac * (ts[i] - ts[i - 1])
 
     def __call__(self, tokens: int) -> float:
-        """``SPS(tokens)`` by linear interpolation."""
-        xs, ys = self.batch_tokens, self.steps_per_second
-        if tokens <= xs[0]:
-            return ys[0]
-        i = bisect_left(xs, tokens)  # O(log n): a profiled curve has one point per B
-        if i == len(xs):
-            return ys[-1]
-        frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
-        return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+        """``SPS(tokens)`` (see the class docstring for how it reads between points)."""
+        return 1.0 / self.step_time(tokens)
 
 
 DRAFTERS = ("ngram", "draft_model", "self", "dspark")
+
+#: The most drafts per request and round (``num_draft``): verified rows are padded to γ + 1,
+#: and past a few dozen drafts the chance that all survive is nil for any real drafter.
+MAX_NUM_DRAFT = 64
 
 
 def _named(value: Any) -> bool:
@@ -119,6 +137,13 @@ _DRAFTER_FIELDS: tuple[tuple[str, str, str, Callable[[Any], bool]], ...] = (
     ("draft_layers", "self", "must be an int >= 1", _positive_int),
     ("dspark_heads", "dspark", "must name a heads file (or 'tiny-words')", _named),
 )
+
+
+def _check_num_draft(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if not _positive_int(value) or value > MAX_NUM_DRAFT:
+        raise ConfigError(
+            f"speculative.num_draft must be an int in [1, {MAX_NUM_DRAFT}], got {value!r}"
+        )
 
 
 def _check_threshold(instance: Any, attribute: attrs.Attribute[float], value: Any) -> None:
@@ -140,15 +165,20 @@ class SpecConfig:
             ``"draft_model"`` (a small checkpoint sharing the tokenizer, ``draft_model``)
             ``"self"`` (the target's first ``draft_layers`` layers and its LM head) or
             ``"dspark"`` (DSpark heads, ``dspark_heads``, above the target's first layers).
-        num_draft: ``γ``, drafts proposed per request and round (``>= 1``).
-        planner: ``"fixed"`` (verify all ``γ``), ``"threshold"`` (while the cumulative
-            survival is ``>= threshold``) or ``"dspark"`` (maximise ``τ · SPS(B)``).
-        threshold: the static planner's survival threshold.
+        num_draft: ``γ``, drafts proposed per request and round, in ``[1, MAX_NUM_DRAFT]``
+            (and below the engine's ``max_model_len``).
+        planner: ``"fixed"`` (verify all ``γ``), ``"threshold"`` (while the drafts clear
+            ``threshold``) or ``"dspark"`` (maximise ``τ · SPS(B)``).
+        threshold: the static planner's threshold.
+        threshold_rule: what the threshold planner compares with it: ``"survival"`` (the
+            cumulative product of the confidences, the estimated chance a draft is kept) or
+            ``"step"`` (each draft's own confidence, DeepSpec's early stop); see
+            :class:`~deepinfer_kit.spec.planners.ThresholdPlanner`.
         ngram_min, ngram_max: n-gram sizes the n-gram drafter tries (longest first).
-        sps: the ``SPS(B)`` curve of the DSpark planner; ``"profile"`` measures it when
-            the engine is built (the target's forward timed at a few batch-token counts,
-            ``engine.sps_profile``; about a second on CPU); ``None`` is flat (every draft
-            admitted: the curve of a device far from saturation).
+        sps: the ``SPS(B)`` curve of the DSpark planner; ``None`` or ``"profile"`` measure
+            it when the engine is built (the target's forward timed at powers of two up to
+            ``max_num_batched_tokens`` and around the knee, ``engine.sps_profile``; a
+            second or two on CPU). The other planners ignore it.
         draft_model: the draft checkpoint folder of ``drafter="draft_model"`` (``"tiny"``:
             the embedded model built from the engine's seed). Its vocabulary must be the
             target's.
@@ -159,9 +189,10 @@ class SpecConfig:
     """
 
     drafter: str = attrs.field(default="ngram", validator=one_of(DRAFTERS))
-    num_draft: int = attrs.field(default=4, validator=int_at_least(1))
+    num_draft: int = attrs.field(default=4, validator=_check_num_draft)
     planner: str = attrs.field(default="fixed", validator=one_of(("fixed", "threshold", "dspark")))
     threshold: float = attrs.field(default=0.3, validator=_check_threshold)
+    threshold_rule: str = attrs.field(default="survival", validator=one_of(("survival", "step")))
     ngram_min: int = attrs.field(default=1, validator=int_at_least(1))
     ngram_max: int = attrs.field(default=3, validator=int_at_least(1))
     sps: SpsCurve | str | None = attrs.field(default=None, validator=_check_sps)
