@@ -5,12 +5,13 @@ over a fresh KV cache manager, through the Protocol alone (see
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
-from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
 from deepinfer_kit.step import StepResult
 from deepinfer_kit.testing.sched_driver import EOS, SchedulerDriver, make_request, random_tokens
 from deepinfer_kit.testing.suite import Suite, expect
@@ -287,3 +288,58 @@ def check_random_operation_sequences(factory: SchedulerFactory) -> None:
         drv.run()
         expect(not drv.sched.has_unfinished(), f"seed {seed}: unfinished at the end")
         _expect_pool_is_whole(drv, 12, 4)
+
+
+def _accept_every_draft(seed: int) -> Callable[[SchedulePlan], StepResult]:
+    """A fake step that accepts every draft: the host's (``spec_token_ids``) and all of a
+    chunk's draft room (the runner "drafts" it full), plus one bonus token — the fastest
+    way to each request's length limit."""
+    rng = random.Random(seed)
+
+    def step(plan: SchedulePlan) -> StepResult:
+        tokens: list[list[int]] = []
+        drafted: list[int] = []
+        for c in plan.chunks:
+            n = c.num_samples + len(c.spec_token_ids) + c.draft_room if c.sample else 0
+            fresh = [rng.randrange(1, 100) for _ in range(n - len(c.spec_token_ids))]
+            tokens.append([*c.spec_token_ids, *fresh])
+            drafted.append(c.draft_room if c.sample else 0)
+        return StepResult(tokens, num_drafted=drafted if any(drafted) else [])
+
+    return step
+
+
+@SCHEDULER_SUITE.check
+def check_no_chunk_reaches_past_the_length_limit(factory: SchedulerFactory) -> None:
+    """With host drafts (``set_spec_tokens``) and with draft room (``reserve_drafts``),
+    where the scheduler offers them, every accepted: no chunk, drafts and room included,
+    is fed past ``length_limit - 1`` (the driver checks every plan), near ``max_tokens``
+    and near ``max_model_len`` alike, and every request gets exactly its tokens."""
+    for mode in ("host", "room"):
+        drv = _setup(factory, 64, 4, max_num_seqs=6, max_num_batched_tokens=48, max_model_len=40)
+        sched = drv.sched
+        reserve = getattr(sched, "reserve_drafts", None)
+        set_spec = getattr(sched, "set_spec_tokens", None)
+        if mode == "room" and callable(reserve):
+            reserve(5)
+        drv.model = _accept_every_draft(7)
+        want: dict[str, int] = {}
+        for i in range(12):  # prompts of 3-35 tokens; max_tokens 1-9, or past max_model_len
+            prompt, max_tokens = 3 + (i * 11) % 33, (1 + i % 9 if i % 4 else None)
+            want[f"L{i}"] = 40 - prompt if max_tokens is None else min(max_tokens, 40 - prompt)
+            sched.add(make_request(f"L{i}", prompt, max_tokens=max_tokens, ignore_eos=True))
+        for _ in range(200):
+            if not sched.has_unfinished():
+                break
+            if mode == "host" and callable(set_spec):
+                for req in getattr(sched, "running", ()):
+                    if req.num_computed_tokens == len(req.all_token_ids) - 1:
+                        set_spec(req.request_id, [7] * 6)
+            drv.step()
+        drv.run()
+        for rid, n in want.items():
+            comp = drv.completions[(rid, 0)]
+            expect(
+                comp.finish_reason == "length" and len(comp.token_ids) == n,
+                f"{mode} drafts: {rid} ended {comp.finish_reason} with {len(comp.token_ids)} of {n} tokens",
+            )

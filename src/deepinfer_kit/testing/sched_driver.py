@@ -16,7 +16,7 @@ from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, SchedulerC
 from deepinfer_kit.step import StepResult
 from deepinfer_kit.testing.suite import expect
 
-__all__ = ["SchedulerDriver", "TokenSource", "random_tokens", "make_request", "EOS"]
+__all__ = ["SchedulerDriver", "TokenSource", "random_tokens", "make_request", "length_limit_of", "EOS"]
 
 EOS = 0
 """The EOS id of :func:`make_request`; :class:`SchedulerDriver`'s random tokens avoid it."""
@@ -37,6 +37,15 @@ def random_tokens(seed: int, eos_rate: float = 0.0) -> TokenSource:
         ]
 
     return tokens
+
+
+def length_limit_of(chunk: ScheduledChunk, max_model_len: int) -> int:
+    """:func:`~deepinfer_kit.sched.stops.length_limit` of a sampling chunk's sequence,
+    from its sampling row (prompt and ``max_tokens``) alone."""
+    assert chunk.sampling is not None
+    max_tokens = chunk.sampling.params.max_tokens
+    prompt = len(chunk.sampling.prompt_token_ids)
+    return max_model_len if max_tokens is None else min(prompt + max_tokens, max_model_len)
 
 
 def make_request(
@@ -68,8 +77,10 @@ class SchedulerDriver:
 
     Checks every plan, from its records alone: ``sum q_i <= B_t`` and
     ``num_batched_tokens`` equals it; at most ``max_num_seqs`` chunks, one per sequence;
-    each chunk's token ids, placeholders and drafts add up to ``num_tokens`` and its
-    block table covers its positions; a chunk starts where the sequence's previous chunk
+    each chunk's token ids, placeholders, drafts and draft room add up to ``num_tokens``
+    and its block table covers its positions; no sampling chunk, drafts and draft room
+    included, reaches past position ``length_limit - 2`` (the last token is sampled,
+    never fed: ``start + num_tokens <= length_limit - 1``); a chunk starts where the sequence's previous chunk
     ended (unless it was preempted or rolled back since); a position, once fed, is always
     fed the same token, and a sampled token that was committed is the one fed at its
     position later (so recomputation after preemption and resumption feed exactly the
@@ -131,11 +142,18 @@ class SchedulerDriver:
         expect(c.num_tokens >= 1 and c.start >= 0, f"{sid}: empty chunk {c.start}+{c.num_tokens}")
         known = len(c.token_ids) + c.num_placeholders
         expect(
-            known + len(c.spec_token_ids) == c.num_tokens,
+            known + len(c.spec_token_ids) + c.draft_room == c.num_tokens,
             f"{sid}: {len(c.token_ids)} ids + {c.num_placeholders} placeholders + "
-            f"{len(c.spec_token_ids)} drafts != {c.num_tokens} tokens",
+            f"{len(c.spec_token_ids)} drafts + {c.draft_room} draft room != {c.num_tokens} tokens",
         )
         expect(c.sample == (c.sampling is not None), f"{sid}: sampling row without a sample")
+        if c.sampling is not None:
+            limit = length_limit_of(c, self.config.max_model_len)
+            expect(
+                c.end <= limit - 1,
+                f"{sid}: chunk {c.start}+{c.num_tokens} ({len(c.spec_token_ids)} drafts, "
+                f"{c.draft_room} draft room) reaches past length_limit - 1 = {limit - 1}",
+            )
         if self.block_size is not None:
             expect(
                 len(c.block_table) * self.block_size >= c.end,
@@ -153,7 +171,8 @@ class SchedulerDriver:
                 c.start + known >= max(fed) + 1,
                 f"{sid}: samples at {c.start + known} before the end of its known tokens",
             )
-        self._next[sid] = None if c.spec_token_ids else (c.end, c.preemption_epoch)
+        drafts = c.spec_token_ids or c.draft_room  # where the next chunk starts: accepted ones
+        self._next[sid] = None if drafts else (c.end, c.preemption_epoch)
 
     def result(self, plan: SchedulePlan) -> StepResult:
         """The fake step's result: ``model(plan)``, or ``[]`` for non-sampling chunks and
@@ -169,7 +188,7 @@ class SchedulerDriver:
         outs = self.sched.commit(plan, result)
         later = {rid for p in self.plans if p.step_id > plan.step_id for rid in p.preempted_ids}
         for c, toks in zip(plan.chunks, result.token_ids):
-            if not c.sample or c.spec_token_ids or not toks or c.request_id in later:
+            if not c.sample or c.spec_token_ids or c.draft_room or not toks or c.request_id in later:
                 continue
             pos = c.start + len(c.token_ids) + c.num_placeholders
             for j, tok in enumerate(toks):
