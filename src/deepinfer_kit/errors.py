@@ -10,6 +10,8 @@ __all__ = [
     "OutOfBlocksError",
     "InvariantError",
     "DeviceUnavailableError",
+    "EngineDeadError",
+    "CollectiveError",
 ]
 
 
@@ -49,3 +51,9 @@ class EngineDeadError(DeepInferError, RuntimeError):
     """The engine cannot go on: a component failed in a way it cannot recover from (the
     scheduler raised, or steps kept failing). The cause is chained; every later call
     raises this error again rather than an unrelated one."""
+
+
+class CollectiveError(EngineDeadError):
+    """A collective (all-reduce, all-gather, broadcast, all-to-all) failed or timed out on
+    this rank: a peer died, raised, or stalled past the timeout. The process group is
+    broken, so this is an :class:`EngineDeadError`: no later step can run on it."""

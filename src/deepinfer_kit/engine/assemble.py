@@ -13,6 +13,7 @@ import os
 import torch
 
 from deepinfer_kit._kernels import Impl
+from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.models import loader
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.loader import LoadedModel
@@ -45,8 +46,9 @@ def moe_layer_factory(impl: Impl = "auto") -> SparseMLPFactory:
 
 def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", attention_impl: Impl = "auto",
-               moe_impl: Impl = "auto") -> LoadedModel:
-    """:func:`deepinfer_kit.models.loader.load_model` with the default MoE layers.
+               moe_impl: Impl = "auto", tp: Communicator | None = None) -> LoadedModel:
+    """:func:`deepinfer_kit.models.loader.load_model` with the default MoE layers (with
+    ``tp``, this rank's tensor-parallel shard).
 
     Args:
         moe_impl: the expert kernels of a sparse checkpoint (ignored for a dense one).
@@ -55,13 +57,14 @@ def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float
         ConfigError, CheckpointError: as ``models.loader.load_model``.
     """
     return loader.load_model(path, sparse_mlp_factory=moe_layer_factory(moe_impl), dtype=dtype,
-                             device=device, attention_impl=attention_impl)
+                             device=device, attention_impl=attention_impl, tp=tp)
 
 
 def build_tiny_model(*, seed: int = 0, dtype: torch.dtype = torch.float32,
                      device: str | torch.device = "cpu", attention_impl: Impl = "auto",
-                     moe_impl: Impl = "auto") -> LoadedModel:
+                     moe_impl: Impl = "auto", tp: Communicator | None = None) -> LoadedModel:
     """:func:`deepinfer_kit.models.loader.build_tiny_model` with the default MoE layers:
-    the embedded tiny Qwen3-MoE-style model, the same for the same ``seed``."""
+    the embedded tiny Qwen3-MoE-style model, the same for the same ``seed`` (with ``tp``,
+    this rank's tensor-parallel shard)."""
     return loader.build_tiny_model(sparse_mlp_factory=moe_layer_factory(moe_impl), seed=seed,
-                                   dtype=dtype, device=device, attention_impl=attention_impl)
+                                   dtype=dtype, device=device, attention_impl=attention_impl, tp=tp)

@@ -11,6 +11,7 @@ import torch
 from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.config import EngineConfig
@@ -23,6 +24,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
+from deepinfer_kit.models.parallel.shard import attention_shard
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.spec.rejection import RejectionVerifier
 
@@ -67,14 +69,16 @@ def engine_device(config: EngineConfig) -> torch.device:
     return device
 
 
-def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int) -> RunnerParts:
+def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int,
+                 tp: Communicator | None = None) -> RunnerParts:
     """Load the model of ``config`` and build the runner over it: the KV pool sized from
     the budget, the sampler (``sampler``, else the vectorized one), a verifier under
     ``speculative``, static decode buffers where they apply, token slots for an executor
     of ``depth`` 1; on CUDA every kernel warmed up and the decode graphs captured.
 
     Called once per engine: by ``build_engine`` in the engine's process, or in a worker
-    process by :mod:`deepinfer_kit.engine.worker_main`.
+    process by :mod:`deepinfer_kit.engine.worker_main`. With ``tp`` (a tensor-parallel
+    group: collective) the model is this rank's shard and the KV pool holds its KV heads.
 
     Raises:
         ConfigError: bad config values, an unknown device, an unsupported checkpoint,
@@ -95,14 +99,16 @@ def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int) -
     moe_impl = cast(Impl, config.moe_impl)
     if config.model == TINY:
         loaded = build_tiny_model(
-            seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
+            seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
+            tp=tp,
         )
     else:
         path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
         loaded = load_model(
-            path, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl
+            path, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl, tp=tp
         )
     mc = loaded.config
+    kv_heads = mc.num_kv_heads if tp is None else attention_shard(mc, tp.world_size, tp.rank).num_kv_heads
     if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
         raise ConfigError(
             f"max_model_len must be <= the model's max_position_embeddings "
@@ -113,11 +119,12 @@ def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int) -
         gpu_memory_utilization=config.gpu_memory_utilization,
     )
     num_blocks, max_model_len = size_kv_pool(
-        model=mc, block_size=config.block_size, dtype=dtype, budget_bytes=budget,
+        model=attrs.evolve(mc, num_kv_heads=kv_heads), block_size=config.block_size, dtype=dtype,
+        budget_bytes=budget,
         budget_source=source, num_blocks=config.num_blocks, max_model_len=config.max_model_len,
     )
     kv_cache = PagedKVCache(
-        mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim,
+        mc.num_layers, num_blocks, config.block_size, kv_heads, mc.head_dim,
         dtype=dtype, device=device, impl=attention_impl,
     )
     on_cuda = device.type == "cuda"

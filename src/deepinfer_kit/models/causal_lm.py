@@ -15,10 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.errors import CheckpointError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.fused_ops import FusedOps, select_fused_ops
 from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttention, RMSNorm
+from deepinfer_kit.models.parallel.shard import VocabShard, vocab_shard
+from deepinfer_kit.models.parallel.vocab import embed_vocab_parallel, gather_logits, load_vocab_rows
 from deepinfer_kit.models.protocols import CausalLM, PagedKVStore, SparseMLP, SparseMLPFactory
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.models.rope import RotaryEmbedding
@@ -40,12 +43,13 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
                  attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
-                 sparse_mlp: SparseMLP | None, ops: FusedOps, rope_kv: RopeKvOp | None) -> None:
+                 sparse_mlp: SparseMLP | None, ops: FusedOps, rope_kv: RopeKvOp | None,
+                 tp: Communicator | None = None) -> None:
         super().__init__()
         eps, size = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.self_attn = PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
-                                            dtype=dtype, device=device, rope_kv=rope_kv)
+                                            dtype=dtype, device=device, rope_kv=rope_kv, tp=tp)
         self.post_attention_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.is_sparse = sparse_mlp is not None
         self.mlp: nn.Module
@@ -56,7 +60,7 @@ class DecoderLayer(nn.Module):
             self.mlp_prefix = config.moe_weight_prefix + "."
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias,
-                                dtype=dtype, device=device, ops=ops)
+                                dtype=dtype, device=device, ops=ops, tp=tp)
             self.mlp_prefix = "mlp."
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
@@ -117,6 +121,10 @@ class TransformerCausalLM(nn.Module):
         device: where parameters live.
         sparse_mlp_factory: builds the MoE MLP of each sparse layer; required when
             ``config.is_moe``.
+        tp: a tensor-parallel group: attention and dense MLPs are sharded over it
+            (``models.parallel``), the embedding and LM head by vocabulary rows (logits
+            gathered before they are returned); the MoE MLPs stay whole on every rank
+            (their experts may be split by expert parallelism). ``None``: one rank.
 
     Raises:
         ConfigError: an unknown ``attention_impl`` or ``fused_impl``.
@@ -126,9 +134,13 @@ class TransformerCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, *, attention_impl: Impl = "auto",
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  sparse_mlp_factory: SparseMLPFactory | None = None,
-                 fused_impl: Impl | None = None) -> None:
+                 fused_impl: Impl | None = None, tp: Communicator | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp
+        self.vocab: VocabShard | None = (
+            vocab_shard(config.vocab_size, tp.world_size, tp.rank) if tp is not None else None)
+        rows = config.vocab_size if self.vocab is None else self.vocab.size
         self.dtype = dtype
         self.fused_ops = select_fused_ops(
             attention_impl if fused_impl is None else fused_impl,
@@ -141,7 +153,7 @@ class TransformerCausalLM(nn.Module):
         """Why the layers run the unfused q/k norm, RoPE and KV write; ``None``: fused."""
         rope_kv = ops.rope_kv if self.rope_kv_reason is None else None
         self.embed_tokens = nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device),
+            torch.empty(rows, config.hidden_size, dtype=dtype, device=device),
             requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, device=device)
         sparse = set(config.sparse_layers)
@@ -152,14 +164,14 @@ class TransformerCausalLM(nn.Module):
                          device=device,
                          sparse_mlp=(sparse_mlp_factory(config, i, dtype=dtype, device=device)
                                      if i in sparse and sparse_mlp_factory else None), ops=ops,
-                         rope_kv=rope_kv)
+                         rope_kv=rope_kv, tp=tp)
             for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device,
                             ops=ops)
         self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False,
+            self.lm_head = Linear(config.hidden_size, rows, bias=False,
                                   dtype=dtype, device=device)
 
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
@@ -186,7 +198,8 @@ class TransformerCausalLM(nn.Module):
         ``batch.logits_indices`` after the first ``num_layers`` layers (the DSpark drafter's
         backbone). Writes K/V like :meth:`forward_layers`; raises nothing of its own."""
         with torch.inference_mode():
-            hidden = F.embedding(batch.input_ids, self.embed_tokens)
+            hidden = (F.embedding(batch.input_ids, self.embed_tokens) if self.tp is None or self.vocab is None
+                      else embed_vocab_parallel(batch.input_ids, self.embed_tokens, self.vocab, self.tp))
             cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
             residual: torch.Tensor | None = None
             for layer in self.decoder_layers[:num_layers]:
@@ -199,9 +212,11 @@ class TransformerCausalLM(nn.Module):
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, H]`` final-normed hidden states -> ``[N, V]`` float32 logits (the LM head,
-        or the tied embeddings)."""
+        or the tied embeddings; under tensor parallelism each rank's rows, gathered)."""
         weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
         with torch.inference_mode():
+            if self.tp is not None and self.vocab is not None:
+                return gather_logits(hidden, weight, self.vocab, self.tp)
             return F.linear(hidden.to(weight.dtype), weight).float()
 
     @property
@@ -227,12 +242,17 @@ class TransformerCausalLM(nn.Module):
         tracked = TrackedWeights(weights)
         config = self.config
         with torch.no_grad():
-            embed = take(tracked, "model.embed_tokens.weight", tuple(self.embed_tokens.shape))
-            self.embed_tokens.copy_(embed)
+            if self.vocab is not None:
+                load_vocab_rows(self.embed_tokens, tracked, "model.embed_tokens.weight", self.vocab)
+            else:
+                embed = take(tracked, "model.embed_tokens.weight", tuple(self.embed_tokens.shape))
+                self.embed_tokens.copy_(embed)
             for i, layer in enumerate(self.decoder_layers):
                 layer.load_hf_weights(tracked, f"model.layers.{i}.")
             self.norm.load_hf_weights(tracked, "model.norm.")
-            if self.lm_head is not None:
+            if self.lm_head is not None and self.vocab is not None:
+                load_vocab_rows(self.lm_head.weight, tracked, "lm_head.weight", self.vocab)
+            elif self.lm_head is not None:
                 self.lm_head.load_hf_weights(tracked, "lm_head.")
         unexpected = [name for name in tracked.unread() if not _ignorable(name, config)]
         if unexpected:

@@ -15,9 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kit._kernels import Impl
+from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.models.attention import PagedAttention
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.fused_ops import REFERENCE_OPS, FusedOps, rms_norm
+from deepinfer_kit.models.parallel.linear import ColumnParallelLinear, RowBlock, RowParallelLinear
+from deepinfer_kit.models.parallel.shard import attention_shard, split_even
 from deepinfer_kit.models.protocols import PagedKVStore
 from deepinfer_kit.models.records import AttentionMetadata
 from deepinfer_kit.models.rope import RotaryEmbedding
@@ -95,17 +98,34 @@ class RMSNorm(nn.Module):
 
 class GatedMLP(nn.Module):
     """SwiGLU MLP: ``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul and
-    the activation one ``ops.silu_and_mul`` (reference or Triton, chosen once by the model)."""
+    the activation one ``ops.silu_and_mul`` (reference or Triton, chosen once by the model).
+
+    With ``tp`` (a tensor-parallel group of ``T`` ranks) this rank holds columns
+    ``[t*I/T, (t+1)*I/T)`` of gate and up (column-parallel) and the matching rows of down
+    (row-parallel: one all-reduce per call). Raises ConfigError when ``T`` does not
+    divide ``intermediate_size``.
+    """
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, bias: bool,
                  dtype: torch.dtype, device: str | torch.device,
                  names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
-                 ops: FusedOps = REFERENCE_OPS) -> None:
+                 ops: FusedOps = REFERENCE_OPS, tp: Communicator | None = None) -> None:
         super().__init__()
         self.ops = ops
+        self.full_intermediate = intermediate_size
+        self.start = 0
+        if tp is not None:
+            self.start, intermediate_size = split_even(intermediate_size, tp.world_size, tp.rank,
+                                                       "intermediate_size")
         self.intermediate_size = intermediate_size
-        self.gate_up = Linear(hidden_size, 2 * intermediate_size, bias=bias, dtype=dtype, device=device)
-        self.down = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype, device=device)
+        self.tp = tp
+        self.gate_up: Linear | ColumnParallelLinear = (
+            Linear(hidden_size, 2 * intermediate_size, bias=bias, dtype=dtype, device=device) if tp is None
+            else ColumnParallelLinear(hidden_size, 2 * intermediate_size, bias=bias, dtype=dtype, device=device))
+        self.down: Linear | RowParallelLinear = (
+            Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype, device=device) if tp is None
+            else RowParallelLinear(self.full_intermediate, hidden_size, bias=bias, comm=tp, dtype=dtype,
+                                   device=device))
         self.names = names
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +136,11 @@ class GatedMLP(nn.Module):
         """Load ``prefix + gate_proj/up_proj/down_proj``. Raises CheckpointError."""
         gate, up, down = self.names
         size = self.intermediate_size
-        self.gate_up.load_parts(weights, [prefix + gate, prefix + up], [size, size])
+        if isinstance(self.gate_up, ColumnParallelLinear):
+            self.gate_up.load_blocks(weights, [RowBlock(prefix + n, self.start, size, self.full_intermediate)
+                                               for n in (gate, up)])
+        else:
+            self.gate_up.load_parts(weights, [prefix + gate, prefix + up], [size, size])
         self.down.load_hf_weights(weights, f"{prefix}{down}.")
 
 
@@ -129,21 +153,33 @@ class PagedSelfAttention(nn.Module):
     their norm and rotation run as one op over ``Hq + Hkv`` heads. With ``rope_kv`` (the
     fused kernel, chosen once by the model) the norm, rotation and cache write are one
     launch that stores into :meth:`PagedKVStore.slot_caches`.
+
+    With ``tp`` (a tensor-parallel group) this rank holds the heads of
+    :func:`~deepinfer_kit.models.parallel.shard.attention_shard`: q/k/v column-parallel by
+    heads, its cache layer only those KV heads, o_proj row-parallel (one all-reduce).
+    Raises ConfigError when the heads do not split over the group.
     """
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
                  attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
-                 rope_kv: RopeKvOp | None = None) -> None:
+                 rope_kv: RopeKvOp | None = None, tp: Communicator | None = None) -> None:
         super().__init__()
         self.layer = layer
         self.rope_kv = rope_kv
+        self.config = config
+        self.shard = attention_shard(config, tp.world_size, tp.rank) if tp is not None else None
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
+        if self.shard is not None:
+            self.num_heads, self.num_kv_heads = self.shard.num_heads, self.shard.num_kv_heads
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = Linear(config.hidden_size, sum(self.sizes), bias=config.qkv_bias,
-                               dtype=dtype, device=device)
-        self.o_proj = Linear(q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device)
+        self.qkv_proj: Linear | ColumnParallelLinear = (Linear if tp is None else ColumnParallelLinear)(
+            config.hidden_size, sum(self.sizes), bias=config.qkv_bias, dtype=dtype, device=device)
+        self.o_proj: Linear | RowParallelLinear = (
+            Linear(q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device)
+            if tp is None else RowParallelLinear(config.num_heads * self.head_dim, config.hidden_size,
+                                                 bias=config.o_bias, comm=tp, dtype=dtype, device=device))
         self.eps = config.rms_norm_eps
         # q_norm.weight repeated over the Hq query heads, then k_norm.weight over the Hkv heads.
         self.qk_norm_weight = (
@@ -184,10 +220,22 @@ class PagedSelfAttention(nn.Module):
         Raises:
             CheckpointError: a missing or mis-shaped tensor (named).
         """
-        self.qkv_proj.load_parts(weights, [f"{prefix}{p}_proj" for p in "qkv"], self.sizes)
+        if isinstance(self.qkv_proj, ColumnParallelLinear):
+            self.qkv_proj.load_blocks(weights, self._head_blocks(prefix))
+        else:
+            self.qkv_proj.load_parts(weights, [f"{prefix}{p}_proj" for p in "qkv"], self.sizes)
         self.o_proj.load_hf_weights(weights, f"{prefix}o_proj.")
         if self.qk_norm_weight is not None:
             shape = (self.head_dim,)
             with torch.no_grad():
                 self.qk_norm_weight[: self.num_heads].copy_(take(weights, f"{prefix}q_norm.weight", shape))
                 self.qk_norm_weight[self.num_heads:].copy_(take(weights, f"{prefix}k_norm.weight", shape))
+
+    def _head_blocks(self, prefix: str) -> list[RowBlock]:
+        """This rank's rows of q_proj, k_proj and v_proj (its heads)."""
+        shard, d, c = self.shard, self.head_dim, self.config
+        assert shard is not None
+        q = RowBlock(f"{prefix}q_proj", shard.q_start * d, shard.num_heads * d, c.num_heads * d)
+        kv = [RowBlock(f"{prefix}{p}_proj", shard.kv_start * d, shard.num_kv_heads * d, c.num_kv_heads * d)
+              for p in "kv"]
+        return [q, *kv]

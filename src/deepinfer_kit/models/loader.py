@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from deepinfer_kit._dtypes import dtype_name
+from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.causal_lm import TransformerCausalLM
 from deepinfer_kit.models.config import ModelConfig
@@ -45,12 +46,15 @@ class LoadedModel:
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
                 sparse_mlp_factory: SparseMLPFactory | None = None,
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                attention_impl: Impl = "auto") -> TransformerCausalLM:
+                attention_impl: Impl = "auto", tp: Communicator | None = None) -> TransformerCausalLM:
     """Build the model of ``config`` and fill it from Hugging Face-named ``weights``.
 
     Args:
         sparse_mlp_factory: builds the MoE MLP of each sparse layer; required when
             ``config.is_moe``, unused for a dense model.
+        tp: a tensor-parallel group: this rank builds and loads only its shard (reading
+            only those slices of safetensors-backed ``weights``). Collective when used:
+            every rank of ``tp`` builds its model.
 
     Raises:
         ConfigError: ``dtype`` is not float32, float16 or bfloat16; a sparse ``config``
@@ -64,7 +68,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
             "(deepinfer_kit.engine.assemble passes the default MoE layers)"
         )
     model = TransformerCausalLM(config, attention_impl=attention_impl, dtype=dtype, device=device,
-                                sparse_mlp_factory=sparse_mlp_factory if config.is_moe else None)
+                                sparse_mlp_factory=sparse_mlp_factory if config.is_moe else None, tp=tp)
     model.load_hf_weights(weights)
     model.eval()
     return model
@@ -73,8 +77,9 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
 def load_model(path: str | os.PathLike[str], *,
                sparse_mlp_factory: SparseMLPFactory | None = None,
                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               attention_impl: Impl = "auto") -> LoadedModel:
-    """Load a Hugging Face checkpoint folder.
+               attention_impl: Impl = "auto", tp: Communicator | None = None) -> LoadedModel:
+    """Load a Hugging Face checkpoint folder (with ``tp``, this rank's shard only: see
+    :func:`build_model`).
 
     Reads ``config.json`` (+ ``generation_config.json`` EOS ids), the weights from
     ``model.safetensors`` or the shards of ``model.safetensors.index.json`` (never a pickle
@@ -94,7 +99,7 @@ def load_model(path: str | os.PathLike[str], *,
     config = ModelConfig.from_pretrained(path)
     with SafetensorsWeights(path) as weights:
         model = build_model(config, weights, sparse_mlp_factory=sparse_mlp_factory, dtype=dtype,
-                            device=device, attention_impl=attention_impl)
+                            device=device, attention_impl=attention_impl, tp=tp)
     tokenizer = load_tokenizer(path, eos_token_id=config.eos_token_ids[0] if config.eos_token_ids else None,
                                bos_token_id=config.bos_token_id)
     return LoadedModel(model=model, config=config, tokenizer=tokenizer)
@@ -102,13 +107,13 @@ def load_model(path: str | os.PathLike[str], *,
 
 def build_tiny_model(*, sparse_mlp_factory: SparseMLPFactory, seed: int = 0,
                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                     attention_impl: Impl = "auto") -> LoadedModel:
+                     attention_impl: Impl = "auto", tp: Communicator | None = None) -> LoadedModel:
     """The embedded default: a tiny Qwen3-MoE-style model (2 layers, hidden 64, 8 experts
     top-2) with seeded random weights and the :class:`ByteTokenizer`, its sparse layers
-    built by ``sparse_mlp_factory``. No file, no download; the same ``seed`` gives the
-    same model."""
+    built by ``sparse_mlp_factory`` (with ``tp``, this rank's shard). No file, no
+    download; the same ``seed`` gives the same model."""
     config = ModelConfig.from_hf_config(tiny_hf_config())
     model = build_model(config, tiny_hf_weights(config, seed=seed),
                         sparse_mlp_factory=sparse_mlp_factory, dtype=dtype, device=device,
-                        attention_impl=attention_impl)
+                        attention_impl=attention_impl, tp=tp)
     return LoadedModel(model=model, config=config, tokenizer=ByteTokenizer())

@@ -17,7 +17,7 @@ import torch
 
 from deepinfer_kit.errors import CheckpointError
 
-__all__ = ["SafetensorsWeights", "TrackedWeights", "take", "safetensors_files"]
+__all__ = ["SafetensorsWeights", "TrackedWeights", "take", "take_slice", "safetensors_files"]
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _INDEX = "model.safetensors.index.json"
@@ -118,6 +118,39 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
             raise CheckpointError(f"cannot read tensor {name!r} from {str(path)!r}: {exc}") from None
         return tensor
 
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The stored shape of tensor ``name``, read from the shard header (no data read).
+
+        Raises:
+            KeyError: no such tensor.
+            CheckpointError: its shard cannot be read.
+        """
+        return tuple(self._slice(name).get_shape())
+
+    def read_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` (``dim`` 0) or columns (``dim`` 1) of tensor ``name``,
+        read from its shard without reading the rest of the tensor.
+
+        Raises:
+            KeyError: no such tensor.
+            CheckpointError: its shard or those bytes cannot be read.
+        """
+        part = self._slice(name)
+        try:
+            tensor: torch.Tensor = part[start:stop] if dim == 0 else part[:, start:stop]
+        except Exception as exc:
+            raise CheckpointError(f"cannot read a slice of tensor {name!r}: {exc}") from None
+        return tensor
+
+    def _slice(self, name: str) -> Any:
+        path = self._located[name]
+        try:
+            return self._handle(path).get_slice(name)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"cannot read tensor {name!r} from {str(path)!r}: {exc}") from None
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._located)
 
@@ -163,6 +196,20 @@ class TrackedWeights(Mapping[str, torch.Tensor]):
     def __contains__(self, name: object) -> bool:
         return name in self._source
 
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The shape of ``name`` (from the shard header when the source can; else read)."""
+        if isinstance(self._source, (SafetensorsWeights, TrackedWeights)):
+            return self._source.shape_of(name)
+        return tuple(self._source[name].shape)
+
+    def read_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of ``name``, recorded as
+        read; only that slice is read from a safetensors source."""
+        self.read.add(name)
+        if isinstance(self._source, (SafetensorsWeights, TrackedWeights)):
+            return self._source.read_slice(name, dim, start, stop)
+        return self._source[name].narrow(dim, start, stop - start)
+
     def unread(self) -> list[str]:
         """Names never read, sorted."""
         return sorted(set(self._source) - self.read)
@@ -182,3 +229,22 @@ def take(weights: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...])
             f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}"
         )
     return tensor
+
+
+def take_slice(weights: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dim: int,
+               start: int, stop: int) -> torch.Tensor:
+    """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of ``weights[name]`` after
+    checking the whole tensor exists and has ``shape``; from safetensors (through
+    :class:`SafetensorsWeights` or :class:`TrackedWeights`) only the slice is read.
+
+    Raises:
+        CheckpointError: naming the tensor when it is missing or mis-shaped.
+    """
+    if name not in weights:
+        raise CheckpointError(f"checkpoint tensor {name!r} is missing (expected shape {shape})")
+    if isinstance(weights, (SafetensorsWeights, TrackedWeights)):
+        stored = weights.shape_of(name)
+        if stored != shape:
+            raise CheckpointError(f"checkpoint tensor {name!r} has shape {stored}, expected {shape}")
+        return weights.read_slice(name, dim, start, stop)
+    return take(weights, name, shape).narrow(dim, start, stop - start)
