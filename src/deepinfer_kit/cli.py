@@ -68,13 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     from deepinfer_kit.sim.command import add_sim_parser
 
     add_sim_parser(sub)
+    from deepinfer_kit.serve.command import add_serve_options
+
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
     add_engine_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    serve.add_argument("--chat-template", default=None, metavar="PATH",
-                       help="a jinja file used for chat requests instead of the model's template")
+    add_serve_options(serve)
     return parser
 
 

@@ -4,6 +4,7 @@ the :class:`EngineConfig` they describe."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
@@ -22,9 +23,20 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
              "docs; default) or 'tiny' (random weights)",
     )
     p.add_argument("--tokenizer", default=None, help="a folder whose tokenizer.json replaces the model's")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=(*DTYPE_NAMES, "auto", *DTYPE_ALIASES),
-                   help="'auto': the checkpoint's torch_dtype")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:1, ... (default: cuda when a GPU is present and --model is "
+                        "a checkpoint folder, else cpu)")
+    p.add_argument("--dtype", default=None, choices=(*DTYPE_NAMES, "auto", *DTYPE_ALIASES),
+                   help="default 'auto': on CUDA the checkpoint's torch_dtype (float32 ones in "
+                        "bfloat16), on CPU float32")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sequences in one round at most (default 128)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one round (default 2048)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse cached prompt blocks across requests (default on)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's name for --no-cuda-graphs")
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--kv-cache-memory-mb", type=int, default=512,
                    help="KV memory budget (MiB) on CPU when --num-blocks is not given")
@@ -79,16 +91,21 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     import torch
 
     from deepinfer_kit.engine.config import EngineConfig
+    from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype
     from deepinfer_kit.models.embedded import is_embedded
 
     threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)
     if threads > 0:
         torch.set_num_threads(threads)
+    device = args.device if args.device is not None else default_device(args.model)
+    dtype = args.dtype
+    if dtype is None or (dtype == "auto" and Path(args.model).is_dir()):
+        dtype = default_dtype(args.model, device)
     fields: dict[str, Any] = dict(
         model=args.model,
         tokenizer=args.tokenizer,
-        device=args.device,
-        dtype=args.dtype,
+        device=device,
+        dtype=dtype,
         num_blocks=args.num_blocks,
         kv_cache_memory_mb=args.kv_cache_memory_mb,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -99,12 +116,15 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         worker=args.worker,
         expert_parallel=args.expert_parallel,
         scheduler=args.scheduler,
-        cuda_graphs=not args.no_cuda_graphs,
+        cuda_graphs=not (args.no_cuda_graphs or args.enforce_eager),
         speculative=_speculative(args),
         eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
                "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus}
               if args.eplb_interval else None),
     )
+    for name in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
+        if getattr(args, name, None) is not None:
+            fields[name] = getattr(args, name)
     fields.update(overrides)
     return EngineConfig(**fields)
 

@@ -20,7 +20,8 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "one_prompt"]
+__all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "one_prompt",
+           "tensor_parallel_options"]
 
 
 class TextPrompt(TypedDict):
@@ -138,15 +139,27 @@ def _vllm_options(config: dict[str, Any]) -> None:
         if not isinstance(eager, bool):
             raise ConfigError(f"enforce_eager must be a bool, got {eager!r}")
         config["cuda_graphs"] = not eager
-    if "tensor_parallel_size" in config and not any(
-        f.name == "tensor_parallel_size" for f in attrs.fields(EngineConfig)
-    ):
-        size = config.pop("tensor_parallel_size")
-        if size != 1 or isinstance(size, bool):
-            raise ConfigError(
-                f"tensor_parallel_size must be 1: this engine runs the model on one device, "
-                f"got {size!r}"
-            )
+    if "tensor_parallel_size" in config:  # vLLM's name
+        config.update(tensor_parallel_options(config.pop("tensor_parallel_size")))
+
+
+def tensor_parallel_options(size: object) -> dict[str, Any]:
+    """The :class:`EngineConfig` fields vLLM's ``tensor_parallel_size`` means here:
+    ``{"tensor_parallel": size}`` when the config has that field (its own validation
+    then applies), ``{}`` for 1 otherwise.
+
+    Raises:
+        ConfigError: not an int >= 1; or above 1 on a build without tensor parallelism.
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"tensor_parallel_size must be an int >= 1, got {size!r}")
+    if any(f.name == "tensor_parallel" for f in attrs.fields(EngineConfig)):
+        return {"tensor_parallel": size}
+    if size != 1:
+        raise ConfigError(
+            f"tensor_parallel_size must be 1: this engine runs the model on one device, got {size}"
+        )
+    return {}
 
 
 def _params_list(sampling_params: object, count: int, default: SamplingParams) -> list[SamplingParams]:

@@ -1,45 +1,95 @@
-"""``deepinfer-kit serve``: build the engine from the command's options and run the
-OpenAI-compatible app under uvicorn until interrupted."""
+"""``deepinfer-kit serve``: its options (vLLM's names where vLLM has one), and building the
+engine from them to run the OpenAI-compatible app under uvicorn until interrupted."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import attrs
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["run_serve_command"]
+__all__ = ["add_serve_options", "run_serve_command"]
+
+
+def add_serve_options(p: argparse.ArgumentParser) -> None:
+    """Add the server's own options to the ``serve`` parser (the engine's are added by
+    ``add_engine_options``). Imports nothing heavy."""
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the checkpoint folder (vLLM's positional model; same as --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the model)")
+    p.add_argument("--chat-template", default=None, metavar="PATH",
+                   help="a jinja file used for chat requests instead of the model's template")
+    p.add_argument("--seed", type=int, default=None, dest="engine_seed",
+                   help="the engine's seed (unseeded requests' generator, the embedded model's weights)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="ranks the model is sharded over (1 unless this build has tensor parallelism)")
+    p.add_argument("--generation-config", default="auto",
+                   help="sampling defaults: 'auto' the model's generation_config.json, 'vllm' none, "
+                        "or a folder holding one")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
+                        "(default: $DEEPINFER_API_KEY, else none)")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a chat_template in request bodies (runs the client's jinja)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="larger bodies answer 413")
+    p.add_argument("--max-n", type=int, default=None,
+                   help="completions one request may ask for (default: --max-num-seqs)")
+    p.add_argument("--max-prompts-per-request", type=int, default=128)
+    p.add_argument("--max-stop-strings", type=int, default=32)
+    p.add_argument("--chat-template-timeout", type=float, default=5.0, metavar="SECONDS")
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C; returns the exit status.
 
     Raises:
-        ConfigError: FastAPI / uvicorn missing (names the extra to install), an unreadable
-            ``--chat-template``, or as ``build_engine``.
+        ConfigError: FastAPI / uvicorn / prometheus_client missing (names the extra to
+            install), an unreadable ``--chat-template``, a positional model that
+            contradicts ``--model``, or as ``build_engine``.
     """
     try:
+        import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
         raise ConfigError(
-            "deepinfer-kit serve needs FastAPI and uvicorn: pip install 'deepinfer_kit[serve]'"
+            "deepinfer-kit serve needs FastAPI, uvicorn and prometheus_client: "
+            "pip install 'deepinfer_kit[serve]'"
         ) from None
     from deepinfer_kit.cli_engine import engine_config
+    from deepinfer_kit.engine.llm import tensor_parallel_options
     from deepinfer_kit.serve.api import build_app
     from deepinfer_kit.serve.async_llm import AsyncLLM
+    from deepinfer_kit.serve.options import ServeOptions
 
+    if args.model_tag is not None:
+        args.model = args.model_tag
     template = None
     if args.chat_template is not None:
         try:
             template = Path(args.chat_template).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"--chat-template {args.chat_template!r} cannot be read: {exc}") from None
-    config = engine_config(args)
-    options = {k: v for k, v in attrs.asdict(config, recurse=False).items() if k != "model"}
-    llm = AsyncLLM(config.model, **options)
-    app = build_app(llm, model_name=args.served_model_name or args.model, chat_template=template)
+    overrides = tensor_parallel_options(args.tensor_parallel_size)
+    if args.engine_seed is not None:
+        overrides["seed"] = args.engine_seed
+    config = engine_config(args, **overrides)
+    options = ServeOptions.from_env(
+        api_key=args.api_key, trust_request_chat_template=args.trust_request_chat_template,
+        max_body_bytes=args.max_body_bytes, max_n=args.max_n or config.max_num_seqs,
+        max_prompts=args.max_prompts_per_request, max_stop=args.max_stop_strings,
+        chat_template_timeout_s=args.chat_template_timeout,
+    )
+    engine_options = {k: v for k, v in attrs.asdict(config, recurse=False).items() if k != "model"}
+    llm = AsyncLLM(config.model, generation_config=args.generation_config, **engine_options)
+    app = build_app(llm, model_name=args.served_model_name or args.model, chat_template=template,
+                    options=options, root=args.model)
+    if not logging.getLogger().handlers:  # the access log and refusals, beside uvicorn's
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
