@@ -127,3 +127,15 @@ def test_router_constructor_rejects_bad_groups() -> None:
         DeepSeekV3Router(4, 8, 2, n_group=2, topk_group=3)
     with pytest.raises(ConfigError, match="top_k must be <= num_experts"):
         SoftmaxTopKRouter(4, 3, 4)
+
+
+def test_softmax_router_renormalizes_by_default() -> None:
+    """The default of ``renormalize`` (Mixtral's rule) is pinned: every other test passes
+    it explicitly, and flipped it leaves weights summing to well under 1."""
+    router = SoftmaxTopKRouter(8, 8, 2)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(8, 8, generator=torch.Generator().manual_seed(3)))
+    routing = router(torch.randn(16, 8, generator=torch.Generator().manual_seed(4)))
+    sums = routing.weights.sum(dim=-1)
+    assert torch.allclose(sums, torch.ones(16), rtol=1e-6), sums
+    assert router.renormalize
