@@ -171,7 +171,7 @@ def test_faults_lose_nothing(worker: str) -> None:
 def test_the_worker_process_drafts_and_equals_the_synchronous_engine() -> None:
     reqs = workload(5, 30)
     want, _ = run_workload(reqs, False, speculative=SPECS["threshold"], **SMALL_POOL)
-    for overlap in (True, False):  # overlapped: the worker drafts; else the host does
+    for overlap in (True, False):  # the worker drafts either way (synchronous: without token slots)
         got, engine = run_workload(reqs, overlap, worker="process", speculative=SPECS["threshold"], **SMALL_POOL)
         assert got == want and engine.executor.depth == int(overlap)
         engine.close()
