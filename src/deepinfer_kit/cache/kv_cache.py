@@ -196,6 +196,13 @@ class PagedKVCache:
             torch.tensor(dst, dtype=torch.int64, device=dev),
         )
 
+    def copy_scratch(self) -> None:
+        """Run :meth:`copy_blocks`' op on one pair that copies the scratch block of
+        :attr:`pad_slot` onto itself (warm-up: it compiles the copy and changes no
+        block)."""
+        scratch = torch.full((1,), self.num_blocks, dtype=torch.int64, device=self._kv.device)
+        self._copy_op(self._kv, scratch, scratch)
+
     @staticmethod
     def bytes_per_block(
         num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.step_inputs import append_tables
+from deepinfer_kit.engine.step_inputs import aligned_len, append_tables
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 __all__ = ["StaticDecode", "StagedDecode", "batch_ladder"]
 
@@ -69,7 +74,9 @@ class StaticDecode:
         max_model_len: the longest context (sets the block-table width).
 
     Buffers: ``4 * max_num_seqs`` int64 plus ``max_num_seqs * ceil(max_model_len / P)``
-    int64 on the pool's device, allocated once.
+    int64 on the pool's device, allocated once, each row 16-byte aligned (Triton
+    specialises kernels on pointer alignment, so every ladder size sees aligned inputs);
+    once captured, one ``[max_num_seqs, V]`` logits buffer that every graph writes.
     """
 
     def __init__(
@@ -81,11 +88,12 @@ class StaticDecode:
         self.max_model_len = max_model_len
         top, dev = self.sizes[-1], kv_cache.device
         self.width = -(-max_model_len // kv_cache.block_size)
-        self._flat = torch.zeros(4 * top, dtype=torch.int64, device=dev)
+        self._flat = torch.zeros(4, aligned_len(top), dtype=torch.int64, device=dev)
         self._tables = torch.zeros(top, self.width, dtype=torch.int64, device=dev)
         self._starts = torch.arange(top + 1, dtype=torch.int64, device=dev)
         self._pin = dev.type == "cuda"
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: torch.Tensor | None = None  # [top, V], the captured graphs' output
         self.capture_error: str | None = None
 
     @property
@@ -147,49 +155,83 @@ class StaticDecode:
         """
         b, w = staged.size, staged.width
         device = staged.host.to(self._flat.device, non_blocking=True)
-        self._flat[: 4 * b].copy_(device[: 4 * b])
+        self._flat[:, :b].copy_(device[: 4 * b].view(4, b))
         self._tables[:b, :w].copy_(device[4 * b : 4 * b + b * w].view(b, w))
         return self._batch(b, staged.seq_lens), device[4 * b + b * w :]
 
     def forward(self, batch: ForwardBatch, size: int) -> torch.Tensor:
-        """The logits of a loaded round, ``[size, V]`` float32: the captured graph's
-        output (overwritten by the next replay) or an eager forward."""
+        """The logits of a loaded round, ``[size, V]`` float32: rows of the logits buffer
+        the captured graphs share (overwritten by the next replay) or an eager forward."""
         graph = self._graphs.get(size)
-        if graph is None:
+        if graph is None or self._logits is None:
             return self.model(batch, self.kv_cache)
-        graph[0].replay()
-        return graph[1]
+        graph.replay()
+        return self._logits[:size]
 
     def capture(self) -> None:
         """Capture the forward of every ladder size as a CUDA graph (largest first, one
         shared memory pool), after two eager warm-up runs each, which also compile every
         kernel the decode round uses. CUDA only.
 
-        A model whose forward cannot be captured (it synchronises with the host, or
-        allocates outside the graph pool) leaves every round eager: the reason is kept in
-        :attr:`capture_error` and logged once. Mutates the scratch block only (every
-        warm-up row writes :attr:`PagedKVCache.pad_slot`).
+        Each graph copies its logits into rows ``[:size]`` of one shared ``[top, V]``
+        buffer and keeps no output of its own, so the pool holds one set of logits, not
+        one per size. A model whose forward cannot be captured (it synchronises with the
+        host, or allocates outside the graph pool) leaves every round eager: the reason is
+        kept in :attr:`capture_error` and logged once. Mutates the scratch block only
+        (every warm-up row writes :attr:`PagedKVCache.pad_slot`).
+
+        Raises:
+            ConfigError: the device ran out of memory while capturing (the KV pool or
+                the ladder is too large for what is left; nothing is captured).
         """
         pool = None
         try:
             for size in reversed(self.sizes):
-                batch = self._padded_batch(size)
-                side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        self.model(batch, self.kv_cache)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(batch, self.kv_cache)
-                pool = graph.pool()
-                self._graphs[size] = (graph, out)
+                pool = self._capture_one(size, pool)
+        except torch.cuda.OutOfMemoryError as exc:
+            self._graphs.clear()
+            self._logits = None
+            _log.error("CUDA graph capture ran out of device memory: %s", exc)
+            raise ConfigError(
+                f"capturing the decode graphs (batch sizes up to {self.sizes[-1]}) ran out of "
+                f"device memory; lower gpu_memory_utilization or max_num_seqs, or set "
+                f"cuda_graphs=False"
+            ) from exc
         except RuntimeError as exc:  # capture refuses host syncs and foreign streams
             self._graphs.clear()
+            self._logits = None
             self.capture_error = str(exc).splitlines()[0] if str(exc) else repr(exc)
             _log.warning("decode rounds run eagerly: CUDA graph capture failed: %s", self.capture_error)
         torch.cuda.synchronize(self.kv_cache.device)
+
+    def run_padded(self, size: int) -> torch.Tensor:
+        """One eager forward of ladder size ``size`` with every row a padded row (warm-up:
+        it compiles what that size's round launches). Returns ``[size, V]`` logits;
+        mutates only the scratch block."""
+        with torch.inference_mode():
+            logits: torch.Tensor = self.model(self._padded_batch(size), self.kv_cache)
+        return logits
+
+    def _capture_one(self, size: int, pool: _POOL_HANDLE | None) -> _POOL_HANDLE:
+        """Warm ``size`` up twice on a side stream, then capture it into ``pool``; returns
+        the pool (the first capture creates it). Allocates the shared logits buffer from
+        the first (largest) size's warm-up output."""
+        batch = self._padded_batch(size)
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                warm = self.model(batch, self.kv_cache)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._logits is None:
+            self._logits = torch.empty(self.sizes[-1], warm.shape[1], dtype=warm.dtype,
+                                       device=warm.device)
+        del warm
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self._logits[:size].copy_(self.model(batch, self.kv_cache))
+        self._graphs[size] = graph
+        return graph.pool()
 
     def _padded_batch(self, size: int) -> ForwardBatch:
         """Size ``size``'s views with every row a padded row (what warm-up and capture
@@ -206,7 +248,7 @@ class StaticDecode:
     def _batch(self, size: int, seq_lens: list[int]) -> ForwardBatch:
         """Views of the static buffers for ladder size ``size``."""
         b = size
-        ids, positions, slots, lens = torch.split(self._flat[: 4 * b], b)
+        ids, positions, slots, lens = self._flat[:, :b].unbind(0)
         attn = AttentionMetadata(
             slot_mapping=slots,
             block_tables=self._tables[:b],

@@ -20,9 +20,22 @@ from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 
 __all__ = [
-    "InputLayout", "append_tables", "last_token_batch", "pack_inputs", "unpack_inputs",
-    "unpack_tail",
+    "ALIGN", "InputLayout", "aligned_len", "append_tables", "last_token_batch", "pack_inputs",
+    "unpack_inputs", "unpack_tail",
 ]
+
+
+ALIGN = 2  # int64 elements per 16 bytes: the pointer alignment Triton specialises on
+
+
+def aligned_len(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`ALIGN`."""
+    return -(-n // ALIGN) * ALIGN
+
+
+def _pad(values: list[int]) -> None:
+    """Zero-pad ``values`` so the next region starts 16-byte aligned."""
+    values += [0] * (aligned_len(len(values)) - len(values))
 
 
 @attrs.frozen(slots=True)
@@ -53,7 +66,8 @@ def pack_inputs(
     tail: Sequence[int] = (),
 ) -> tuple[torch.Tensor, InputLayout]:
     """Lay one step out as a single int64 host tensor (pinned when ``pin_memory``), with
-    ``tail`` appended (read back with :func:`unpack_tail`).
+    ``tail`` appended (read back with :func:`unpack_tail`); each region starts at a
+    multiple of :data:`ALIGN` elements.
 
     Called by the runner's ``prepare`` on the host; reads only the given lists. Tables
     are padded with block 0 to the widest one. O(T + R * W + len(tail)).
@@ -64,10 +78,13 @@ def pack_inputs(
     """
     slots = step_slots(query_lens, seq_lens, tables, block_size)
     width = max((len(t) for t in tables), default=0)
-    values: list[int] = [*input_ids, *positions, *slots, 0, *itertools.accumulate(query_lens)]
-    values += seq_lens
-    values += logits_rows
+    values: list[int] = []
+    for region in (input_ids, positions, slots, [0, *itertools.accumulate(query_lens)],
+                   seq_lens, logits_rows):
+        values += region
+        _pad(values)
     append_tables(values, tables, width)
+    _pad(values)
     values += tail
     layout = InputLayout(
         num_tokens=len(input_ids),
@@ -95,8 +112,12 @@ def unpack_inputs(buffer: torch.Tensor, layout: InputLayout) -> ForwardBatch:
     ``input_ids`` writes the buffer).
     """
     t, r, n, w = layout.num_tokens, layout.num_requests, layout.num_logits, layout.width
-    cuts = [t, t, t, r + 1, r, n, r * w, layout.num_tail]
-    ids, positions, slots, qsl, seq, logits, tables, _ = torch.split(buffer, cuts)
+    views: list[torch.Tensor] = []
+    offset = 0
+    for size in (t, t, t, r + 1, r, n, r * w):
+        views.append(buffer.narrow(0, offset, size))
+        offset += aligned_len(size)
+    ids, positions, slots, qsl, seq, logits, tables = views
     attn = AttentionMetadata(
         slot_mapping=slots,
         block_tables=tables.view(r, w),

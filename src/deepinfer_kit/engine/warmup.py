@@ -1,9 +1,16 @@
 """warm_up: run every kernel specialization a serving engine will use before the first
 request, so that no Triton compilation (and no graph capture) happens inside a step.
 
-Dummy rounds write their K/V only to the pool's scratch slot
-(:attr:`PagedKVCache.pad_slot`) and read blocks they never write, so the addressable
-blocks keep their contents.
+A specialization is Triton's launch key (``engine.kernel_keys``): constexprs, launch
+options, and per argument its type, whether a pointer is 16-byte aligned, whether an
+integer is 1 or divisible by 16. Warm-up reaches every key a serving round can produce:
+forwards of each tile regime (lone prefills short and as long as a step allows, decode
+batches, mixed and multi-token verify rounds, every split count, every static ladder
+size), each sampler path (greedy, full-vocabulary, nucleus, candidate sets of every
+block size, penalties, logprobs), the block copy of copy-on-write, and the verify
+kernels when the engine speculates. Dummy rounds write their K/V only to the pool's
+scratch slot (:attr:`PagedKVCache.pad_slot`) and read blocks they never write, so the
+addressable blocks keep their contents.
 """
 
 from __future__ import annotations
@@ -14,24 +21,32 @@ from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_target
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.plan import MAX_TOPK_WIDTH, MIN_TOPK_WIDTH
 from deepinfer_kit.sample.records import SamplingBatch
+from deepinfer_kit.sample.vectorized import VectorizedSampler
+from deepinfer_kit.spec.kernels import select_verify_ops
 
 __all__ = ["warm_up", "warm_up_shapes", "split_rounds", "dummy_forward"]
 
 
 def warm_up_shapes(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[int]]:
     """The query lengths of the eager dummy rounds: a lone prefill of a few lengths (the
-    attention kernel's tile sizes differ below and above 16 query rows), a batch of
-    single-token rows (an eager decode when the static path is off or too small), and a
-    mixed round."""
+    attention kernel's tile sizes differ below and above 16 query rows) and of the
+    longest chunk a step allows (MoE tiles grow with the tokens per expert), a batch of
+    single-token rows (an eager decode when the static path is off or too small), a
+    mixed round, and batches of 2- and 4-token rows (speculative verify rounds)."""
     rounds: list[list[int]] = []
-    for length in (1, 8, 17, 128):
+    for length in sorted({1, 8, 17, 128, max_num_batched_tokens}):
         if length <= max_num_batched_tokens:
             rounds.append([length])
     decode = min(max_num_seqs, max_num_batched_tokens, 64)
     rounds.append([1] * decode)
     if max_num_seqs >= 2 and max_num_batched_tokens >= 33:
         rounds.append([32, 1])
+    for width in (2, 4):
+        requests = min(max_num_seqs, max_num_batched_tokens // width, 64)
+        if requests >= 2:
+            rounds.append([width] * requests)
     return rounds
 
 
@@ -53,23 +68,34 @@ def warm_up(
     runner: ModelRunner, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
     capture: bool,
 ) -> None:
-    """Compile and run every kernel of the forward and the sampler once, the attention
-    with every split count it can choose (:func:`split_rounds`); then capture the static
-    decode graphs when ``capture`` (CUDA only).
+    """Compile and run every kernel specialization of the forward, the sampler, the block
+    copy and the verifier once (see the module docstring), the attention with every split
+    count it can choose (:func:`split_rounds`); run every static ladder size eagerly;
+    then capture the static decode graphs when ``capture`` (CUDA only).
 
     Called by ``build_engine`` on a CUDA device, before the engine serves; may be called
-    on CPU (it compiles nothing there). Mutates the scratch block of the KV pool and,
-    with ``capture``, the runner's :class:`StaticDecode` graphs. Raises what the model or
-    sampler raise.
+    on CPU (it compiles nothing there; under the Triton interpreter it runs every launch
+    a CUDA warm-up would compile). Mutates the scratch block of the KV pool and, with
+    ``capture``, the runner's :class:`StaticDecode` graphs. Raises what the model,
+    sampler or capture raise.
     """
-    rounds = [(q, list(q)) for q in warm_up_shapes(max_num_seqs, max_num_batched_tokens)]
+    max_len = min(max_num_batched_tokens, max_model_len)
+    rounds = [(q, list(q)) for q in warm_up_shapes(max_num_seqs, max_len)]
     rounds += split_rounds(runner, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens,
                            max_model_len=max_model_len)
     for query_lens, seq_lens in rounds:
         _dummy_round(runner, query_lens, seq_lens)
-    if capture and runner.static is not None:
-        runner.static.capture()
+    static = runner.static
+    if static is not None:
+        for size in static.sizes:
+            static.run_padded(size)
+    with torch.inference_mode():
+        runner.kv_cache.copy_scratch()
+        _warm_candidates(runner)
+        _warm_verify(runner)
+    if capture and static is not None:
+        static.capture()
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
 
@@ -112,6 +138,8 @@ def _sample_variants(runner: ModelRunner, logits: torch.Tensor) -> None:
     variants = [
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05),
+        SamplingParams(temperature=0.8, top_p=0.9),  # top-p alone: the nucleus kernel
+        SamplingParams(temperature=0.7, top_k=5),
         SamplingParams(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5),
         SamplingParams(temperature=0.0, logprobs=5),
     ]
@@ -129,3 +157,50 @@ def _sample_variants(runner: ModelRunner, logits: torch.Tensor) -> None:
                 generator=runner.generator,
             )
             runner.sampler(logits[:count], batch)
+
+
+def _warm_candidates(runner: ModelRunner) -> None:
+    """Run the sampler's candidate-set draw at every block size it can pick: top-k widths
+    ``MIN_TOPK_WIDTH .. MAX_TOPK_WIDTH`` (powers of two), histogram-threshold sets wider
+    than that (their width any integer: one divisible by 16 and one not), and the whole
+    vocabulary (rows whose top-k set would not be smaller). Only for a
+    :class:`VectorizedSampler`; an injected sampler warms itself."""
+    sampler = runner.sampler
+    if not isinstance(sampler, VectorizedSampler):
+        return
+    ops, dev = sampler.ops_for(runner.device), runner.device
+    vocab = runner.model.config.vocab_size
+    widths = {vocab}
+    width = MIN_TOPK_WIDTH
+    while width <= MAX_TOPK_WIDTH and width < vocab:
+        widths.add(width)
+        width *= 2
+    widths |= {w for w in (MAX_TOPK_WIDTH + 16, MAX_TOPK_WIDTH + 17) if w < vocab}
+    for w in sorted(widths):
+        vals = torch.linspace(1.0, -1.0, w, device=dev).unsqueeze(0)
+        idx = torch.arange(w, dtype=torch.int64, device=dev).unsqueeze(0)
+        ops.candidate_draw(
+            vals, idx, torch.ones(1, device=dev), torch.full((1,), w, dtype=torch.int64, device=dev),
+            torch.full((1,), 0.9, dtype=torch.float64, device=dev), torch.zeros(1, device=dev),
+            torch.zeros(1, dtype=torch.float64, device=dev),
+            torch.full((1,), 0.5, dtype=torch.float64, device=dev),
+        )  # fmt: skip
+
+
+def _warm_verify(runner: ModelRunner) -> None:
+    """Run the verify kernels (greedy and rejection) with draft widths 0, 1 and 2 (Triton
+    specialises the width on being 1 or divisible by 16), when the runner verifies."""
+    verifier = runner.verifier
+    if verifier is None:
+        return
+    ops, _ = select_verify_ops(getattr(verifier, "impl", "auto"))
+    dev, vocab = runner.device, runner.model.config.vocab_size
+    for width in (0, 1, 2):
+        logits = torch.zeros(width + 1, vocab, device=dev)
+        ids = torch.zeros(1, width, dtype=torch.int64, device=dev)
+        lengths = torch.full((1,), width, dtype=torch.int64, device=dev)
+        ops.greedy_verify(logits, torch.zeros(1, dtype=torch.int64, device=dev), ids, lengths)
+        target = torch.full((1, width + 1, vocab), 1.0 / vocab, dtype=torch.float64, device=dev)
+        u = torch.full((1, width + 1), 0.5, dtype=torch.float64, device=dev)
+        ops.rejection_sample(target, target[:, :width].contiguous(), ids, lengths,
+                             u[:, :width].contiguous(), u)

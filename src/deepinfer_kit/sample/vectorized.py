@@ -41,11 +41,48 @@ __all__ = ["VectorizedSampler", "check_batch", "working_logits"]
 _THRESHOLD_MARGINS = (2.0, 8.0)  # subsample-rank safety factors of the two threshold tries
 
 
-def _select_ops(impl: str) -> tuple[DrawOps, Literal["ref", "triton"]]:
+class _OpsByDevice:
+    """:class:`DrawOps` that run the Triton kernels on CUDA logits and the torch ops on any
+    other device (``impl="auto"`` on a machine with CUDA: an engine on ``device="cpu"``
+    there must never hand CPU tensors to a compiled kernel)."""
+
+    def __init__(self, fast: DrawOps) -> None:
+        self.fast = fast
+
+    def on(self, device: torch.device) -> DrawOps:
+        """The ops for tensors on ``device``."""
+        return self.fast if device.type == "cuda" else ref_ops
+
+    def row_norm(self, x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor) -> torch.Tensor:
+        """See :meth:`DrawOps.row_norm`."""
+        return self.on(x.device).row_norm(x, rows, inv_t)
+
+    def full_draw(self, x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor,
+                  min_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """See :meth:`DrawOps.full_draw`."""
+        return self.on(x.device).full_draw(x, rows, inv_t, min_p, u)
+
+    def candidate_draw(self, vals: torch.Tensor, idx: torch.Tensor, inv_t: torch.Tensor,
+                       k: torch.Tensor, p: torch.Tensor, min_p: torch.Tensor, z: torch.Tensor,
+                       u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :meth:`DrawOps.candidate_draw`."""
+        return self.on(vals.device).candidate_draw(vals, idx, inv_t, k, p, min_p, z, u)
+
+    def nucleus_draw(self, x: torch.Tensor, rows: torch.Tensor, inv_t: torch.Tensor,
+                     p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """See :meth:`DrawOps.nucleus_draw`."""
+        return self.on(x.device).nucleus_draw(x, rows, inv_t, p, min_p, u)
+
+
+def _select_ops(impl: str) -> tuple[DrawOps, Literal["ref", "triton", "auto"]]:
+    """``"auto"`` with CUDA and Triton present routes by the logits' device (name
+    ``"auto"``); otherwise the one implementation ``resolve_impl`` picks."""
     if resolve_impl(impl, on_cuda=torch.cuda.is_available()) == "ref":
         return ref_ops, "ref"
     import deepinfer_kit.sample.triton_ops as triton_ops
 
+    if impl == "auto":
+        return _OpsByDevice(triton_ops), "auto"
     return triton_ops, "triton"
 
 
@@ -99,7 +136,9 @@ class VectorizedSampler:
 
     Args:
         impl: ``"ref"`` (torch ops), ``"triton"`` (Triton kernels for the draw and the
-            filters), or ``"auto"`` (Triton when CUDA is available). Chosen once here.
+            filters), or ``"auto"``: on a machine with CUDA and Triton, the kernels for
+            logits on a CUDA device and the torch ops for logits elsewhere (``impl`` then
+            reads ``"auto"``); without them, ``"ref"``. Chosen once here.
 
     Raises:
         ConfigError: an unknown ``impl``.
@@ -109,6 +148,11 @@ class VectorizedSampler:
 
     def __init__(self, impl: Impl = "auto") -> None:
         self._ops, self.impl = _select_ops(impl)
+
+    def ops_for(self, device: torch.device) -> DrawOps:
+        """The draw ops this sampler runs on logits on ``device`` (warm-up calls them)."""
+        ops = self._ops
+        return ops.on(device) if isinstance(ops, _OpsByDevice) else ops
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
         """Draw one token per row; see :meth:`Sampler.__call__` for the contract.

@@ -27,10 +27,37 @@ class VerifyOps(Protocol):
         ...
 
 
-def select_verify_ops(impl: str) -> tuple[VerifyOps, Literal["ref", "triton"]]:
-    """The ops of ``impl`` (``"auto"``: Triton when CUDA is available) and its resolved name.
+class _VerifyOpsByDevice:
+    """:class:`VerifyOps` that run the Triton kernels on CUDA logits and the torch ops on
+    any other device (``"auto"`` on a machine with CUDA: a ``device="cpu"`` engine there
+    must never hand CPU tensors to a compiled kernel)."""
 
-    Imports ``spec.triton_ops`` (and so Triton) only when it is chosen.
+    def __init__(self, fast: VerifyOps) -> None:
+        self.fast = fast
+
+    def on(self, device: torch.device) -> VerifyOps:
+        """The ops for tensors on ``device``."""
+        return self.fast if device.type == "cuda" else ref_ops
+
+    def greedy_verify(self, logits: torch.Tensor, offsets: torch.Tensor, draft_ids: torch.Tensor,
+                      lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :func:`deepinfer_kit.spec.ref_ops.greedy_verify`."""
+        return self.on(logits.device).greedy_verify(logits, offsets, draft_ids, lengths)
+
+    def rejection_sample(self, target: torch.Tensor, draft_probs: torch.Tensor,
+                         draft_ids: torch.Tensor, lengths: torch.Tensor, u_accept: torch.Tensor,
+                         u_draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """See :func:`deepinfer_kit.spec.ref_ops.rejection_sample`."""
+        return self.on(target.device).rejection_sample(
+            target, draft_probs, draft_ids, lengths, u_accept, u_draw)
+
+
+def select_verify_ops(impl: str) -> tuple[VerifyOps, Literal["ref", "triton", "auto"]]:
+    """The ops of ``impl`` and its resolved name. ``"auto"`` on a machine with CUDA and
+    Triton routes by the logits' device (name ``"auto"``: the kernels for CUDA tensors, the
+    torch ops for others); without them it is ``"ref"``.
+
+    Imports ``spec.triton_ops`` (and so Triton) only when it may be used.
 
     Raises:
         ConfigError: an unknown ``impl``.
@@ -41,4 +68,6 @@ def select_verify_ops(impl: str) -> tuple[VerifyOps, Literal["ref", "triton"]]:
         return ref_ops, "ref"
     import deepinfer_kit.spec.triton_ops as triton_ops
 
+    if impl == "auto":
+        return _VerifyOpsByDevice(triton_ops), "auto"
     return triton_ops, "triton"

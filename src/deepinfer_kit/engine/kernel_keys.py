@@ -1,0 +1,114 @@
+"""Triton specialisation keys of the project's kernel launches, computed with Triton's own
+binder, and a count of the variants compiled so far: what warm-up must cover, and what a
+served step must never add.
+
+Triton compiles one variant of a kernel per key: its constexpr values, its launch options
+(``num_warps``, ``num_stages``) and, per other argument, the type plus a specialisation —
+a pointer whose ``data_ptr() % 16 == 0``, an integer equal to 1 (made a constant) or
+divisible by 16. The key is a function of the arguments only, so it is computed the same
+on a CPU under the interpreter as on a GPU: a CPU test can prove that warm-up launched
+every key a workload launches.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["LaunchKey", "launch_key", "record_launches", "compiled_variants"]
+
+LaunchKey = tuple[str, str]  # (kernel's qualified name, Triton's cache key of the launch)
+
+_PREFIX = "deepinfer_kit"
+_binders: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _python_fn(kernel: Any) -> Callable[..., Any]:
+    """The Python function under a ``JITFunction`` or an ``InterpretedFunction``."""
+    fn: Callable[..., Any] = kernel.fn
+    return fn
+
+
+def launch_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LaunchKey:
+    """The key Triton files the launch ``kernel[grid](*args, **kwargs)`` under.
+
+    Uses Triton's binder (``create_function_from_signature`` with the base backend's
+    specialisation, which the CUDA backend inherits) over a ``JITFunction`` of the
+    kernel's Python function, so it works for a compiled kernel and for one under the
+    interpreter alike; reads only ``data_ptr()``, dtypes and values. Raises what Triton's
+    binder raises on arguments that do not fit the signature.
+    """
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
+
+    fn = _python_fn(kernel)
+    binder = _binders.get(fn)
+    if binder is None:
+        if isinstance(kernel, JITFunction):
+            jit = kernel
+        else:  # the interpreter keeps the decorator's arguments in ``kwargs``
+            kept = ("do_not_specialize", "do_not_specialize_on_alignment")
+            jit = JITFunction(fn, **{k: v for k, v in getattr(kernel, "kwargs", {}).items() if k in kept})
+        binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+        _binders[fn] = binder
+    _, specialization, options = binder(*args, **kwargs)
+    return f"{fn.__module__}.{fn.__qualname__}", str(compute_cache_key({}, specialization, options))
+
+
+@contextmanager
+def record_launches() -> Iterator[Counter[LaunchKey]]:
+    """Within the block, count every launch of a ``deepinfer_kit`` Triton kernel by its
+    :func:`launch_key` (from any thread), then launch it as usual.
+
+    Patches ``run`` of Triton's ``JITFunction`` and, when the interpreter is loaded,
+    ``InterpretedFunction`` for the duration of the block (not re-entrant: one recording
+    at a time). Yields the counter it fills.
+    """
+    from triton.runtime.jit import JITFunction
+
+    classes: list[type] = [JITFunction]
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    if interpreter is not None:
+        classes.append(interpreter.InterpretedFunction)
+    seen: Counter[LaunchKey] = Counter()
+    lock = threading.Lock()
+    originals = {cls: cls.__dict__["run"] for cls in classes}
+
+    def patched(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if not warmup and _python_fn(self).__module__.startswith(_PREFIX):
+                key = launch_key(self, args, kwargs)
+                with lock:
+                    seen[key] += 1
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        return run
+
+    for cls, original in originals.items():
+        setattr(cls, "run", patched(original))
+    try:
+        yield seen
+    finally:
+        for cls, original in originals.items():
+            setattr(cls, "run", original)
+
+
+def compiled_variants() -> int:
+    """Compiled variants held by every loaded ``deepinfer_kit`` Triton kernel (0 under the
+    interpreter, which compiles nothing). Read it after warm-up and after serving: any
+    growth is a compilation inside a step."""
+    from triton.runtime.jit import JITFunction
+
+    total = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(_PREFIX) or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, JITFunction):
+                caches = getattr(value, "device_caches", {})
+                total += sum(len(entry[0]) for entry in caches.values())
+    return total
