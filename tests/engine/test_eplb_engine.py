@@ -216,3 +216,19 @@ def test_the_worker_process_rebalances_like_the_engine_in_process(overlap: bool)
         assert all(len(row) == 12 for t in rounds for row in t.slot_counts or [])
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_rebalance_points_are_a_function_of_committed_rounds(overlap: bool) -> None:
+    """The clock counts committed rounds with work: due once ``interval`` committed since
+    the last plan; under overlap the round in flight commits before the weights move, so
+    the points are ``interval, 2*interval, ...`` synchronous and ``interval+1, ...``
+    overlapped, whatever the executor's thread has finished."""
+    engine = build_engine(block_size=4, max_num_batched_tokens=40, overlap=overlap,
+                          eplb=REBALANCING | {"interval": 2})
+    _run(engine, _prompts(13))
+    balancer = engine.balancer
+    assert balancer is not None and len(balancer.history) >= 3
+    step = 2 + int(overlap)
+    assert [r.after_step for r in balancer.history] == [step * (i + 1) for i in range(len(balancer.history))]
+    assert balancer.num_steps >= balancer.history[-1].after_step

@@ -31,7 +31,8 @@ class Rebalance:
     """What one rebalance did (kept in :attr:`ExpertBalancer.history`).
 
     Attributes:
-        after_step: rebalanced once this many forward steps had run.
+        after_step: rebalanced once this many rounds had committed (the rebalance clock,
+            :attr:`ExpertBalancer.num_steps`).
         window: ``[L, E]`` int64 counts (CPU) the plan was made from.
         before, after: ``[L, G]`` float64 load of each GPU under the old and the new
             placement, both on ``window`` (what the heatmaps draw).
@@ -61,14 +62,11 @@ class BalancerState:
 
     Attributes:
         topology, num_experts, placement: as on :class:`ExpertBalancer`.
-        num_steps: forward steps counted so far; ``last_plan``: its value at the last plan.
     """
 
     topology: Topology
     num_experts: int
     placement: Placement
-    num_steps: int
-    last_plan: int
 
 
 def first_placement(config: EplbConfig, layers: list[MoELayer]) -> Placement:
@@ -94,8 +92,16 @@ class ExpertBalancer:
 
     Construction turns every MoE layer to ``P = E + num_redundant`` physical slots under
     the placement the policy makes of a uniform load (:meth:`MoELayer.use_replicas`). The
-    runner calls :meth:`record` after every forward; the engine calls :meth:`due` before
-    each step and, when true and no step is in flight, :meth:`rebalance`.
+    runner calls :meth:`record` after every forward; the engine calls :meth:`commit` for
+    every round with work it commits, :meth:`due` before each step and, when true, commits
+    the rounds in flight and calls :meth:`rebalance`.
+
+    When a rebalance happens is a pure function of the committed rounds: the clock
+    (:attr:`num_steps`) advances at commit, on the host, never from a count of forwards
+    that a worker thread or process may or may not have finished yet. In-process, in a
+    worker process and on every expert-parallel rank the same rounds commit in the same
+    order, so the rebalance points and the windows they plan from are the same whatever
+    the machine's load.
 
     Args:
         config: the window, interval, policy and topology.
@@ -139,11 +145,15 @@ class ExpertBalancer:
 
     def record(self, model: CausalLM) -> None:
         """After a forward: push its ``[L, E]`` routed counts into the window (device copy,
-        no host sync) and count the step. Mutates the window."""
+        no host sync). Mutates the window, not the clock (see :meth:`commit`)."""
         counts = model.expert_counts()
         if counts is None:
             return
         self.window.record(counts.to(self.window.device))
+
+    def commit(self) -> None:
+        """The engine committed a round that had work: advance the rebalance clock
+        (:attr:`num_steps`) by one. Called on the host, in commit order."""
         self.num_steps += 1
 
     def slot_counts(self) -> list[list[int]] | None:
@@ -158,21 +168,22 @@ class ExpertBalancer:
     def state(self) -> BalancerState:
         """A snapshot for a host in another process (placements are not copied: do not
         mutate them)."""
-        return BalancerState(self.topology, self.num_experts, self.placement, self.num_steps,
-                             self._last_plan)
+        return BalancerState(self.topology, self.num_experts, self.placement)
 
     def due(self) -> bool:
-        """True once ``interval`` forward steps ran since the last plan (and the window
-        holds at least one step)."""
+        """True once ``interval`` rounds committed since the last plan (a function of the
+        committed rounds alone)."""
         return self.num_steps - self._last_plan >= self.config.interval
 
-    def rebalance(self, *, in_flight: int = 0) -> Rebalance:
+    def rebalance(self, *, in_flight: int = 0, after_step: int | None = None) -> Rebalance:
         """Plan from the window with the policy, relabel the plan to keep replicas in their
         slots (:func:`align_placement`: GPU loads unchanged), keep the current placement
         of each layer it balances the window no worse than the plan, and apply the rest:
         copy the weights of moved slots, then swap each layer's routing table. Call only between
         steps; ``in_flight`` is the caller's count of steps launched and not yet waited
-        for. One host read of the window. Appends to :attr:`history` and returns the record.
+        for. ``after_step`` stamps the record and restarts the clock there (the host's
+        clock when the balancer lives in a worker; default :attr:`num_steps`). One host
+        read of the window. Appends to :attr:`history` and returns the record.
 
         Raises:
             InvariantError: ``in_flight > 0`` (a forward could read half-moved weights).
@@ -180,6 +191,7 @@ class ExpertBalancer:
         """
         if in_flight:
             raise InvariantError(f"rebalance with {in_flight} steps in flight; commit them first")
+        step = self.num_steps if after_step is None else after_step
         t0 = time.perf_counter()
         load = self.window.total().cpu()
         gpus, nodes = self.topology.num_gpus, self.topology.num_nodes
@@ -198,13 +210,13 @@ class ExpertBalancer:
         t2 = time.perf_counter()
         before, after = gpu_loads(self.placement, load, gpus), gpu_loads(new, load, gpus)
         record = Rebalance(
-            after_step=self.num_steps, window=load, before=before, after=after,
+            after_step=step, window=load, before=before, after=after,
             balancedness_before=float(balancedness(before).mean()),
             balancedness_after=float(balancedness(after).mean()),
             phy2log=new.phy2log.clone(), moved_slots=moved, moved_bytes=moved * self.expert_bytes,
             plan_s=t1 - t0, apply_s=t2 - t1,
         )  # fmt: skip
         self.placement = new
-        self._last_plan = self.num_steps
+        self.num_steps = self._last_plan = step
         self.history.append(record)
         return record

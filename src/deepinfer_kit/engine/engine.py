@@ -351,6 +351,8 @@ class Engine:
         plan = entry.plan
         t1 = time.perf_counter()
         result, finished, t2 = commit_round(entry, self.executor, self.scheduler, self._failures)
+        if self.balancer is not None and plan.chunks:  # the rebalance clock: committed rounds
+            self.balancer.commit()
         if self.speculation is not None and self._drafts is not None:
             self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
         if self._slots is not None:  # the step's device work is done: its leases may end

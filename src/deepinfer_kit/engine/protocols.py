@@ -94,8 +94,9 @@ class StepRunner(Protocol):
 
 
 class Balancer(Protocol):
-    """Live EPLB as the Engine drives it: asked :meth:`due` before each step, and told to
-    :meth:`rebalance` with nothing in flight. Implementations:
+    """Live EPLB as the Engine drives it: told of each committed round (:meth:`commit`),
+    asked :meth:`due` before each step, and told to :meth:`rebalance` with nothing in
+    flight. Implementations:
     :class:`~deepinfer_kit.engine.balance.ExpertBalancer` (beside the model) and
     :class:`~deepinfer_kit.engine.remote_balancer.RemoteBalancer` (the model in a worker
     process)."""
@@ -117,17 +118,22 @@ class Balancer(Protocol):
 
     @property
     def num_steps(self) -> int:
-        """Forward steps counted into the load window so far."""
+        """The rebalance clock: rounds with work committed so far (counted on the host by
+        :meth:`commit`, so the same in-process, in a worker and on every rank)."""
+        ...
+
+    def commit(self) -> None:
+        """Called by the engine once per committed round that had work, in commit order:
+        advances :attr:`num_steps`."""
         ...
 
     def due(self) -> bool:
-        """True once ``config.interval`` forward steps ran since the last plan."""
+        """True once ``config.interval`` rounds committed since the last plan."""
         ...
 
-    def rebalance(self, *, in_flight: int = 0) -> Rebalance | None:
+    def rebalance(self, *, in_flight: int = 0) -> Rebalance:
         """Plan from the window and move the expert weights (between steps only);
-        appends to :attr:`history` and returns the record, or ``None`` when it turned out
-        not to be due yet.
+        appends to :attr:`history` and returns the record, stamped :attr:`num_steps`.
 
         Raises:
             InvariantError: ``in_flight > 0`` (a forward could read half-moved weights).

@@ -4,13 +4,13 @@ The :class:`~deepinfer_kit.engine.balance.ExpertBalancer` stays beside the model
 worker (its load window is fed after every forward there, and a rebalance copies expert
 weights there). The host keeps this handle, which the Engine drives like the local one:
 
-- :meth:`due` estimates the worker's forward count from the step replies received since
-  the last exchange (no message per step);
-- :meth:`rebalance` sends one ``("rebalance", released)`` request, which the worker runs
-  after every step sent before it (the engine commits them all first); the worker checks
-  its own ``due()`` (a step that failed before its forward is not counted there), plans
-  and moves the weights, and answers the :class:`Rebalance` record with its state, which
-  resets the estimate.
+- the rebalance clock lives here, on the host: :meth:`commit` counts the rounds the
+  engine commits (no message per step), so :meth:`due` is a function of committed rounds
+  alone, never of how many step replies happen to have arrived;
+- :meth:`rebalance` sends one ``("rebalance", released, after_step)`` request, which the
+  worker (every expert-parallel rank) runs after every step sent before it (the engine
+  commits them all first): it plans from its window, moves the weights and answers the
+  :class:`Rebalance` record stamped with the host's clock.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class RemoteBalancer:
     :class:`~deepinfer_kit.engine.protocols.Balancer`).
 
     Args:
-        runner: the worker's runner handle (its request channel and reply count), or the
-            expert-parallel ranks' (the request goes to every rank, each moves its slots).
+        runner: the worker's runner handle (its request channel), or the expert-parallel
+            ranks' (the request goes to every rank, each moves its slots).
         config: the engine's ``eplb`` config.
         state: the worker balancer's state when the worker was built.
     """
@@ -48,21 +48,20 @@ class RemoteBalancer:
         self.num_experts = state.num_experts
         self.placement = state.placement
         self.history: list[Rebalance] = []
-        self._sync(state)
+        self.num_steps = 0
+        self._last_plan = 0
 
-    @property
-    def num_steps(self) -> int:
-        """The worker's forward count, estimated from the step replies since the last
-        exchange (exact unless a step failed before its forward)."""
-        return self._steps + self._runner.num_step_replies - self._replies
+    def commit(self) -> None:
+        """See :meth:`ExpertBalancer.commit` (the clock is the host's; nothing is sent)."""
+        self.num_steps += 1
 
     def due(self) -> bool:
-        """See :meth:`ExpertBalancer.due` (on the estimate; the worker decides)."""
+        """See :meth:`ExpertBalancer.due`."""
         return self.num_steps - self._last_plan >= self.config.interval
 
-    def rebalance(self, *, in_flight: int = 0) -> Rebalance | None:
-        """See :meth:`ExpertBalancer.rebalance`: one round trip to the worker. Returns
-        ``None`` (and corrects the estimate) when the worker's own count is not due yet.
+    def rebalance(self, *, in_flight: int = 0) -> Rebalance:
+        """See :meth:`ExpertBalancer.rebalance`: one round trip to the worker (every rank),
+        which plans from its window whatever its own count, stamped ``num_steps``.
 
         Raises:
             InvariantError: ``in_flight > 0``.
@@ -71,17 +70,11 @@ class RemoteBalancer:
         """
         if in_flight:
             raise InvariantError(f"rebalance with {in_flight} steps in flight; commit them first")
-        answer = self._runner.request(("rebalance", self._runner.released))
+        answer = self._runner.request(("rebalance", self._runner.released, self.num_steps))
         if isinstance(answer, BaseException):
             raise answer
-        record: Rebalance | None = answer[0]
-        state: BalancerState = answer[1]
-        self._sync(state)
-        if record is not None:
-            self.history.append(record)
-            self.placement = placement_from_phy2log(record.phy2log, self.num_experts)
+        record: Rebalance = answer[0]
+        self._last_plan = self.num_steps
+        self.history.append(record)
+        self.placement = placement_from_phy2log(record.phy2log, self.num_experts)
         return record
-
-    def _sync(self, state: BalancerState) -> None:
-        self._steps, self._last_plan = state.num_steps, state.last_plan
-        self._replies = self._runner.num_step_replies
