@@ -4,6 +4,7 @@ bounded by a timeout."""
 from __future__ import annotations
 
 from datetime import timedelta
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,20 +59,20 @@ class TorchCommunicator:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """See :meth:`Communicator.all_reduce` (sum, in place)."""
-        self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), "all_reduce")
+        self._run(lambda: dist.all_reduce(tensor, group=self.group, async_op=True), "all_reduce")
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         """See :meth:`Communicator.all_gather`."""
         part = tensor.contiguous()
         parts = [torch.empty_like(part) for _ in range(self._world)]
-        self._wait(dist.all_gather(parts, part, group=self.group, async_op=True), "all_gather")
+        self._run(lambda: dist.all_gather(parts, part, group=self.group, async_op=True), "all_gather")
         return torch.cat(parts, dim=dim)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """See :meth:`Communicator.broadcast`; ``src`` is a rank of this group."""
         source = dist.get_global_rank(self.group, src) if self.group is not None else src
-        self._wait(dist.broadcast(tensor, source, group=self.group, async_op=True), "broadcast")
+        self._run(lambda: dist.broadcast(tensor, source, group=self.group, async_op=True), "broadcast")
         return tensor
 
     def barrier(self) -> None:
@@ -79,9 +80,10 @@ class TorchCommunicator:
         takes no timeout of its own)."""
         self.all_reduce(torch.zeros(1, device=self.device))
 
-    def _wait(self, work: Any, name: str) -> None:
+    def _run(self, issue: Callable[[], Any], name: str) -> None:
+        """Issue one collective and wait for it, every failure a CollectiveError."""
         try:
-            done = work.wait(timeout=self._wait_for)
+            done = issue().wait(timeout=self._wait_for)
         except Exception as exc:  # noqa: BLE001 - every backend failure breaks the group
             raise CollectiveError(
                 f"{name} failed on rank {self._rank} of {self._world} (timeout "

@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from deepinfer_kit.engine.process_runner import ProcessRunner, RemoteSlots, WorkerInfo, WorkerPool, WorkerSpec
+from deepinfer_kit.engine.rank_groups import collect_replies
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
@@ -59,7 +60,7 @@ class ProcessGroupRunner(WorkerPool):
     """
 
     def __init__(self, spec: WorkerSpec, *, start_timeout: float = 600.0) -> None:
-        world = spec.config.expert_parallel
+        world = spec.config.expert_parallel * spec.config.tensor_parallel
         with socket.socket() as probe:  # a free port for the gloo rendezvous
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -104,22 +105,16 @@ class ProcessGroupRunner(WorkerPool):
         return [r.prepare(plan) for r in self.ranks]
 
     def execute(self, sent: list[object]) -> StepResult:
-        """Collect every rank's reply to one step and return rank 0's result.
+        """Collect every rank's reply to one step (:func:`collect_replies`: all ranks at
+        once) and return rank 0's result.
 
         Raises:
-            Exception: the first rank's exception when a step failed there.
+            Exception: the step's exception when it failed alike on every rank.
             InvariantError: ranks that sampled different tokens.
-            EngineDeadError: a worker is gone.
+            EngineDeadError: a worker is gone, a collective failed or timed out, or only
+                some ranks failed the step; every rank is killed first.
         """
-        results: list[StepResult] = []
-        failure: BaseException | None = None
-        for runner, step in zip(self.ranks, sent):
-            try:
-                results.append(runner.execute(step))  # type: ignore[arg-type]
-            except Exception as exc:  # noqa: BLE001 - every rank's reply is read first
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        results = collect_replies(self.ranks, sent)  # type: ignore[arg-type]
         first = results[0].token_ids
         for rank, result in enumerate(results[1:], 1):
             if result.token_ids != first:

@@ -1,0 +1,150 @@
+"""Ranks of a multi-rank model, seen from the engine: joining the groups (a spawned worker,
+or a launcher-started process), and the host collecting one step's replies from every
+worker rank, failing the whole group fast when one rank dies or a collective breaks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+
+from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
+from deepinfer_kit.comm.world import ParallelGroups, WorldSpec, join_world, world_from_env
+from deepinfer_kit.errors import ConfigError, EngineDeadError
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from deepinfer_kit.moe.layer import MoELayer
+from deepinfer_kit.step import StepResult
+
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.config import EngineConfig
+    from deepinfer_kit.sample.protocols import Sampler
+    from deepinfer_kit.engine.process_runner import ProcessRunner, SentStep, WorkerSpec
+
+__all__ = ["worker_groups", "launched_groups", "build_launched", "split_experts", "collect_replies",
+           "stop_ranks"]
+
+
+def worker_groups(spec: WorkerSpec, device: torch.device) -> ParallelGroups | None:
+    """Join the world of a spawned worker rank (``spec.rank`` of ``tensor_parallel *
+    expert_parallel``, rendezvous at ``spec.rendezvous``), then wrap its tensor-parallel
+    communicator with ``spec.wrap_comm`` when given (fault injection). ``None`` for a
+    single-rank model. Collective: every rank calls it before its model loads.
+
+    Raises:
+        CollectiveError, RuntimeError: the rendezvous failed or timed out.
+    """
+    config = spec.config
+    world = config.tensor_parallel * config.expert_parallel
+    if world == 1:
+        return None
+    if spec.rendezvous is None:
+        raise ConfigError(f"a worker of {world} ranks needs a rendezvous address, got None")
+    groups = join_world(WorldSpec(spec.rank, world, spec.rendezvous), tensor_parallel=config.tensor_parallel,
+                        expert_parallel=config.expert_parallel, timeout=config.collective_timeout,
+                        device=device)
+    if spec.wrap_comm is not None:
+        groups = attrs.evolve(groups, tp=spec.wrap_comm(groups.tp))
+    return groups
+
+
+def launched_groups(config: EngineConfig, device: torch.device) -> ParallelGroups:
+    """Join the world of a launcher-started rank (``worker="launched"``) from the standard
+    environment. Collective: every rank calls it before its model loads.
+
+    Raises:
+        ConfigError: the launcher environment is missing, or its ``WORLD_SIZE`` is not
+            ``tensor_parallel * expert_parallel``.
+    """
+    spec = world_from_env()
+    if spec is None:
+        raise ConfigError(
+            "worker='launched' needs the launcher environment (MASTER_ADDR, MASTER_PORT, "
+            "WORLD_SIZE, RANK, as torchrun sets them); none of it is set")
+    return join_world(spec, tensor_parallel=config.tensor_parallel,
+                      expert_parallel=config.expert_parallel, timeout=config.collective_timeout,
+                      device=device)
+
+
+def build_launched(config: EngineConfig, *, sampler: Sampler | None, depth: int) -> RunnerParts:
+    """The device half of a ``worker="launched"`` rank: join the launcher's world, build
+    this rank's tensor-parallel shard (:func:`build_runner` with its group), keep its
+    ``E / expert_parallel`` experts. Every rank then runs the whole engine on the same
+    inputs (the scheduler decides from the work alone, so every rank plans alike).
+
+    Raises:
+        ConfigError: as :func:`launched_groups` and :func:`build_runner`; ``eplb`` (not
+            built for launched ranks yet).
+    """
+    if config.eplb is not None:
+        raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
+    groups = launched_groups(config, engine_device(config))
+    parts = build_runner(config, sampler=sampler, depth=depth, tp=groups.tp)
+    if groups.ep_size > 1:
+        split_experts(parts.loaded.model, groups)
+    return parts
+
+
+def split_experts(model: torch.nn.Module, groups: ParallelGroups) -> None:
+    """Keep this rank's ``E / ep_size`` experts of every MoE layer (expert ``e`` on
+    expert-parallel rank ``e // (E / ep_size)``), routing copies over ``groups.ep_group``.
+
+    Raises:
+        ConfigError: a dense model, or experts that do not divide over the group.
+    """
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    if not layers:
+        raise ConfigError(f"expert_parallel={groups.ep_size} needs a model with MoE layers; this model has none")
+    for layer in layers:
+        experts = layer.config.num_experts
+        if experts % groups.ep_size:
+            raise ConfigError(f"expert_parallel={groups.ep_size} must divide the {experts} experts per layer")
+        layer.use_expert_parallel(ExpertParallelDispatcher(experts, list(range(experts)), groups.ep_group))
+
+
+def collect_replies(ranks: Sequence[ProcessRunner], sent: Sequence[SentStep]) -> list[StepResult]:
+    """Every rank's result of one step, waiting on all ranks at once.
+
+    A rank whose process exits, or whose step failed in a collective (a peer died, raised
+    or stalled past ``collective_timeout``), ends the group at once: every rank is killed
+    and :class:`EngineDeadError` raised. A step that failed alike on every rank (outside
+    any collective) raises the lowest rank's exception and the group goes on.
+
+    Raises:
+        EngineDeadError: as above, or some ranks failed the step while others did not.
+        Exception: the step's exception, raised on every rank.
+    """
+    pending = dict(enumerate(ranks))
+    results: dict[int, StepResult] = {}
+    failures: dict[int, Exception] = {}
+    while pending:
+        ready = wait([r.connection for r in pending.values()])
+        for i, runner in list(pending.items()):
+            if runner.connection not in ready:
+                continue
+            del pending[i]
+            try:
+                results[i] = runner.execute(sent[i])
+            except EngineDeadError as exc:
+                stop_ranks(ranks)
+                raise EngineDeadError(f"rank {i} of {len(ranks)} failed: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - judged once every rank has answered
+                failures[i] = exc
+    if failures and len(failures) < len(ranks):
+        stop_ranks(ranks)
+        first = min(failures)
+        raise EngineDeadError(
+            f"ranks {sorted(failures)} of {len(ranks)} failed a step the others ran: "
+            f"{failures[first]!r}") from failures[first]
+    if failures:
+        raise failures[0]
+    return [results[i] for i in range(len(ranks))]
+
+
+def stop_ranks(ranks: Sequence[ProcessRunner]) -> None:
+    """Kill every rank's process (a broken group cannot finish a step) and reap it.
+    Idempotent."""
+    for runner in ranks:
+        runner.kill()

@@ -1,0 +1,84 @@
+"""Tensor parallelism in the engine: T worker processes (gloo), each holding its shard;
+outputs equal the single-process engine's for every kind of model family, alone and inside
+expert-parallel groups."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepinfer_kit import ConfigError, EngineConfig
+from differential import run_workload, workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+from hf_models import make_checkpoint  # noqa: E402
+
+POOL = {"num_blocks": 48, "block_size": 8, "max_model_len": 96, "max_num_seqs": 6,
+        "max_num_batched_tokens": 48, "long_prefill_token_threshold": 16}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("tp_engine")
+    made = {}
+    for family in ("llama-llama3", "qwen2_moe", "llama", "glm4_moe"):
+        make_checkpoint(family, root / family, seed=2)
+        made[family] = str(root / family)
+    return made
+
+
+def _small_vocab(reqs: Any) -> Any:
+    """The workload's prompts folded into the tiny checkpoints' 160 ids."""
+    return [(rid, [t % 160 for t in prompt], params) for rid, prompt, params in reqs]
+
+
+def _same(model: str, overlap: bool, reqs: Any, **parallel: Any) -> None:
+    reqs = reqs if model == "tiny" else _small_vocab(reqs)
+    want, _ = run_workload(reqs, False, model=model, **POOL)
+    got, engine = run_workload(reqs, overlap, model=model, worker="process", **parallel, **POOL)
+    try:
+        assert got == want
+        T, E = parallel.get("tensor_parallel", 1), parallel.get("expert_parallel", 1)
+        assert len(engine.runner.pids) == T * E  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+
+
+def test_two_ranks_equal_the_single_process_engine_on_the_tiny_model() -> None:
+    """The differential workload (greedy and seeded sampling, forks, penalties, logprobs,
+    stops, prefix hits, chunked prefill) on the embedded MoE model, overlapped."""
+    _same("tiny", True, workload(41, 12), tensor_parallel=2)
+
+
+@pytest.mark.parametrize("family", ["llama-llama3", "qwen2_moe"])
+def test_two_ranks_equal_the_single_process_engine(family: str, folders: dict[str, str]) -> None:
+    """One KV head (replicated on both ranks) with tied embeddings; MoE with a shared expert."""
+    _same(folders[family], False, workload(43, 8), tensor_parallel=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["tiny", "llama", "llama-llama3", "qwen2_moe", "glm4_moe"])
+def test_four_ranks_equal_the_single_process_engine(family: str, folders: dict[str, str]) -> None:
+    _same(folders.get(family, family), False, workload(47, 8), tensor_parallel=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["tiny", "qwen2_moe"])
+def test_tensor_parallel_inside_expert_parallel_groups(family: str, folders: dict[str, str]) -> None:
+    """T = 2 inside E = 2: four ranks, attention sharded in pairs, experts split over them."""
+    _same(folders.get(family, family), False, workload(53, 8), tensor_parallel=2, expert_parallel=2)
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"tensor_parallel": 2}, "set worker='process'"),
+    ({"tensor_parallel": 2, "worker": "process", "eplb": {"num_gpus": 1}}, "eplb with tensor_parallel"),
+    ({"collective_timeout": 0}, "collective_timeout"),
+    ({"tensor_parallel": 0}, "tensor_parallel"),
+])
+def test_bad_parallel_settings_are_config_errors(fields: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig(**fields)
