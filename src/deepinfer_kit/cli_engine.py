@@ -38,8 +38,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="vLLM's name for --no-cuda-graphs")
     p.add_argument("--num-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory-mb", type=int, default=512,
-                   help="KV memory budget (MiB) on CPU when --num-blocks is not given")
+    p.add_argument("--kv-cache-memory-mb", type=int, default=None,
+                   help="KV memory budget (MiB) when --num-blocks is not given (default: 512 "
+                        "on CPU, from --gpu-memory-utilization on CUDA)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="on CUDA, the fraction of device memory the engine may use (weights + KV)")
     p.add_argument("--max-model-len", type=int, default=None,

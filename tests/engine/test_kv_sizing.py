@@ -10,7 +10,12 @@ import torch
 
 from deepinfer_kit import LLM, EngineConfig, build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.kv_sizing import kv_budget_bytes, resolve_dtype, size_kv_pool
+from deepinfer_kit.engine.kv_sizing import (
+    activation_reserve_bytes,
+    kv_budget_bytes,
+    resolve_dtype,
+    size_kv_pool,
+)
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.tiny import tiny_hf_config
@@ -64,13 +69,14 @@ def test_cuda_budget_is_utilisation_of_total_minus_memory_in_use() -> None:
         calls.append(device)
         return 30 * 1024 * MiB, 80 * 1024 * MiB  # 50 GiB already in use (weights, others)
 
-    budget, where = kv_budget_bytes(torch.device("cuda:1"), kv_cache_memory_mb=512,
-                                    gpu_memory_utilization=0.9, mem_get_info=mem_get_info)
+    budget, where = kv_budget_bytes(torch.device("cuda:1"), kv_cache_memory_mb=None,
+                                    gpu_memory_utilization=0.9, mem_get_info=mem_get_info,
+                                    empty_cache=lambda: None)
     assert budget == int(80 * 1024 * MiB * 0.9) - 50 * 1024 * MiB
     assert calls == [torch.device("cuda:1")] and "gpu_memory_utilization=0.9" in where
     with pytest.raises(ConfigError, match="raise gpu_memory_utilization"):
-        kv_budget_bytes(torch.device("cuda"), kv_cache_memory_mb=512, gpu_memory_utilization=0.5,
-                        mem_get_info=mem_get_info)
+        kv_budget_bytes(torch.device("cuda"), kv_cache_memory_mb=None, gpu_memory_utilization=0.5,
+                        mem_get_info=mem_get_info, empty_cache=lambda: None)
     cpu, where = kv_budget_bytes(torch.device("cpu"), kv_cache_memory_mb=3, gpu_memory_utilization=0.1,
                                  mem_get_info=mem_get_info)
     assert cpu == 3 * MiB and len(calls) == 2 and "kv_cache_memory_mb=3" in where
@@ -89,11 +95,72 @@ def _cuda_budget(blocks: int, extra: int, monkeypatch: pytest.MonkeyPatch) -> tu
         return total - used, total
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", fake)
-    budget, where = kv_budget_bytes(torch.device("cuda:0"), kv_cache_memory_mb=512,
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: seen.append("empty_cache"))
+    budget, where = kv_budget_bytes(torch.device("cuda:0"), kv_cache_memory_mb=None,
                                     gpu_memory_utilization=0.9)
-    assert seen == [torch.device("cuda:0")] and budget == blocks * _per_block() + extra
-    assert where == f"gpu_memory_utilization=0.9 of 8192 MiB with {used >> 20} MiB in use"
+    assert seen == ["empty_cache", torch.device("cuda:0")]
+    assert budget == blocks * _per_block() + extra
+    assert where == (f"gpu_memory_utilization=0.9 of 8192 MiB with {used >> 20} MiB in use "
+                     f"and 0 MiB kept for activations")
     return budget, where
+
+
+class _Allocator:
+    """A fake CUDA device of 80 GiB: 10 GiB of weights, plus the cached (unused) blocks
+    of an engine built and dropped earlier in the process until ``empty_cache``."""
+
+    def __init__(self) -> None:
+        self.cached = 65 * 1024 * MiB
+        self.calls: list[str] = []
+
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+        self.cached = 0
+
+    def mem_get_info(self, device: torch.device) -> tuple[int, int]:
+        self.calls.append("mem_get_info")
+        total = 80 * 1024 * MiB
+        return total - 10 * 1024 * MiB - self.cached, total
+
+
+def test_a_second_engine_in_one_process_sizes_after_returning_the_cached_pool() -> None:
+    alloc = _Allocator()
+    budget, _ = kv_budget_bytes(torch.device("cuda"), kv_cache_memory_mb=None,
+                                gpu_memory_utilization=0.9, mem_get_info=alloc.mem_get_info,
+                                empty_cache=alloc.empty_cache)
+    assert alloc.calls == ["empty_cache", "mem_get_info"]
+    assert budget == int(80 * 1024 * MiB * 0.9) - 10 * 1024 * MiB
+    with pytest.raises(ConfigError, match="leaves no memory"):  # what skipping it would do
+        kv_budget_bytes(torch.device("cuda"), kv_cache_memory_mb=None, gpu_memory_utilization=0.9,
+                        mem_get_info=_Allocator().mem_get_info, empty_cache=lambda: None)
+
+
+def test_kv_cache_memory_mb_is_the_cuda_budget_when_given_and_must_fit() -> None:
+    def sized(mb: int | None, reserve: int = 0) -> tuple[int, str]:
+        alloc = _Allocator()
+        return kv_budget_bytes(torch.device("cuda"), kv_cache_memory_mb=mb,
+                               gpu_memory_utilization=0.9, reserve_bytes=reserve,
+                               mem_get_info=alloc.mem_get_info, empty_cache=alloc.empty_cache)
+
+    assert sized(1024) == (1024 * MiB, "kv_cache_memory_mb=1024")
+    headroom = int(80 * 1024 * MiB * 0.9) - 10 * 1024 * MiB
+    assert sized(None, reserve=3 * 1024 * MiB)[0] == headroom - 3 * 1024 * MiB
+    with pytest.raises(ConfigError, match="kv_cache_memory_mb=70000 exceeds"):
+        sized(70000)
+    with pytest.raises(ConfigError, match="kv_cache_memory_mb=61000 exceeds"):
+        sized(61000, reserve=3 * 1024 * MiB)
+    assert sized(61000)[0] == 61000 * MiB
+
+
+def test_the_activation_reserve_grows_with_the_round_and_the_vocabulary() -> None:
+    mc = tiny_config()
+    base = activation_reserve_bytes(mc, max_num_seqs=8, max_num_batched_tokens=64, dtype=torch.float32)
+    assert base > 256 * MiB
+    more_rows = activation_reserve_bytes(mc, max_num_seqs=16, max_num_batched_tokens=64,
+                                         dtype=torch.float32)
+    assert more_rows - base == 2 * 8 * mc.vocab_size * 4
+    assert activation_reserve_bytes(mc, max_num_seqs=8, max_num_batched_tokens=128,
+                                    dtype=torch.float32) > base
 
 
 def test_cuda_budget_caps_the_default_max_model_len_with_both_numbers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,9 @@ from deepinfer_kit.spec.records import SpecConfig
 if TYPE_CHECKING:
     from deepinfer_kit.eplb.config import EplbConfig
 
-__all__ = ["EngineConfig"]
+__all__ = ["DEFAULT_KV_CACHE_MEMORY_MB", "EngineConfig"]
+
+DEFAULT_KV_CACHE_MEMORY_MB = 512  # the CPU pool's budget when kv_cache_memory_mb is None
 
 _IMPLS = ("auto", "ref", "triton")
 _DEVICE_TYPES = ("cpu", "cuda")
@@ -85,7 +87,10 @@ class EngineConfig:
         seed: seeds the embedded model's weights and the generator of unseeded requests.
         block_size: tokens per KV block (``P``).
         num_blocks: KV blocks in the pool; ``None`` sizes it from ``kv_cache_memory_mb``.
-        kv_cache_memory_mb: KV memory budget (MiB) on CPU when ``num_blocks`` is ``None``.
+        kv_cache_memory_mb: KV memory budget (MiB) when ``num_blocks`` is ``None``; ``None``
+            takes :data:`DEFAULT_KV_CACHE_MEMORY_MB` on CPU and the budget of
+            ``gpu_memory_utilization`` on CUDA. Given on CUDA it is the pool's size (as
+            vLLM's ``kv_cache_memory_bytes``), refused when it exceeds that budget.
         gpu_memory_utilization: on CUDA when ``num_blocks`` is ``None``, the fraction of
             the device's memory this engine may use; the KV pool takes that minus what is
             in use once the weights are loaded (vLLM's rule).
@@ -165,7 +170,8 @@ class EngineConfig:
     seed: int = attrs.field(default=0, validator=int_at_least(0))
     block_size: int = attrs.field(default=16, validator=int_at_least(1))
     num_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
-    kv_cache_memory_mb: int = attrs.field(default=512, validator=int_at_least(1))
+    kv_cache_memory_mb: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(int_at_least(1)))
     gpu_memory_utilization: float = attrs.field(default=0.9, validator=_check_fraction)
     tokenizer: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))

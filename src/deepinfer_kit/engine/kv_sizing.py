@@ -11,12 +11,14 @@ import torch
 
 from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES, torch_dtype
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 
-__all__ = ["resolve_dtype", "kv_budget_bytes", "size_kv_pool"]
+__all__ = ["activation_reserve_bytes", "resolve_dtype", "kv_budget_bytes", "size_kv_pool"]
 
 MemGetInfo = Callable[[torch.device], "tuple[int, int]"]
+EmptyCache = Callable[[], None]
 
 
 def resolve_dtype(name: str, checkpoint: Mapping[str, Any] | None) -> str:
@@ -46,34 +48,74 @@ def resolve_dtype(name: str, checkpoint: Mapping[str, Any] | None) -> str:
 def kv_budget_bytes(
     device: torch.device,
     *,
-    kv_cache_memory_mb: int,
+    kv_cache_memory_mb: int | None,
     gpu_memory_utilization: float,
+    reserve_bytes: int = 0,
     mem_get_info: MemGetInfo | None = None,
+    empty_cache: EmptyCache | None = None,
 ) -> tuple[int, str]:
     """Bytes the KV pool may take, and a phrase saying where the number came from.
 
-    Called once, after the weights were loaded. On CPU: ``kv_cache_memory_mb`` MiB. On
-    CUDA (like vLLM): ``total * gpu_memory_utilization - used``, where ``(free, total)``
-    comes from ``mem_get_info`` (default ``torch.cuda.mem_get_info``) and ``used = total -
-    free`` counts the weights just loaded and anything else on the device.
+    Called once, after the weights were loaded. On CPU: ``kv_cache_memory_mb`` MiB
+    (:data:`DEFAULT_KV_CACHE_MEMORY_MB` when ``None``). On CUDA (like vLLM): first the
+    caching allocator's unused blocks are returned (``empty_cache``, default
+    ``torch.cuda.empty_cache``: an engine built and dropped earlier in the process still
+    holds its pool there, which ``mem_get_info`` counts as used), then ``total *
+    gpu_memory_utilization - used - reserve_bytes``, where ``(free, total)`` comes from
+    ``mem_get_info`` (default ``torch.cuda.mem_get_info``), ``used = total - free`` counts
+    the weights just loaded and anything else on the device, and ``reserve_bytes`` is
+    what warm-up, graph capture and a step's activations will take after the pool
+    (:func:`activation_reserve_bytes`). ``kv_cache_memory_mb`` given on CUDA is the
+    budget itself, refused when it exceeds that headroom.
 
     Raises:
-        ConfigError: the CUDA budget is not positive (names the numbers and the fix).
+        ConfigError: the CUDA budget is not positive, or ``kv_cache_memory_mb`` exceeds
+            it (names the numbers and the fix).
     """
     if device.type != "cuda":
-        return kv_cache_memory_mb << 20, f"kv_cache_memory_mb={kv_cache_memory_mb}"
+        mb = DEFAULT_KV_CACHE_MEMORY_MB if kv_cache_memory_mb is None else kv_cache_memory_mb
+        return mb << 20, f"kv_cache_memory_mb={mb}"
+    (empty_cache if empty_cache is not None else torch.cuda.empty_cache)()
     get = mem_get_info if mem_get_info is not None else torch.cuda.mem_get_info
     free, total = get(device)
     used = total - free
-    budget = int(total * gpu_memory_utilization) - used
+    budget = int(total * gpu_memory_utilization) - used - reserve_bytes
     where = (f"gpu_memory_utilization={gpu_memory_utilization} of {total >> 20} MiB "
-             f"with {used >> 20} MiB in use")
+             f"with {used >> 20} MiB in use and {reserve_bytes >> 20} MiB kept for activations")
     if budget <= 0:
         raise ConfigError(
             f"{where} leaves no memory for the KV cache ({budget >> 20} MiB); raise "
             f"gpu_memory_utilization or free device memory"
         )
-    return budget, where
+    if kv_cache_memory_mb is None:
+        return budget, where
+    if kv_cache_memory_mb << 20 > budget:
+        raise ConfigError(
+            f"kv_cache_memory_mb={kv_cache_memory_mb} exceeds what {where} leaves "
+            f"({budget >> 20} MiB); lower it or raise gpu_memory_utilization"
+        )
+    return kv_cache_memory_mb << 20, f"kv_cache_memory_mb={kv_cache_memory_mb}"
+
+
+def activation_reserve_bytes(
+    model: ModelConfig, *, max_num_seqs: int, max_num_batched_tokens: int, dtype: torch.dtype,
+) -> int:
+    """Device memory to keep free beside the KV pool for what runs after it is sized: the
+    float32 logits of the largest round (``max(max_num_seqs, ...)`` rows of ``V``, twice:
+    the graphs' shared buffer and the sampler's working copy) and the activations of a
+    ``max_num_batched_tokens`` forward (the widest per-token intermediate, the fused
+    gate/up projection or the attention's q/k/v, a few times over), plus 256 MiB for
+    Triton's and cuBLAS's workspaces and the graphs' bookkeeping.
+
+    An estimate from sizes only (no profiling run): vLLM measures the peak of a dummy
+    forward instead; this keeps the sizing a pure function of the config.
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    logits = 2 * max(max_num_seqs, 1) * model.vocab_size * 4
+    q_k_v = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+    widest = max(q_k_v, 2 * model.intermediate_size, model.hidden_size)
+    activations = 4 * max_num_batched_tokens * widest * itemsize
+    return logits + activations + (256 << 20)
 
 
 def size_kv_pool(

@@ -15,7 +15,12 @@ from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.engine.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.kv_sizing import kv_budget_bytes, resolve_dtype, size_kv_pool
+from deepinfer_kit.engine.kv_sizing import (
+    activation_reserve_bytes,
+    kv_budget_bytes,
+    resolve_dtype,
+    size_kv_pool,
+)
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.static_decode import StaticDecode
 from deepinfer_kit.engine.token_slots import TokenSlots
@@ -117,6 +122,9 @@ def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int,
     budget, source = (None, "") if config.num_blocks is not None else kv_budget_bytes(
         device, kv_cache_memory_mb=config.kv_cache_memory_mb,
         gpu_memory_utilization=config.gpu_memory_utilization,
+        reserve_bytes=activation_reserve_bytes(
+            mc, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, dtype=dtype),
     )
     num_blocks, max_model_len = size_kv_pool(
         model=attrs.evolve(mc, num_kv_heads=kv_heads), block_size=config.block_size, dtype=dtype,

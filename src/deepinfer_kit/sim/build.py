@@ -3,7 +3,7 @@ code from an EngineConfig) wired to a cost-model runner and a virtual clock."""
 
 from __future__ import annotations
 
-from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB, EngineConfig
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sched.protocols import SchedulerFactory
@@ -31,7 +31,9 @@ def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> 
     if config.num_blocks is not None:
         num_blocks = config.num_blocks
     else:
-        num_blocks = (config.kv_cache_memory_mb << 20) // (model.kv_bytes_per_token * P)
+        mb = config.kv_cache_memory_mb
+        mb = DEFAULT_KV_CACHE_MEMORY_MB if mb is None else mb
+        num_blocks = (mb << 20) // (model.kv_bytes_per_token * P)
     if num_blocks * P < max_model_len:
         raise ConfigError(
             f"the KV pool holds {num_blocks} blocks of {P} tokens = {num_blocks * P} tokens, "
