@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.cli_engine import add_engine_options, engine_config
+from deepinfer_kit.cli_engine import add_engine_options, add_parallel_options, engine_config
 from deepinfer_kit.errors import DeepInferError
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ _HTML_BLOCKS = 48  # a pool the viewer can draw cell by cell
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     add_engine_options(p)
+    add_parallel_options(p)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable); default: built-in prompts")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=0.0)

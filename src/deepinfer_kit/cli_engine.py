@@ -12,7 +12,7 @@ from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
 if TYPE_CHECKING:
     from deepinfer_kit.engine.config import EngineConfig
 
-__all__ = ["add_engine_options", "engine_config"]
+__all__ = ["add_engine_options", "add_parallel_options", "engine_config"]
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -56,9 +56,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="schedule step k+1 while step k runs (tokens committed one step late); "
                         "default: on on CUDA unless --num-draft, and with --worker process; off "
                         "otherwise on CPU")
-    p.add_argument("--worker", default="inline", choices=("inline", "process"),
+    p.add_argument("--worker", default="inline", choices=("inline", "process", "launched"),
                    help="run the model in this process or in a worker process of its own (the "
-                        "host's scheduling then overlaps the forward on CPU too)")
+                        "host's scheduling then overlaps the forward on CPU too); 'launched': "
+                        "this process is one rank started by torchrun (docs/distributed.md)")
     p.add_argument("--expert-parallel", type=int, default=1, metavar="W",
                    help="split the MoE layers' experts over W worker processes (gloo ranks, "
                         "CPU; needs --worker process)")
@@ -84,6 +85,19 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None,
         help="torch intra-op threads (default: 1 for the embedded models, torch's default otherwise)",
     )
+
+
+def add_parallel_options(p: argparse.ArgumentParser, *, tensor_parallel_size: bool = True) -> None:
+    """Add ``--tensor-parallel-size`` / ``-tp`` (vLLM's name; left out with
+    ``tensor_parallel_size=False`` for a parser that has its own) and
+    ``--collective-timeout`` to ``p``; :func:`engine_config` reads both when present."""
+    if tensor_parallel_size:
+        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="T",
+                       help="shard attention, dense MLPs, embedding and LM head over T ranks "
+                            "(gloo, CPU; needs --worker process or launched); vLLM's name")
+    p.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds one collective of a multi-rank model may take before the "
+                        "engine reports the group dead")
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
@@ -116,6 +130,8 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         overlap=args.overlap,
         worker=args.worker,
         expert_parallel=args.expert_parallel,
+        tensor_parallel=getattr(args, "tensor_parallel_size", 1),
+        collective_timeout=getattr(args, "collective_timeout", 300.0),
         scheduler=args.scheduler,
         cuda_graphs=not (args.no_cuda_graphs or args.enforce_eager),
         speculative=_speculative(args),
