@@ -3,8 +3,9 @@ kernels on a CUDA stream of its own."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -16,7 +17,52 @@ from deepinfer_kit.step import StepResult
 if TYPE_CHECKING:
     from deepinfer_kit.overlap.protocols import OverlapExecutor
 
-__all__ = ["CudaStreamExecutor"]
+__all__ = ["CudaStreamExecutor", "StreamKeepAlive"]
+
+
+class _Event(Protocol):
+    def record(self, stream: torch.cuda.Stream) -> None: ...
+
+    def query(self) -> bool: ...
+
+
+class StreamKeepAlive:
+    """Holds what a step's kernels read until its stream has passed them: what
+    ``Tensor.record_stream`` does for one tensor, for everything a step's closure holds.
+
+    A step's inputs are allocated on the host's stream and read on the executor's; the
+    caching allocator knows only the first. Once a step's closure is dropped (at once, when
+    it raised after queuing kernels, or when it returned without waiting for them), the
+    host's next allocation could reuse that memory while a kernel still reads it. Each
+    step's closure is therefore kept, with an event recorded on the stream after its
+    kernels, until the event has completed.
+
+    Args:
+        make_event: a new event (``torch.cuda.Event`` on a GPU; any object with ``record``
+            and ``query`` in tests).
+    """
+
+    def __init__(self, make_event: Callable[[], _Event]) -> None:
+        self._make_event = make_event
+        self._held: deque[tuple[_Event, object]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, obj: object, stream: torch.cuda.Stream) -> None:
+        """Keep ``obj`` until ``stream`` passes the work queued on it so far."""
+        event = self._make_event()
+        event.record(stream)
+        self._held.append((event, obj))
+
+    def release_passed(self) -> None:
+        """Drop what the stream has passed, oldest first (events complete in order)."""
+        while self._held and self._held[0][0].query():
+            self._held.popleft()
+
+    def clear(self) -> None:
+        """Drop everything (after the stream was synchronised)."""
+        self._held.clear()
 
 
 class CudaStreamExecutor:
@@ -27,7 +73,9 @@ class CudaStreamExecutor:
     runner's ``prepare`` queued the step's non-blocking input copies); the step's stream
     waits for it, so a step never reads inputs still in flight, and the copies of step
     ``k + 1`` overlap the kernels of step ``k``. The worker blocks (GIL released) only
-    on the one device-to-host copy of the sampled tokens.
+    on the one device-to-host copy of the sampled tokens. Each step's closure (and with
+    it its input buffers) lives until the stream has passed its kernels
+    (:class:`StreamKeepAlive`), whether it returned or raised.
 
     Args:
         device: the CUDA device of the model.
@@ -45,6 +93,7 @@ class CudaStreamExecutor:
         self._threads = ThreadExecutor(depth)
         self.device = dev
         self.stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+        self.alive = StreamKeepAlive(torch.cuda.Event)  # touched by the worker thread only
 
     @property
     def depth(self) -> int:
@@ -60,12 +109,16 @@ class CudaStreamExecutor:
         """
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))
-        stream = self.stream
+        stream, alive = self.stream, self.alive
 
         def on_stream() -> StepResult:
+            alive.release_passed()
             with torch.cuda.stream(stream):
                 stream.wait_event(ready)
-                return run()
+                try:
+                    return run()
+                finally:
+                    alive.hold(run, stream)
 
         return self._threads.launch(step_id, on_stream)
 
@@ -77,6 +130,7 @@ class CudaStreamExecutor:
         """Wait for queued steps, then for the stream; stop the worker. Idempotent."""
         self._threads.close()
         self.stream.synchronize()
+        self.alive.clear()
 
 
 if TYPE_CHECKING:
