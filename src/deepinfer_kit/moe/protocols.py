@@ -1,4 +1,4 @@
-"""Contracts of the moe package: Router and Dispatcher."""
+"""Contracts of the moe package: Router, Dispatcher and ReplicaSelector."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Protocol
 import torch
 
 from deepinfer_kit.moe.records import Dispatched, Routing
+from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
 
-__all__ = ["Router", "Dispatcher"]
+__all__ = ["Router", "Dispatcher", "ReplicaSelector"]
 
 
 class Router(Protocol):
@@ -75,5 +76,42 @@ class Dispatcher(Protocol):
 
         Returns:
             ``[T, H]`` in the dtype of ``expert_out``, on its device.
+        """
+        ...
+
+
+class ReplicaSelector(Protocol):
+    """Dispatch-time balancing: which replica of its logical expert serves each routed
+    copy of a batch (implementations in :mod:`deepinfer_kit.moe.selectors`)."""
+
+    name: str
+    """What ``EngineConfig(eplb={"dispatch": name})`` calls it."""
+
+    def select(self, expert_ids: torch.Tensor, counts: torch.Tensor, rank: int,
+               layout: ReplicaLayout) -> Selection:
+        """Choose a physical slot for each of this rank's routed copies.
+
+        Called once per MoE forward on every rank, before the dispatch. Device-side:
+        no host sync, no Python branch on the data (capturable in a CUDA graph); pure
+        and deterministic for given inputs; mutates nothing.
+
+        Args:
+            expert_ids: ``[N]`` int64 logical experts of this rank's copies, flat routing
+                order, on the layout's device.
+            counts: ``[W, E]`` int64 copies each rank routed to each expert (the
+                all-gathered ``bincount`` of every rank's ids; ``[1, E]`` on one device).
+                A whole-batch plan is a function of it alone, so every rank computes the
+                same one.
+            rank: this rank's row of ``counts``.
+            layout: the layer's slot map.
+
+        Returns:
+            :class:`Selection`: ``slots[i]`` holds a replica of ``expert_ids[i]``;
+            ``sent`` equals ``bincount(slots, minlength=P)``; ``quotas`` (when not None)
+            equals the sum of every rank's ``sent``.
+
+        Raises:
+            ConfigError: shapes that disagree with the layout, or ``rank`` outside
+                ``[0, W)``.
         """
         ...

@@ -1,0 +1,115 @@
+"""ReplicaLayout: one layer's slot map as the device tensors a ReplicaSelector reads.
+
+Shape symbols: ``E`` logical experts, ``P`` physical slots, ``G`` GPUs the slots are split
+over (``P / G`` consecutive slots each), ``R = P - E + 1`` most replicas of one expert,
+``X = min(E, P - E)`` most experts with more than one replica (padded rows beyond the real
+ones), ``W`` ranks, ``N`` routed copies on this rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["ReplicaLayout", "Selection"]
+
+
+@attrs.frozen(slots=True, eq=False)
+class Selection:
+    """What a :class:`~deepinfer_kit.moe.protocols.ReplicaSelector` decided for one rank.
+
+    Attributes:
+        slots: ``[N]`` int64, the physical slot of each routed copy (on the ids' device).
+        sent: ``[P]`` int64, the copies this rank sends to each slot, as the selector
+            reports them (computed from its plan, not counted from ``slots``).
+        quotas: ``[P]`` int64, the copies every rank together sends to each slot (the same
+            on every rank: a function of the all-gathered counts), or ``None`` for a rule
+            that decides per copy without a whole-batch plan (static).
+    """
+
+    slots: torch.Tensor
+    sent: torch.Tensor
+    quotas: torch.Tensor | None
+
+
+class ReplicaLayout:
+    """The slot map ``phy2log`` of one layer, laid out for replica selection.
+
+    Built on the host when a placement is applied (never inside a forward); every tensor
+    has a shape fixed by ``E``, ``P`` and ``G`` alone, so a selection over it has no
+    data-dependent shapes or Python branches.
+
+    Args:
+        phy2log: ``P`` ints, the logical expert of each slot (every expert at least once).
+        num_experts: ``E``.
+        num_gpus: ``G``, dividing ``P`` (virtual GPUs on one device; ranks in expert
+            parallelism).
+        device: where the tensors live.
+
+    Raises:
+        ConfigError: an id outside ``[0, E)``, an expert without a slot, or ``G`` not
+            dividing ``P``.
+
+    Attributes:
+        phy2log: ``[P]`` int64. slot_gpu: ``[P]`` int64, ``s // (P / G)``.
+        log2phy: ``[E, R]`` int64, each expert's slots in slot order, padded with its first.
+        logcnt: ``[E]`` int64, replicas per expert.
+        valid: ``[E, R]`` bool, ``r < logcnt[e]``.
+        spread: ``[X]`` int64, the experts with more than one replica (padded with ``E``,
+            a row past the experts); ``spread_valid``: ``[X]`` bool, which rows are real.
+        spread_gpu: ``[X, R]`` int64, the GPU of each replica of each ``spread`` expert;
+            ``G`` (a sentinel) for padding and for a second replica on a GPU already listed.
+        single_gpu: ``[E]`` int64, the GPU of each expert's first replica.
+    """
+
+    def __init__(self, phy2log: Sequence[int], num_experts: int, num_gpus: int,
+                 device: torch.device | str | None = None) -> None:
+        slots = [int(e) for e in phy2log]
+        count = len(slots)
+        if num_gpus < 1 or count % num_gpus:
+            raise ConfigError(f"num_gpus must divide the {count} slots, got {num_gpus}")
+        if any(not 0 <= e < num_experts for e in slots):
+            raise ConfigError(f"phy2log entries must be in [0, {num_experts}), got {slots}")
+        replicas: list[list[int]] = [[] for _ in range(num_experts)]
+        for s, e in enumerate(slots):
+            replicas[e].append(s)
+        missing = [e for e, r in enumerate(replicas) if not r]
+        if missing:
+            raise ConfigError(f"phy2log must give every expert a slot, got none for {missing}")
+        self.num_experts, self.num_slots, self.num_gpus = num_experts, count, num_gpus
+        self.width = count - num_experts + 1
+        per_gpu = count // num_gpus
+        rows = [r + [r[0]] * (self.width - len(r)) for r in replicas]
+        hot = [e for e, r in enumerate(replicas) if len(r) > 1]
+        self.max_spread = max(min(num_experts, count - num_experts), 1)
+        spread_gpu = []
+        for e in hot:
+            seen: list[int] = []
+            for s in replicas[e]:
+                g = s // per_gpu
+                seen.append(g if g not in seen else num_gpus)
+            spread_gpu.append(seen + [num_gpus] * (self.width - len(seen)))
+        pad = self.max_spread - len(hot)
+        spread_gpu += [[0] + [num_gpus] * (self.width - 1)] * pad
+
+        def t(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        self.phy2log = t(slots)
+        self.slot_gpu = t([s // per_gpu for s in range(count)])
+        self.log2phy = t(rows)
+        self.logcnt = t([len(r) for r in replicas])
+        self.valid = torch.arange(self.width, device=device)[None, :] < self.logcnt[:, None]
+        self.spread = t(hot + [num_experts] * pad)
+        self.spread_valid = torch.tensor([True] * len(hot) + [False] * pad, device=device)
+        self.spread_gpu = t(spread_gpu)
+        self.single_gpu = t([r[0] // per_gpu for r in replicas])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the layout's tensors live."""
+        return self.phy2log.device
