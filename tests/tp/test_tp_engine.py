@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 
 from deepinfer_kit import ConfigError, EngineConfig
+from deepinfer_kit.engine.balance import moe_layers
+from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from differential import run_workload, workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -31,6 +34,27 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return made
 
 
+class ChecksShards:
+    """worker_setup: fail the rank's build unless its model is a T-way shard (attention
+    heads and vocabulary rows) whose MoE layers hold E / expert_parallel experts."""
+
+    def __init__(self, tp: int, ep: int) -> None:
+        self.tp, self.ep = tp, ep
+
+    def __call__(self, runner: ModelRunner) -> None:
+        model: Any = runner.model
+        assert model.tp is not None and model.tp.world_size == self.tp
+        attn = model.decoder_layers[0].self_attn
+        assert attn.num_heads == model.config.num_heads // self.tp
+        assert model.embed_tokens.shape[0] == -(-model.config.vocab_size // self.tp)
+        for layer in moe_layers(model):
+            held = layer.experts.gate_up.shape[0]
+            if self.ep > 1:
+                assert isinstance(layer.dispatcher, ExpertParallelDispatcher)
+                assert layer.dispatcher.world_size == self.ep
+            assert held == layer.config.num_experts // self.ep, held
+
+
 def _small_vocab(reqs: Any) -> Any:
     """The workload's prompts folded into the tiny checkpoints' 160 ids."""
     return [(rid, [t % 160 for t in prompt], params) for rid, prompt, params in reqs]
@@ -39,10 +63,11 @@ def _small_vocab(reqs: Any) -> Any:
 def _same(model: str, overlap: bool, reqs: Any, **parallel: Any) -> None:
     reqs = reqs if model == "tiny" else _small_vocab(reqs)
     want, _ = run_workload(reqs, False, model=model, **POOL)
-    got, engine = run_workload(reqs, overlap, model=model, worker="process", **parallel, **POOL)
+    T, E = parallel.get("tensor_parallel", 1), parallel.get("expert_parallel", 1)
+    got, engine = run_workload(reqs, overlap, model=model, worker="process", **parallel, **POOL,
+                               worker_setup=ChecksShards(T, E))
     try:
         assert got == want
-        T, E = parallel.get("tensor_parallel", 1), parallel.get("expert_parallel", 1)
         assert len(engine.runner.pids) == T * E  # type: ignore[attr-defined]
     finally:
         engine.close()

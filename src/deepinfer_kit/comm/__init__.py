@@ -3,6 +3,7 @@
 
 from deepinfer_kit.comm.local import LocalCommunicator
 from deepinfer_kit.comm.protocols import Communicator
+from deepinfer_kit.comm.timed import CommStats, TimedCommunicator
 from deepinfer_kit.comm.torch_comm import TorchCommunicator
 from deepinfer_kit.comm.world import ParallelGroups, WorldSpec, join_world, world_from_env
 
@@ -10,6 +11,8 @@ __all__ = [
     "Communicator",
     "LocalCommunicator",
     "TorchCommunicator",
+    "TimedCommunicator",
+    "CommStats",
     "ParallelGroups",
     "WorldSpec",
     "join_world",

@@ -1,0 +1,32 @@
+"""Rank bodies for the communicator tests (module level: spawned processes import them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepinfer_kit.comm import TorchCommunicator, WorldSpec, join_world
+from deepinfer_kit.errors import CollectiveError
+
+
+def collectives(rank: int, world: int, address: str, out: Any) -> None:
+    """Run every collective once, then (rank 0 only) one that rank 1 never joins."""
+    torch.set_num_threads(1)
+    groups = join_world(WorldSpec(rank, world, address), tensor_parallel=world, expert_parallel=1,
+                        timeout=2.0, device=torch.device("cpu"))
+    comm = groups.tp
+    assert isinstance(comm, TorchCommunicator)
+    got: dict[str, Any] = {"rank": comm.rank, "world": comm.world_size}
+    got["reduce"] = comm.all_reduce(torch.full((3,), float(rank + 1))).tolist()
+    got["gather"] = comm.all_gather(torch.full((2, 1), float(rank)), 1).tolist()
+    got["broadcast"] = comm.broadcast(torch.full((2,), float(rank)), 1).tolist()
+    comm.barrier()
+    if rank == 0:  # rank 1 has returned: this one can never complete
+        try:
+            comm.all_reduce(torch.ones(1))
+        except CollectiveError as exc:
+            got["lonely"] = str(exc)
+    else:
+        got["lonely"] = None
+    out.put(got)
