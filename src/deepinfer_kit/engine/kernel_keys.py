@@ -19,12 +19,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["LaunchKey", "launch_key", "record_launches", "compiled_variants"]
+__all__ = ["LaunchKey", "compiled_variants", "launch_key", "record_launches",
+           "shared_memory_bytes"]
 
 LaunchKey = tuple[str, str]  # (kernel's qualified name, Triton's cache key of the launch)
 
 _PREFIX = "deepinfer_kit"
 _binders: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _jit_function(kernel: Any) -> Any:
+    """A ``JITFunction`` of ``kernel`` (itself natively; rebuilt from the Python function,
+    with the decorator's specialisation arguments, under the interpreter)."""
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(kernel, JITFunction):
+        return kernel
+    kept = ("do_not_specialize", "do_not_specialize_on_alignment")
+    given = getattr(kernel, "kwargs", {})  # the interpreter keeps the decorator's arguments
+    return JITFunction(kernel.fn, **{k: v for k, v in given.items() if k in kept})
 
 
 def _python_fn(kernel: Any) -> Callable[..., Any]:
@@ -43,16 +56,12 @@ def launch_key(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> La
     binder raises on arguments that do not fit the signature.
     """
     from triton.backends.compiler import BaseBackend
-    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
+    from triton.runtime.jit import compute_cache_key, create_function_from_signature
 
     fn = _python_fn(kernel)
     binder = _binders.get(fn)
     if binder is None:
-        if isinstance(kernel, JITFunction):
-            jit = kernel
-        else:  # the interpreter keeps the decorator's arguments in ``kwargs``
-            kept = ("do_not_specialize", "do_not_specialize_on_alignment")
-            jit = JITFunction(fn, **{k: v for k, v in getattr(kernel, "kwargs", {}).items() if k in kept})
+        jit = _jit_function(kernel)
         binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
         _binders[fn] = binder
     _, specialization, options = binder(*args, **kwargs)
@@ -112,3 +121,36 @@ def compiled_variants() -> int:
                 caches = getattr(value, "device_caches", {})
                 total += sum(len(entry[0]) for entry in caches.values())
     return total
+
+
+def shared_memory_bytes(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                        capability: int = 90) -> int:
+    """Shared memory (bytes per program) the launch ``kernel[grid](*args, **kwargs)`` needs
+    on an NVIDIA GPU of compute ``capability`` (90: H100/H200), as Triton reports it:
+    the launch is bound and compiled by Triton's CUDA backend for that target (no GPU
+    needed: the compiler and ``ptxas`` ship with Triton), with the runtime's default
+    options (``num_stages``, ``num_warps``) unless ``kwargs`` sets them.
+
+    Takes seconds to a minute per call. Tensors in ``args`` may live on the CPU: only
+    their dtypes and alignment are read.
+
+    Raises:
+        What Triton's compiler raises (an ``OutOfResources`` is not raised here: that
+        check runs at load time on a device; compare the result with the device's limit).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    jit = _jit_function(kernel)
+    target = GPUTarget("cuda", capability, 32)
+    backend = CUDABackend(target)
+    binder = create_function_from_signature(jit.signature, jit.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options_, signature, constexprs, attrs = jit._pack_args(backend, dict(kwargs), bound,
+                                                            specialization, options)
+    compiled = triton.compile(ASTSource(jit, signature, constexprs, attrs), target=target,
+                              options=options_.__dict__)
+    return int(compiled.metadata.shared)

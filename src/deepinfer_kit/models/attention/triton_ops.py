@@ -148,6 +148,18 @@ def _merge_splits_kernel(
     tl.store(out_ptr + t * o_st + h * o_sh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+def tile_config(max_query_len: int, groups: int, head_dim: int, on_cuda: bool) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_D)`` of the attention kernel: 16 query rows per tile when
+    a request's rows (query tokens x the GQA group) fit in 16 (decode, short verify), else
+    64; 64 keys per tile on CUDA (32 under the interpreter); the head padded to a power of
+    two. A function of sizes only, so warm-up and capture see the launches serving does.
+    The shared memory each needs on sm_90 is checked by compiling it for that target
+    (``tests/engine/test_kernel_smem.py``)."""
+    block_m = 16 if max_query_len * groups <= 16 else 64
+    block_n = 64 if on_cuda else 32
+    return block_m, block_n, max(16, triton.next_power_of_2(head_dim))
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -186,8 +198,7 @@ def paged_attention(
         return out
     if num_splits is None:
         num_splits = choose_num_splits(meta, num_hkv, splits.split_target(query.device))
-    block_m = 16 if meta.max_query_len * groups <= 16 else 64
-    block_n = 64 if query.is_cuda else 32
+    block_m, block_n, block_d = tile_config(meta.max_query_len, groups, head_dim, query.is_cuda)
     num_m_tiles = max(1, triton.cdiv(meta.max_query_len * groups, block_m))
     if num_splits > 1:
         part_out = torch.empty(
@@ -198,7 +209,6 @@ def paged_attention(
         )
     else:
         part_out = part_ml = out  # unused by the kernel when NUM_SPLITS == 1
-    block_d = max(16, triton.next_power_of_2(head_dim))
     grid = (meta.num_requests, num_hkv, num_m_tiles * num_splits)
     _paged_attn_kernel[grid](
         query, key_cache, value_cache, out, part_out, part_ml,
