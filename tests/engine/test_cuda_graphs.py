@@ -1,8 +1,12 @@
-"""On a GPU: captured decode equals eager decode token for token, no Triton compilation
-after warm-up, no host synchronisation inside a captured round. Skipped without CUDA."""
+"""On a GPU: captured decode equals eager decode token for token (dense and MoE, fp32 and
+bf16, and a real-shape bf16 head_dim-128 model), no Triton compilation after warm-up
+(counted by ``engine.kernel_keys.compiled_variants``), the graphs share one logits buffer,
+a second engine sizes its KV pool in the same process, no host synchronisation inside a
+captured round. Skipped without CUDA."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,11 +15,13 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
+from deepinfer_kit.engine.kernel_keys import compiled_variants
 from differential import run_workload, workload
 
 pytestmark = pytest.mark.cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 CONFIG = {"device": "cuda", "num_blocks": 200, "block_size": 8, "max_model_len": 96,
           "max_num_seqs": 16, "max_num_batched_tokens": 96}
@@ -67,13 +73,50 @@ def test_captured_decode_equals_eager_decode(kind: str, dtype: str, tmp_path: Pa
     assert got == want
 
 
-def test_no_triton_compilation_after_warm_up() -> None:
-    engine = build_engine(**CONFIG)
+@pytest.mark.parametrize("kind", ["tiny", "dense"])
+def test_no_triton_compilation_after_warm_up(kind: str, tmp_path: Path) -> None:
+    engine = build_engine(model=_model(kind, tmp_path), dtype="bfloat16", **CONFIG)
     kernels = _jit_kernels()
     assert kernels, "no Triton kernel was loaded: the engine is not on the Triton path"
-    before = _compiled(kernels)
+    before = compiled_variants()
+    assert before == _compiled(kernels) > 0
     run_workload(workload(1, 24), engine=engine)
-    assert _compiled(_jit_kernels()) == before
+    assert compiled_variants() - before == 0
+
+
+def test_a_real_shape_bf16_head_dim_128_model_captures_and_matches_eager(tmp_path: Path) -> None:
+    """Qwen3-1.7B's layer shape (hidden 2048, 16 / 8 heads of 128, intermediate 6144, vocab
+    151936), two layers, random bf16 weights: prefill tiles of 64 x 64 at head_dim 128
+    compile and load, capture works, and captured == eager token for token."""
+    from bench_decode import FULL_SHAPE, build_checkpoint
+
+    shape = (FULL_SHAPE[0], 2, *FULL_SHAPE[2:])
+    build_checkpoint(tmp_path, shape, torch.bfloat16, torch.device("cuda"), seed=0)
+    config = {**CONFIG, "num_blocks": 400, "max_model_len": 256, "max_num_batched_tokens": 256}
+    reqs = [(f"r{i}", [(7 * i + j) % 150000 + 1 for j in range(20 + 9 * i)],
+             SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)) for i in range(6)]
+    want, _ = run_workload(reqs, model=str(tmp_path), dtype="bfloat16", cuda_graphs=False,
+                           static_decode=True, **config)
+    engine = build_engine(model=str(tmp_path), dtype="bfloat16", **config)
+    static = engine.runner.static
+    assert static is not None and static.capture_error is None and static.captured_sizes
+    before = compiled_variants()
+    got, _ = run_workload(reqs, engine=engine)
+    assert got == want
+    assert compiled_variants() == before
+
+
+def test_graphs_share_one_logits_buffer_and_a_second_engine_sizes_its_pool() -> None:
+    first = build_engine(device="cuda", max_num_seqs=16, max_model_len=96)
+    static = first.runner.static
+    assert static is not None and len(static.captured_sizes) > 1
+    outs = {size: static.forward(static._padded_batch(size), size) for size in static.sizes}
+    base = outs[static.sizes[-1]].data_ptr()
+    assert all(out.data_ptr() == base for out in outs.values())
+    del first, static, outs
+    gc.collect()
+    second = build_engine(device="cuda", max_num_seqs=16, max_model_len=96)  # sized after empty_cache
+    run_workload(workload(2, 8), engine=second)
 
 
 def test_a_captured_round_never_synchronises_the_host() -> None:
