@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.forks import will_fork
-from deepinfer_kit.sched.planning import add_chunk, plan_running
+from deepinfer_kit.sched.planning import add_chunk, plan_running, yield_seat
+from deepinfer_kit.sched.policies import fair_share_victim
+from deepinfer_kit.sched.queues import FcfsQueue
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import length_limit
 
@@ -64,6 +66,12 @@ class ContinuousBatching:
     no budget, or no blocks for its first chunk. The prefix cache is matched afresh at
     every attempt and the first chunk starts after the cached tokens. Nothing is
     admitted in a round that preempted. Preemptive.
+
+    Fairness (arrival-order queues): when the first waiting sequence lacks a seat and one
+    request's sequences hold more than half of ``max_num_seqs``, that request gives seats
+    up (:func:`~deepinfer_kit.sched.policies.fair_share_victim`; the sequences yielding
+    them recompute later, from the back of the queue), so an ``n = max_num_seqs``
+    request never holds every seat while others wait.
     """
 
     @property
@@ -88,7 +96,9 @@ class ContinuousBatching:
         while waiting and budget > 0:
             req = waiting.peek()
             if not state.has_seats(req):
-                break
+                budget += _make_seats(state, entry, req)
+                if not state.has_seats(req):
+                    break
             num_cached = cache.match_prefix(req)
             n = req.num_tokens - num_cached
             if threshold and n > threshold:
@@ -108,6 +118,24 @@ class ContinuousBatching:
             state.enter_running(req)
             budget -= add_chunk(state, entry, req, num_cached, n, num_cached=num_cached)
         return budget
+
+
+def _make_seats(state: SchedulerState, entry: InflightPlan, head: Request) -> int:
+    """Apply the fairness rule for ``head`` (an arrival-order queue's first sequence):
+    preempt the victims :func:`fair_share_victim` names until ``head`` has its seats, or
+    none is named. Returns the budget the victims' chunks gave back."""
+    if not isinstance(state.waiting, FcfsQueue):  # a keyed order decides who goes first
+        return 0
+    cfg = state.config
+    need = head.params.n if will_fork(head) else 1
+    freed = 0
+    while not state.has_seats(head):
+        free = cfg.max_num_seqs - len(state.running) - state.fork_seats
+        victim = fair_share_victim(state.running, head, need, free, cfg.max_num_seqs)
+        if victim is None:
+            break
+        freed += yield_seat(state, entry, victim)
+    return freed
 
 
 class StaticBatching:

@@ -313,16 +313,31 @@ def _unschedule(entry: InflightPlan, victim: Request) -> int:
     return 0
 
 
-def _preempt(state: SchedulerState, victim: Request, entry: InflightPlan) -> None:
+def yield_seat(state: SchedulerState, entry: InflightPlan, victim: Request) -> int:
+    """Preempt running ``victim`` to free its seat (the fairness rule,
+    :func:`~deepinfer_kit.sched.policies.fair_share_victim`): out of the running list and
+    of this round's plan, blocks released, requeued at the back of the waiting queue so
+    the request it yields to is admitted first. Returns the tokens its chunk had taken
+    from the round's budget. O(R + chunks)."""
+    state.running[:] = [r for r in state.running if r is not victim]
+    tokens = _unschedule(entry, victim)
+    _preempt(state, victim, entry, front=False)
+    return tokens
+
+
+def _preempt(state: SchedulerState, victim: Request, entry: InflightPlan, front: bool = True) -> None:
     """Release all of ``victim``'s blocks and requeue it to recompute from scratch (its
-    outputs so far are kept and re-prefilled)."""
+    outputs so far are kept and re-prefilled); at the queue's front, or its back."""
     state.free(victim)
     state.drop_fork_seats(victim)
     state.drafts.pop(victim, None)
     victim.num_computed_tokens = 0
     victim.status = _PREEMPTED
     victim.num_preemptions += 1
-    state.waiting.push_preempted(victim)
+    if front:
+        state.waiting.push_preempted(victim)
+    else:
+        state.waiting.push(victim)
     entry.plan.preempted_ids.append(victim.request_id)
 
 

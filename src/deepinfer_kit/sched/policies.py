@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.sched.protocols import AdmissionPolicy, PreemptionPolicy
 
 __all__ = [
+    "fair_share_victim",
     "fcfs_key",
     "priority_key",
     "latest_arrival_victim",
@@ -48,6 +49,46 @@ def lowest_priority_victim(running: Sequence[Request]) -> Request:
         if key > best:
             victim, best = req, key
     return victim
+
+
+def _family(request: Request) -> str:
+    return request.parent_id if request.parent_id is not None else request.request_id
+
+
+def fair_share_victim(
+    running: Sequence[Request], head: Request, seats_needed: int, free_seats: int, max_num_seqs: int
+) -> Request | None:
+    """The fairness rule: whom to preempt so that ``head`` (first in the waiting queue,
+    refused for want of seats) gets a seat, or ``None``.
+
+    One request's sequences (a parent and its ``n - 1`` fork children) may hold more than
+    half of ``max_num_seqs`` seats (and more than one) only while nobody else waits for
+    one. When ``head``
+    belongs to another request and lacks seats, the request holding the most seats gives
+    one up, if it holds more than ``max_num_seqs // 2``: its member admitted last that has
+    already forked (never a parent whose children do not exist yet). Returns ``None`` when
+    no request holds more than its share, or when even bringing the largest down to its
+    share would not free ``seats_needed - free_seats`` seats (then nothing is preempted
+    in vain). Pure: reads ``running``, mutates nothing. O(R).
+    """
+    share = max_num_seqs // 2
+    seats: dict[str, int] = {}
+    for req in running:
+        f = _family(req)
+        unforked = req.params.n > 1 and req.parent_id is None and not req.output_token_ids
+        seats[f] = seats.get(f, 0) + (req.params.n if unforked else 1)
+    if not seats:
+        return None
+    largest = max(seats, key=lambda f: seats[f])
+    if largest == _family(head) or seats[largest] <= max(share, 1):
+        return None
+    if seats_needed - free_seats > seats[largest] - share:
+        return None
+    for req in reversed(running):
+        forked = req.params.n == 1 or req.parent_id is not None or bool(req.output_token_ids)
+        if _family(req) == largest and forked:
+            return req
+    return None
 
 
 def default_policies(policy: str) -> tuple[AdmissionPolicy | None, PreemptionPolicy]:
