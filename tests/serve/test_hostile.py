@@ -211,3 +211,44 @@ def test_an_unexpected_failure_is_a_json_500_and_the_server_goes_on(app: App) ->
     finally:
         app.llm.engine.check_request = check  # type: ignore[method-assign]
     assert post(app, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_a_small_request_is_answered_while_n_equals_max_num_seqs_runs() -> None:
+    seats = 16
+    fair = App(ServeOptions(), max_num_seqs=seats, num_blocks=1024)
+    big_done = threading.Event()
+    body = {"prompt": "a long answer", "n": seats, "max_tokens": 220, "ignore_eos": True,
+            "temperature": 1.0, "stream": True}
+    first_chunk = threading.Event()
+
+    def big() -> None:
+        with httpx.Client(base_url=fair.url, timeout=120) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                        first_chunk.set()
+        big_done.set()
+
+    worker = threading.Thread(target=big)
+    worker.start()
+    try:
+        assert first_chunk.wait(60)  # the fork holds every seat now
+        health: list[float] = []
+        t0 = time.perf_counter()
+        small = httpx.post(fair.url + "/v1/completions", timeout=60,
+                           json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True, "temperature": 0})
+        small_s = time.perf_counter() - t0
+        big_still_running = not big_done.is_set()
+        while not big_done.is_set() and len(health) < 20:
+            t1 = time.perf_counter()
+            assert httpx.get(fair.url + "/health", timeout=10).status_code == 200
+            health.append(time.perf_counter() - t1)
+        assert small.status_code == 200 and small.json()["usage"]["completion_tokens"] == 4
+        print(f"small request answered in {small_s:.3f} s while n={seats} ran; "
+              f"/health max {max(health, default=0.0):.3f} s over {len(health)} calls")
+        assert big_still_running  # answered before the big request ended: it did not wait for it
+        assert max(health, default=0.0) < 5.0
+    finally:
+        worker.join(120)
+        fair.wait_idle()
+        fair.stop()
