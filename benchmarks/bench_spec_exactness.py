@@ -79,8 +79,9 @@ def main() -> None:
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=20)
     base: dict[str, Any] = {"model": "tiny-words", "max_num_seqs": 256, "max_num_batched_tokens": 4096}
     t0 = time.perf_counter()
-    plain, _ = engine_samples(base, prompt, params, range(n), pos)
-    floor, _ = engine_samples(base, prompt, params, range(2 * n, 3 * n), pos)
+    most = pos + args.num_draft  # every compared position can be reached by a verify round
+    plain, _ = engine_samples(base, prompt, params, range(n), pos, most)
+    floor, _ = engine_samples(base, prompt, params, range(2 * n, 3 * n), pos, most)
     print(f"tiny-words, {n} samples per configuration, temperature 0.8, top-p 0.9, top-k 20, "
           f"positions 1..{pos}, γ = {args.num_draft}")
     print(f"{'configuration':28s} " + " ".join(f"{'TV@' + str(p + 1):>8s} {'p@' + str(p + 1):>9s}"
@@ -96,7 +97,7 @@ def main() -> None:
                     continue
                 spec = {**dspec, **pspec, "num_draft": args.num_draft}
                 fast, counts = engine_samples({**base, "speculative": spec}, prompt, params,
-                                              range(n, 2 * n), pos)
+                                              range(n, 2 * n), pos, most)
                 row = compare_engine_samples(fast, plain)
                 worst = min(worst, *(c.p_value for c in row))
                 print(f"{dname + ' x ' + pname:28s} "

@@ -1,6 +1,6 @@
 """Train the DSpark heads of the embedded "tiny-words" model: distil the parallel + Markov heads
 and the confidence head from the target's own greedy outputs, then calibrate them with
-Sequential Temperature Scaling on held-out continuations.
+Sequential Temperature Scaling on held-out continuations, greedy and sampled.
 
     PYTHONPATH=src python scripts/train_dspark.py            # full run: writes the shipped heads
     PYTHONPATH=src python scripts/train_dspark.py --short --out /tmp/heads.safetensors
@@ -13,13 +13,24 @@ backbone's hidden state (the target's first ``k`` layers, final-normed: what the
 
 Training (float32, CPU, one thread, seeded): at a position ``t`` the heads see ``h_t`` and, for
 draft ``k``, the true previous token ``s[t+k-1]``; the draft distribution is pulled to the
-target's at ``t+k-1`` (soft cross-entropy), the confidence head to the event "the draft's argmax
-equals the target's argmax" (binary cross-entropy on detached inputs, so it does not bend the
-drafts). Calibration: on held-out sequences the heads draft exactly as the engine's greedy rounds
-do (their own argmax drafts feed the Markov head; each round starts after the previous one's
-accepted drafts); the survival events of each block fit one temperature per
-position, left to right (:func:`deepinfer_kit.spec.sts.fit_sts`). Prints the ECE of the
-survival per position before and after, and the mean accepted length per block.
+target's at ``t+k-1`` (soft cross-entropy), the confidence head to the acceptance probability
+of a sampled draft, ``c* = 1 − ½‖p_draft − p_target‖₁`` (the DSpark paper's eq. 8; binary
+cross-entropy with that soft label, on detached inputs, so it does not bend the drafts).
+
+Calibration (Sequential Temperature Scaling, one temperature per position, left to right, each
+for the lowest expected calibration error of the survival: :func:`deepinfer_kit.spec.sts.fit_sts`),
+on held-out text, half fitted and half reported, once per decoding mode:
+
+- sampled: continuations sampled at temperature 1; the target of position ``k`` is the expected
+  survival ``prod_{i<=k} c*_i`` along the text (teacher-forced, as in training) — what strict
+  rejection sampling keeps on average; these temperatures are the file's ``sts.temperature``.
+- greedy: greedy continuations; the heads draft exactly as the engine's greedy rounds do (their
+  own argmax drafts feed the Markov head; each round starts after the previous one's accepted
+  drafts) and the target is the event that drafts ``0..k`` all equal the target's argmax; these
+  are ``sts.temperature_greedy``.
+
+Prints the ECE of the survival per position before and after, for both modes, and the mean
+accepted length per greedy block.
 """
 
 from __future__ import annotations
@@ -66,12 +77,14 @@ def prompts(count: int, rng: random.Random) -> list[list[int]]:
     return out
 
 
-def continue_greedy(prompt_ids: list[list[int]], length: int) -> list[list[int]]:
-    """The target's greedy continuation of each prompt to ``length`` tokens, through the
-    engine: prompt + output."""
+def continue_text(prompt_ids: list[list[int]], length: int, *, temperature: float = 0.0,
+                  seed: int = 0) -> list[list[int]]:
+    """The target's continuation of each prompt to ``length`` tokens through the engine
+    (greedy, or sampled at ``temperature`` with seeds ``seed + i``): prompt + output."""
     engine = build_engine(model=TINY_WORDS, max_model_len=256, num_blocks=2048, block_size=16)
     for i, p in enumerate(prompt_ids):
-        params = SamplingParams(temperature=0.0, max_tokens=length - len(p), ignore_eos=True)
+        params = SamplingParams(temperature=temperature, max_tokens=length - len(p),
+                                ignore_eos=True, seed=seed + i if temperature else None)
         engine.add_request(f"p{i}", p, params)
     outs: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
@@ -151,8 +164,7 @@ def train(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torc
             target = logits[n, t + k]
             draft, conf = head_outputs(heads, lm, hidden[n, t], seqs[n, t + k], k)
             kd = kd + torch.sum(-F.softmax(target, -1) * F.log_softmax(draft, -1), -1).mean()
-            hit = (draft.argmax(-1) == target.argmax(-1)).float()
-            bce = bce + F.binary_cross_entropy_with_logits(conf, hit)
+            bce = bce + F.binary_cross_entropy_with_logits(conf, acceptance(draft.detach(), target))
         opt.zero_grad()
         (kd + bce).backward()
         opt.step()
@@ -161,6 +173,43 @@ def train(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torc
                   f"conf bce {bce.item() / cfg['gamma']:.4f}  {time.time() - start:.0f}s", flush=True)
     for p in params:
         p.requires_grad_(False)
+
+
+def acceptance(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``[M]`` the chance strict rejection sampling keeps a draft drawn from ``softmax(draft)``
+    against ``softmax(target)`` (``[M, V]`` logits each): ``1 − ½‖p_d − p_t‖₁`` (eq. 8)."""
+    gap = (F.softmax(draft.float(), -1) - F.softmax(target.float(), -1)).abs().sum(-1)
+    return (1.0 - 0.5 * gap).clamp(0.0, 1.0)
+
+
+def soft_blocks(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torch.Tensor,
+                hidden: torch.Tensor, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled mode: a block at every position ``t >= first`` of each sequence, teacher-forced
+    (the text's tokens feed the Markov head, as in training); returns raw confidence logits and
+    the expected survivals ``prod_{i<=k} c*_i`` ``[M, γ]``."""
+    gamma = heads.num_positions
+    pairs = windows(seqs, gamma, first)
+    n, t = pairs[:, 0], pairs[:, 1]
+    raw, accept = [], []
+    with torch.no_grad():
+        for k in range(gamma):
+            draft, conf = head_outputs(heads, lm, hidden[n, t], seqs[n, t + k], k)
+            raw.append(conf)
+            accept.append(acceptance(draft, logits[n, t + k]))
+    return torch.stack(raw, 1), torch.cumprod(torch.stack(accept, 1).double(), 1).float()
+
+
+def report(mode: str, heads_t: torch.Tensor, raw: torch.Tensor, target: torch.Tensor) -> None:
+    """Print, per position, the temperature, the mean target, and the survival's mean and
+    ECE before (T = 1) and after calibration."""
+    before = survival(raw, torch.ones(len(heads_t)))
+    after = survival(raw, heads_t)
+    for k in range(len(heads_t)):
+        y = target[:, k]
+        print(f"{mode} position {k + 1}: T={heads_t[k]:.3f}  acceptance {y.mean():.3f}  "
+              f"mean survival before {before[:, k].mean():.3f} after {after[:, k].mean():.3f}  "
+              f"ECE before {expected_calibration_error(before[:, k], y):.4f} "
+              f"after {expected_calibration_error(after[:, k], y):.4f}")
 
 
 def draft_blocks(heads: DSparkHeads, lm: torch.Tensor, seqs: torch.Tensor, logits: torch.Tensor,
@@ -207,31 +256,33 @@ def main() -> None:
     began = time.time()
     train_p = prompts(cfg["train_prompts"], rng)
     held_p = prompts(cfg["held_prompts"], rng)
-    seqs = continue_greedy(train_p + held_p, cfg["length"])
-    logits, hidden, lm = features(seqs, cfg["layers"])
-    tokens = torch.tensor(seqs)
-    cut = cfg["train_prompts"]
-    print(f"data: {len(seqs)} sequences of {tokens.shape[1]} tokens ({time.time() - began:.0f}s)")
+    seqs = continue_text(train_p + held_p, cfg["length"])
+    sampled = continue_text(held_p, cfg["length"], temperature=1.0, seed=cfg["seed"])
+    logits, hidden, lm = features(seqs + sampled, cfg["layers"])
+    tokens = torch.tensor(seqs + sampled)
+    cut, held = cfg["train_prompts"], cfg["held_prompts"]
+    print(f"data: {len(tokens)} sequences of {tokens.shape[1]} tokens ({time.time() - began:.0f}s)")
     heads = init_heads(cfg, hidden.shape[-1], logits.shape[-1], gen)
     train(heads, lm, tokens[:cut], logits[:cut], hidden[:cut], cfg, gen)
     first = torch.tensor([len(p) - 1 for p in held_p])
-    mid = cut + cfg["held_prompts"] // 2  # calibrate on half the held-out sequences, report on the rest
-    fit_raw, fit_events = draft_blocks(heads, lm, tokens[cut:mid], logits[cut:mid],
-                                       hidden[cut:mid], first[: mid - cut])
-    raw, events = draft_blocks(heads, lm, tokens[mid:], logits[mid:], hidden[mid:],
-                               first[mid - cut:])
-    print(f"held-out: calibrating on {len(fit_raw)} drafting rounds, reporting on {len(raw)}")
-    heads.temperature = fit_sts(fit_raw, fit_events)
-    before = survival(raw, torch.ones(heads.num_positions))
-    after = survival(raw, heads.temperature)
-    for k in range(heads.num_positions):
-        ev = events[:, k]
-        print(f"position {k + 1}: T={heads.temperature[k]:.3f}  acceptance {ev.mean():.3f}  "
-              f"mean survival before {before[:, k].mean():.3f} after {after[:, k].mean():.3f}  "
-              f"ECE before {expected_calibration_error(before[:, k], ev):.4f} "
-              f"after {expected_calibration_error(after[:, k], ev):.4f}")
+    half = held // 2  # calibrate on half the held-out sequences, report on the rest
+    spans = {"fit": (0, half), "report": (half, held)}
+
+    def part(offset: int, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+        a, b = offset + lo, offset + hi
+        return tokens[a:b], logits[a:b], hidden[a:b], first[lo:hi]
+
+    greedy = {name: draft_blocks(heads, lm, *part(cut, *span)) for name, span in spans.items()}
+    soft = {name: soft_blocks(heads, lm, *part(cut + held, *span)) for name, span in spans.items()}
+    print(f"held-out: calibrating on {len(greedy['fit'][0])} greedy drafting rounds and "
+          f"{len(soft['fit'][0])} sampled blocks, reporting on {len(greedy['report'][0])} and "
+          f"{len(soft['report'][0])}")
+    heads.temperature = fit_sts(*soft["fit"])
+    heads.temperature_greedy = fit_sts(*greedy["fit"])
+    report("sampled", heads.temperature, *soft["report"])
+    report("greedy", heads.temperature_greedy, *greedy["report"])
     print(f"mean accepted drafts per block of {heads.num_positions}: "
-          f"{events.sum(1).mean():.3f}")
+          f"{greedy['report'][1].sum(1).mean():.3f}")
     save_heads(heads, args.out, {"target": TINY_WORDS, "seed": str(cfg["seed"])})
     args.out.chmod(0o644)
     print(f"wrote {args.out} ({time.time() - began:.0f}s)")

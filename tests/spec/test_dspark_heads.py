@@ -100,8 +100,9 @@ def test_sts_recovers_the_temperatures_of_miscalibrated_confidences(seed: int) -
     logits = torch.randn(n, 4, generator=g) * 2 + 1
     cond = torch.sigmoid(logits / true_t)
     events = torch.cumprod((torch.rand(n, 4, generator=g) < cond).float(), dim=1)
-    fitted = fit_sts(logits, events)
-    assert torch.allclose(fitted, true_t, rtol=0.1), fitted
+    assert torch.allclose(fit_sts(logits, events, objective="nll"), true_t, rtol=0.1)
+    fitted = fit_sts(logits, events)  # the lowest calibration error, as the paper fits
+    assert torch.allclose(fitted, true_t, rtol=0.35), fitted
     for k in range(4):
         raw = expected_calibration_error(survival(logits, torch.ones(4))[:, k], events[:, k])
         cal = expected_calibration_error(survival(logits, fitted)[:, k], events[:, k])
@@ -113,6 +114,34 @@ def test_sts_recovers_the_temperatures_of_miscalibrated_confidences(seed: int) -
 def test_sts_rejects_bad_shapes_and_ece_is_zero_when_calibrated() -> None:
     with pytest.raises(ValueError, match="fit_sts needs equal"):
         fit_sts(torch.zeros(3, 2), torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="objective"):
+        fit_sts(torch.zeros(3, 2), torch.zeros(3, 2), objective="brier")
+    soft = torch.tensor([0.2, 0.4, 0.6, 0.8])  # expected values: each bin's mean matches
+    assert expected_calibration_error(soft, soft) == 0.0
     p = torch.tensor([0.0, 1.0, 0.0, 1.0])
     assert expected_calibration_error(p, p) == 0.0
     assert expected_calibration_error(torch.full((4,), 0.5), torch.tensor([1.0, 1, 1, 1])) == 0.5
+
+
+def test_greedy_temperatures_are_optional_and_used_for_greedy_rows(tmp_path: Path) -> None:
+    from deepinfer_kit.spec.dspark_heads import DSparkHeads, save_heads
+
+    g = torch.Generator().manual_seed(0)
+    heads = DSparkHeads(torch.zeros(2, 3, 3), torch.zeros(2, 3), torch.randn(5, 2, generator=g),
+                        torch.zeros(2, 5), torch.randn(5, generator=g), torch.zeros(1),
+                        torch.tensor([1.0, 2.0]), 1, torch.tensor([0.5, 4.0]))
+    save_heads(heads, tmp_path / "h.safetensors")
+    loaded = load_heads(tmp_path / "h.safetensors", vocab_size=5, hidden_size=3, num_layers=2)
+    assert loaded.temperature_greedy is not None
+    assert torch.equal(loaded.temperature_greedy, torch.tensor([0.5, 4.0]))
+    state, e = torch.randn(2, 3, generator=g), torch.randn(2, 2, generator=g)
+    raw = loaded.confidence_logit(state, e)
+    mixed = loaded.confidence(state, e, 1, torch.tensor([True, False]))
+    assert torch.allclose(mixed, torch.sigmoid(raw / torch.tensor([4.0, 2.0])))
+    assert torch.allclose(loaded.confidence(state, e, 1), torch.sigmoid(raw / 2.0))
+    bad = {**heads.tensors(), "sts.temperature_greedy": torch.tensor([0.5, 0.0])}
+    from safetensors.torch import save_file
+    save_file(bad, str(tmp_path / "bad.safetensors"),
+              metadata={"format": "deepinfer-kit-dspark-heads/1", "backbone_layers": "1"})
+    with pytest.raises(CheckpointError, match="'sts.temperature_greedy' must be > 0"):
+        load_heads(tmp_path / "bad.safetensors", vocab_size=5, hidden_size=3, num_layers=2)

@@ -108,12 +108,15 @@ class DSparkDrafter:
             prev = torch.tensor([row.req.all_token_ids[-1] for row in rows],
                                 device=hidden.device)
             where = torch.tensor([row.index for row in rows], dtype=torch.int64)
+            greedy_rows = torch.tensor([row.req.params.is_greedy for row in rows],
+                                       device=hidden.device)
             for j in range(gamma):
                 e, bias = self.heads.markov(prev)
                 tokens, q, _ = draw_drafts(base[:, j] + bias, [row.req for row in rows],
                                            [ids[row.index] for row in rows], j, greedy=greedy,
                                            generator=self.generator)
-                c = self.heads.confidence(states[:, j], e, j).cpu()
+                # c_j reads x_{j-1} (the Markov feature), never x_j: non-anticipating
+                c = self.heads.confidence(states[:, j], e, j, greedy_rows).cpu()
                 for row, tok in zip(rows, tokens):
                     ids[row.index][j] = tok
                 conf[where, j] = c

@@ -10,7 +10,11 @@ Shapes: ``R`` rows, ``γ`` head positions, ``H`` backbone hidden size, ``V`` voc
 - Markov head: ``e_k = W1[x_{k-1}]`` (``[r]``), logits ``z_k + e_k W2`` — the prefix-dependent
   bias, applied left to right as drafts are drawn.
 - Confidence head: ``c_k = σ((wᵀ[h_k; e_k] + b) / T_k)``, ``T_k`` the Sequential Temperature
-  Scaling temperature of position ``k`` (1 before calibration).
+  Scaling temperature of position ``k`` (1 before calibration). The head is trained on the
+  acceptance probability of a sampled draft, ``1 − ½‖p_draft − p_target‖₁`` (the DSpark
+  paper's eq. 8); a greedy draft is kept on another event (its argmax equals the target's),
+  so a file may carry a second set of temperatures, ``T^greedy``, calibrated on that event
+  and used for greedy requests.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = ["DSparkHeads", "load_heads", "save_heads", "check_num_draft", "heads_
 HEADS_FORMAT = "deepinfer-kit-dspark-heads/1"
 TENSOR_NAMES = ("parallel.weight", "parallel.bias", "markov.w1", "markov.w2",
                 "confidence.weight", "confidence.bias", "sts.temperature")
+OPTIONAL_NAMES = ("sts.temperature_greedy",)
 
 
 @attrs.define(slots=True, eq=False)
@@ -42,8 +47,10 @@ class DSparkHeads:
         w2: ``[r, V]`` Markov projection to a logit bias.
         conf_weight: ``[H + r]`` ``w`` of the confidence head.
         conf_bias: ``[1]`` its bias.
-        temperature: ``[γ]`` STS temperatures (``> 0``).
+        temperature: ``[γ]`` STS temperatures (``> 0``) of sampled requests.
         backbone_layers: ``k``, the target's first layers the heads read.
+        temperature_greedy: ``[γ]`` STS temperatures of greedy requests, or ``None`` (they
+            use ``temperature`` too).
     """
 
     parallel_weight: torch.Tensor
@@ -54,6 +61,7 @@ class DSparkHeads:
     conf_bias: torch.Tensor
     temperature: torch.Tensor
     backbone_layers: int
+    temperature_greedy: torch.Tensor | None = None
 
     @property
     def num_positions(self) -> int:
@@ -64,7 +72,10 @@ class DSparkHeads:
         """The tensors under their file names (:data:`TENSOR_NAMES`)."""
         values = (self.parallel_weight, self.parallel_bias, self.w1, self.w2, self.conf_weight,
                   self.conf_bias, self.temperature)
-        return dict(zip(TENSOR_NAMES, values))
+        out = dict(zip(TENSOR_NAMES, values))
+        if self.temperature_greedy is not None:
+            out["sts.temperature_greedy"] = self.temperature_greedy
+        return out
 
     def position_states(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[R, H]`` backbone states -> ``[R, γ, H]`` per-position states ``h_k``."""
@@ -81,9 +92,15 @@ class DSparkHeads:
         """``[R, H]`` ``h_k`` and ``[R, r]`` ``e_k`` -> ``[R]`` raw (uncalibrated) logits."""
         return torch.cat((state, e), dim=-1) @ self.conf_weight + self.conf_bias
 
-    def confidence(self, state: torch.Tensor, e: torch.Tensor, k: int) -> torch.Tensor:
-        """Calibrated ``c_k`` ``[R]`` of position ``k`` (0-based): ``σ(logit / T_k)``."""
-        return torch.sigmoid(self.confidence_logit(state, e) / self.temperature[k])
+    def confidence(self, state: torch.Tensor, e: torch.Tensor, k: int,
+                   greedy: torch.Tensor | None = None) -> torch.Tensor:
+        """Calibrated ``c_k`` ``[R]`` of position ``k`` (0-based): ``σ(logit / T_k)``, with
+        ``T^greedy_k`` for the rows where ``greedy`` (``[R]`` bool, same device) is set
+        when the heads have greedy temperatures."""
+        t = self.temperature[k]
+        if greedy is not None and self.temperature_greedy is not None:
+            t = torch.where(greedy, self.temperature_greedy[k], t)
+        return torch.sigmoid(self.confidence_logit(state, e) / t)
 
     def to(self, device: torch.device) -> DSparkHeads:
         """A copy on ``device`` (float32)."""
@@ -93,7 +110,8 @@ class DSparkHeads:
 
 def _from_tensors(t: dict[str, torch.Tensor], layers: int) -> DSparkHeads:
     return DSparkHeads(t["parallel.weight"], t["parallel.bias"], t["markov.w1"], t["markov.w2"],
-                       t["confidence.weight"], t["confidence.bias"], t["sts.temperature"], layers)
+                       t["confidence.weight"], t["confidence.bias"], t["sts.temperature"], layers,
+                       t.get("sts.temperature_greedy"))
 
 
 def save_heads(heads: DSparkHeads, path: str | os.PathLike[str],
@@ -143,6 +161,7 @@ def load_heads(path: str | os.PathLike[str], *, vocab_size: int, hidden_size: in
         "markov.w1": (vocab_size, rank), "markov.w2": (rank, vocab_size),
         "confidence.weight": (hidden_size + rank,), "confidence.bias": (1,),
         "sts.temperature": (gamma,),
+        **{name: (gamma,) for name in OPTIONAL_NAMES if name in tensors},
     }
     for name, shape in want.items():
         got = tuple(tensors[name].shape)
@@ -153,11 +172,12 @@ def load_heads(path: str | os.PathLike[str], *, vocab_size: int, hidden_size: in
             )
         if not bool(torch.isfinite(tensors[name]).all()):
             raise CheckpointError(f"DSpark heads {str(file)!r}: tensor {name!r} is not finite")
-    if not bool((tensors["sts.temperature"] > 0).all()):
-        raise CheckpointError(
-            f"DSpark heads {str(file)!r}: tensor 'sts.temperature' must be > 0, got "
-            f"{tensors['sts.temperature'].tolist()}"
-        )
+    for name in ("sts.temperature", *OPTIONAL_NAMES):
+        if name in tensors and not bool((tensors[name] > 0).all()):
+            raise CheckpointError(
+                f"DSpark heads {str(file)!r}: tensor {name!r} must be > 0, got "
+                f"{tensors[name].tolist()}"
+            )
     return _from_tensors({k: v.float() for k, v in tensors.items()}, layers)
 
 
@@ -188,7 +208,7 @@ def _check_names(tensors: dict[str, torch.Tensor], file: Path) -> None:
     missing = [n for n in TENSOR_NAMES if n not in tensors]
     if missing:
         raise CheckpointError(f"DSpark heads {str(file)!r}: missing tensor {missing[0]!r}")
-    extra = sorted(set(tensors) - set(TENSOR_NAMES))
+    extra = sorted(set(tensors) - set(TENSOR_NAMES) - set(OPTIONAL_NAMES))
     if extra:
         raise CheckpointError(f"DSpark heads {str(file)!r}: unexpected tensor {extra[0]!r}")
 

@@ -21,10 +21,15 @@ __all__ = ["engine_samples", "compare_engine_samples"]
 
 
 def engine_samples(engine_config: Mapping[str, Any], prompt: Sequence[int], params: SamplingParams,
-                   seeds: Sequence[int], positions: int) -> tuple[list[list[int]], dict[str, int]]:
+                   seeds: Sequence[int], positions: int,
+                   max_tokens: int | None = None) -> tuple[list[list[int]], dict[str, int]]:
     """Build an engine from ``engine_config`` (``build_engine`` keywords), run one request
-    per seed (``params`` with that seed, ``max_tokens = positions``, EOS ignored) and return
-    each request's tokens, in seed order, with the drafts verified and accepted.
+    per seed (``params`` with that seed, EOS ignored) and return each request's first
+    ``positions`` tokens, in seed order, with the drafts verified and accepted.
+
+    Requests generate ``max_tokens`` (default ``positions + 8``): a request's last tokens
+    leave no room for drafts, so generating only the compared positions would verify no
+    draft at the later ones.
 
     The engine ends idle (its idle check runs), so a run that leaks fails here.
     """
@@ -42,14 +47,15 @@ def engine_samples(engine_config: Mapping[str, Any], prompt: Sequence[int], para
     try:
         for i, seed in enumerate(seeds):
             engine.add_request(f"s{i}", list(prompt), attrs.evolve(
-                params, seed=seed, max_tokens=positions, ignore_eos=True))
+                params, seed=seed, max_tokens=max_tokens or positions + 8, ignore_eos=True))
         outs = {o.request_id: o.outputs[0].token_ids for o in engine.run()}
         engine.check_idle()
     finally:
         close = getattr(engine, "close", None)
         if callable(close):
             close()
-    return [list(outs[f"s{i}"]) for i in range(len(seeds))], {"verified": verified, "accepted": accepted}
+    return ([list(outs[f"s{i}"][:positions]) for i in range(len(seeds))],
+            {"verified": verified, "accepted": accepted})
 
 
 def compare_engine_samples(fast: Sequence[Sequence[int]],
