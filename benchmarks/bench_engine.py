@@ -73,7 +73,7 @@ def run_engine(
         device=args.device,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory_mb=1024,
+        kv_cache_memory_mb=1024,  # the pool's size on CPU and on CUDA alike (same pool every run)
     )
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in reqs]
     llm.generate([reqs[0][0]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
