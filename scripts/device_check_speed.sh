@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GPU speed in one run of at most 5 minutes on a cold machine (empty Triton cache). Run
+# from the repository root:
+#
+#     OUT=/tmp/out bash scripts/device_check_speed.sh     # logs under $OUT (6 files)
+#
+# 1. pre-flight (45 s): torch sees a GPU; triton and transformers import.
+# 2. bench_decode (140 s): the Qwen3-1.7B shape in bf16 (random weights), batch 1 and 64,
+#    64 new tokens, best of 2; the engine's decode ms per step against the HBM roofline
+#    measured in the same run ("of roofline") and against transformers (sdpa). Targets:
+#    batch 1 >= 60% of the roofline, batch 64 >= 10x transformers.
+# 3. bench_engine --device cuda (60 s): 32 requests on the small Qwen3-MoE against the best
+#    transformers generate configuration (target >= 2x), identical greedy tokens.
+# 4. bench_overlap (35 s): one quick row (host work = device work) of the overlapped vs the
+#    synchronous engine on a CUDA stream, tokens identical.
+# Every step runs under `timeout -k`; the script exits non-zero when a step failed.
+set -u
+OUT=${OUT:-/tmp/device_check_speed}
+mkdir -p "$OUT"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+failed=()
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
+    local t0=$SECONDS
+    timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || failed+=("$name")
+    tail -n 25 "$OUT/$name.log" >>"$OUT/summary.txt"
+    return "$rc"
+}
+
+{ nvidia-smi; } >"$OUT/env.txt" 2>&1
+step preflight 45 python -c "
+import torch, triton, transformers, deepinfer_kit
+assert torch.cuda.is_available(), 'torch sees no CUDA device'
+print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
+[ $? -eq 0 ] || { echo "pre-flight failed: nothing else run" | tee -a "$OUT/summary.txt"; exit 1; }
+
+step bench_decode 140 python benchmarks/bench_decode.py --device cuda --batch-sizes 1 64 \
+    --new-tokens 64 --repeats 2 --hf-attn sdpa
+step bench_engine 60 python benchmarks/bench_engine.py --device cuda --num-requests 32 \
+    --batch-sizes 32
+step bench_overlap 35 python benchmarks/bench_overlap.py --device cuda --quick --ratios 1.0
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "failed: ${failed[*]}" | tee -a "$OUT/summary.txt"
+    exit 1
+fi
+echo "all speed checks ran" | tee -a "$OUT/summary.txt"
