@@ -177,3 +177,11 @@ def test_generation_config_defaults_fill_the_fields_a_body_leaves_unset() -> Non
     parsed = parse_completion({"prompt": "x", "temperature": 0.1, "max_tokens": 3}, defaults={"temperature": 0.6})
     assert (parsed.params.temperature, parsed.params.max_tokens) == (0.1, 3)
     assert callable(build_app) and CHATML
+
+
+def test_stream_events_survive_line_splitting_on_unicode_separators() -> None:
+    from deepinfer_kit.serve.api import _sse
+
+    event = _sse({"text": "a\x85b\u2028c\u2029d\re"})
+    lines = event.splitlines()  # how httpx's iter_lines splits
+    assert lines[0].startswith("data: ") and json.loads(lines[0][6:])["text"] == "a\x85b\u2028c\u2029d\re"

@@ -94,7 +94,9 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None
 
 
 def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    # ASCII only: a raw U+0085 / U+2028 in a token's text would end the line for clients
+    # that split lines the way str.splitlines does (httpx's iter_lines among them).
+    return f"data: {json.dumps(data, ensure_ascii=True)}\n\n"
 
 
 def _refusal(exc: Exception, fallback: str) -> BadRequest:
