@@ -95,7 +95,7 @@ def chat_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(chat_ckpt: Path) -> LLM:
-    return LLM(str(chat_ckpt), num_blocks=32, block_size=16)
+    return LLM(str(chat_ckpt), num_blocks=32, block_size=16, device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
