@@ -50,7 +50,7 @@ from deepinfer_kit.engine.assemble import load_model
 from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
 from deepinfer_kit.models.embedded import TINY_WORDS, embedded_checkpoint
 from deepinfer_kit.models.truncated import LayerTruncatedLM
-from deepinfer_kit.spec.dspark_heads import DSparkHeads, save_heads
+from deepinfer_kit.spec.dspark_heads import DSparkHeads, load_heads, save_heads
 from deepinfer_kit.spec.sts import expected_calibration_error, fit_sts, survival
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,6 +249,8 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="a quick run (tests)")
     parser.add_argument("--out", type=Path, default=EMBEDDED_HEADS)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--heads", type=Path, default=None,
+                        help="calibrate these trained heads again instead of training new ones")
     args = parser.parse_args()
     cfg = SHORT if args.short else FULL
     torch.set_num_threads(args.threads)
@@ -262,8 +264,12 @@ def main() -> None:
     tokens = torch.tensor(seqs + sampled)
     cut, held = cfg["train_prompts"], cfg["held_prompts"]
     print(f"data: {len(tokens)} sequences of {tokens.shape[1]} tokens ({time.time() - began:.0f}s)")
-    heads = init_heads(cfg, hidden.shape[-1], logits.shape[-1], gen)
-    train(heads, lm, tokens[:cut], logits[:cut], hidden[:cut], cfg, gen)
+    if args.heads is not None:
+        heads = load_heads(args.heads, vocab_size=logits.shape[-1], hidden_size=hidden.shape[-1],
+                           num_layers=4)
+    else:
+        heads = init_heads(cfg, hidden.shape[-1], logits.shape[-1], gen)
+        train(heads, lm, tokens[:cut], logits[:cut], hidden[:cut], cfg, gen)
     first = torch.tensor([len(p) - 1 for p in held_p])
     half = held // 2  # calibrate on half the held-out sequences, report on the rest
     spans = {"fit": (0, half), "report": (half, held)}

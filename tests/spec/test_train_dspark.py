@@ -40,6 +40,8 @@ def test_short_training_run_is_reproducible_and_calibrates(tmp_path: Path) -> No
     heads = a
     assert heads.num_positions == 4 and heads.backbone_layers == 2
     assert not bool((heads.temperature == 1).all())
+    assert heads.temperature_greedy is not None  # one calibration per decoding mode
     ece = [(float(b), float(a)) for b, a in re.findall(r"ECE before ([\d.]+) after ([\d.]+)", log)]
-    assert len(ece) == 4 and all(0 <= v <= 1 for pair in ece for v in pair), log
+    assert len(ece) == 8 and all(0 <= v <= 1 for pair in ece for v in pair), log
+    assert log.count("sampled position") == 4 and log.count("greedy position") == 4
     assert "held-out:" in log and "mean accepted drafts per block of 4" in log

@@ -26,14 +26,16 @@ def survival(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
 
 
 def fit_sts(logits: torch.Tensor, accepted: torch.Tensor, *, objective: str = "ece",
-            bins: int = 10) -> torch.Tensor:
+            bins: int = 10, ece_tolerance: float = 1e-3) -> torch.Tensor:
     """Fit ``T_k`` one position at a time, left to right, with ``a_{k-1}`` already calibrated
     by ``T_0..T_{k-1}``: ``T_k`` minimises the calibration error of the cumulative survival
     ``a_k = a_{k-1}·σ(logit_k / T_k)`` against ``accepted[:, k]``.
 
     ``objective="ece"`` (the DSpark paper's Sequential Temperature Scaling): a 1-D grid
     search over ``log T`` in ``[-3, 3]`` for the lowest :func:`expected_calibration_error`
-    (``bins`` bins); ties go to the ``T`` nearest 1. ``objective="nll"``: the binary
+    (``bins`` bins). A binned error is flat across a range of temperatures: of those within
+    ``ece_tolerance`` of the lowest, the one whose mean survival is nearest the mean target
+    is taken (the planner sums survivals, so their mean matters). ``objective="nll"``: the binary
     log-loss, grid then golden-section refinement. ``accepted`` may hold soft targets in
     ``[0, 1]`` (expected survivals) as well as 0/1 events.
 
@@ -65,10 +67,10 @@ def fit_sts(logits: torch.Tensor, accepted: torch.Tensor, *, objective: str = "e
 
         if objective == "ece":
             losses = torch.tensor([ece(float(t)) for t in _GRID_FINE])
-            best_loss = float(losses.min())
-            ties = torch.nonzero(losses <= best_loss + 1e-12).squeeze(1)
-            pick = ties[int(_GRID_FINE[ties].log().abs().argmin())]
-            temps.append(float(_GRID_FINE[pick]))
+            near = torch.nonzero(losses <= float(losses.min()) + ece_tolerance).squeeze(1)
+            bias = torch.tensor([abs(float((prior * torch.sigmoid(x[:, k] / _GRID_FINE[i])).mean()
+                                           - y[:, k].mean())) for i in near.tolist()])
+            temps.append(float(_GRID_FINE[near[int(bias.argmin())]]))
         else:
             losses = torch.tensor([nll(float(t)) for t in _GRID])
             best = int(losses.argmin())
