@@ -252,3 +252,18 @@ def test_a_small_request_is_answered_while_n_equals_max_num_seqs_runs() -> None:
         worker.join(120)
         fair.wait_idle()
         fair.stop()
+
+
+def test_a_host_outside_the_allowed_list_is_refused() -> None:
+    from deepinfer_kit.serve.options import host_allowed
+
+    assert host_allowed({"host": "LocalHost:8000"}, ("localhost",))
+    assert host_allowed({"host": "[::1]:80"}, ("::1",)) and host_allowed({}, ())
+    assert not host_allowed({"host": "evil.example:8000"}, ("localhost", "127.0.0.1"))
+    guarded = App(ServeOptions(allowed_hosts="127.0.0.1,localhost"))
+    try:
+        assert httpx.get(guarded.url + "/v1/models").status_code == 200  # Host: 127.0.0.1:port
+        r = httpx.get(guarded.url + "/v1/models", headers={"host": "rebound.example"})
+        assert error_of(r, 400)["param"] == "host"
+    finally:
+        guarded.stop()

@@ -34,6 +34,9 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
                         "(default: $DEEPINFER_API_KEY, else none)")
+    p.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="comma-separated Host names requests may carry (default: any); set it "
+                        "when the server is reachable from a browser, against DNS rebinding")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="accept a chat_template in request bodies (runs the client's jinja)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="larger bodies answer 413")
@@ -83,6 +86,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, max_n=args.max_n or config.max_num_seqs,
         max_prompts=args.max_prompts_per_request, max_stop=args.max_stop_strings,
         chat_template_timeout_s=args.chat_template_timeout,
+        allowed_hosts=tuple(args.allowed_hosts.split(",")),
     )
     engine_options = {k: v for k, v in attrs.asdict(config, recurse=False).items() if k != "model"}
     llm = AsyncLLM(config.model, generation_config=args.generation_config, **engine_options)

@@ -4,6 +4,7 @@ unexpected exception into the JSON error shape."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -13,7 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from deepinfer_kit.serve.options import ServeOptions, api_key_matches, check_json_tree
+from deepinfer_kit.serve.options import ServeOptions, api_key_matches, check_json_tree, host_allowed
 from deepinfer_kit.serve.protocol import BadRequest
 from deepinfer_kit.serve.responses import error_body
 
@@ -28,6 +29,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _KEYED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+_INLINE_PARSE_BYTES = 256 * 1024
 
 
 async def read_json(request: Request, options: ServeOptions) -> object:
@@ -57,14 +59,20 @@ async def read_json(request: Request, options: ServeOptions) -> object:
         if size > limit:
             raise too_big
         chunks.append(chunk)
+    raw = b"".join(chunks)
+    if size > _INLINE_PARSE_BYTES:  # a large body is parsed off the event loop
+        return await asyncio.to_thread(_parse, raw, options.max_json_depth)
+    return _parse(raw, options.max_json_depth)
+
+
+def _parse(raw: bytes, max_depth: int) -> object:
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except RecursionError:
-        raise BadRequest(f"the JSON body nests deeper than {options.max_json_depth} levels",
-                         "body") from None
+        raise BadRequest(f"the JSON body nests deeper than {max_depth} levels", "body") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {str(exc)[:200]}", "body") from None
-    problem = check_json_tree(body, options.max_json_depth)
+    problem = check_json_tree(body, max_depth)
     if problem is not None:
         raise BadRequest(problem[0], problem[1])
     return body
@@ -82,7 +90,8 @@ def engine_param(message: str, fields: tuple[str, ...], fallback: str) -> str:
 
 
 class EdgeMiddleware:
-    """ASGI middleware around the app: refuses ``/v1/*``, ``/tokenize`` and
+    """ASGI middleware around the app: refuses a ``Host`` outside
+    ``options.allowed_hosts`` (400 JSON, when the list is set), refuses ``/v1/*``, ``/tokenize`` and
     ``/detokenize`` without the API key (401 JSON), writes one access-log line per request
     (``aborted`` when the client left before the answer was complete), counts statuses,
     and answers an unexpected exception with the JSON error shape (500, traceback logged)
@@ -118,9 +127,13 @@ class EdgeMiddleware:
         try:
             key = self.options.api_key
             path = str(scope.get("path", ""))
-            if key is not None and path.startswith(_KEYED_PREFIXES) and not api_key_matches(
-                {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])},
-                key,
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            if not host_allowed(headers, self.options.allowed_hosts):
+                await _send_json(tracked, 400, error_body(
+                    f"Host {headers.get('host', '')[:100]!r} is not allowed on this server",
+                    param="host"))
+            elif key is not None and path.startswith(_KEYED_PREFIXES) and not api_key_matches(
+                headers, key
             ):
                 await _send_json(tracked, 401, error_body(
                     "a valid API key is required: Authorization: Bearer <key>",

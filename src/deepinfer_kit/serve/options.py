@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -13,7 +13,7 @@ import attrs
 from deepinfer_kit._validators import int_at_least
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["ECHO_CHARS", "ServeOptions", "api_key_matches", "check_json_tree", "short"]
+__all__ = ["ECHO_CHARS", "ServeOptions", "api_key_matches", "check_json_tree", "host_allowed", "short"]
 
 ECHO_CHARS = 200
 """The most characters of a client's value an error message repeats."""
@@ -31,6 +31,12 @@ def short(value: object) -> str:
 def _positive_float(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"{attribute.name} must be a number > 0, got {value!r}")
+
+
+def _host_names(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(h.strip().lower() for h in value if h.strip())
 
 
 @attrs.frozen
@@ -54,6 +60,9 @@ class ServeOptions:
         chat_template_timeout_s: a chat template rendering longer answers 400 (it runs
             off the event loop, at most ``max_concurrent_renders`` at a time).
         max_concurrent_renders: chat templates rendered at once.
+        allowed_hosts: when not empty, the ``Host`` names (port left out, compared without
+            case) a request may carry; any other answers 400 (``param`` ``host``): a page
+            that rebinds its own name to this server's address cannot read its answers.
     """
 
     api_key: str | None = None
@@ -66,6 +75,7 @@ class ServeOptions:
     max_stop_chars: int = attrs.field(default=4096, validator=int_at_least(0))
     chat_template_timeout_s: float = attrs.field(default=5.0, validator=_positive_float)
     max_concurrent_renders: int = attrs.field(default=4, validator=int_at_least(1))
+    allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_host_names)
 
     @classmethod
     def from_env(cls, **options: Any) -> ServeOptions:
@@ -83,6 +93,21 @@ def api_key_matches(headers: Mapping[str, str], key: str) -> bool:
     scheme, _, token = given.partition(" ")
     ok_scheme = scheme.lower() == "bearer"
     return hmac.compare_digest(token.strip().encode(), key.encode()) and ok_scheme
+
+
+def host_allowed(headers: Mapping[str, str], allowed: tuple[str, ...]) -> bool:
+    """True when ``allowed`` is empty or the ``Host`` header's name (its port, and an IPv6
+    address's brackets, left out) is one of ``allowed``."""
+    if not allowed:
+        return True
+    host = headers.get("host", "").strip().lower()
+    if host.startswith("["):  # [ipv6]:port
+        name = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:  # name:port
+        name = host.split(":", 1)[0]
+    else:
+        name = host
+    return name in allowed
 
 
 def check_json_tree(body: object, max_depth: int) -> tuple[str, str] | None:

@@ -40,11 +40,14 @@ def chat_renderer_call(llm: AsyncLLM, options: ServeOptions) -> Render:
     limit; the thread of a render that overran still runs to its end, holding its slot,
     so runaway templates can occupy the slots but never the event loop.
     """
-    slots = threading.BoundedSemaphore(options.max_concurrent_renders)
     renderer = llm.chat_renderer
+    slots: list[asyncio.Semaphore] = []  # made on the serving loop, at its first use
 
     async def render(conversation: object, arguments: dict[str, Any]) -> tuple[str, list[int]]:
         loop = asyncio.get_running_loop()
+        if not slots:
+            slots.append(asyncio.Semaphore(options.max_concurrent_renders))
+        slot = slots[0]
         done: asyncio.Future[tuple[str, list[int]]] = loop.create_future()
 
         def work() -> None:
@@ -54,12 +57,15 @@ def chat_renderer_call(llm: AsyncLLM, options: ServeOptions) -> Render:
             except BaseException as exc:  # handed to the awaiting request
                 loop.call_soon_threadsafe(_settle, done, None, exc)
             finally:
-                slots.release()
+                loop.call_soon_threadsafe(slot.release)  # only when the thread really ends
 
         async def start() -> tuple[str, list[int]]:
-            while not slots.acquire(blocking=False):
-                await asyncio.sleep(0.005)  # a slot frees when a render thread ends
-            threading.Thread(target=work, name="deepinfer-chat-template", daemon=True).start()
+            await slot.acquire()
+            try:
+                threading.Thread(target=work, name="deepinfer-chat-template", daemon=True).start()
+            except BaseException:
+                slot.release()
+                raise
             return await done
 
         try:
