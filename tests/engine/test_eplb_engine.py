@@ -62,6 +62,8 @@ def _run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
         ("tiny", REBALANCING | {"policy": "forecast", "num_redundant": 2, "num_gpus": 2}),
         ("mixtral", REBALANCING | {"policy": "refine", "num_redundant": 2, "num_gpus": 2}),
         ("glm4_moe", REBALANCING | {"num_nodes": 2, "num_groups": 2}),
+        ("tiny", REBALANCING | {"dispatch": "even"}),
+        ("mixtral", REBALANCING | {"policy": "refine", "dispatch": "balanced"}),
     ],
 )
 def test_greedy_tokens_unchanged_across_rebalances(
@@ -165,6 +167,7 @@ def test_trace_reports_per_slot_counts() -> None:
         ({"policy": "lru"}, "eplb.policy must be one of .*, got 'lru'"),
         ({"num_redundant": -1}, "eplb.num_redundant must be an int >= 0, got -1"),
         ({"decay": 1.0}, r"eplb.decay must be a number in \[0, 1\), got 1.0"),
+        ({"dispatch": "lp"}, r"eplb.dispatch must be one of \['static', 'even', 'balanced'\], got 'lp'"),
         ({"windows": 4}, r"eplb has unknown keys \['windows'\]"),
         ({"num_redundant": 1, "num_gpus": 2}, "eplb.num_redundant=1 gives .* = 9 slots, not divisible by eplb.num_gpus=2"),
         ({"num_gpus": 2, "num_nodes": 4}, "eplb.num_nodes must divide eplb.num_gpus=2, got 4"),

@@ -55,16 +55,22 @@ def test_expert_parallel_ranks_equal_the_single_process_engine(world: int, overl
         engine.close()
 
 
-@pytest.mark.parametrize(("world", "overlap"), [(2, False), (2, True), FOUR_RANKS],
-                         ids=["2-sync", "2-overlap", "4-sync"])
-def test_eplb_moves_expert_weights_rank_to_rank(world: int, overlap: bool) -> None:
+FOUR_RANKS_EPLB = pytest.param(4, False, "static", id="4-sync", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize(("world", "overlap", "dispatch"),
+                         [(2, False, "static"), (2, True, "static"), (2, False, "balanced"), FOUR_RANKS_EPLB],
+                         ids=["2-sync", "2-overlap", "2-sync-balanced", "4-sync"])
+def test_eplb_moves_expert_weights_rank_to_rank(world: int, overlap: bool, dispatch: str) -> None:
     """Ranks with redundant slots (2 ranks of 5 slots, 4 of 3): every rank's window sees
     the same tokens, plans alike and exchanges slots by all-to-all between steps. The
     tokens are the single-process engine's; the plans are those of the in-process EPLB
-    engine (same windows, same steps)."""
+    engine (same steps; the window is all-reduced over the ranks, each of which routes
+    every token, so it is ``world`` times the single process's)."""
     import torch
 
-    eplb = {"window": 3, "interval": 2, "num_redundant": world, "num_gpus": world, "policy": "refine"}
+    eplb = {"window": 3, "interval": 2, "num_redundant": world, "num_gpus": world, "policy": "refine",
+            "dispatch": dispatch}
     greedy = [(rid, p, params) for rid, p, params in workload(31, 10) if params.temperature == 0.0]
     reqs = greedy + [(f"g{i}", list(range(7 * i, 7 * i + 20)), greedy[0][2]) for i in range(4)]
     want, local = run_workload(reqs, overlap, eplb=eplb, **POOL)
@@ -75,8 +81,9 @@ def test_eplb_moves_expert_weights_rank_to_rank(world: int, overlap: bool) -> No
         assert here is not None and there is not None and len(here.history) >= 3
         assert sum(r.moved_slots for r in there.history) > 0
         assert [r.after_step for r in there.history] == [r.after_step for r in here.history]
-        for a, b in zip(here.history, there.history):
-            assert torch.equal(a.window, b.window) and torch.equal(a.phy2log, b.phy2log)
+        for a, b in zip(here.history, there.history):  # every rank records the whole load:
+            assert torch.equal(a.window * world, b.window)  # each rank routes every token
+            assert torch.equal(a.phy2log, b.phy2log)
     finally:
         engine.close()
 

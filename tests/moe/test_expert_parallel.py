@@ -17,6 +17,7 @@ from deepinfer_kit.eplb.records import Placement
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe import MoEConfig, MoELayer
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from deepinfer_kit.moe.selectors import make_selector
 
 PREFIX = "model.layers.0.mlp."
 CONFIGS = {
@@ -64,13 +65,15 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             dispatcher = ExpertParallelDispatcher(cfg.num_experts, _phy2log(cfg.num_experts, world, 3))
             layer = MoELayer(cfg, impl="ref", dispatcher=dispatcher)
             layer.load_hf_weights(weights, PREFIX)
-            for step in range(3):
+            for step, selector in enumerate(("static", "even", "balanced")):
+                dispatcher.selector = make_selector(selector)  # every rank alike
                 tokens = 0 if (rank == 1 and step == 1) else 5 + 7 * rank + step
+                every = sum(0 if (r == 1 and step == 1) else 5 + 7 * r + step for r in range(world))
                 hidden = torch.randn(tokens, cfg.hidden_size, generator=torch.Generator().manual_seed(100 * rank + step))
                 got = layer(hidden)
                 torch.testing.assert_close(got, reference(hidden), rtol=1e-5, atol=1e-5, msg=f"{name} step {step}")
                 counts = layer.last_expert_counts
-                assert counts is not None and int(counts.sum()) == tokens * cfg.top_k
+                assert counts is not None and int(counts.sum()) == every * cfg.top_k  # the whole load
             for round_ in range(2):  # EPLB rebalances: weights move rank to rank
                 old, new = dispatcher.phy2log, _phy2log(cfg.num_experts, world, 10 + round_)
                 assert layer.apply_placement(new) == sum(o != n for o, n in zip(old, new))

@@ -22,6 +22,7 @@ from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
+from deepinfer_kit.moe.selectors import make_selector
 
 __all__ = ["BalancerState", "ExpertBalancer", "Rebalance", "first_placement", "moe_layers"]
 
@@ -133,11 +134,15 @@ class ExpertBalancer:
         first = first_placement(config, layers)
         for layer, row in zip(layers, first.phy2log.tolist()):
             dispatcher = layer.dispatcher
+            selector = make_selector(config.dispatch)
             if isinstance(dispatcher, ExpertParallelDispatcher):  # sharded under this plan
                 if list(dispatcher.phy2log) != row:
                     raise ConfigError("an expert-parallel layer must be sharded under first_placement")
+                dispatcher.selector = selector  # balances over the ranks
             else:
                 layer.use_replicas(row)
+                assert layer.replicas is not None
+                layer.replicas.use_selector(selector, self.topology.num_gpus)
         self.placement: Placement = first
         self.num_steps = 0
         self._last_plan = 0

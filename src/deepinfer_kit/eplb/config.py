@@ -11,9 +11,10 @@ from deepinfer_kit._validators import Validator, config_from, require_ints_at_le
 from deepinfer_kit.eplb.records import Topology
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["EplbConfig", "POLICY_NAMES"]
+__all__ = ["EplbConfig", "POLICY_NAMES", "DISPATCH_NAMES"]
 
 POLICY_NAMES = ("deepseek", "global", "refine", "forecast", "movement")
+DISPATCH_NAMES = ("static", "even", "balanced")
 
 
 def _at_least(minimum: int) -> Validator:
@@ -26,6 +27,11 @@ def _at_least(minimum: int) -> Validator:
 def _check_policy(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in POLICY_NAMES:
         raise ConfigError(f"eplb.policy must be one of {list(POLICY_NAMES)}, got {value!r}")
+
+
+def _check_dispatch(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in DISPATCH_NAMES:
+        raise ConfigError(f"eplb.dispatch must be one of {list(DISPATCH_NAMES)}, got {value!r}")
 
 
 def _check_groups(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -61,6 +67,10 @@ class EplbConfig:
         num_groups: expert groups for the hierarchical policy; ``None`` takes the
             router's ``n_group`` (1 for softmax routing).
         decay: history weight of ``"forecast"``, in ``[0, 1)``.
+        dispatch: which replica serves each routed copy, decided per batch
+            (:mod:`deepinfer_kit.moe.selectors`): ``"static"`` (a fixed spread by
+            position), ``"even"`` (equal shares of each expert's copies) or
+            ``"balanced"`` (the shares that minimise the busiest GPU's load).
     """
 
     window: int = attrs.field(default=32, validator=_at_least(1))
@@ -71,6 +81,7 @@ class EplbConfig:
     num_nodes: int = attrs.field(default=1, validator=_at_least(1))
     num_groups: int | None = attrs.field(default=None, validator=_check_groups)
     decay: float = attrs.field(default=0.5, validator=_check_decay)
+    dispatch: str = attrs.field(default="static", validator=_check_dispatch)
 
     @classmethod
     def coerce(cls, value: EplbConfig | Mapping[str, Any] | None) -> EplbConfig | None:

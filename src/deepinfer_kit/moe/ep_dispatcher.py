@@ -3,11 +3,14 @@
 The ``P`` physical expert slots of a layer are split evenly over the ``W`` ranks of a
 process group (rank ``r`` holds slots ``[r*S, (r+1)*S)``, ``S = P / W``); ``phy2log`` says
 which logical expert each slot holds, so an expert may have several replicas (EPLB's
-placement). Each copy picks one replica of its expert: replica
-``(flat position + rank) % replicas``, which spreads a hot expert's copies over its
-replicas deterministically.
+placement). Which replica serves each copy is the
+:attr:`~ExpertParallelDispatcher.selector`'s choice (:mod:`deepinfer_kit.moe.selectors`;
+default the static rule, replica ``(flat position + rank) % replicas``), from the per-expert
+counts of every rank, all-gathered once per dispatch: each rank then knows the whole load
+(what EPLB's window records) and every count-based selector plans the same whole batch on
+every rank.
 
-One dispatch = an all-to-all of per-slot counts, then of the copies and their weights
+One dispatch = an all-gather of per-expert counts, an all-to-all of per-slot counts, then of the copies and their weights
 (``all_to_all_single`` with variable split sizes); combine returns the outputs the same way
 and takes the weighted sum on the token's own rank. Works on gloo (CPU tensors) and NCCL
 (CUDA tensors): every exchanged tensor lives on the device of the hidden states.
@@ -24,8 +27,10 @@ import torch.distributed as dist
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.local_dispatcher import check_routing, count_experts, unpermute_and_sum
-from deepinfer_kit.moe.protocols import Dispatcher
+from deepinfer_kit.moe.protocols import Dispatcher, ReplicaSelector
 from deepinfer_kit.moe.records import Dispatched, Routing
+from deepinfer_kit.moe.replica_layout import ReplicaLayout
+from deepinfer_kit.moe.selectors import StaticSelector
 
 if TYPE_CHECKING:
     from deepinfer_kit.eplb.records import Placement
@@ -69,6 +74,8 @@ class ExpertParallelDispatcher:
         self._rank = dist.get_rank(group)
         self._num_experts = num_experts
         self._slots_per_rank = 0
+        self.selector: ReplicaSelector = StaticSelector()
+        """Chooses the replica of each copy (set it between dispatches, on every rank alike)."""
         self.assign(phy2log)
 
     def assign(self, phy2log: Sequence[int]) -> None:
@@ -96,10 +103,7 @@ class ExpertParallelDispatcher:
         first = self._rank * self._slots_per_rank
         self._phy2log = tuple(slots)
         self._local = tuple(slots[first : first + self._slots_per_rank])
-        replicas = [[s for s, e in enumerate(slots) if e == expert] for expert in range(num_experts)]
-        width = max(len(r) for r in replicas)
-        self._log2phy = torch.tensor([r + [-1] * (width - len(r)) for r in replicas], dtype=torch.int64)
-        self._logcnt = torch.tensor([len(r) for r in replicas], dtype=torch.int64)
+        self._layout = ReplicaLayout(slots, num_experts, self._world)
 
     @property
     def phy2log(self) -> tuple[int, ...]:
@@ -135,12 +139,21 @@ class ExpertParallelDispatcher:
         return self._local
 
     def physical_slots(self, expert_ids: torch.Tensor) -> torch.Tensor:
-        """``[N]`` physical slot chosen for each copy of the flat ids ``expert_ids`` (``[N]``)."""
-        device = expert_ids.device
-        log2phy, logcnt = self._log2phy.to(device), self._logcnt.to(device)
-        position = torch.arange(expert_ids.numel(), device=device) + self._rank
-        replica = position % logcnt[expert_ids]
-        return log2phy[expert_ids, replica]
+        """``[N]`` physical slot chosen by :attr:`selector` for each copy of the flat ids
+        ``expert_ids`` (``[N]``). Collective (the counts are all-gathered): every rank calls it."""
+        counts = torch.zeros(self._num_experts, dtype=torch.int64, device=expert_ids.device)
+        counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
+        return self._select(expert_ids, counts)[0]
+
+    def _select(self, flat_ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([N] slots, [E] copies of every rank per expert)`` from this rank's ``[E]`` counts."""
+        gathered = [torch.empty_like(counts) for _ in range(self._world)]
+        dist.all_gather(gathered, counts, group=self.group)
+        every = torch.stack(gathered)
+        layout = self._layout
+        if layout.device != flat_ids.device:
+            layout = self._layout = ReplicaLayout(self._phy2log, self._num_experts, self._world, flat_ids.device)
+        return self.selector.select(flat_ids, every, self._rank, layout).slots, every.sum(0)
 
     def dispatch(self, hidden: torch.Tensor, routing: Routing) -> Dispatched:
         """Send each copy of ``hidden`` (``[T, H]``) to the rank of its chosen replica.
@@ -156,7 +169,7 @@ class ExpertParallelDispatcher:
         top_k = routing.expert_ids.shape[1]
         flat_ids = routing.expert_ids.reshape(-1)
         routed_counts = count_experts(flat_ids, self._num_experts)
-        phys = self.physical_slots(flat_ids)
+        phys, load_counts = self._select(flat_ids, routed_counts.to(flat_ids.device))
         send_order = torch.argsort(phys, stable=True)
         world, per_rank = self._world, self._slots_per_rank
         send_slot_counts = torch.bincount(phys, minlength=world * per_rank)
@@ -179,6 +192,7 @@ class ExpertParallelDispatcher:
             order=regroup,
             num_tokens=hidden.shape[0],
             routed_counts=routed_counts,
+            load_counts=load_counts.cpu(),
             state=_EPState(send_order, send_splits, recv_splits, routing.weights),
         )
 

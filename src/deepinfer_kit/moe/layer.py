@@ -77,8 +77,9 @@ class MoELayer(nn.Module):
     exchange needs its split sizes on the host).
 
     Attributes:
-        last_expert_counts: after each forward, ``[E]`` int64: token copies this rank
-            routed to each logical expert (what EPLB records); on the host, except with a
+        last_expert_counts: after each forward, ``[E]`` int64: token copies routed to
+            each logical expert (what EPLB records; with an expert-parallel dispatcher,
+            every rank's copies together); on the host, except with a
             :class:`LocalDispatcher` and ``impl="triton"``, where it stays on the device
             (read it after the forward, outside any captured graph); None before the
             first forward.
@@ -168,7 +169,8 @@ class MoELayer(nn.Module):
 
     def _routed(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
         dispatched = self.dispatcher.dispatch(hidden, routing)
-        self.last_expert_counts = dispatched.routed_counts
+        whole = dispatched.load_counts  # every rank's copies under expert parallelism
+        self.last_expert_counts = whole if whole is not None else dispatched.routed_counts
         # expert_counts is on the host by the Dispatcher contract: no device read here.
         expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
         return self.dispatcher.combine(expert_out, dispatched)

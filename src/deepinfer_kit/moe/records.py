@@ -53,6 +53,10 @@ class Dispatched:
             to each logical expert (``routing.expert_counts(E)``, sums to ``T * k``); the
             dispatcher counts them anyway to check the ids, and the layer reports them for
             EPLB without counting again.
+        load_counts: ``[E]`` int64 on the host: copies routed to each logical expert by
+            every rank of an expert-parallel group (all-gathered: the whole load the
+            experts serve, what EPLB records there), or ``None`` on one device (then
+            ``routed_counts`` is the whole load).
         state: dispatcher-private data needed by ``combine`` (e.g. all-to-all splits).
     """
 
@@ -63,3 +67,4 @@ class Dispatched:
     num_tokens: int
     routed_counts: torch.Tensor  # [E] int64, CPU
     state: object | None = None
+    load_counts: torch.Tensor | None = None  # [E] int64, CPU

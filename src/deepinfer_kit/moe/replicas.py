@@ -12,6 +12,9 @@ import torch
 from torch import nn
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.protocols import ReplicaSelector
+from deepinfer_kit.moe.replica_layout import ReplicaLayout
+from deepinfer_kit.moe.selectors import StaticSelector
 
 __all__ = ["ReplicaTable", "move_slots"]
 
@@ -29,10 +32,10 @@ def _tables(phy2log: Sequence[int], num_experts: int, width: int) -> tuple[torch
 class ReplicaTable(nn.Module):
     """Which physical slot serves each routed copy, as device buffers replaced in place.
 
-    A copy ``j`` of token ``t`` routed to logical expert ``e`` goes to replica
-    ``(t * k + j) % logcnt[e]`` of ``e``: a deterministic spread of a hot expert's copies
-    over its replicas. Replicas hold identical weights, so which one serves a copy never
-    changes the result. The buffers keep their storage across :meth:`assign` (a captured
+    Which replica serves each routed copy is the :attr:`selector`'s choice over the
+    batch (default :class:`~deepinfer_kit.moe.selectors.StaticSelector`: copy ``j`` of
+    token ``t`` routed to expert ``e`` goes to replica ``(t * k + j) % logcnt[e]``).
+    Replicas hold identical weights, so which one serves a copy never changes the result. The buffers keep their storage across :meth:`assign` (a captured
     CUDA graph keeps reading the live table).
 
     Args:
@@ -58,6 +61,19 @@ class ReplicaTable(nn.Module):
         self.register_buffer("phy2log", torch.tensor(self._host, dtype=torch.int64, device=device))
         self.register_buffer("log2phy", log2phy.to(device))
         self.register_buffer("logcnt", logcnt.to(device))
+        self.selector: ReplicaSelector = StaticSelector()
+        self.num_gpus = 1
+        self.layout = ReplicaLayout(self._host, num_experts, 1, device)
+
+    def use_selector(self, selector: ReplicaSelector, num_gpus: int) -> None:
+        """Choose replicas with ``selector`` from now on, balancing over ``num_gpus``
+        (virtual) GPUs of ``P / num_gpus`` consecutive slots. Call between forwards.
+
+        Raises:
+            ConfigError: ``num_gpus`` does not divide the slots.
+        """
+        self.layout = ReplicaLayout(self._host, self.num_experts, num_gpus, self.phy2log.device)
+        self.selector, self.num_gpus = selector, num_gpus
 
     def _check(self, phy2log: Sequence[int]) -> list[int]:
         slots = [int(e) for e in phy2log]
@@ -77,10 +93,12 @@ class ReplicaTable(nn.Module):
 
     def physical(self, expert_ids: torch.Tensor) -> torch.Tensor:
         """``[T, k]`` physical slots for the logical ``expert_ids`` (``[T, k]`` int64, on the
-        buffers' device). No host sync; mutates nothing."""
-        position = torch.arange(expert_ids.numel(), device=expert_ids.device).view_as(expert_ids)
-        replica = position % self.logcnt[expert_ids]
-        return self.log2phy[expert_ids, replica]
+        buffers' device), chosen by :attr:`selector` from this batch's counts. No host
+        sync; mutates nothing."""
+        flat = expert_ids.reshape(-1)
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
+        counts.index_add_(0, flat, torch.ones_like(flat))
+        return self.selector.select(flat, counts[None], 0, self.layout).slots.view_as(expert_ids)
 
     def logical_counts(self, slot_counts: torch.Tensor) -> torch.Tensor:
         """``[E]`` int64 copies per logical expert from ``[P]`` copies per slot, on the
@@ -114,6 +132,7 @@ class ReplicaTable(nn.Module):
         self.phy2log.copy_(torch.tensor(self._host, dtype=torch.int64).to(device))
         self.log2phy.copy_(log2phy.to(device))
         self.logcnt.copy_(logcnt.to(device))
+        self.layout = ReplicaLayout(self._host, self.num_experts, self.num_gpus, device)
 
 
 @torch.no_grad()

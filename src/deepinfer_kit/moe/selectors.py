@@ -107,8 +107,9 @@ class StaticSelector:
         _check(expert_ids, counts, rank, layout)
         position = torch.arange(expert_ids.numel(), device=expert_ids.device) + rank
         slots = layout.log2phy[expert_ids, position % layout.logcnt[expert_ids]]
-        return Selection(slots=slots, sent=torch.bincount(slots, minlength=layout.num_slots),
-                         quotas=None)
+        sent = torch.zeros(layout.num_slots, dtype=torch.int64, device=slots.device)
+        sent.index_add_(0, slots, torch.ones_like(slots))  # bincount would read its size back
+        return Selection(slots=slots, sent=sent, quotas=None)
 
 
 class EvenSelector:
