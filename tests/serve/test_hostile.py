@@ -139,7 +139,10 @@ def test_a_slow_template_times_out_off_the_event_loop_and_health_stays_fast() ->
     release = threading.Event()
     render = trusted.llm.chat_renderer.render
 
+    entered: list[int] = []
+
     def stuck(*args: Any, **kwargs: Any) -> Any:  # a template that runs until released
+        entered.append(1)
         release.wait(30)
         return render(*args, **kwargs)
 
@@ -159,6 +162,9 @@ def test_a_slow_template_times_out_off_the_event_loop_and_health_stays_fast() ->
         error = error_of(answers[0], 400)
         assert error["param"] == "chat_template" and "longer than 0.5 s" in error["message"]
         assert health and max(health) < 1.0, health  # generous: the loop was never blocked
+        again = httpx.post(trusted.url + "/v1/chat/completions", json=body, timeout=30)
+        assert error_of(again, 400)["param"] == "chat_template"
+        assert len(entered) == 1  # the overrun thread still holds the only slot
     finally:
         release.set()
         trusted.llm.chat_renderer.render = render  # type: ignore[method-assign]
