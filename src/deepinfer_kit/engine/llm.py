@@ -218,7 +218,7 @@ class LLM:
             if dtype == "auto" and ("dtype" not in config or Path(model).is_dir()):
                 config["dtype"] = default_dtype(model, str(config["device"]))
         self._sampling_defaults = generation_defaults(
-            model if engine is None else "", generation_config)
+            model if engine is None else None, generation_config)
         SamplingParams(**self._sampling_defaults)  # a bad file fails here, not per request
         valid = [f.name for f in attrs.fields(EngineConfig) if f.name != "model"]
         unknown = sorted(k for k in config if k not in valid)

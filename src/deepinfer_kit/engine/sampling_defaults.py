@@ -58,20 +58,21 @@ def default_dtype(model: str, device: str) -> str:
     return "bfloat16" if found in (None, "float32") else found
 
 
-def generation_defaults(model: str, generation_config: str) -> dict[str, Any]:
+def generation_defaults(model: str | None, generation_config: str) -> dict[str, Any]:
     """The sampling defaults (SamplingParams field -> value) of a ``generation_config.json``.
 
     Args:
-        model: the checkpoint folder (or an embedded model's name: no defaults).
+        model: the checkpoint folder (an embedded model's name, or ``None`` for an
+            engine built elsewhere: no file of its own).
         generation_config: ``"auto"`` reads ``model``'s file; ``"vllm"`` (or ``"none"``)
             turns the defaults off; any other value is a folder holding the file.
 
     Raises:
         ConfigError: the file is not valid JSON, or a folder named explicitly has none.
     """
-    if generation_config in ("vllm", "none"):
+    if generation_config in ("vllm", "none") or (generation_config == "auto" and model is None):
         return {}
-    folder = Path(model if generation_config == "auto" else generation_config)
+    folder = Path(model if generation_config == "auto" and model is not None else generation_config)
     path = folder / "generation_config.json"
     if not path.is_file():
         if generation_config != "auto":
