@@ -131,7 +131,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from deepinfer_kit.engine.trace import StepTrace, token_timeline
+    from deepinfer_kit.engine.trace import StepTrace, describe_rank, token_timeline
 
     engine, params, prompts = _engine_and_params(args)
     if not 0 <= args.request < len(prompts):
@@ -164,6 +164,8 @@ def _trace(args: argparse.Namespace) -> int:
                 f"blocks={c.num_blocks} sampled={list(c.sampled)}"
                 + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
+        for stats in t.ranks:
+            print(f"  {describe_rank(stats)}")
         if t.slot_counts is not None and engine.balancer is not None:
             gpus = engine.balancer.topology.num_gpus
             per = [[sum(row[g * len(row) // gpus:(g + 1) * len(row) // gpus]) for g in range(gpus)]

@@ -7,7 +7,30 @@ import attrs
 
 from deepinfer_kit.outputs import Logprob
 
-__all__ = ["StepResult"]
+__all__ = ["StepResult", "RankStats"]
+
+
+@attrs.frozen(slots=True)
+class RankStats:
+    """One rank of a multi-rank model in one round (traces).
+
+    Attributes:
+        rank: the rank's global index.
+        run_s: wall time the rank spent laying out and running the round.
+        comm_s: of that, time inside its tensor-parallel collectives (waiting for peers
+            included).
+        comm_calls, comm_bytes: those collectives and the payload bytes it contributed.
+        weight_bytes: bytes of the parameters this rank holds (its shard).
+        kv_bytes: bytes of its KV pool.
+    """
+
+    rank: int
+    run_s: float
+    comm_s: float
+    comm_calls: int
+    comm_bytes: int
+    weight_bytes: int
+    kv_bytes: int
 
 
 @attrs.define(slots=True, eq=False)
@@ -42,6 +65,8 @@ class StepResult:
         prompt_logprobs: per chunk, the maps of the prompt tokens its positions predict
             (``ScheduledChunk.prompt_targets``, in order; empty for other chunks); ``None``
             when no chunk asked.
+        ranks: with a multi-rank model, every rank's :class:`RankStats` for this round,
+            rank 0 first; ``None`` otherwise.
     """
 
     token_ids: list[list[int]]
@@ -54,3 +79,4 @@ class StepResult:
     prompt_logprobs: list[list[dict[int, Logprob]]] | None = None
     drafts: list[tuple[int, ...]] = attrs.field(factory=list)
     shifts: list[int] = attrs.field(factory=list)
+    ranks: list[RankStats] | None = None

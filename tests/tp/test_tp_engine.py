@@ -75,8 +75,31 @@ def _same(model: str, overlap: bool, reqs: Any, **parallel: Any) -> None:
 
 def test_two_ranks_equal_the_single_process_engine_on_the_tiny_model() -> None:
     """The differential workload (greedy and seeded sampling, forks, penalties, logprobs,
-    stops, prefix hits, chunked prefill) on the embedded MoE model, overlapped."""
-    _same("tiny", True, workload(41, 12), tensor_parallel=2)
+    stops, prefix hits, chunked prefill) on the embedded MoE model, overlapped; every
+    traced step carries both ranks' stats: 4 collectives per forward (the embedding, one
+    o_proj per layer, the logits), the same resident bytes on each rank."""
+    from deepinfer_kit import build_engine
+    from deepinfer_kit.engine.trace import StepTrace
+
+    reqs = workload(41, 12)
+    want, local = run_workload(reqs, False, **POOL)
+    whole = sum(p.numel() * p.element_size() for p in local.runner.model.parameters())  # type: ignore[attr-defined]
+    engine = build_engine(overlap=True, worker="process", tensor_parallel=2,
+                          worker_setup=ChecksShards(2, 1), **POOL)
+    traces: list[StepTrace] = []
+    engine.trace = traces.append
+    try:
+        got, _ = run_workload(reqs, engine=engine)
+        assert got == want
+        ran = [t for t in traces if t.chunks]  # a round with nothing scheduled runs no rank
+        assert ran and all([r.rank for r in t.ranks] == [0, 1] for t in ran)
+        for t in ran:
+            for r in t.ranks:
+                assert r.comm_calls == 4 and r.comm_s <= r.run_s and r.kv_bytes == t.ranks[0].kv_bytes
+                assert whole / 2 < r.weight_bytes < whole
+        assert "rank 1: run" in ran[-1].describe()
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("family", ["llama-llama3", "qwen2_moe"])

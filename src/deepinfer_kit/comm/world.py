@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from deepinfer_kit.comm.local import LocalCommunicator
 from deepinfer_kit.comm.protocols import Communicator
+from deepinfer_kit.comm.timed import TimedCommunicator
 from deepinfer_kit.comm.torch_comm import TorchCommunicator
 from deepinfer_kit.errors import ConfigError
 
@@ -58,11 +59,15 @@ class ParallelGroups:
         ep_group: the expert-parallel process group (``None``: the world group, when
             ``T = 1``), for :class:`~deepinfer_kit.moe.ep_dispatcher.ExpertParallelDispatcher`.
         ep_size: ``E``, ranks of the expert-parallel group.
+        rank: this process's global rank.
+        timed: the timing wrapper inside ``tp`` (``T > 1``), read by per-rank traces.
     """
 
     tp: Communicator
     ep_group: dist.ProcessGroup | None
     ep_size: int
+    rank: int = 0
+    timed: TimedCommunicator | None = None
 
 
 def world_from_env(env: Mapping[str, str] | None = None) -> WorldSpec | None:
@@ -124,6 +129,6 @@ def join_world(spec: WorldSpec, *, tensor_parallel: int, expert_parallel: int,
             group = dist.new_group(list(range(t, T * E, T)), timeout=wait, backend=backend)
             if spec.rank % T == t:
                 ep_group = group
-    tp: Communicator = (TorchCommunicator(tp_group, timeout=timeout, device=device) if T > 1
-                        else LocalCommunicator())
-    return ParallelGroups(tp=tp, ep_group=ep_group, ep_size=E)
+    timed = TimedCommunicator(TorchCommunicator(tp_group, timeout=timeout, device=device)) if T > 1 else None
+    tp: Communicator = timed if timed is not None else LocalCommunicator()
+    return ParallelGroups(tp=tp, ep_group=ep_group, ep_size=E, rank=spec.rank, timed=timed)

@@ -115,6 +115,8 @@ class ProcessGroupRunner(WorkerPool):
                 some ranks failed the step; every rank is killed first.
         """
         results = collect_replies(self.ranks, sent)  # type: ignore[arg-type]
+        if results[0].ranks is not None:  # every rank's stats ride on rank 0's result
+            results[0].ranks = [s for r in results for s in (r.ranks or [])]
         first = results[0].token_ids
         for rank, result in enumerate(results[1:], 1):
             if result.token_ids != first:

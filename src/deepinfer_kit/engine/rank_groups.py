@@ -16,7 +16,7 @@ from deepinfer_kit.comm.world import ParallelGroups, WorldSpec, join_world, worl
 from deepinfer_kit.errors import ConfigError, EngineDeadError
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
-from deepinfer_kit.step import StepResult
+from deepinfer_kit.step import RankStats, StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.config import EngineConfig
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.engine.process_runner import ProcessRunner, SentStep, WorkerSpec
 
 __all__ = ["worker_groups", "launched_groups", "build_launched", "split_experts", "collect_replies",
-           "stop_ranks"]
+           "stop_ranks", "RankMeter"]
 
 
 def worker_groups(spec: WorkerSpec, device: torch.device) -> ParallelGroups | None:
@@ -148,3 +148,31 @@ def stop_ranks(ranks: Sequence[ProcessRunner]) -> None:
     Idempotent."""
     for runner in ranks:
         runner.kill()
+
+
+class RankMeter:
+    """Stamps a worker rank's step results with its :class:`RankStats` (per-rank traces).
+
+    Args:
+        groups: the rank's groups (its collectives are read from ``groups.timed``).
+        parts: what the rank built (its shard's parameters and KV pool are measured once).
+    """
+
+    def __init__(self, groups: ParallelGroups, parts: RunnerParts) -> None:
+        self.rank = groups.rank
+        self.timed = groups.timed
+        model = parts.loaded.model
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        kv = parts.runner.kv_cache
+        self.kv_bytes = parts.num_blocks * kv.bytes_per_block(
+            parts.loaded.config.num_layers, kv.block_size, kv.num_kv_heads, kv.head_dim, parts.dtype)
+
+    def stamp(self, result: StepResult, run_s: float) -> StepResult:
+        """Set ``result.ranks`` to this rank's stats of the round that took ``run_s`` (the
+        collectives since the last stamp); returns ``result``."""
+        calls, seconds, sent = 0, 0.0, 0
+        if self.timed is not None:
+            stats = self.timed.take()
+            calls, seconds, sent = stats.calls, stats.seconds, stats.bytes
+        result.ranks = [RankStats(self.rank, run_s, seconds, calls, sent, self.weight_bytes, self.kv_bytes)]
+        return result

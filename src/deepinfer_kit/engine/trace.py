@@ -8,9 +8,18 @@ import attrs
 
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sched.records import SamplingRow, SchedulePlan
-from deepinfer_kit.step import StepResult
+from deepinfer_kit.step import RankStats, StepResult
 
-__all__ = ["TracedChunk", "StepTrace", "make_trace", "token_timeline"]
+__all__ = ["TracedChunk", "StepTrace", "make_trace", "token_timeline", "describe_rank"]
+
+
+def describe_rank(stats: RankStats) -> str:
+    """One line describing a rank's round: its run time, its collectives (count, time,
+    share of the run, KiB sent) and its resident weight and KV bytes (MiB)."""
+    share = stats.comm_s / stats.run_s if stats.run_s > 0 else 0.0
+    return (f"rank {stats.rank}: run {stats.run_s * 1e3:.1f} ms, collectives {stats.comm_calls} "
+            f"({stats.comm_s * 1e3:.1f} ms, {share:.0%}, {stats.comm_bytes / 2**10:.1f} KiB), "
+            f"weights {stats.weight_bytes / 2**20:.2f} MiB, KV {stats.kv_bytes / 2**20:.2f} MiB")
 
 
 @attrs.frozen(slots=True)
@@ -75,6 +84,8 @@ class StepTrace:
             served (``[L_moe][P]``; slot ``s`` is on GPU ``s // (P / G)``); else None.
         num_drafted, num_accepted: drafts verified and accepted over all chunks.
         schedule_s, execute_s, commit_s: wall time of each phase.
+        ranks: with a multi-rank model (``tensor_parallel`` / ``expert_parallel`` worker
+            ranks), each rank's time, collectives and resident bytes in this round.
         committed_in: the newest step scheduled when this one was committed: ``step_id``
             for a synchronous engine, ``step_id + 1`` under overlap (tokens sampled in
             step ``k`` land one step late). ``chunks[i].sampled`` were sampled in
@@ -99,6 +110,7 @@ class StepTrace:
     committed_in: int = -1
     copied_blocks: tuple[tuple[int, int], ...] = ()
     slot_counts: tuple[tuple[int, ...], ...] | None = None
+    ranks: tuple[RankStats, ...] = ()
 
     @property
     def num_drafted(self) -> int:
@@ -126,6 +138,7 @@ class StepTrace:
                 f"cached={c.num_cached_tokens} blocks={c.num_blocks} sampled={list(c.sampled)}"
                 + (f" drafted={c.num_drafted} accepted={c.num_accepted}" if c.num_drafted else "")
             )
+        lines.extend(f"  {describe_rank(r)}" for r in self.ranks)
         if self.preempted:
             lines.append(f"  preempted: {', '.join(self.preempted)}")
         if self.finished:
@@ -202,6 +215,7 @@ def make_trace(
         commit_s=t3 - t2,
         committed_in=plan.step_id if committed_in is None else committed_in,
         slot_counts=tuple(tuple(r) for r in result.slot_counts) if result.slot_counts else None,
+        ranks=tuple(result.ranks) if result.ranks else (),
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -29,7 +30,7 @@ from deepinfer_kit.engine.balance import ExpertBalancer, first_placement, moe_la
 from deepinfer_kit.engine.build import attach_drafting, runner_speculation
 from deepinfer_kit.engine.plan_codec import PlanDecoder
 from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
-from deepinfer_kit.engine.rank_groups import worker_groups
+from deepinfer_kit.engine.rank_groups import RankMeter, worker_groups
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.runner_build import build_runner, engine_device
 from deepinfer_kit.eplb.config import EplbConfig
@@ -82,10 +83,10 @@ def serve(conn: Connection) -> None:
     info = WorkerInfo(os.getpid(), parts.num_blocks, spec.config.block_size, parts.max_model_len,
                       parts.loaded.config, state)
     _reply(conn, "ready", None, info)
-    _loop(conn, parts.runner)
+    _loop(conn, parts.runner, RankMeter(groups, parts) if groups is not None else None)
 
 
-def _loop(conn: Connection, runner: ModelRunner) -> None:
+def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None) -> None:
     decoder = PlanDecoder()
     slots = runner.token_slots
     while True:
@@ -112,11 +113,14 @@ def _loop(conn: Connection, runner: ModelRunner) -> None:
             _reply(conn, "undecoded", number, exc)
             continue
         runner.record_expert_counts = record
+        start = time.perf_counter()
         try:
             result: Any = runner.execute(runner.prepare(plan))
         except Exception as exc:  # noqa: BLE001 - the step fails on the host, as in-process
             _reply(conn, "error", number, exc)
             continue
+        if meter is not None:  # a multi-rank model: this rank's time and bytes, for traces
+            result = meter.stamp(result, time.perf_counter() - start)
         _reply(conn, "ok", number, result)
 
 
