@@ -148,3 +148,14 @@ def test_enforce_eager_is_vllms_name_for_no_cuda_graphs(monkeypatch: pytest.Monk
     assert [c.cuda_graphs for c in built] == [False, True]
     with pytest.raises(ConfigError, match="enforce_eager must be a bool, got 'yes'"):
         LLM(num_blocks=256, enforce_eager="yes")
+
+
+def test_lone_surrogates_are_a_config_error_naming_the_prompt() -> None:
+    llm = LLM("tiny", num_blocks=32, max_model_len=256)
+    for prompts, where in (("a\ud800", "prompts"), (["ok", {"prompt": "\udfff"}], "prompts[1]['prompt']")):
+        with pytest.raises(ConfigError, match=rf"{where.replace('[', '.').replace(']', '.')} holds a lone surrogate"):
+            llm.generate(prompts, SamplingParams(max_tokens=1))
+    with pytest.raises(ConfigError, match="messages holds a lone surrogate"):
+        llm.chat([{"role": "user", "content": "\ud83d"}], SamplingParams(max_tokens=1),
+                 chat_template="{{ messages[0]['content'] }}")
+    assert llm.generate("fine", SamplingParams(max_tokens=1))[0].outputs[0].token_ids  # still serving

@@ -82,7 +82,8 @@ class ChatRenderer:
         """The prompt text and its token ids for one conversation.
 
         Raises:
-            ConfigError: not a list of message dicts (naming ``where``), no tokenizer, or
+            ConfigError: not a list of message dicts (naming ``where``), a lone surrogate in
+                the rendered text, no tokenizer, or
                 as :meth:`template` and :meth:`ChatTemplate.render`.
         """
         if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Sequence):
@@ -97,6 +98,12 @@ class ChatRenderer:
             continue_final_message=continue_final_message, tools=tools,
             extra=chat_template_kwargs,
         )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(
+                f"{where} holds a lone surrogate {text[exc.start]!r}: not valid Unicode text"
+            ) from None
         if self._tokenizer is None:
             raise ConfigError("chat needs a tokenizer; this engine takes token ids only")
         if isinstance(self._tokenizer, HFTokenizer):

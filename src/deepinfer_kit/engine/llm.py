@@ -20,7 +20,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "one_prompt",
+__all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "check_text", "one_prompt",
            "tensor_parallel_options"]
 
 
@@ -68,6 +68,19 @@ def _token_ids(value: object, where: str, expected: str) -> list[int] | None:
     return list(value)
 
 
+def check_text(text: str, where: str) -> str:
+    """``text`` when it can be written as UTF-8 (no lone surrogate), else a ConfigError
+    naming ``where`` and the position (a tokenizer would fail on it with a UnicodeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{where} holds a lone surrogate {text[exc.start]!r} at position {exc.start}: "
+            f"not valid Unicode text"
+        ) from None
+    return text
+
+
 def one_prompt(value: object, where: str) -> str | list[int]:
     """One prompt of any accepted form (text, token ids, ``{"prompt": ...}`` or
     ``{"prompt_token_ids": ...}``) as text or token ids.
@@ -76,7 +89,7 @@ def one_prompt(value: object, where: str) -> str | list[int]:
         ConfigError: naming ``where`` and the type or key at fault.
     """
     if isinstance(value, str):
-        return value
+        return check_text(value, where)
     if isinstance(value, Mapping):
         present = [k for k in _PROMPT_KEYS if k in value]
         unknown = sorted(str(k) for k in value if k not in _PROMPT_KEYS)
@@ -96,7 +109,7 @@ def one_prompt(value: object, where: str) -> str | list[int]:
                 raise ConfigError(
                     f"{where}['prompt'] must be text, got {_show(inner)}"
                 )
-            return inner
+            return check_text(inner, f"{where}['prompt']")
         ids = _token_ids(inner, f"{where}['prompt_token_ids']", "a list of ints")
         if ids is None:
             raise ConfigError(
