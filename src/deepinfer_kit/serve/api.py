@@ -104,7 +104,7 @@ def _refusal(exc: Exception, fallback: str) -> BadRequest:
     if isinstance(exc, BadRequest):
         return exc
     message = str(exc)
-    message = message if len(message) <= 600 else message[:600] + f"… ({len(message)} chars)"
+    message = message if len(message) <= 300 else message[:300] + f"… ({len(message)} chars)"
     return BadRequest(message, engine_param(message, _FIELDS, fallback))
 
 
