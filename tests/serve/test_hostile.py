@@ -226,6 +226,7 @@ def test_a_small_request_is_answered_while_n_equals_max_num_seqs_runs() -> None:
     body = {"prompt": "a long answer", "n": seats, "max_tokens": 220, "ignore_eos": True,
             "temperature": 1.0, "stream": True}
     first_chunk = threading.Event()
+    leave = threading.Event()
 
     def big() -> None:
         with httpx.Client(base_url=fair.url, timeout=120) as http:
@@ -233,6 +234,8 @@ def test_a_small_request_is_answered_while_n_equals_max_num_seqs_runs() -> None:
                 for line in r.iter_lines():
                     if line.startswith("data: {") and json.loads(line[6:])["choices"]:
                         first_chunk.set()
+                    if leave.is_set():
+                        return  # disconnect: the big request is aborted
         big_done.set()
 
     worker = threading.Thread(target=big)
@@ -255,6 +258,7 @@ def test_a_small_request_is_answered_while_n_equals_max_num_seqs_runs() -> None:
         assert big_still_running  # answered before the big request ended: it did not wait for it
         assert max(health, default=0.0) < 5.0
     finally:
+        leave.set()
         worker.join(120)
         fair.wait_idle()
         fair.stop()
