@@ -121,11 +121,26 @@ def test_tensor_parallel_inside_expert_parallel_groups(family: str, folders: dic
     _same(folders.get(family, family), False, workload(53, 8), tensor_parallel=2, expert_parallel=2)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [{"drafter": "ngram", "num_draft": 3},
+                                  {"drafter": "draft_model", "draft_model": "tiny", "num_draft": 2}],
+                         ids=["ngram", "draft_model"])
+def test_speculative_decoding_over_two_ranks(spec: dict[str, Any]) -> None:
+    """The worker ranks draft (each its own drafter, alike) and verify on the sharded target."""
+    reqs = workload(61, 8)
+    want, _ = run_workload(reqs, False, speculative=spec, **POOL)
+    got, engine = run_workload(reqs, False, speculative=spec, worker="process", tensor_parallel=2, **POOL)
+    engine.close()
+    assert got == want
+
+
 @pytest.mark.parametrize(("fields", "match"), [
     ({"tensor_parallel": 2}, "set worker='process'"),
     ({"tensor_parallel": 2, "worker": "process", "eplb": {"num_gpus": 1}}, "eplb with tensor_parallel"),
     ({"collective_timeout": 0}, "collective_timeout"),
     ({"tensor_parallel": 0}, "tensor_parallel"),
+    ({"tensor_parallel": 2, "worker": "process",
+      "speculative": {"drafter": "self", "draft_layers": 1, "num_draft": 2}}, "drafter 'self'"),
 ])
 def test_bad_parallel_settings_are_config_errors(fields: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
