@@ -197,6 +197,12 @@ def test_over_the_cap_and_refused_fields_are_400_with_param(app: App, body: dict
     assert error["param"] == param, error
 
 
+def test_engine_refusals_of_a_chat_name_messages(app: App) -> None:
+    r = post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 300}]})
+    error = error_of(r, 400)
+    assert error["param"] == "messages" and "max_model_len" in error["message"]
+
+
 def test_a_request_that_fits_the_context_exactly_is_served(app: App) -> None:
     r = post(app, "/v1/completions", {"prompt": "x" * 200, "max_tokens": 256 - 200, "ignore_eos": True,
                                       "temperature": 0})

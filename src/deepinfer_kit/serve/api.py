@@ -105,7 +105,8 @@ def _refusal(exc: Exception, fallback: str) -> BadRequest:
         return exc
     message = str(exc)
     message = message if len(message) <= 300 else message[:300] + f"… ({len(message)} chars)"
-    return BadRequest(message, engine_param(message, _FIELDS, fallback))
+    param = engine_param(message, _FIELDS, fallback)
+    return BadRequest(message, fallback if param in ("prompt", "messages") else param)
 
 
 def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = None,
