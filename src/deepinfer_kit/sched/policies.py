@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.request import Request
+from deepinfer_kit.sched.forks import will_fork
 
 if TYPE_CHECKING:
     from deepinfer_kit.sched.protocols import AdmissionPolicy, PreemptionPolicy
@@ -75,8 +76,7 @@ def fair_share_victim(
     seats: dict[str, int] = {}
     for req in running:
         f = _family(req)
-        unforked = req.params.n > 1 and req.parent_id is None and not req.output_token_ids
-        seats[f] = seats.get(f, 0) + (req.params.n if unforked else 1)
+        seats[f] = seats.get(f, 0) + (req.params.n if will_fork(req) else 1)
     if not seats:
         return None
     largest = max(seats, key=lambda f: seats[f])
@@ -85,8 +85,7 @@ def fair_share_victim(
     if seats_needed - free_seats > seats[largest] - share:
         return None
     for req in reversed(running):
-        forked = req.params.n == 1 or req.parent_id is not None or bool(req.output_token_ids)
-        if _family(req) == largest and forked:
+        if _family(req) == largest and not will_fork(req):
             return req
     return None
 

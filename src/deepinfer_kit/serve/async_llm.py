@@ -37,7 +37,8 @@ class StepTimes:
     through :meth:`AsyncLLM.call` for a consistent copy."""
 
     buckets: tuple[float, ...] = STEP_BUCKETS_S
-    counts: list[int] = attrs.field(factory=lambda: [0] * (len(STEP_BUCKETS_S) + 1))
+    counts: list[int] = attrs.field(
+        default=attrs.Factory(lambda self: [0] * (len(self.buckets) + 1), takes_self=True))
     count: int = 0
     total_s: float = 0.0
 
