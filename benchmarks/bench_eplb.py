@@ -10,6 +10,9 @@ printed first, since the medians of a shared machine mean little).
 
     .venv/bin/python benchmarks/bench_eplb.py            # L=8, E=256, 8 groups, 4 nodes, 32 GPUs, 288 slots
     .venv/bin/python benchmarks/bench_eplb.py --quick    # tiny sizes, a second
+    .venv/bin/python benchmarks/bench_eplb.py --batches  # per batch: placement x replica selector
+                                                         # vs the exact LP, SGLang's lp and the oracle
+                                                         # (benchmarks/eplb_batches.py)
 """
 
 from __future__ import annotations
@@ -98,8 +101,18 @@ def main() -> None:
     parser.add_argument("--correlation", type=float, default=0.98)
     parser.add_argument("--tokens", type=int, default=1 << 17, help="routed tokens per layer per window")
     parser.add_argument("--repeat", type=int, default=101, help="timed calls per policy")
+    parser.add_argument("--batches", action="store_true", help="the per-batch study of replica selectors")
+    parser.add_argument("--batches-per-window", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.batches:
+        from eplb_batches import run  # beside this script
+
+        quick = args.quick
+        run(2 if quick else 8, 16 if quick else 256, Topology(24, 4, 2, 4) if quick else Topology(288, 8, 4, 32),
+            3 if quick else 5, 2 if quick else 8, 1 if quick else args.batches_per_window, args.exponent,
+            args.correlation, args.tokens, 0)
+        return
     if args.quick:
         layers, experts, topology, args.windows, args.seeds, args.repeat = 2, 16, Topology(24, 4, 2, 4), 4, 1, 3
     else:

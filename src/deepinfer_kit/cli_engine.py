@@ -81,6 +81,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eplb-redundant", type=int, default=4, help="redundant expert slots per MoE layer")
     p.add_argument("--eplb-gpus", type=int, default=4, help="GPUs the expert slots are split over")
     p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
+    p.add_argument("--eplb-dispatch", default="static",
+                   help="which replica serves each routed copy, per batch: static, even or balanced")
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch intra-op threads (default: 1 for the embedded models, torch's default otherwise)",
@@ -136,7 +138,8 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         cuda_graphs=not (args.no_cuda_graphs or args.enforce_eager),
         speculative=_speculative(args),
         eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
-               "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus}
+               "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus,
+               "dispatch": args.eplb_dispatch}
               if args.eplb_interval else None),
     )
     for name in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):

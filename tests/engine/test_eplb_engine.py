@@ -235,3 +235,15 @@ def test_rebalance_points_are_a_function_of_committed_rounds(overlap: bool) -> N
     step = 2 + int(overlap)
     assert [r.after_step for r in balancer.history] == [step * (i + 1) for i in range(len(balancer.history))]
     assert balancer.num_steps >= balancer.history[-1].after_step
+
+
+def test_cli_picks_the_replica_selector() -> None:
+    from deepinfer_kit.cli import build_parser
+    from deepinfer_kit.cli_engine import engine_config
+
+    args = build_parser().parse_args(["generate", "--eplb-interval", "4", "--eplb-dispatch", "balanced"])
+    config = engine_config(args)
+    assert config.eplb is not None and config.eplb.dispatch == "balanced"
+    bad = build_parser().parse_args(["generate", "--eplb-interval", "4", "--eplb-dispatch", "lp"])
+    with pytest.raises(ConfigError, match="eplb.dispatch must be one of"):
+        engine_config(bad)
