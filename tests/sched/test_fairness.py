@@ -83,3 +83,52 @@ def test_the_rule_picks_the_hog_down_to_half_and_never_in_vain(seats: int) -> No
     assert fair_share_victim(family, big_head, seats, 0, seats) is None  # cannot free enough
     unforked = [_req("D", n=seats, out=0)]  # holds n seats, its children not born yet
     assert fair_share_victim(unforked, head, 1, 0, seats) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_yielded_seats_never_change_seeded_outputs_nor_lose_a_request(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from deepinfer_kit.sched import batching
+
+    yielded: list[str] = []
+    real = batching.yield_seat
+
+    def counting(state: Any, entry: Any, victim: Request) -> int:
+        yielded.append(victim.request_id)
+        return real(state, entry, victim)
+
+    monkeypatch.setattr(batching, "yield_seat", counting)
+
+    rng = random.Random(seed)
+    reqs = [(f"r{i}", "p" * rng.randint(1, 20), SamplingParams(
+        n=rng.choice([1, 1, 2, 3, 4]), max_tokens=rng.randint(2, 14), ignore_eos=True, temperature=1.0,
+        seed=rng.randrange(1000))) for i in range(12)]
+
+    def run(max_num_seqs: int) -> dict[str, list[list[int]]]:
+        engine = build_engine(EngineConfig(model="tiny", num_blocks=256, block_size=8, max_model_len=64,
+                                           max_num_seqs=max_num_seqs))
+        got: dict[str, list[list[int]]] = {}
+        pending = list(reqs)
+        arrivals = random.Random(seed)
+        for _ in range(5_000):
+            if pending and arrivals.random() < 0.5:  # arrivals interleaved with rounds
+                engine.add_request(*pending.pop(0))
+            if not pending and not engine.has_unfinished_requests():
+                break
+            for out in engine.step():
+                if out.finished:
+                    got[out.request_id] = [c.token_ids for c in out.outputs]
+        engine.flush()
+        engine.check_idle()
+        return got
+
+    tight = run(4)
+    assert yielded, "the seed never exercised the rule"
+    roomy = run(64)
+    assert set(tight) == {r[0] for r in reqs}
+    for rid, params in ((r[0], r[2]) for r in reqs):
+        assert [len(t) for t in tight[rid]] == [params.max_tokens] * params.n
+        assert tight[rid] == roomy[rid], rid
