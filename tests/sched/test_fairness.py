@@ -113,6 +113,8 @@ def test_yielded_seats_never_change_seeded_outputs_nor_lose_a_request(
         got: dict[str, list[list[int]]] = {}
         pending = list(reqs)
         arrivals = random.Random(seed)
+        traces: list[Any] = []
+        engine.trace = traces.append
         for _ in range(5_000):
             if pending and arrivals.random() < 0.5:  # arrivals interleaved with rounds
                 engine.add_request(*pending.pop(0))
@@ -123,6 +125,8 @@ def test_yielded_seats_never_change_seeded_outputs_nor_lose_a_request(
                     got[out.request_id] = [c.token_ids for c in out.outputs]
         engine.flush()
         engine.check_idle()
+        for t in traces:  # a sequence that yielded its seat runs no chunk in that round
+            assert not {c.request_id for c in t.chunks} & set(t.preempted), t.step_id
         return got
 
     tight = run(4)
