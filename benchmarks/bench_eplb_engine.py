@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.testing.eplb_probe import Probe
 
