@@ -59,7 +59,7 @@ def check_speculative(spec: SpecConfig | None, model: str, max_model_len: int | 
         raise ConfigError(f"speculative.num_draft must be below the model's length limit "
                           f"({limit}), got {spec.num_draft}")
     if spec.drafter == "self" and spec.draft_layers is not None and spec.draft_layers > target.num_layers:
-        raise ConfigError(f"speculative.draft_layers must be in [1, {target.num_layers}] (the "
+        raise ConfigError(f"speculative.draft_layers must be an int in [1, {target.num_layers}] (the "
                           f"target's layers), got {spec.draft_layers}")
     if spec.drafter == "draft_model" and spec.draft_model:
         draft = _model_config(spec.draft_model)

@@ -36,9 +36,9 @@ class Speculation:
         lagged: the asynchronous variant: the planner sees each sequence's confidences
             from its *previous* drafting round (what an overlapped engine knows when it
             plans round ``k + 1`` while round ``k`` runs), and a sequence drafted for the
-            first time gets zero confidences (the threshold planner then verifies nothing;
-            the DSpark planner only where the curve is flat, where a draft costs nothing).
-            The lengths are still capped by this round's drafts.
+            first time gets zero confidences (no planner but the fixed one verifies a draft
+            of zero survival). The lengths are still capped by this round's drafts. The
+            lengths then read nothing drawn this round, so they are non-anticipating.
 
     Attributes:
         num_drafted, num_planned: totals over the engine's life (drafts proposed, drafts
