@@ -80,3 +80,18 @@ def test_a_cpu_engine_on_a_gpu_machine_serves_with_the_default_impls() -> None:
     outputs = engine.run()
     assert sorted(len(o.outputs[0].token_ids) for o in outputs) == [4, 4]
     engine.check_idle()
+
+
+
+@pytest.mark.cuda
+def test_a_cpu_engine_on_a_real_gpu_machine_serves_sampling_and_speculation() -> None:
+    engine = build_engine(device="cpu", num_blocks=32, block_size=8, max_model_len=64,
+                          speculative={"num_draft": 2})
+    rows = [SamplingParams(temperature=0.0, max_tokens=5),
+            SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=5),
+            SamplingParams(temperature=1.0, top_k=7, seed=2, max_tokens=5)]
+    for i, params in enumerate(rows):
+        engine.add_request(f"r{i}", [1, 2, 3, 1, 2, 3], params)
+    outputs = engine.run()
+    assert sorted(len(o.outputs[0].token_ids) for o in outputs) == [5, 5, 5]
+    engine.check_idle()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.prepared import PreparedStep
 from deepinfer_kit.engine.runner_drafts import LateStep, RunnerDrafting
@@ -389,7 +390,7 @@ class ModelRunner:
         rows = step.logits_rows
         if rows == list(range(len(rows))):
             return full[: len(rows)]
-        return full.index_select(0, torch.tensor(rows, device=full.device))
+        return full.index_select(0, to_device(rows, torch.int64, full.device))
 
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample.records import SamplingBatch
 
@@ -93,4 +94,4 @@ def apply_penalties(x: torch.Tensor, batch: SamplingBatch) -> None:
             banned.add(eos)
         masked.extend(i * vocab + t for t in sorted(banned) if t < vocab)
     if masked:
-        flat[torch.tensor(masked, dtype=torch.int64, device=device)] = float("-inf")
+        flat[to_device(masked, torch.int64, device)] = float("-inf")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from deepinfer_kit._staging import to_device
+
 __all__ = ["mix64", "seeded_uniform", "row_uniforms"]
 
 _MASK64 = (1 << 64) - 1
@@ -72,9 +74,9 @@ def row_uniforms(
         ``[n]`` float64 on ``device``, each in ``[0, 1)``.
     """
     values = [0.0 if s is None else seeded_uniform(s, p) for s, p in zip(seeds, positions)]
-    out = torch.tensor(values, dtype=torch.float64, device=device)
+    out = to_device(values, torch.float64, device)
     unseeded = [i for i, s in enumerate(seeds) if s is None]
     if unseeded:
         drawn = torch.rand(len(unseeded), dtype=torch.float64, device=device, generator=generator)
-        out[torch.tensor(unseeded, dtype=torch.int64, device=device)] = drawn
+        out[to_device(unseeded, torch.int64, device)] = drawn
     return out

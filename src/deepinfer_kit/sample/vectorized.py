@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl, resolve_impl
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample import ref_ops
 from deepinfer_kit.sample.candidates import (
@@ -192,10 +193,10 @@ class VectorizedSampler:
             dev,
         )
         return _RowTensors(
-            inv_t=torch.tensor(plan.inv_t, dtype=torch.float32, device=dev),
-            k=torch.tensor(plan.top_k, dtype=torch.int64, device=dev),
-            p=torch.tensor(plan.top_p, dtype=torch.float64, device=dev),
-            min_p=torch.tensor(plan.min_p, dtype=torch.float32, device=dev),
+            inv_t=to_device(plan.inv_t, torch.float32, dev),
+            k=to_device(plan.top_k, torch.int64, dev),
+            p=to_device(plan.top_p, torch.float64, dev),
+            min_p=to_device(plan.min_p, torch.float32, dev),
             u=u,
         )
 
@@ -253,7 +254,7 @@ class VectorizedSampler:
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.int64, device=device)
+    return to_device(rows, torch.int64, device)
 
 
 if TYPE_CHECKING:
