@@ -242,9 +242,6 @@ class EngineConfig:
             raise ConfigError(f"speculative drafter {drafter!r} (the target's own layers) with "
                               f"tensor_parallel={self.tensor_parallel} is not built yet; use "
                               f"'ngram' or 'draft_model'")
-        if self.tensor_parallel > 1 and self.eplb is not None:
-            raise ConfigError(f"eplb with tensor_parallel={self.tensor_parallel} is not built yet; "
-                              f"set eplb=None or tensor_parallel=1")
 
     @property
     def overlapped(self) -> bool:
