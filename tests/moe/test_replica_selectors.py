@@ -121,3 +121,18 @@ def test_make_selector_and_bad_sweeps() -> None:
         make_selector("lp")
     with pytest.raises(ConfigError, match="sweeps must be an int >= 1, got 0"):
         BalancedSelector(sweeps=0)
+
+
+@pytest.mark.parametrize("name", ["static", "even", "balanced"])
+def test_selectors_read_nothing_back_to_the_host(name: str) -> None:
+    """No op that needs the host to read device memory (a sync on CUDA, and a capture
+    breaker): the selection is device work only."""
+    from moe_layers import no_host_reads
+
+    layout = ReplicaLayout([0, 1, 2, 3, 0, 4, 5, 1, 6, 7, 0, 2], 8, 4)
+    ids = rank_batches(8, [40, 24], 5)
+    counts = torch.stack([torch.zeros(8, dtype=torch.int64).index_add_(0, i, torch.ones_like(i)) for i in ids])
+    selector = make_selector(name)
+    with no_host_reads():
+        sel = selector.select(ids[1], counts, 1, layout)
+    assert torch.equal(layout.phy2log[sel.slots], ids[1])
