@@ -30,3 +30,22 @@ def collectives(rank: int, world: int, address: str, out: Any) -> None:
     else:
         got["lonely"] = None
     out.put(got)
+
+
+def launched_engine(rank: int, world: int, port: int, prompts: list[list[int]], out: Any) -> None:
+    """A rank as a launcher starts it: the standard environment, then
+    ``build_engine(worker="launched")`` and greedy generation of ``prompts``."""
+    import os
+
+    from deepinfer_kit import SamplingParams, build_engine
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    engine = build_engine(worker="launched", tensor_parallel=world, collective_timeout=60,
+                          num_blocks=32, block_size=8, max_model_len=64)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0))
+    tokens = {o.request_id: list(o.outputs[0].token_ids) for o in engine.run()}
+    heads = engine.runner.model.decoder_layers[0].self_attn.num_heads  # type: ignore[attr-defined]
+    out.put((rank, tokens, heads))
