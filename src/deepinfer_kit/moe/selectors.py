@@ -155,26 +155,25 @@ class BalancedSelector:
         shares of each replicated expert's replicas, ``[G]`` float64 GPU loads)."""
         device, gpus = total.device, layout.num_gpus
         load = torch.zeros(gpus + 1, dtype=torch.float64, device=device)
+        load[gpus] = float("inf")  # the sentinel GPU of padding: never filled, adds nothing
         single = (layout.logcnt == 1).to(torch.float64)
         load.index_add_(0, layout.single_gpu, total.to(torch.float64) * single)
         padded = torch.cat([total.to(torch.float64), total.new_zeros(1, dtype=torch.float64)])
-        demand = padded[layout.spread]
-        x = torch.zeros(layout.spread_gpu.shape, dtype=torch.float64, device=device)
+        order = torch.argsort(padded[layout.spread], descending=True, stable=True)
+        demand = padded[layout.spread[order]]  # hottest first
+        gpu_of = layout.spread_gpu[order]
         rank = torch.arange(1, layout.width + 1, dtype=torch.float64, device=device)
-        order = torch.argsort(demand, descending=True, stable=True)
-        inf = torch.tensor(float("inf"), dtype=torch.float64, device=device)
+        x = [torch.zeros(layout.width, dtype=torch.float64, device=device)] * layout.max_spread
         for _ in range(self.sweeps):
             for i in range(layout.max_spread):
-                row = order[i]
-                gpu = layout.spread_gpu[row]
-                load.index_add_(0, gpu, -x[row])
-                level = torch.where(gpu == gpus, inf, load[gpu])
-                ordered = torch.sort(level).values
-                h = ((demand[row] + torch.cumsum(ordered, 0)) / rank).min()
-                new = (h - level).clamp(min=0)
-                x[row] = new
-                load.index_add_(0, gpu, new)
-        return x, load[:gpus]
+                gpu = gpu_of[i]
+                load.index_add_(0, gpu, x[i], alpha=-1)
+                level = load[gpu]
+                h = ((demand[i] + torch.cumsum(torch.sort(level).values, 0)) / rank).min()
+                x[i] = (h - level).clamp(min=0)
+                load.index_add_(0, gpu, x[i])
+        shares = torch.empty(layout.spread_gpu.shape, dtype=torch.float64, device=device)
+        return shares.index_copy_(0, order, torch.stack(x)), load[:gpus]
 
     def quotas(self, total: torch.Tensor, layout: ReplicaLayout) -> torch.Tensor:
         """``[P]`` int64 copies per slot: :meth:`shares` rounded by cumulative shares."""
