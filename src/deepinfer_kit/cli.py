@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
     add_engine_options(serve)
+    add_parallel_options(serve, tensor_parallel_size=False)  # serve has its own -tp
     add_serve_options(serve)
     return parser
 

@@ -27,7 +27,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, dest="engine_seed",
                    help="the engine's seed (unseeded requests' generator, the embedded model's weights)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="ranks the model is sharded over (1 unless this build has tensor parallelism)")
+                   help="ranks the model is sharded over (the engine's tensor_parallel; vLLM's name)")
     p.add_argument("--generation-config", default="auto",
                    help="sampling defaults: 'auto' the model's generation_config.json, 'vllm' none, "
                         "or a folder holding one")
