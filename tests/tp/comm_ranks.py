@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kit.comm import TorchCommunicator, WorldSpec, join_world
+from deepinfer_kit.comm import TimedCommunicator, TorchCommunicator, WorldSpec, join_world
 from deepinfer_kit.errors import CollectiveError
 
 
@@ -16,7 +16,8 @@ def collectives(rank: int, world: int, address: str, out: Any) -> None:
     groups = join_world(WorldSpec(rank, world, address), tensor_parallel=world, expert_parallel=1,
                         timeout=2.0, device=torch.device("cpu"))
     comm = groups.tp
-    assert isinstance(comm, TorchCommunicator)
+    assert isinstance(comm, TimedCommunicator) and isinstance(comm.inner, TorchCommunicator)
+    assert groups.timed is comm
     got: dict[str, Any] = {"rank": comm.rank, "world": comm.world_size}
     got["reduce"] = comm.all_reduce(torch.full((3,), float(rank + 1))).tolist()
     got["gather"] = comm.all_gather(torch.full((2, 1), float(rank)), 1).tolist()
