@@ -1,6 +1,7 @@
 """Ranks of a multi-rank model, seen from the engine: joining the groups (a spawned worker,
-or a launcher-started process), and the host collecting one step's replies from every
-worker rank, failing the whole group fast when one rank dies or a collective breaks."""
+or a launcher-started process), each worker's per-round stats, and the host collecting one
+step's replies from every worker rank, failing the whole group fast when one rank dies or a
+collective breaks."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
-from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
 from deepinfer_kit.comm.world import ParallelGroups, WorldSpec, join_world, world_from_env
+from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
 from deepinfer_kit.errors import ConfigError, EngineDeadError
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
@@ -20,8 +21,8 @@ from deepinfer_kit.step import RankStats, StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.config import EngineConfig
-    from deepinfer_kit.sample.protocols import Sampler
     from deepinfer_kit.engine.process_runner import ProcessRunner, SentStep, WorkerSpec
+    from deepinfer_kit.sample.protocols import Sampler
 
 __all__ = ["worker_groups", "launched_groups", "build_launched", "split_experts", "collect_replies",
            "stop_ranks", "RankMeter"]
