@@ -101,3 +101,69 @@ def test_warm_up_covers_every_launch_of_a_serving_workload(seed: int) -> None:
     assert served, "the workload launched no Triton kernel"
     missing = sorted(set(served) - set(warm))
     assert not missing, "compiled after warm-up:\n" + "\n".join(map(str, missing))
+
+
+class _KeyRecorder:
+    """Stands in for the attention kernel: records the launch's Triton key (computed from
+    the real kernel) and zeroes the output, so the forward runs without the kernel."""
+
+    def __init__(self, kernel: object, seen: set[str]) -> None:
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid: object) -> object:
+        def launch(*args: object, **kwargs: object) -> None:
+            self.seen.add(launch_key(self.kernel, args, dict(kwargs))[1])
+            args[3].zero_()  # type: ignore[attr-defined]
+
+        return launch
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_warm_up_covers_the_attention_keys_of_random_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds of every shape the eager path packs — 1 to 6 requests, query lengths 1 to 24
+    (decode, verify, chunked prefill), contexts up to ``max_model_len``, 1 to R + 2 logits
+    rows — launch only attention keys that warm-up launched, with a GPU-sized split target
+    (the key of a launch: its pointers' 16-byte alignment, its integers, its tiles and split
+    count). About two minutes on a loaded 2-core CPU; fails with the regions of a packed
+    step at 8-byte offsets."""
+    from deepinfer_kit.models.attention import splits, triton_ops
+
+    limits = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 2048}
+    engine = build_engine(attention_impl="triton", num_blocks=300, block_size=8, **limits)
+    runner = engine.runner
+    warm: set[str] = set()
+    served: set[str] = set()
+    monkeypatch.setattr(splits, "split_target", lambda device: 264)
+    monkeypatch.setattr(warmup, "split_target", lambda device: 264)
+    monkeypatch.setattr(triton_ops, "_paged_attn_kernel",
+                        _KeyRecorder(triton_ops._paged_attn_kernel, warm))
+    monkeypatch.setattr(triton_ops, "_merge_splits_kernel", _NoKernel())
+    monkeypatch.setattr(warmup, "_sample_variants", lambda runner, logits: None)
+    warmup.warm_up(runner, capture=False, **limits)
+    monkeypatch.setattr(triton_ops, "_paged_attn_kernel",
+                        _KeyRecorder(triton_ops._paged_attn_kernel.kernel, served))
+    rng = random.Random(3)
+    cache = runner.kv_cache
+    for _ in range(60):
+        r = rng.randint(1, 6)
+        query = [rng.choice([1, 1, 2, 3, 5, 8, rng.randint(1, 24)]) for _ in range(r)]
+        while sum(query) > limits["max_num_batched_tokens"]:
+            query[query.index(max(query))] //= 2
+        seq = [q + rng.choice([0, rng.randint(0, 300), rng.randint(0, 2048 - q)]) for q in query]
+        tables = [[0] * -(-s // cache.block_size) for s in seq]
+        positions = [p for q, s in zip(query, seq) for p in range(s - q, s)]
+        rows = sorted(rng.sample(range(sum(query)), rng.randint(1, min(sum(query), r + 2))))
+        host, layout = pack_inputs([0] * sum(query), positions, query, seq, tables, rows,
+                                   block_size=cache.block_size, pin_memory=False)
+        batch = unpack_inputs(host, layout)
+        batch.attn.slot_mapping.fill_(cache.pad_slot)
+        with torch.inference_mode():
+            runner.model(batch, cache)
+    missing = served - warm
+    assert served and not missing, "\n".join(sorted(missing))
+
+
+class _NoKernel:
+    def __getitem__(self, grid: object) -> object:
+        return lambda *args, **kwargs: None
