@@ -74,3 +74,28 @@ def test_warm_up_launches_every_split_count(monkeypatch: pytest.MonkeyPatch) -> 
     assert seen == want
     assert merged == want - {1}
     assert torch.equal(cache.key_cache(0), before)
+
+
+def test_split_rounds_warm_64_row_tiles_of_short_verify_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a GQA group of 4, a verify round of 5 to 8 tokens per request has more than 16
+    query rows per KV head (64-row tiles) and may still split: warm-up runs such a round
+    at every split count it can get, besides the decode rounds."""
+    from types import SimpleNamespace
+
+    from deepinfer_kit.models.attention.triton_ops import tile_config
+
+    config = SimpleNamespace(num_heads=32, num_kv_heads=8)
+    runner: Any = SimpleNamespace(model=SimpleNamespace(config=config), device=torch.device("cpu"))
+    monkeypatch.setattr(warmup, "split_target", lambda device: TARGET)
+    rounds = warmup.split_rounds(runner, max_num_seqs=16, max_num_batched_tokens=256,
+                                 max_model_len=4096)
+
+    def warmed(block_m: int) -> set[int]:
+        return {splits.num_splits_for(max(q), len(q), max(s), 8, TARGET) for q, s in rounds
+                if tile_config(max(q), 4, 128, True)[0] == block_m}
+
+    for block_m, queries in ((16, range(1, 5)), (64, range(5, 9))):
+        reachable = {splits.num_splits_for(q, r, s, 8, TARGET) for q in queries
+                     for r in range(1, min(16, 256 // q) + 1) for s in range(q, 4097, 13)}
+        assert reachable <= warmed(block_m), block_m
+        assert len(reachable) > 1

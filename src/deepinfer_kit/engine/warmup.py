@@ -20,6 +20,8 @@ import torch
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.engine.step_inputs import last_token_batch
 from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_target
+
+SPLIT_MAX_QUERY = 8  # the longest query per request whose round may split (splits.num_splits_for)
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.plan import MAX_TOPK_WIDTH, MIN_TOPK_WIDTH
 from deepinfer_kit.sample.records import SamplingBatch
@@ -52,16 +54,27 @@ def warm_up_shapes(max_num_seqs: int, max_num_batched_tokens: int) -> list[list[
 
 def split_rounds(runner: ModelRunner, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int) -> list[tuple[list[int], list[int]]]:
-    """``(query_lens, seq_lens)`` of one decode round per split count the Triton paged
-    attention can choose for this engine (``attention.splits.num_splits_witnesses`` asked
-    with the runner's device and the model's KV heads): up to
+    """``(query_lens, seq_lens)`` of one round per split count the Triton paged attention
+    can choose for this engine (``attention.splits.num_splits_witnesses`` asked with the
+    runner's device and the model's KV heads): decode rounds of up to
     ``min(max_num_seqs, max_num_batched_tokens)`` requests of contexts up to
-    ``max_model_len``. Reads nothing but those sizes."""
-    witnesses = num_splits_witnesses(
-        min(max_num_seqs, max_num_batched_tokens), max_model_len,
-        runner.model.config.num_kv_heads, split_target(runner.device))
-    return [([1] * requests, [seq_len] * requests)
-            for _, (requests, seq_len) in sorted(witnesses.items())]
+    ``max_model_len``; and, when a short multi-token round (a verify round, at most
+    ``SPLIT_MAX_QUERY`` tokens per request, which may split too) has more query rows per
+    KV head than a 16-row tile (``q * GQA group > 16``), the same with the shortest such
+    query length, so the 64-row tiles are warmed with every split count as well. Reads
+    nothing but those sizes."""
+    config = runner.model.config
+    groups = config.num_heads // config.num_kv_heads
+    rounds: list[tuple[list[int], list[int]]] = []
+    for query in sorted({1, 16 // groups + 1}):
+        requests = min(max_num_seqs, max_num_batched_tokens // query)
+        if query > SPLIT_MAX_QUERY or requests < 1:
+            continue
+        witnesses = num_splits_witnesses(requests, max_model_len, config.num_kv_heads,
+                                         split_target(runner.device))
+        rounds += [([query] * r, [max(seq_len, query)] * r)
+                   for _, (r, seq_len) in sorted(witnesses.items())]
+    return rounds
 
 
 def warm_up(
