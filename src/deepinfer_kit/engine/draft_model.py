@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.draft_rows import DraftRow, check_draft_pool
+from deepinfer_kit.engine.draft_rows import DraftRow, OwnKVState, check_draft_pool, plan_rows
 from deepinfer_kit.engine.step_inputs import last_token_batch
-from deepinfer_kit.errors import ConfigError, OutOfBlocksError
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.spec.draft_kv import DraftKVBook
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DraftModelDrafter"]
 
-class DraftModelDrafter:
+class DraftModelDrafter(OwnKVState):
     """Drafts with a causal LM over its own paged KV (implements
     :class:`~deepinfer_kit.spec.protocols.StatefulDrafter`).
 
@@ -146,35 +146,11 @@ class DraftModelDrafter:
         value = confidence if self.stop_rule == "step" else survival
         return value < self.stop_below
 
-    def sync(self, running: Sequence[DraftSequence]) -> None:
-        """See :meth:`StatefulDrafter.sync`: roll back to the accepted tokens, release the
-        blocks of every sequence no longer running. O(running + held tokens)."""
-        self.book.sync({r.request_id: r.all_token_ids for r in running})
-
-    def check_idle(self) -> None:
-        """See :meth:`StatefulDrafter.check_idle`."""
-        self.book.check_idle()
-
     # ---- one round -----------------------------------------------------------------
 
     def _plan(self, requests: Sequence[DraftSequence], gamma: int) -> list[DraftRow]:
-        """Roll back, size and reserve each request's drafts; requests that cannot draft
-        this round are left out (their valid KV is kept)."""
-        rows: list[DraftRow] = []
-        for index, req in enumerate(requests):
-            sid, toks = req.request_id, req.all_token_ids
-            n = len(toks)
-            # draft j is drawn after feeding position n - 1 + j; those must be < max len
-            depth = min(gamma, self.max_model_len - n + 1)
-            start = min(self.book.reusable(sid, toks), n - 1)
-            if depth <= 0:
-                continue
-            try:
-                table = self.book.reserve(sid, n + depth - 1)
-            except OutOfBlocksError:
-                continue
-            rows.append(DraftRow(index, req, start, depth, table))
-        return rows
+        """The requests that draft this round, their KV rolled back and reserved."""
+        return plan_rows(self.book, requests, gamma, self.max_model_len, lambda n, depth: n + depth - 1)
 
     def _forward(self, step: list[DraftRow], ids: list[list[int]], j: int) -> torch.Tensor:
         """Draft step ``j``: the catch-up tokens (``j == 0``) or draft ``j - 1`` of each

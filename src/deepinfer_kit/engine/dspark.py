@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.draft_rows import DraftRow, check_draft_pool
+from deepinfer_kit.engine.draft_rows import DraftRow, OwnKVState, check_draft_pool, plan_rows
 from deepinfer_kit.engine.step_inputs import last_token_batch
-from deepinfer_kit.errors import ConfigError, OutOfBlocksError
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.truncated import LayerTruncatedLM
 from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.spec.draft_kv import DraftKVBook
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["DSparkDrafter"]
 
 
-class DSparkDrafter:
+class DSparkDrafter(OwnKVState):
     """Drafts with DSpark heads above a layer-truncated view of the target (implements
     :class:`~deepinfer_kit.spec.protocols.StatefulDrafter`).
 
@@ -129,30 +129,9 @@ class DSparkDrafter:
         return DraftProposal(torch.tensor(ids, dtype=torch.int64).view(num_req, gamma), counts,
                              probs, conf)
 
-    def sync(self, running: Sequence[DraftSequence]) -> None:
-        """See :meth:`StatefulDrafter.sync`: roll back to the accepted tokens, release the
-        blocks of every sequence no longer running."""
-        self.book.sync({r.request_id: r.all_token_ids for r in running})
-
-    def check_idle(self) -> None:
-        """See :meth:`StatefulDrafter.check_idle`."""
-        self.book.check_idle()
-
     def _plan(self, requests: Sequence[DraftSequence], gamma: int) -> list[DraftRow]:
         """The requests that draft this round, their KV rolled back and reserved."""
-        rows: list[DraftRow] = []
-        for index, req in enumerate(requests):
-            sid, toks = req.request_id, req.all_token_ids
-            depth = min(gamma, self.max_model_len - len(toks))
-            if depth <= 0:
-                continue
-            start = min(self.book.reusable(sid, toks), len(toks) - 1)
-            try:
-                table = self.book.reserve(sid, len(toks))
-            except OutOfBlocksError:
-                continue
-            rows.append(DraftRow(index, req, start, depth, table))
-        return rows
+        return plan_rows(self.book, requests, gamma, self.max_model_len, lambda n, depth: n)
 
     def _forward(self, rows: list[DraftRow]) -> torch.Tensor:
         """One backbone forward over each row's unseen tokens; ``[n, H]`` last hidden
