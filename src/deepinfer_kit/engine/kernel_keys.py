@@ -119,7 +119,7 @@ def compiled_variants() -> int:
         for value in list(vars(module).values()):
             if isinstance(value, JITFunction):
                 caches = getattr(value, "device_caches", {})
-                total += sum(len(entry[0]) for entry in caches.values())
+                total += sum(len(entry[0]) for entry in list(caches.values()))
     return total
 
 
