@@ -209,12 +209,6 @@ class EngineConfig:
                 "count as routed tokens); leave static_decode unset or set eplb=None"
             )
         self._check_parallel()
-        spec = self.speculative
-        if spec is not None and self.max_model_len is not None and spec.num_draft >= self.max_model_len:
-            raise ConfigError(
-                f"speculative.num_draft must be below max_model_len ({self.max_model_len}): a "
-                f"verified chunk holds 1 + num_draft tokens, got {spec.num_draft}"
-            )
         if self.expert_parallel > 1:
             if self.eplb is not None and self.eplb.num_gpus != self.expert_parallel:
                 raise ConfigError(
