@@ -66,28 +66,35 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=256)
     parser.add_argument("--interval", type=int, default=4, help="EPLB interval (steps)")
     parser.add_argument("--skew", type=float, default=0.7, help="share of tokens whose first choice is expert 0")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per selector, in alternating order")
     args = parser.parse_args()
     print(f"W={args.ranks} requests={args.requests} new tokens={args.tokens} skew={args.skew} "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'dispatch':<10}{'steps':>6}{'step ms':>9}{'moe ms/step':>12}{'experts ms/step per rank':>34}"
           f"{'straggler':>10}{'select %':>9}")
-    results = {}
-    for dispatch in ("static", "even", "balanced"):
-        tokens, m = run(dispatch, args)
-        results[dispatch] = (tokens, m)
-        steps = len(m["steps"])
-        step_ms = statistics.fmean(m["steps"]) * 1e3
-        moe = max(r["moe"] for r in m["ranks"]) / steps * 1e3
-        experts = [r["experts"] / steps * 1e3 for r in m["ranks"]]
-        select = max(r["select"] for r in m["ranks"]) / steps * 1e3
-        print(f"{dispatch:<10}{steps:>6}{step_ms:>9.2f}{moe:>12.2f}{' '.join(f'{e:7.3f}' for e in experts):>34}"
-              f"{max(experts) / moe:>10.3f}{100 * select / step_ms:>8.2f}%")
-    same = results["static"][0] == results["even"][0] == results["balanced"][0]
-    base = max(r["moe"] for r in results["static"][1]["ranks"])
+    order = ("static", "even", "balanced")
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
+    tokens: dict[str, list[list[int]]] = {}
+    for rep in range(args.repeats):  # alternate the order: a loaded machine drifts
+        for dispatch in order if rep % 2 == 0 else order[::-1]:
+            tokens[dispatch], m = run(dispatch, args)
+            runs[dispatch].append(m)
+            steps = len(m["steps"])
+            step_ms = statistics.fmean(m["steps"]) * 1e3
+            moe = max(r["moe"] for r in m["ranks"]) / steps * 1e3
+            experts = [r["experts"] / steps * 1e3 for r in m["ranks"]]
+            select = max(r["select"] for r in m["ranks"]) / steps * 1e3
+            m["moe_ms"] = moe
+            print(f"{dispatch:<10}{steps:>6}{step_ms:>9.2f}{moe:>12.2f}"
+                  f"{' '.join(f'{e:7.3f}' for e in experts):>34}{max(experts) / moe:>10.3f}"
+                  f"{100 * select / step_ms:>8.2f}%")
+    same = tokens["static"] == tokens["even"] == tokens["balanced"]
+    base = statistics.median(m["moe_ms"] for m in runs["static"])
     for name in ("even", "balanced"):
-        print(f"MoE time static / {name}: {base / max(r['moe'] for r in results[name][1]['ranks']):.3f}x")
-    print(f"rebalances per run: {[results[n][1]['rebalances'] for n in results]}; greedy tokens identical: {same}")
-
+        got = statistics.median(m["moe_ms"] for m in runs[name])
+        print(f"median MoE time per step, static / {name}: {base / got:.3f}x over {args.repeats} runs each")
+    print(f"rebalances per run: {[m['rebalances'] for n in order for m in runs[n]]}; "
+          f"greedy tokens identical: {same}")
 
 if __name__ == "__main__":
     main()
