@@ -254,12 +254,12 @@ def test_row_engine_args_enforce_eager_and_tensor_parallel_size() -> None:
     twice = [llm.generate("a prompt of some length", SamplingParams(max_tokens=1))[0] for _ in range(2)]
     assert twice[1].num_cached_tokens == 0  # enable_prefix_caching=False
     llm.close()
-    has_tp = any(f.name == "tensor_parallel" for f in attrs.fields(EngineConfig))
-    if has_tp:
-        assert tensor_parallel_options(2) == {"tensor_parallel": 2}
-    else:
-        with pytest.raises(ConfigError, match="tensor_parallel_size must be 1"):
-            tensor_parallel_options(2)
+    # tensor_parallel_size alone starts one worker process per rank, as vLLM's LLM does
+    assert tensor_parallel_options(2) == {"tensor_parallel": 2, "worker": "process"}
+    assert tensor_parallel_options(2, "launched") == {"tensor_parallel": 2}
+    assert tensor_parallel_options(1) == {"tensor_parallel": 1}
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be an int >= 1"):
+        tensor_parallel_options(0)
     with pytest.raises(ConfigError, match="enforce_eager"):
         LLM("tiny", enforce_eager="yes")
 

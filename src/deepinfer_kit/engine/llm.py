@@ -144,8 +144,7 @@ def _vllm_options(config: dict[str, Any]) -> None:
     """vLLM's ``LLM`` options that are spelled differently here, translated in place.
 
     Raises:
-        ConfigError: ``enforce_eager`` not a bool; ``tensor_parallel_size`` other than 1
-            (this engine runs a model on one device).
+        ConfigError: ``enforce_eager`` not a bool; ``tensor_parallel_size`` not an int >= 1.
     """
     if "enforce_eager" in config:  # vLLM's name: never capture CUDA graphs
         eager = config.pop("enforce_eager")
@@ -153,26 +152,24 @@ def _vllm_options(config: dict[str, Any]) -> None:
             raise ConfigError(f"enforce_eager must be a bool, got {eager!r}")
         config["cuda_graphs"] = not eager
     if "tensor_parallel_size" in config:  # vLLM's name
-        config.update(tensor_parallel_options(config.pop("tensor_parallel_size")))
+        size = config.pop("tensor_parallel_size")
+        config.update(tensor_parallel_options(size, config.get("worker", "inline")))
 
 
-def tensor_parallel_options(size: object) -> dict[str, Any]:
+def tensor_parallel_options(size: object, worker: object = "inline") -> dict[str, Any]:
     """The :class:`EngineConfig` fields vLLM's ``tensor_parallel_size`` means here:
-    ``{"tensor_parallel": size}`` when the config has that field (its own validation
-    then applies), ``{}`` for 1 otherwise.
+    ``{"tensor_parallel": size}``, and ``worker="process"`` when ``size > 1`` and the
+    caller's ``worker`` is the in-process default (one worker process per rank, spawned
+    here, as vLLM's ``LLM(model, tensor_parallel_size=T)`` starts its own).
 
     Raises:
-        ConfigError: not an int >= 1; or above 1 on a build without tensor parallelism.
+        ConfigError: not an int >= 1.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"tensor_parallel_size must be an int >= 1, got {size!r}")
-    if any(f.name == "tensor_parallel" for f in attrs.fields(EngineConfig)):
-        return {"tensor_parallel": size}
-    if size != 1:
-        raise ConfigError(
-            f"tensor_parallel_size must be 1: this engine runs the model on one device, got {size}"
-        )
-    return {}
+    if size > 1 and worker == "inline":
+        return {"tensor_parallel": size, "worker": "process"}
+    return {"tensor_parallel": size}
 
 
 def _params_list(sampling_params: object, count: int, default: SamplingParams) -> list[SamplingParams]:

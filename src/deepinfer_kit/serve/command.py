@@ -77,7 +77,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
             template = Path(args.chat_template).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"--chat-template {args.chat_template!r} cannot be read: {exc}") from None
-    overrides = tensor_parallel_options(args.tensor_parallel_size)
+    overrides = tensor_parallel_options(args.tensor_parallel_size, args.worker)
     if args.engine_seed is not None:
         overrides["seed"] = args.engine_seed
     config = engine_config(args, **overrides)
