@@ -17,7 +17,9 @@ from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
 from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.sample import SAMPLER_SUITE
 from deepinfer_kit.testing.sched import SCHEDULER_SUITE
+from deepinfer_kit.testing.replica_selector import REPLICA_SELECTOR_SUITE
 from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
+from deepinfer_kit.testing.spec_distribution import SPECULATIVE_DISTRIBUTION_SUITE
 from deepinfer_kit.testing.suite import Check, ConformanceError, Suite, expect
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "SAMPLER_SUITE",
     "VERIFY_PLANNER_SUITE",
     "DRAFT_VERIFIER_SUITE",
+    "SPECULATIVE_DISTRIBUTION_SUITE",
+    "REPLICA_SELECTOR_SUITE",
     "OVERLAP_EXECUTOR_SUITE",
     "STEP_RUNNER_SUITE",
     "ROUTER_SUITE",
