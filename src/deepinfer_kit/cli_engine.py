@@ -62,7 +62,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "this process is one rank started by torchrun (docs/distributed.md)")
     p.add_argument("--expert-parallel", type=int, default=1, metavar="W",
                    help="split the MoE layers' experts over W worker processes (gloo ranks, "
-                        "CPU; needs --worker process)")
+                        "CPU; starts its worker processes unless --worker launched)")
     p.add_argument("--num-draft", type=int, default=0,
                    help="speculative decoding: drafts verified per round (0: off)")
     p.add_argument("--drafter", default="ngram", choices=("ngram", "draft_model", "self", "dspark"),
@@ -96,7 +96,7 @@ def add_parallel_options(p: argparse.ArgumentParser, *, tensor_parallel_size: bo
     if tensor_parallel_size:
         p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="T",
                        help="shard attention, dense MLPs, embedding and LM head over T ranks "
-                            "(gloo, CPU; needs --worker process or launched); vLLM's name")
+                            "(gloo, CPU; one worker process per rank unless --worker launched); vLLM's name")
     p.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
                    help="seconds one collective of a multi-rank model may take before the "
                         "engine reports the group dead")
@@ -130,7 +130,9 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         block_size=args.block_size,
         max_logprobs=args.max_logprobs,
         overlap=args.overlap,
-        worker=args.worker,
+        # more than one rank starts a worker process per rank unless a launcher's (vLLM's -tp)
+        worker=("process" if args.worker == "inline" and max(
+            args.expert_parallel, getattr(args, "tensor_parallel_size", 1)) > 1 else args.worker),
         expert_parallel=args.expert_parallel,
         tensor_parallel=getattr(args, "tensor_parallel_size", 1),
         collective_timeout=getattr(args, "collective_timeout", 300.0),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_kit import ConfigError, EngineConfig
+from deepinfer_kit import ConfigError, EngineConfig, SamplingParams, build_engine
 from deepinfer_kit.engine.balance import moe_layers
 from deepinfer_kit.engine.runner import ModelRunner
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
@@ -148,8 +148,9 @@ def test_eplb_rebalances_under_tensor_parallelism(tp: int, ep: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", [{"drafter": "ngram", "num_draft": 3},
-                                  {"drafter": "draft_model", "draft_model": "tiny", "num_draft": 2}],
-                         ids=["ngram", "draft_model"])
+                                  {"drafter": "draft_model", "draft_model": "tiny", "num_draft": 2},
+                                  {"drafter": "self", "draft_layers": 1, "num_draft": 2}],
+                         ids=["ngram", "draft_model", "self"])
 def test_speculative_decoding_over_two_ranks(spec: dict[str, Any]) -> None:
     """The worker ranks draft (each its own drafter, alike) and verify on the sharded target."""
     reqs = workload(61, 8)
@@ -163,9 +164,28 @@ def test_speculative_decoding_over_two_ranks(spec: dict[str, Any]) -> None:
     ({"tensor_parallel": 2}, "set worker='process'"),
     ({"collective_timeout": 0}, "collective_timeout"),
     ({"tensor_parallel": 0}, "tensor_parallel"),
-    ({"tensor_parallel": 2, "worker": "process",
-      "speculative": {"drafter": "self", "draft_layers": 1, "num_draft": 2}}, "drafter 'self'"),
 ])
 def test_bad_parallel_settings_are_config_errors(fields: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         EngineConfig(**fields)
+
+
+@pytest.mark.slow
+def test_dspark_drafting_over_two_ranks() -> None:
+    """The DSpark backbone is the sharded target's first layers: its KV pool holds the rank's
+    KV heads, and the greedy tokens are the single-process engine's."""
+    spec = {"drafter": "dspark", "dspark_heads": "tiny-words", "num_draft": 3}
+    prompts = [list(f"{i} the cat sat".encode()) for i in range(6)]
+    outs = []
+    for extra in ({}, {"worker": "process", "tensor_parallel": 2}):
+        engine = build_engine(model="tiny-words", speculative=spec, num_blocks=128, max_model_len=128,
+                              **extra)
+        try:
+            for i, p in enumerate(prompts):
+                engine.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=16,
+                                                              ignore_eos=True))
+            outs.append({o.request_id: o.outputs[0].token_ids for o in engine.run()})
+            engine.check_idle()
+        finally:
+            engine.close()
+    assert outs[0] == outs[1]

@@ -129,7 +129,7 @@ def runner_speculation(config: EngineConfig, parts: RunnerParts) -> Speculation 
         spec, parts.loaded, seed=config.seed, block_size=config.block_size,
         num_blocks=parts.num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
         dtype=parts.dtype, device=parts.device, attention_impl=cast(Impl, config.attention_impl),
-        moe_impl=cast(Impl, config.moe_impl),
+        moe_impl=cast(Impl, config.moe_impl), kv_heads=runner.kv_cache.num_kv_heads,
     )
     sps = spec.sps
     if spec.planner == "dspark" and not isinstance(sps, SpsCurve):

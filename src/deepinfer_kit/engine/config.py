@@ -231,11 +231,6 @@ class EngineConfig:
             if value > 1 and not self.device.startswith("cpu"):
                 raise ConfigError(f"{name}={value} runs on CPU ranks over gloo for now; "
                                   f"got device={self.device!r}")
-        drafter = self.speculative.drafter if self.speculative is not None else None
-        if self.tensor_parallel > 1 and drafter in ("self", "dspark"):
-            raise ConfigError(f"speculative drafter {drafter!r} (the target's own layers) with "
-                              f"tensor_parallel={self.tensor_parallel} is not built yet; use "
-                              f"'ngram' or 'draft_model'")
 
     @property
     def overlapped(self) -> bool:

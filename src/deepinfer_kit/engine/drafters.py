@@ -97,6 +97,7 @@ def build_drafter(
     device: torch.device,
     attention_impl: Impl,
     moe_impl: Impl,
+    kv_heads: int | None = None,
 ) -> Drafter:
     """The drafter of ``spec`` for ``target``.
 
@@ -106,6 +107,9 @@ def build_drafter(
         block_size, num_blocks, max_num_seqs: the target pool's geometry and the round's
             sequence limit (sizing the draft pool, :func:`draft_pool_blocks`).
         max_model_len: the engine's limit; drafts never write past it.
+        kv_heads: the KV heads the target's layers hold on this rank (a tensor-parallel
+            shard holds fewer); the drafters that run the target's own first layers
+            (``"self"``, ``"dspark"``) size their KV pool with it. ``None``: the model's.
 
     Raises:
         ConfigError: a draft model whose vocabulary differs from the target's, or
@@ -122,7 +126,7 @@ def build_drafter(
         heads = _load_heads(spec, target)
         backbone = LayerTruncatedLM(target.model, heads.backbone_layers)
         bc = backbone.config
-        kv = PagedKVCache(bc.num_layers, blocks, block_size, bc.num_kv_heads, bc.head_dim,
+        kv = PagedKVCache(bc.num_layers, blocks, block_size, kv_heads or bc.num_kv_heads, bc.head_dim,
                           dtype=dtype, device=device, impl=attention_impl)
         return DSparkDrafter(backbone, heads.to(device), kv,
                              DraftKVBook(FreeListBlockAllocator(blocks, block_size)),
@@ -135,7 +139,8 @@ def build_drafter(
         model = _load_draft(spec.draft_model or "", target, seed=seed, dtype=dtype, device=device,
                             attention_impl=attention_impl, moe_impl=moe_impl)
     mc = model.config
-    kv = PagedKVCache(mc.num_layers, blocks, block_size, mc.num_kv_heads, mc.head_dim,
+    own_heads = kv_heads if spec.drafter == "self" and kv_heads else mc.num_kv_heads
+    kv = PagedKVCache(mc.num_layers, blocks, block_size, own_heads, mc.head_dim,
                       dtype=dtype, device=device, impl=attention_impl)
     book = DraftKVBook(FreeListBlockAllocator(blocks, block_size))
     stop = spec.threshold if spec.planner == "threshold" else 0.0  # it verifies no further
