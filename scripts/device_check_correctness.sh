@@ -20,26 +20,8 @@
 # when a step failed. Needs torch with CUDA, triton, transformers, pytest (PYTHONPATH=src).
 set -u
 OUT=${OUT:-/tmp/device_check_correctness}
-mkdir -p "$OUT"
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET  # kernels compile for the device
-failed=()
-
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
-    local t0=$SECONDS
-    timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-    [ "$rc" -eq 0 ] || failed+=("$name")
-    tail -n 25 "$OUT/$name.log" >>"$OUT/summary.txt"
-    return "$rc"
-}
-
-{ nvidia-smi; } >"$OUT/env.txt" 2>&1
+# shellcheck source=device_check_lib.sh
+. "$(dirname "$0")/device_check_lib.sh"
 step preflight 45 python - <<'PY'
 import importlib.util
 import torch, triton, transformers, pytest, deepinfer_kit  # noqa: F401

@@ -17,26 +17,8 @@
 # Every step runs under `timeout -k`; the script exits non-zero when a step failed.
 set -u
 OUT=${OUT:-/tmp/device_check_speed}
-mkdir -p "$OUT"
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-failed=()
-
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
-    local t0=$SECONDS
-    timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-    [ "$rc" -eq 0 ] || failed+=("$name")
-    tail -n 25 "$OUT/$name.log" >>"$OUT/summary.txt"
-    return "$rc"
-}
-
-{ nvidia-smi; } >"$OUT/env.txt" 2>&1
+# shellcheck source=device_check_lib.sh
+. "$(dirname "$0")/device_check_lib.sh"
 step preflight 45 python -c "
 import torch, triton, transformers, deepinfer_kit
 assert torch.cuda.is_available(), 'torch sees no CUDA device'
