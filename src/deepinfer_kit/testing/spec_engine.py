@@ -51,9 +51,7 @@ def engine_samples(engine_config: Mapping[str, Any], prompt: Sequence[int], para
         outs = {o.request_id: o.outputs[0].token_ids for o in engine.run()}
         engine.check_idle()
     finally:
-        close = getattr(engine, "close", None)
-        if callable(close):
-            close()
+        engine.close()
     return ([list(outs[f"s{i}"][:positions]) for i in range(len(seeds))],
             {"verified": verified, "accepted": accepted})
 
