@@ -13,6 +13,7 @@ cost as a share of the engine's step. The greedy tokens of the three runs are co
 
     .venv/bin/python benchmarks/bench_eplb_engine.py              # W=4, skew 0.7
     .venv/bin/python benchmarks/bench_eplb_engine.py --ranks 2 --requests 4 --tokens 8
+    .venv/bin/python benchmarks/bench_eplb_engine.py --selector-cost    # one process, W virtual GPUs
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import eplb_selector_cost
 
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.testing.eplb_probe import Probe
@@ -67,7 +70,13 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=4, help="EPLB interval (steps)")
     parser.add_argument("--skew", type=float, default=0.7, help="share of tokens whose first choice is expert 0")
     parser.add_argument("--repeats", type=int, default=2, help="runs per selector, in alternating order")
+    parser.add_argument("--selector-cost", action="store_true",
+                        help="time the selectors inside decode steps of one process (W virtual GPUs) instead")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (--selector-cost)")
     args = parser.parse_args()
+    if args.selector_cost:
+        eplb_selector_cost.main(args)
+        return
     print(f"W={args.ranks} requests={args.requests} new tokens={args.tokens} skew={args.skew} "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'dispatch':<10}{'steps':>6}{'step ms':>9}{'moe ms/step':>12}{'experts ms/step per rank':>34}"

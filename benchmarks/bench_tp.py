@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.comm import TimedCommunicator, WorldSpec, join_world
-from deepinfer_kit.engine.assemble import load_model
+from deepinfer_kit.engine.runner.assemble import load_model
 from deepinfer_kit.models.attention import make_attention_metadata
 from deepinfer_kit.models.parallel import attention_shard
 from deepinfer_kit.models.records import ForwardBatch

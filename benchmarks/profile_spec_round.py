@@ -22,9 +22,9 @@ import torch
 from bench_spec import _corpus_prompts, _workloads
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine import engine as engine_module
-from deepinfer_kit.engine import runner as runner_module
-from deepinfer_kit.engine import speculation as speculation_module
-from deepinfer_kit.spec.rejection import RejectionVerifier
+from deepinfer_kit.engine.runner import model_runner as runner_module
+from deepinfer_kit.spec import speculation as speculation_module
+from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 TOTAL: dict[str, float] = collections.defaultdict(float)
 CALLS: collections.Counter[str] = collections.Counter()

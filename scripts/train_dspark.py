@@ -18,7 +18,7 @@ of a sampled draft, ``c* = 1 − ½‖p_draft − p_target‖₁`` (the DSpark p
 cross-entropy with that soft label, on detached inputs, so it does not bend the drafts).
 
 Calibration (Sequential Temperature Scaling, one temperature per position, left to right, each
-for the lowest expected calibration error of the survival: :func:`deepinfer_kit.spec.sts.fit_sts`),
+for the lowest expected calibration error of the survival: :func:`deepinfer_kit.spec.drafters.sts.fit_sts`),
 on held-out text, half fitted and half reported, once per decoding mode:
 
 - sampled: continuations sampled at temperature 1; the target of position ``k`` is the expected
@@ -46,12 +46,12 @@ import torch.nn.functional as F
 
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.assemble import load_model
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs
+from deepinfer_kit.engine.runner.assemble import load_model
+from deepinfer_kit.models.packing import pack_inputs, unpack_inputs
 from deepinfer_kit.models.embedded import TINY_WORDS, embedded_checkpoint
 from deepinfer_kit.models.truncated import LayerTruncatedLM
-from deepinfer_kit.spec.dspark_heads import DSparkHeads, load_heads, save_heads
-from deepinfer_kit.spec.sts import expected_calibration_error, fit_sts, survival
+from deepinfer_kit.spec.drafters.dspark_heads import DSparkHeads, load_heads, save_heads
+from deepinfer_kit.spec.drafters.sts import expected_calibration_error, fit_sts, survival
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "scripts" / "embedded_corpus.txt"

@@ -108,7 +108,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     import torch
 
     from deepinfer_kit.engine.config import EngineConfig
-    from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype
+    from deepinfer_kit.models.generation_defaults import default_device, default_dtype
     from deepinfer_kit.models.embedded import is_embedded
 
     threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)

@@ -56,7 +56,7 @@ class StepResult:
         slot_counts: ``[L][P]`` token copies each physical expert slot served in this
             round, when tracing an engine with EPLB on; ``None`` otherwise.
         drafts: per chunk, the drafts a runner proposed itself and verified (overlapped
-            speculation, :class:`~deepinfer_kit.engine.runner_drafts.RunnerDrafting`:
+            speculation, :class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting`:
             the plan carried only room for them); empty when every draft came with the
             plan (``ScheduledChunk.spec_token_ids``).
         shifts: per chunk, the positions a runner moved it down when it ran (overlapped

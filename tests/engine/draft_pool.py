@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_kit.spec.draft_kv import DraftKVBook
+from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook
 
 
 def check_draft_pool(book: DraftKVBook, engine: Any) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from deepinfer_kit import Engine
-from deepinfer_kit.engine.runner import PreparedStep
+from deepinfer_kit.engine.runner.model_runner import PreparedStep
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_kit.engine.balance import ExpertBalancer
+from deepinfer_kit.engine.runner.balance import ExpertBalancer
 from deepinfer_kit.eplb import EplbConfig
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.moe import MoEConfig, MoELayer

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.kernel_keys import compiled_variants
+from deepinfer_kit.engine.runner.kernel_keys import compiled_variants
 from differential import run_workload, workload
 
 pytestmark = pytest.mark.cuda

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.dspark import DSparkDrafter
+from deepinfer_kit.spec.drafters.dspark import DSparkDrafter
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.request import Request

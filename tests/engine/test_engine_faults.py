@@ -12,7 +12,7 @@ import torch
 from faults import FaultInjector, InjectedFault, PoisonModel, RaisingSampler, rows_of
 
 from deepinfer_kit import ConfigError, Engine, EngineDeadError, SamplingParams, build_engine
-from deepinfer_kit.engine.runner import PreparedStep
+from deepinfer_kit.engine.runner.model_runner import PreparedStep
 from deepinfer_kit.sched.records import SchedulePlan
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepinfer_kit import ConfigError, Engine, SamplingParams, build_engine
-from deepinfer_kit.engine.balance import moe_layers
+from deepinfer_kit.engine.runner.balance import moe_layers
 from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.moe.records import Routing
 

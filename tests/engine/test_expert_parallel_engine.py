@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from deepinfer_kit import ConfigError, EngineConfig, build_engine
-from deepinfer_kit.engine.balance import moe_layers
-from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.runner.balance import moe_layers
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from differential import run_workload, workload
 from faults import RunnerFaults, fail_commits, run_to_end

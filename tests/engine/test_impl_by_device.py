@@ -14,7 +14,7 @@ from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.sample import ref_ops as sample_ref
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import VectorizedSampler
-from deepinfer_kit.spec.greedy import GreedyVerifier
+from deepinfer_kit.spec.verify.greedy import GreedyVerifier
 from deepinfer_kit.spec.records import DraftProposal
 
 pytest.importorskip("triton")
@@ -27,7 +27,7 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
 @pytest.fixture
 def gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     import deepinfer_kit.sample.triton_ops as sample_triton
-    import deepinfer_kit.spec.triton_ops as spec_triton
+    import deepinfer_kit.spec.verify.triton_ops as spec_triton
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for name in ("row_norm", "full_draw", "candidate_draw", "nucleus_draw"):

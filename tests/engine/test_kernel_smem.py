@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from deepinfer_kit.engine.kernel_keys import shared_memory_bytes
-from deepinfer_kit.engine.step_inputs import last_token_batch
+from deepinfer_kit.engine.runner.kernel_keys import shared_memory_bytes
+from deepinfer_kit.models.packing import last_token_batch
 
 pytest.importorskip("triton.backends.nvidia.compiler")
 

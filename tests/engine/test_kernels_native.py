@@ -14,7 +14,7 @@ import torch
 from deepinfer_kit.cache import ref_ops as cache_ref
 from deepinfer_kit.sample import ref_ops as sample_ref
 from deepinfer_kit.sample.candidates import sorted_candidates
-from deepinfer_kit.spec import ref_ops as spec_ref
+from deepinfer_kit.spec.verify import ref_ops as spec_ref
 
 pytestmark = pytest.mark.cuda
 DEV = "cuda"
@@ -70,7 +70,7 @@ def test_sampler_draws_match_the_reference(vocab: int) -> None:
 
 @pytest.mark.parametrize("width", [0, 1, 4])
 def test_verify_kernels_match_the_reference(width: int) -> None:
-    from deepinfer_kit.spec import triton_ops
+    from deepinfer_kit.spec.verify import triton_ops
 
     gen = torch.Generator().manual_seed(width)
     reqs, vocab = 5, 32000

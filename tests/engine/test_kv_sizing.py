@@ -10,7 +10,7 @@ import torch
 
 from deepinfer_kit import LLM, EngineConfig, build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.kv_sizing import (
+from deepinfer_kit.engine.runner.kv_sizing import (
     activation_reserve_bytes,
     kv_budget_bytes,
     resolve_dtype,

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from deepinfer_kit import SamplingParams
-from deepinfer_kit.engine.plan_codec import PlanDecoder, PlanEncoder
+from deepinfer_kit.engine.remote.plan_codec import PlanDecoder, PlanEncoder
 from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
 
 

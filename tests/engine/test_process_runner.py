@@ -18,8 +18,8 @@ import attrs
 import pytest
 
 from deepinfer_kit import ConfigError, EngineDeadError, InvariantError, SamplingParams, build_engine
-from deepinfer_kit.engine.process_group import ProcessGroupRunner
-from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
+from deepinfer_kit.engine.remote.process_group import ProcessGroupRunner
+from deepinfer_kit.engine.remote.process_runner import ProcessRunner, WorkerSpec
 from deepinfer_kit.engine.protocols import StepRunner
 from deepinfer_kit.testing import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.runner import reference_runner

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from deepinfer_kit import build_engine
-from deepinfer_kit.engine import assemble, runner_build
+from deepinfer_kit.engine.runner import assemble
+from deepinfer_kit.engine.runner import build as runner_build
 from deepinfer_kit.errors import CheckpointError, ConfigError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.draft_model import DraftModelDrafter
+from deepinfer_kit.spec.drafters.draft_model import DraftModelDrafter
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.errors import ConfigError

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.spec.records import DraftProposal

@@ -19,12 +19,12 @@ import pytest
 
 from deepinfer_kit import ConfigError, SamplingParams, build_engine
 from deepinfer_kit.errors import InvariantError
-from deepinfer_kit.engine.runner_drafts import NEVER_SAMPLED, RunnerDrafting
-from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.engine.runner.drafting import NEVER_SAMPLED, RunnerDrafting
+from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, token_timeline
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
-from deepinfer_kit.spec.ngram import NgramDrafter
+from deepinfer_kit.spec.drafters.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import FixedPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 from deepinfer_kit.step import StepResult

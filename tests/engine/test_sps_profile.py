@@ -10,7 +10,7 @@ import torch
 from deepinfer_kit import build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.build import build_speculation
-from deepinfer_kit.engine.sps_profile import (
+from deepinfer_kit.engine.runner.sps_profile import (
     fit_sps, forward_timer, knee_interval, measure_sps, sps_points, verify_shape,
 )
 from deepinfer_kit.errors import ConfigError

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.static_decode import StaticDecode, batch_ladder
-from deepinfer_kit.engine.warmup import warm_up
+from deepinfer_kit.engine.runner.static_decode import StaticDecode, batch_ladder
+from deepinfer_kit.engine.runner.warmup import warm_up
 from differential import run_workload, workload
 
 ROOMY = {"num_blocks": 200, "block_size": 8, "max_model_len": 96, "max_num_seqs": 13,

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from deepinfer_kit.engine.token_slots import SlotRoutes, TokenSlots
+from deepinfer_kit.engine.runner.token_slots import SlotRoutes, TokenSlots
 from deepinfer_kit.errors import ConfigError, InvariantError
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from deepinfer_kit import build_engine
-from deepinfer_kit.engine import warmup
-from deepinfer_kit.engine.kernel_keys import launch_key, record_launches
-from deepinfer_kit.engine.static_decode import StaticDecode
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs, unpack_tail
+from deepinfer_kit.engine.runner import warmup
+from deepinfer_kit.engine.runner.kernel_keys import launch_key, record_launches
+from deepinfer_kit.engine.runner.static_decode import StaticDecode
+from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from differential import run_workload, workload  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deepinfer_kit import build_engine
-from deepinfer_kit.engine import warmup
+from deepinfer_kit.engine.runner import warmup
 from deepinfer_kit.models.attention import splits
 
 pytestmark = pytest.mark.triton

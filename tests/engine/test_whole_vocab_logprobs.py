@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.step_outputs import asked_top
+from deepinfer_kit.engine.runner.step_outputs import asked_top
 from deepinfer_kit.errors import ConfigError
 
 

@@ -16,7 +16,7 @@ import torch
 from hf_models import FAMILIES, hf_greedy, hf_logits, make_checkpoint
 from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 
-from deepinfer_kit.engine.assemble import load_model
+from deepinfer_kit.engine.runner.assemble import load_model
 from deepinfer_kit.models.loader import LoadedModel
 
 NEW_TOKENS = 8

@@ -14,7 +14,7 @@ import torch
 from paged_driver import PagedDriver
 from safetensors.torch import save_file
 
-from deepinfer_kit.engine.assemble import load_model, moe_layer_factory
+from deepinfer_kit.engine.runner.assemble import load_model, moe_layer_factory
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models import loader
 from deepinfer_kit.models.config import ModelConfig

@@ -12,7 +12,7 @@ import torch
 from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.assemble import moe_layer_factory
+from deepinfer_kit.engine.runner.assemble import moe_layer_factory
 from deepinfer_kit.models import fused_ops, rope_kv
 from deepinfer_kit.models.causal_lm import TransformerCausalLM
 from deepinfer_kit.models.config import ModelConfig

@@ -16,7 +16,7 @@ from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 from safetensors.torch import save_file
 
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.engine.assemble import build_tiny_model
+from deepinfer_kit.engine.runner.assemble import build_tiny_model
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.tiny import tiny_hf_config, tiny_hf_weights
 from deepinfer_kit.models.tokenizer import ByteTokenizer

@@ -8,7 +8,7 @@ import pytest
 import torch
 from paged_driver import PagedDriver, one_thread  # noqa: F401 (fixture)
 
-from deepinfer_kit.engine.assemble import build_tiny_model, moe_layer_factory
+from deepinfer_kit.engine.runner.assemble import build_tiny_model, moe_layer_factory
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.loader import build_model
 from deepinfer_kit.models.tiny import tiny_hf_weights

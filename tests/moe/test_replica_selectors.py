@@ -47,9 +47,9 @@ class _RankDependent(EvenSelector):
 
 
 class _Unbalanced(EvenSelector):
-    def quotas(self, total, layout):  # type: ignore[no-untyped-def]
-        first = torch.zeros(layout.num_slots, dtype=torch.int64)
-        return first.index_add_(0, layout.log2phy[:, 0], total)  # every copy to the first replica
+    def _quotas(self, total, tables):  # type: ignore[no-untyped-def]
+        first = torch.zeros(tables.layout.num_slots + 2, dtype=torch.int64)
+        return first.index_add_(0, tables.first_slot, total)  # every copy to the first replica
 
 
 class _NoChecks(StaticSelector):

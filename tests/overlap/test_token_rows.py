@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepinfer_kit import Engine, SamplingParams, build_engine
-from deepinfer_kit.engine.runner import PreparedStep
+from deepinfer_kit.engine.runner.model_runner import PreparedStep
 from deepinfer_kit.step import StepResult
 from differential import run_workload
 

@@ -14,7 +14,7 @@ import pytest
 
 from deepinfer_kit import LLM, ConfigError, DeepInferError, EngineConfig, SamplingParams
 from deepinfer_kit.engine.llm import tensor_parallel_options
-from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype, generation_defaults
+from deepinfer_kit.models.generation_defaults import default_device, default_dtype, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind
 
 LETTERS = list(range(97, 123))  # byte tokens a..z: readable greedy text from the tiny model

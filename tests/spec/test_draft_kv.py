@@ -9,7 +9,7 @@ import pytest
 
 from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
-from deepinfer_kit.spec.draft_kv import DraftKVBook, common_prefix
+from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook, common_prefix
 
 
 def _book(blocks: int = 16, size: int = 4) -> DraftKVBook:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from deepinfer_kit.errors import CheckpointError, ConfigError
-from deepinfer_kit.spec.dspark_heads import DSparkHeads, check_num_draft, load_heads, save_heads
+from deepinfer_kit.spec.drafters.dspark_heads import DSparkHeads, check_num_draft, load_heads, save_heads
 from deepinfer_kit.spec.records import SpecConfig
-from deepinfer_kit.spec.sts import expected_calibration_error, fit_sts, survival
+from deepinfer_kit.spec.drafters.sts import expected_calibration_error, fit_sts, survival
 
 V, H, R, G = 11, 6, 3, 4
 
@@ -124,7 +124,7 @@ def test_sts_rejects_bad_shapes_and_ece_is_zero_when_calibrated() -> None:
 
 
 def test_greedy_temperatures_are_optional_and_used_for_greedy_rows(tmp_path: Path) -> None:
-    from deepinfer_kit.spec.dspark_heads import DSparkHeads, save_heads
+    from deepinfer_kit.spec.drafters.dspark_heads import DSparkHeads, save_heads
 
     g = torch.Generator().manual_seed(0)
     heads = DSparkHeads(torch.zeros(2, 3, 3), torch.zeros(2, 3), torch.randn(5, 2, generator=g),

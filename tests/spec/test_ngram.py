@@ -9,7 +9,7 @@ import pytest
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
-from deepinfer_kit.spec.ngram import NgramDrafter, lookup
+from deepinfer_kit.spec.drafters.ngram import NgramDrafter, lookup
 
 
 def _brute(tokens: list[int], gamma: int, min_n: int, max_n: int) -> list[int]:

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from deepinfer_kit.engine.sps_profile import measure_sps, sps_points
+from deepinfer_kit.engine.runner.sps_profile import measure_sps, sps_points
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim import H200, QWEN3_1_7B
 from deepinfer_kit.sim.cost_saturating import SaturatingCost

@@ -9,10 +9,10 @@ import pytest
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.vectorized import VectorizedSampler
-from deepinfer_kit.spec.greedy import GreedyVerifier
+from deepinfer_kit.spec.verify.greedy import GreedyVerifier
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner, survival
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
-from deepinfer_kit.spec.rejection import RejectionVerifier
+from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
 from deepinfer_kit.testing.suite import Check
 

@@ -12,12 +12,12 @@ import torch
 
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.vectorized import VectorizedSampler
-from deepinfer_kit.spec import ref_ops
-from deepinfer_kit.spec.ngram import NgramDrafter
+from deepinfer_kit.spec.verify import ref_ops
+from deepinfer_kit.spec.drafters.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import VerifyPlanner
 from deepinfer_kit.spec.records import DraftProposal, SpsCurve
-from deepinfer_kit.spec.rejection import RejectionVerifier
+from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 from deepinfer_kit.testing.spec_distribution import (
     SPECULATIVE_DISTRIBUTION_SUITE, ToyLM, ToyModelDrafter, check_speculative_distribution,
     speculative_distribution, toy_model_drafter,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepinfer_kit.spec.dspark_heads import load_heads
+from deepinfer_kit.spec.drafters.dspark_heads import load_heads
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ import torch
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import VectorizedSampler
-from deepinfer_kit.spec import ref_ops
-from deepinfer_kit.spec.greedy import GreedyVerifier
+from deepinfer_kit.spec.verify import ref_ops
+from deepinfer_kit.spec.verify.greedy import GreedyVerifier
 from deepinfer_kit.spec.records import DraftProposal
-from deepinfer_kit.spec.ref_ops import inverse_cdf
-from deepinfer_kit.spec.rejection import RejectionVerifier
+from deepinfer_kit.spec.verify.ref_ops import inverse_cdf
+from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 V = 12
 

@@ -11,17 +11,17 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import VectorizedSampler
-from deepinfer_kit.spec import ref_ops
-from deepinfer_kit.spec.greedy import GreedyVerifier
+from deepinfer_kit.spec.verify import ref_ops
+from deepinfer_kit.spec.verify.greedy import GreedyVerifier
 from deepinfer_kit.spec.records import DraftProposal
-from deepinfer_kit.spec.rejection import RejectionVerifier
+from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 pytestmark = pytest.mark.triton
 
 
 @pytest.fixture(scope="module")
 def triton_ops():  # type: ignore[no-untyped-def]
-    from deepinfer_kit.spec import triton_ops as module
+    from deepinfer_kit.spec.verify import triton_ops as module
 
     return module
 
@@ -157,5 +157,5 @@ _SIGNATURES = {
 def test_kernels_compile_for_a_cuda_target(triton_ops) -> None:  # type: ignore[no-untyped-def]
     """Both kernels compile for sm_90 (see tests/kernel_compile.py)."""
     block = {"BLOCK": triton_ops.BLOCK}
-    assert_kernels_compile("deepinfer_kit.spec.triton_ops", _SIGNATURES,
+    assert_kernels_compile("deepinfer_kit.spec.verify.triton_ops", _SIGNATURES,
                            {name: block for name in _SIGNATURES}, ("G", "V", "stride"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.causal_lm import TransformerCausalLM
 from deepinfer_kit.models.parallel import attention_shard

@@ -11,19 +11,19 @@ import torch
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.drafters import build_drafter, check_speculative
+from deepinfer_kit.engine.runner.drafters import build_drafter, check_speculative
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
-from deepinfer_kit.engine.process_group import ProcessGroupRunner
-from deepinfer_kit.engine.process_runner import ProcessRunner, WorkerSpec
-from deepinfer_kit.engine.rank_groups import build_launched
-from deepinfer_kit.engine.remote_balancer import RemoteBalancer
+from deepinfer_kit.engine.remote.process_group import ProcessGroupRunner
+from deepinfer_kit.engine.remote.process_runner import ProcessRunner, WorkerSpec
+from deepinfer_kit.engine.remote.rank_groups import build_launched
+from deepinfer_kit.engine.remote.balancer import RemoteBalancer
 from deepinfer_kit.engine.protocols import Balancer, StepRunner
-from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
-from deepinfer_kit.engine.runner_drafts import RunnerDrafting
-from deepinfer_kit.engine.speculation import Speculation
-from deepinfer_kit.engine.sps_profile import forward_timer, measure_sps, sps_points
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.build import RunnerParts, build_runner, engine_device
+from deepinfer_kit.engine.runner.drafting import RunnerDrafting
+from deepinfer_kit.spec.speculation import Speculation
+from deepinfer_kit.engine.runner.sps_profile import forward_timer, measure_sps, sps_points
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.tokenizer import (
@@ -32,7 +32,7 @@ from deepinfer_kit.models.tokenizer import (
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sched.protocols import SchedulerFactory
-from deepinfer_kit.spec.ngram import NgramDrafter
+from deepinfer_kit.spec.drafters.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve

@@ -14,7 +14,7 @@ from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
 from deepinfer_kit.engine.protocols import Balancer, StepRunner
-from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder

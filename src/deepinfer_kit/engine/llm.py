@@ -17,7 +17,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.chat_template import ChatTemplate
 from deepinfer_kit.models.tokenizer import Tokenizer
 from deepinfer_kit.outputs import RequestOutput
-from deepinfer_kit.engine.sampling_defaults import default_device, default_dtype, generation_defaults
+from deepinfer_kit.models.generation_defaults import default_device, default_dtype, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
 __all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "check_text", "one_prompt",
@@ -212,7 +212,7 @@ class LLM:
             name for ``cuda_graphs=False``; ``tensor_parallel_size`` must be 1. Unlike a
             bare :class:`EngineConfig`, ``device`` defaults to ``"cuda"`` when a GPU is
             present and ``model`` is a checkpoint folder, and ``dtype`` to vLLM's
-            ``"auto"`` (:func:`~deepinfer_kit.engine.sampling_defaults.default_dtype`).
+            ``"auto"`` (:func:`~deepinfer_kit.models.generation_defaults.default_dtype`).
 
     Raises:
         ConfigError: an option that is not an :class:`EngineConfig` field (named, with the

@@ -12,7 +12,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
-    from deepinfer_kit.engine.balance import Rebalance
+    from deepinfer_kit.engine.runner.balance import Rebalance
     from deepinfer_kit.eplb.config import EplbConfig
     from deepinfer_kit.eplb.records import Placement, Topology
 
@@ -21,7 +21,7 @@ __all__ = ["Balancer", "SlotLeases", "StepRunner"]
 
 class SlotLeases(Protocol):
     """The host's view of the token slots an overlapped runner keeps (see
-    :class:`~deepinfer_kit.engine.token_slots.TokenSlots`)."""
+    :class:`~deepinfer_kit.engine.runner.token_slots.TokenSlots`)."""
 
     def release_through(self, step_id: int) -> object:
         """Step ``step_id`` was committed (its device work is done): free the slots whose
@@ -40,8 +40,8 @@ class StepRunner(Protocol):
 
     The Engine calls :meth:`prepare` once per non-empty plan, in step order, then hands
     ``execute(prepared)`` to its executor; executes run in the same order. Implementations:
-    :class:`~deepinfer_kit.engine.runner.ModelRunner` (in the engine's process) and
-    :class:`~deepinfer_kit.engine.process_runner.ProcessRunner` (a worker process).
+    :class:`~deepinfer_kit.engine.runner.model_runner.ModelRunner` (in the engine's process) and
+    :class:`~deepinfer_kit.engine.remote.process_runner.ProcessRunner` (a worker process).
     """
 
     record_expert_counts: bool
@@ -97,8 +97,8 @@ class Balancer(Protocol):
     """Live EPLB as the Engine drives it: told of each committed round (:meth:`commit`),
     asked :meth:`due` before each step, and told to :meth:`rebalance` with nothing in
     flight. Implementations:
-    :class:`~deepinfer_kit.engine.balance.ExpertBalancer` (beside the model) and
-    :class:`~deepinfer_kit.engine.remote_balancer.RemoteBalancer` (the model in a worker
+    :class:`~deepinfer_kit.engine.runner.balance.ExpertBalancer` (beside the model) and
+    :class:`~deepinfer_kit.engine.remote.balancer.RemoteBalancer` (the model in a worker
     process)."""
 
     config: EplbConfig

@@ -4,7 +4,7 @@ The common entry points are importable from here (loaded lazily, so importing th
 costs nothing until one is used): :func:`load_model`, :func:`build_tiny_model`,
 :class:`LoadedModel`, :class:`ModelConfig`, :class:`TransformerCausalLM`,
 :class:`ByteTokenizer`, :class:`HFTokenizer`. Sparse (MoE) models need a
-``sparse_mlp_factory``; ``deepinfer_kit.engine.assemble`` has the loaders with the default one.
+``sparse_mlp_factory``; ``deepinfer_kit.engine.runner.assemble`` has the loaders with the default one.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 It builds :class:`TransformerCausalLM` and fills it from safetensors only. The MoE layers
 of sparse models come from an injected :class:`SparseMLPFactory`; the models package
-builds none itself (``deepinfer_kit.engine.assemble`` passes the default, built from
+builds none itself (``deepinfer_kit.engine.runner.assemble`` passes the default, built from
 ``deepinfer_kit.moe``).
 """
 
@@ -65,7 +65,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
     if config.is_moe and sparse_mlp_factory is None:
         raise ConfigError(
             f"sparse_mlp_factory is required for the sparse {config.architecture}, got None "
-            "(deepinfer_kit.engine.assemble passes the default MoE layers)"
+            "(deepinfer_kit.engine.runner.assemble passes the default MoE layers)"
         )
     model = TransformerCausalLM(config, attention_impl=attention_impl, dtype=dtype, device=device,
                                 sparse_mlp_factory=sparse_mlp_factory if config.is_moe else None, tp=tp)

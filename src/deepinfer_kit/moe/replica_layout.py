@@ -61,6 +61,7 @@ class ReplicaLayout:
         valid: ``[E, R]`` bool, ``r < logcnt[e]``.
         spread: ``[X]`` int64, the experts with more than one replica (padded with ``E``,
             a row past the experts); ``spread_valid``: ``[X]`` bool, which rows are real.
+        num_spread: how many rows of ``spread`` are real (a host int, fixed by the slot map).
         spread_gpu: ``[X, R]`` int64, the GPU of each replica of each ``spread`` expert;
             ``G`` (a sentinel) for padding and for a second replica on a GPU already listed.
         single_gpu: ``[E]`` int64, the GPU of each expert's first replica.
@@ -106,6 +107,7 @@ class ReplicaLayout:
         self.valid = torch.arange(self.width, device=device)[None, :] < self.logcnt[:, None]
         self.spread = t(hot + [num_experts] * pad)
         self.spread_valid = torch.tensor([True] * len(hot) + [False] * pad, device=device)
+        self.num_spread = len(hot)
         self.spread_gpu = t(spread_gpu)
         self.single_gpu = t([r[0] // per_gpu for r in replicas])
 

@@ -50,6 +50,7 @@ import torch
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
+from deepinfer_kit.moe.selector_tables import SelectorTables, assign, round_shares, water_fill
 
 if TYPE_CHECKING:
     from deepinfer_kit.moe.protocols import ReplicaSelector
@@ -60,30 +61,6 @@ __all__ = [
 ]
 
 SELECTOR_NAMES = ("static", "even", "balanced")
-
-
-def _within_expert_index(ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """``[N]``: the position of each copy among this rank's copies of its expert (flat order)."""
-    order = torch.argsort(ids, stable=True)
-    start = torch.cumsum(counts, 0) - counts
-    ranked = torch.arange(ids.numel(), device=ids.device) - start[ids[order]]
-    return torch.empty_like(ranked).scatter_(0, order, ranked)
-
-
-def _assign(ids: torch.Tensor, counts: torch.Tensor, rank: int, layout: ReplicaLayout,
-            quotas: torch.Tensor) -> Selection:
-    """Route this rank's copies by the whole-batch ``quotas`` ([P] int64)."""
-    share = quotas[layout.log2phy] * layout.valid  # [E, R]
-    upper = torch.cumsum(share, 1)
-    lower = upper - share
-    start = counts[:rank].sum(0)  # copies of each expert on the ranks before this one
-    end = start + counts[rank]
-    overlap = (torch.minimum(end[:, None], upper) - torch.maximum(start[:, None], lower)).clamp(min=0)
-    sent = torch.zeros(layout.num_slots, dtype=torch.int64, device=ids.device)
-    sent.index_add_(0, layout.log2phy.flatten(), (overlap * layout.valid).flatten())
-    number = start[ids] + _within_expert_index(ids, counts[rank])
-    replica = (number[:, None] >= upper[ids]).sum(1).clamp(max=layout.width - 1)
-    return Selection(slots=layout.log2phy[ids, replica], sent=sent, quotas=quotas)
 
 
 def _check(ids: torch.Tensor, counts: torch.Tensor, rank: int, layout: ReplicaLayout) -> None:
@@ -112,29 +89,51 @@ class StaticSelector:
         return Selection(slots=slots, sent=sent, quotas=None)
 
 
-class EvenSelector:
+class _Tabled:
+    """The layout's :class:`SelectorTables`, rebuilt when a new layout comes (a rebalance)."""
+
+    _tables: SelectorTables | None = None
+
+    def tables(self, layout: ReplicaLayout) -> SelectorTables:
+        """The tables of ``layout`` (built on first use; device ops only)."""
+        if self._tables is None or self._tables.layout is not layout:
+            self._tables = SelectorTables(layout)
+        return self._tables
+
+
+class EvenSelector(_Tabled):
     """Each expert's copies of the whole batch in equal shares over its replicas."""
 
     name = "even"
 
+    def _quotas(self, total: torch.Tensor, tables: SelectorTables) -> torch.Tensor:
+        layout = tables.layout
+        if layout.num_spread == 0:
+            return round_shares(total, total.new_zeros(0), None, tables)
+        n = layout.logcnt
+        share = (total // n)[:, None] + (tables.replica[None, :] < (total % n)[:, None]).to(torch.int64)
+        out = torch.zeros(layout.num_slots + 2, dtype=torch.int64, device=total.device)
+        return out.index_add_(0, tables.slot_or_pad, (share * layout.valid).flatten())
+
     def quotas(self, total: torch.Tensor, layout: ReplicaLayout) -> torch.Tensor:
         """``[P]`` int64 copies per slot for ``total`` (``[E]`` whole-batch copies per expert)."""
-        n = layout.logcnt
-        r = torch.arange(layout.width, device=total.device)[None, :]
-        share = (total // n)[:, None] + (r < (total % n)[:, None]).to(torch.int64)
-        out = torch.zeros(layout.num_slots, dtype=torch.int64, device=total.device)
-        return out.index_add_(0, layout.log2phy.flatten(), (share * layout.valid).flatten())
+        return self._quotas(total, self.tables(layout))[: layout.num_slots]
 
     def select(self, expert_ids: torch.Tensor, counts: torch.Tensor, rank: int,
                layout: ReplicaLayout) -> Selection:
         """See :meth:`ReplicaSelector.select`."""
         _check(expert_ids, counts, rank, layout)
-        return _assign(expert_ids, counts, rank, layout, self.quotas(counts.sum(0), layout))
+        tables = self.tables(layout)
+        return assign(expert_ids, counts, rank, tables, self._quotas(counts.sum(0), tables))
 
 
-class BalancedSelector:
+class BalancedSelector(_Tabled):
     """Per batch, shares that minimise the busiest GPU's load (water-filling, see the
     module docstring for the method and its bound).
+
+    Its cost is a fixed number of small device ops set by the layout: none of the loop
+    when no expert is replicated, one pass when one is, ``sweeps`` passes over the ``H``
+    replicated experts otherwise (:mod:`deepinfer_kit.moe.selector_tables`).
 
     Args:
         sweeps: passes of block-coordinate water-filling (``>= 1``; 1 is the greedy).
@@ -151,51 +150,28 @@ class BalancedSelector:
         self.sweeps = sweeps
 
     def shares(self, total: torch.Tensor, layout: ReplicaLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fractional plan for ``total`` (``[E]`` copies per expert): ``([X, R]`` float64
-        shares of each replicated expert's replicas, ``[G]`` float64 GPU loads)."""
-        device, gpus = total.device, layout.num_gpus
-        load = torch.zeros(gpus + 1, dtype=torch.float64, device=device)
-        load[gpus] = float("inf")  # the sentinel GPU of padding: never filled, adds nothing
-        single = (layout.logcnt == 1).to(torch.float64)
-        load.index_add_(0, layout.single_gpu, total.to(torch.float64) * single)
-        padded = torch.cat([total.to(torch.float64), total.new_zeros(1, dtype=torch.float64)])
-        order = torch.argsort(padded[layout.spread], descending=True, stable=True)
-        demand = padded[layout.spread[order]]  # hottest first
-        gpu_of = layout.spread_gpu[order]
-        rank = torch.arange(1, layout.width + 1, dtype=torch.float64, device=device)
-        x = [torch.zeros(layout.width, dtype=torch.float64, device=device)] * layout.max_spread
-        for _ in range(self.sweeps):
-            for i in range(layout.max_spread):
-                gpu = gpu_of[i]
-                load.index_add_(0, gpu, x[i], alpha=-1)
-                level = load[gpu]
-                h = ((demand[i] + torch.cumsum(torch.sort(level).values, 0)) / rank).min()
-                x[i] = (h - level).clamp(min=0)
-                load.index_add_(0, gpu, x[i])
-        shares = torch.empty(layout.spread_gpu.shape, dtype=torch.float64, device=device)
-        return shares.index_copy_(0, order, torch.stack(x)), load[:gpus]
+        """Fractional plan for ``total`` (``[E]`` copies per expert): ``([H, R]`` float64
+        shares of the replicated experts' replicas, in ``layout.spread``'s row order,
+        ``[G]`` float64 GPU loads)."""
+        shares, load, order = water_fill(total, self.tables(layout), self.sweeps)
+        if order is not None:
+            shares = torch.empty_like(shares).index_copy_(0, order, shares)
+        return shares, load[: layout.num_gpus]
+
+    def _quotas(self, total: torch.Tensor, tables: SelectorTables) -> torch.Tensor:
+        shares, _, order = water_fill(total, tables, self.sweeps)
+        return round_shares(total, shares, order, tables)
 
     def quotas(self, total: torch.Tensor, layout: ReplicaLayout) -> torch.Tensor:
         """``[P]`` int64 copies per slot: :meth:`shares` rounded by cumulative shares."""
-        x, _ = self.shares(total, layout)
-        padded = torch.cat([total, total.new_zeros(1)])
-        demand = padded[layout.spread]
-        bounds = torch.minimum(torch.floor(torch.cumsum(x, 1) + 0.5).to(torch.int64), demand[:, None])
-        count = torch.cat([layout.logcnt, layout.logcnt.new_ones(1)])[layout.spread]
-        r = torch.arange(layout.width, device=total.device)[None, :]
-        bounds = torch.where(r >= count[:, None] - 1, demand[:, None], bounds)
-        spread_share = torch.diff(bounds, dim=1, prepend=torch.zeros_like(bounds[:, :1]))
-        share = torch.zeros(layout.num_experts + 1, layout.width, dtype=torch.int64, device=total.device)
-        share[:, 0] = padded
-        share[layout.spread] = spread_share  # distinct rows (padding is the extra row E)
-        out = torch.zeros(layout.num_slots, dtype=torch.int64, device=total.device)
-        return out.index_add_(0, layout.log2phy.flatten(), (share[:-1] * layout.valid).flatten())
+        return self._quotas(total, self.tables(layout))[: layout.num_slots]
 
     def select(self, expert_ids: torch.Tensor, counts: torch.Tensor, rank: int,
                layout: ReplicaLayout) -> Selection:
         """See :meth:`ReplicaSelector.select`."""
         _check(expert_ids, counts, rank, layout)
-        return _assign(expert_ids, counts, rank, layout, self.quotas(counts.sum(0), layout))
+        tables = self.tables(layout)
+        return assign(expert_ids, counts, rank, tables, self._quotas(counts.sum(0), tables))
 
 
 def make_selector(name: str) -> StaticSelector | EvenSelector | BalancedSelector:

@@ -21,7 +21,7 @@ __all__ = ["DeferredExecutor"]
 class DeferredExecutor:
     """``launch`` keeps the step; ``wait`` runs it on the caller's thread.
 
-    With a :class:`~deepinfer_kit.engine.process_runner.ProcessRunner` the step's work
+    With a :class:`~deepinfer_kit.engine.remote.process_runner.ProcessRunner` the step's work
     began when its plan was sent (``prepare``), in another process; ``run`` only receives
     the reply, so no thread is needed for the host to schedule round ``k + 1`` while round
     ``k`` runs. With an in-process runner the step runs inside ``wait``: correct (results

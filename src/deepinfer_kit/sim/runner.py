@@ -21,7 +21,7 @@ __all__ = ["SimRunner"]
 class SimRunner:
     """Lays a plan out as a :class:`SimStep` (its shape and price) and "executes" it.
 
-    Same call order as :class:`~deepinfer_kit.engine.runner.ModelRunner`:
+    Same call order as :class:`~deepinfer_kit.engine.runner.model_runner.ModelRunner`:
     ``execute(prepare(plan))`` once per non-empty plan, in schedule order. Reads only the
     plan's snapshots, never a live request.
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.build import build_simulator

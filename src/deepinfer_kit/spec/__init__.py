@@ -10,12 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from deepinfer_kit.spec.greedy import GreedyVerifier
-    from deepinfer_kit.spec.ngram import NgramDrafter
+    from deepinfer_kit.spec.verify.greedy import GreedyVerifier
+    from deepinfer_kit.spec.drafters.ngram import NgramDrafter
     from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
     from deepinfer_kit.spec.protocols import DraftVerifier, Drafter, VerifyPlanner
     from deepinfer_kit.spec.records import DraftProposal, SpecConfig, SpsCurve, VerifyResult
-    from deepinfer_kit.spec.rejection import RejectionVerifier
+    from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 _LAZY = {
     "Drafter": "deepinfer_kit.spec.protocols",
@@ -25,9 +25,9 @@ _LAZY = {
     "VerifyResult": "deepinfer_kit.spec.records",
     "SpsCurve": "deepinfer_kit.spec.records",
     "SpecConfig": "deepinfer_kit.spec.records",
-    "GreedyVerifier": "deepinfer_kit.spec.greedy",
-    "RejectionVerifier": "deepinfer_kit.spec.rejection",
-    "NgramDrafter": "deepinfer_kit.spec.ngram",
+    "GreedyVerifier": "deepinfer_kit.spec.verify.greedy",
+    "RejectionVerifier": "deepinfer_kit.spec.verify.rejection",
+    "NgramDrafter": "deepinfer_kit.spec.drafters.ngram",
     "FixedPlanner": "deepinfer_kit.spec.planners",
     "ThresholdPlanner": "deepinfer_kit.spec.planners",
     "DSparkPlanner": "deepinfer_kit.spec.planners",

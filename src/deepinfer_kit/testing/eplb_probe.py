@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from deepinfer_kit.engine.balance import moe_layers
-from deepinfer_kit.engine.runner import ModelRunner
+from deepinfer_kit.engine.runner.balance import moe_layers
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.records import Routing
 

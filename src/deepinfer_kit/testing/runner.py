@@ -1,6 +1,6 @@
 """Conformance suite for StepRunner: every check serves a small seeded workload through an
 :class:`~deepinfer_kit.engine.engine.Engine` around the runner your factory builds, and
-compares it with the reference :class:`~deepinfer_kit.engine.runner.ModelRunner` on the
+compares it with the reference :class:`~deepinfer_kit.engine.runner.model_runner.ModelRunner` on the
 same model.
 
 The factory is ``factory(config, depth) -> StepRunner``: a runner for the model of
@@ -17,7 +17,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.protocols import StepRunner
-from deepinfer_kit.engine.runner_build import build_runner
+from deepinfer_kit.engine.runner.build import build_runner
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.models.tokenizer import ByteTokenizer
 from deepinfer_kit.overlap.deferred import DeferredExecutor

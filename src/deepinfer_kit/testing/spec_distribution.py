@@ -31,7 +31,7 @@ import torch
 
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.spec.draw import draw_drafts
+from deepinfer_kit.spec.drafters.draw import draw_drafts
 from deepinfer_kit.spec.records import DraftProposal
 from deepinfer_kit.testing.spec_stats import SampleComparison, compare_samples
 from deepinfer_kit.testing.suite import Suite, expect
@@ -97,7 +97,7 @@ class _Sequence:
 
 class ToyModelDrafter:
     """Drafts autoregressively from a :class:`ToyLM` the way the engine's model drafters
-    do: each position through :func:`~deepinfer_kit.spec.draw.draw_drafts` (the request's
+    do: each position through :func:`~deepinfer_kit.spec.drafters.draw.draw_drafts` (the request's
     own sampling parameters and seeded stream, the confidence it returns), stopping a
     request once the survival of its drafts falls below ``stop_below`` (the engine's
     draft-model drafter under a threshold planner).

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.warmup import dummy_forward
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.warmup import dummy_forward
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpsCurve
 
@@ -108,7 +108,7 @@ def forward_timer(runner: ModelRunner, chunk: int, *, context: int = _CONTEXT,
     tokens (:func:`verify_shape` with ``chunk = 1 + γ`` and ``context``), synchronised on
     CUDA.
 
-    Each call runs :func:`~deepinfer_kit.engine.warmup.dummy_forward`: it writes only the
+    Each call runs :func:`~deepinfer_kit.engine.runner.warmup.dummy_forward`: it writes only the
     KV pool's pad slot, so it may run before the engine serves, never during a round.
     ``clock`` is read before and after (tests pass a fake one).
     """

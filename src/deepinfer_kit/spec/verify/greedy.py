@@ -10,9 +10,9 @@ import torch
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import working_logits
-from deepinfer_kit.spec.kernels import select_verify_ops
+from deepinfer_kit.spec.verify.kernels import select_verify_ops
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
-from deepinfer_kit.spec.rows import flatten_verify
+from deepinfer_kit.spec.verify.rows import flatten_verify
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import DraftVerifier

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.step_inputs import last_token_batch
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.models.packing import last_token_batch
 from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_target
 
 SPLIT_MAX_QUERY = 8  # the longest query per request whose round may split (splits.num_splits_for)
@@ -26,7 +26,7 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.plan import MAX_TOPK_WIDTH, MIN_TOPK_WIDTH
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import VectorizedSampler
-from deepinfer_kit.spec.kernels import select_verify_ops
+from deepinfer_kit.spec.verify.kernels import select_verify_ops
 
 __all__ = ["warm_up", "warm_up_shapes", "split_rounds", "dummy_forward"]
 

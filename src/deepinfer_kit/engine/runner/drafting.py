@@ -17,7 +17,7 @@ each chunk when round ``k + 1`` starts executing:
   (:meth:`Speculation.choose`) and the chunk's room.
 
 A drafter with KV of its own keeps each sequence's state while the sequence holds a token
-slot (this class is a :class:`~deepinfer_kit.engine.token_slots.SlotFollower`): it is
+slot (this class is a :class:`~deepinfer_kit.engine.runner.token_slots.SlotFollower`): it is
 rolled back to the accepted tokens before each round drafts and released when the slot is.
 A synchronous worker process (``worker="process"``, ``overlap=False``) drafts here too but
 has no token slots: there every round before the one resolved has been committed, and a
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from deepinfer_kit.engine.speculation import Speculation
+from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sample.params import SamplingParams

@@ -13,9 +13,9 @@ import torch
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.assemble import build_tiny_model, load_model
-from deepinfer_kit.engine.draft_model import DraftModelDrafter
-from deepinfer_kit.engine.dspark import DSparkDrafter
+from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
+from deepinfer_kit.spec.drafters.draft_model import DraftModelDrafter
+from deepinfer_kit.spec.drafters.dspark import DSparkDrafter
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, embedded_dspark_heads, is_embedded
@@ -23,9 +23,9 @@ from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.tiny import tiny_hf_config
 from deepinfer_kit.models.truncated import LayerTruncatedLM
-from deepinfer_kit.spec.draft_kv import DraftKVBook
-from deepinfer_kit.spec.dspark_heads import DSparkHeads, check_num_draft, heads_positions, load_heads
-from deepinfer_kit.spec.ngram import NgramDrafter
+from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook
+from deepinfer_kit.spec.drafters.dspark_heads import DSparkHeads, check_num_draft, heads_positions, load_heads
+from deepinfer_kit.spec.drafters.ngram import NgramDrafter
 from deepinfer_kit.spec.protocols import Drafter
 from deepinfer_kit.spec.records import SpecConfig
 

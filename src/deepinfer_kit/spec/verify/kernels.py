@@ -7,7 +7,7 @@ from typing import Literal, Protocol
 import torch
 
 from deepinfer_kit._kernels import resolve_impl
-from deepinfer_kit.spec import ref_ops
+from deepinfer_kit.spec.verify import ref_ops
 
 __all__ = ["VerifyOps", "select_verify_ops"]
 
@@ -17,13 +17,13 @@ class VerifyOps(Protocol):
 
     def greedy_verify(self, logits: torch.Tensor, offsets: torch.Tensor, draft_ids: torch.Tensor,
                       lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :func:`deepinfer_kit.spec.ref_ops.greedy_verify`."""
+        """See :func:`deepinfer_kit.spec.verify.ref_ops.greedy_verify`."""
         ...
 
     def rejection_sample(self, target: torch.Tensor, draft_probs: torch.Tensor,
                          draft_ids: torch.Tensor, lengths: torch.Tensor, u_accept: torch.Tensor,
                          u_draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :func:`deepinfer_kit.spec.ref_ops.rejection_sample`."""
+        """See :func:`deepinfer_kit.spec.verify.ref_ops.rejection_sample`."""
         ...
 
 
@@ -41,13 +41,13 @@ class _VerifyOpsByDevice:
 
     def greedy_verify(self, logits: torch.Tensor, offsets: torch.Tensor, draft_ids: torch.Tensor,
                       lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :func:`deepinfer_kit.spec.ref_ops.greedy_verify`."""
+        """See :func:`deepinfer_kit.spec.verify.ref_ops.greedy_verify`."""
         return self.on(logits.device).greedy_verify(logits, offsets, draft_ids, lengths)
 
     def rejection_sample(self, target: torch.Tensor, draft_probs: torch.Tensor,
                          draft_ids: torch.Tensor, lengths: torch.Tensor, u_accept: torch.Tensor,
                          u_draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """See :func:`deepinfer_kit.spec.ref_ops.rejection_sample`."""
+        """See :func:`deepinfer_kit.spec.verify.ref_ops.rejection_sample`."""
         return self.on(target.device).rejection_sample(
             target, draft_probs, draft_ids, lengths, u_accept, u_draw)
 
@@ -66,7 +66,7 @@ def select_verify_ops(impl: str) -> tuple[VerifyOps, Literal["ref", "triton", "a
     """
     if resolve_impl(impl, on_cuda=torch.cuda.is_available()) == "ref":
         return ref_ops, "ref"
-    import deepinfer_kit.spec.triton_ops as triton_ops
+    import deepinfer_kit.spec.verify.triton_ops as triton_ops
 
     if impl == "auto":
         return _VerifyOpsByDevice(triton_ops), "auto"

@@ -12,7 +12,7 @@ import attrs
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.errors import ConfigError, OutOfBlocksError
 from deepinfer_kit.spec.protocols import DraftSequence
-from deepinfer_kit.spec.draft_kv import DraftKVBook
+from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook
 
 __all__ = ["DraftRow", "OwnKVState", "draft_depth", "plan_rows", "check_draft_pool"]
 

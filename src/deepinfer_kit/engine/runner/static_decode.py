@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.step_inputs import aligned_len, append_tables
+from deepinfer_kit.models.packing import aligned_len, append_tables
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.protocols import CausalLM

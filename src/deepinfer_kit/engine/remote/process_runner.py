@@ -4,7 +4,7 @@ the host's scheduling each hold their own interpreter lock.
 In one process, an overlapped engine's worker thread and its host thread take turns on
 the GIL: on CPU, where the forward is Python dispatching small kernels, the two mostly
 serialise (docs/overlap.md measures it). Here the :class:`ModelRunner` lives in a child
-process (:mod:`deepinfer_kit.engine.worker_main`) built from the same
+process (:mod:`deepinfer_kit.engine.remote.worker_main`) built from the same
 :class:`EngineConfig`; the host sends it each plan (:class:`PlanEncoder`: a few
 microseconds per decode chunk) and receives each :class:`StepResult`, over one socket.
 
@@ -37,7 +37,7 @@ import attrs
 import torch
 
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.plan_codec import PlanEncoder
+from deepinfer_kit.engine.remote.plan_codec import PlanEncoder
 from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.sample.protocols import Sampler
@@ -46,13 +46,13 @@ from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.comm.protocols import Communicator
-    from deepinfer_kit.engine.balance import BalancerState
+    from deepinfer_kit.engine.runner.balance import BalancerState
     from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
-    from deepinfer_kit.engine.runner import ModelRunner
+    from deepinfer_kit.engine.runner.model_runner import ModelRunner
 
 __all__ = ["WorkerSpec", "WorkerInfo", "WorkerPool", "SentStep", "ProcessRunner", "RemoteSlots"]
 
-_BOOT = "import sys; from deepinfer_kit.engine.worker_main import main; main(int(sys.argv[1]))"
+_BOOT = "import sys; from deepinfer_kit.engine.remote.worker_main import main; main(int(sys.argv[1]))"
 
 
 @attrs.frozen(slots=True)
@@ -159,7 +159,7 @@ class WorkerPool:
 class ProcessRunner(WorkerPool):
     """A :class:`ModelRunner` in a worker process: the host's side of it.
 
-    Starts the worker (``python -c`` importing :mod:`deepinfer_kit.engine.worker_main`,
+    Starts the worker (``python -c`` importing :mod:`deepinfer_kit.engine.remote.worker_main`,
     with this process's ``sys.path`` and environment, so nothing of the caller's
     ``__main__`` runs again) and waits until its runner is built.
 

@@ -65,7 +65,7 @@ class Speculation:
             ConfigError: the scheduler takes no drafts (no ``set_spec_tokens`` /
                 ``pending_prefill_tokens`` / ``running``), or the executor overlaps rounds
                 (``depth != 0``: the host's drafts would need the tokens still in flight; under
-                overlap the runner drafts, see :mod:`deepinfer_kit.engine.runner_drafts`).
+                overlap the runner drafts, see :mod:`deepinfer_kit.engine.runner.drafting`).
         """
         if depth != 0:
             raise ConfigError(
@@ -115,7 +115,7 @@ class Speculation:
         :meth:`draft_probs` (forgetting the previous round's) and counts the totals.
 
         Called by :meth:`draft` on the host, and by the runner's side of overlapped
-        speculation (:class:`~deepinfer_kit.engine.runner_drafts.RunnerDrafting`) when a
+        speculation (:class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting`) when a
         round executes. Mutates the drafter's state (a draft model's KV). O(drafter + planner).
         """
         self._probs.clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from deepinfer_kit.engine.step_outputs import asked_top
+from deepinfer_kit.engine.runner.step_outputs import asked_top
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sched.records import ScheduledChunk
 
@@ -57,7 +57,7 @@ class PromptRows:
             num_chunks: chunks of the plan (chunks without rows get ``[]``).
 
         Two copies back to the host (ints, floats), each row's asked top only (see
-        :func:`~deepinfer_kit.engine.step_outputs.asked_top`). A row whose logits are all
+        :func:`~deepinfer_kit.engine.runner.step_outputs.asked_top`). A row whose logits are all
         ``-inf`` reports ``-inf``, never NaN.
         """
         x = logits.to(torch.float32)

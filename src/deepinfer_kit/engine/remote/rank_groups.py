@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from deepinfer_kit.comm.world import ParallelGroups, WorldSpec, join_world, world_from_env
-from deepinfer_kit.engine.runner_build import RunnerParts, build_runner, engine_device
+from deepinfer_kit.engine.runner.build import RunnerParts, build_runner, engine_device
 from deepinfer_kit.errors import ConfigError, EngineDeadError
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
@@ -21,7 +21,7 @@ from deepinfer_kit.step import RankStats, StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.config import EngineConfig
-    from deepinfer_kit.engine.process_runner import ProcessRunner, SentStep, WorkerSpec
+    from deepinfer_kit.engine.remote.process_runner import ProcessRunner, SentStep, WorkerSpec
     from deepinfer_kit.sample.protocols import Sampler
 
 __all__ = ["worker_groups", "launched_groups", "build_launched", "split_experts", "collect_replies",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from deepinfer_kit.engine.prompt_logprobs import PromptRows
-from deepinfer_kit.engine.static_decode import StagedDecode
-from deepinfer_kit.engine.token_slots import SlotRoutes
-from deepinfer_kit.engine.verify_step import VerifiedChunk
+from deepinfer_kit.engine.runner.prompt_logprobs import PromptRows
+from deepinfer_kit.engine.runner.static_decode import StagedDecode
+from deepinfer_kit.engine.runner.token_slots import SlotRoutes
+from deepinfer_kit.spec.verify.step import VerifiedChunk
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sched.records import SchedulePlan

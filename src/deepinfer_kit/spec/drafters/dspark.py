@@ -3,9 +3,9 @@ first ``k`` layers over the draft's own paged KV), parallel heads for all γ pos
 then the low-rank Markov head and the calibrated confidence head left to right.
 
 Per round and request: roll the backbone's KV back to the tokens it still agrees with
-(:class:`~deepinfer_kit.spec.draft_kv.DraftKVBook`), feed the tokens it has not seen (the
+(:class:`~deepinfer_kit.spec.drafters.draft_kv.DraftKVBook`), feed the tokens it has not seen (the
 previous round's accepted tokens, a new prompt, a resumed history) in one batched forward
-and keep the last hidden state ``h``. The heads (:class:`~deepinfer_kit.spec.dspark_heads.
+and keep the last hidden state ``h``. The heads (:class:`~deepinfer_kit.spec.drafters.dspark_heads.
 DSparkHeads`) turn ``h`` into γ base logits; draft ``k`` is drawn from
 ``base_k + W1[x_{k-1}]·W2`` under the request's sampling parameters, its confidence is the
 STS-calibrated ``σ(wᵀ[h_k; W1[x_{k-1}]] / T_k)``. Drafts never enter the backbone's KV.
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.draft_rows import DraftRow, OwnKVState, check_draft_pool, plan_rows
-from deepinfer_kit.engine.step_inputs import last_token_batch
+from deepinfer_kit.spec.drafters.rows import DraftRow, OwnKVState, check_draft_pool, plan_rows
+from deepinfer_kit.models.packing import last_token_batch
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.truncated import LayerTruncatedLM
 from deepinfer_kit.spec.protocols import DraftSequence
-from deepinfer_kit.spec.draft_kv import DraftKVBook
-from deepinfer_kit.spec.draw import draw_drafts
-from deepinfer_kit.spec.dspark_heads import DSparkHeads
+from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook
+from deepinfer_kit.spec.drafters.draw import draw_drafts
+from deepinfer_kit.spec.drafters.dspark_heads import DSparkHeads
 from deepinfer_kit.spec.records import DraftProposal
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The worker process of a :class:`~deepinfer_kit.engine.process_runner.ProcessRunner`:
+"""The worker process of a :class:`~deepinfer_kit.engine.remote.process_runner.ProcessRunner`:
 builds the runner from a :class:`WorkerSpec`, then prepares and executes the plans it
 receives, one at a time, in order, replying to each.
 
@@ -26,13 +26,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from deepinfer_kit.engine.balance import ExpertBalancer, first_placement, moe_layers
+from deepinfer_kit.engine.runner.balance import ExpertBalancer, first_placement, moe_layers
 from deepinfer_kit.engine.build import attach_drafting, runner_speculation
-from deepinfer_kit.engine.plan_codec import PlanDecoder
-from deepinfer_kit.engine.process_runner import WorkerInfo, WorkerSpec
-from deepinfer_kit.engine.rank_groups import RankMeter, worker_groups
-from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.runner_build import build_runner, engine_device
+from deepinfer_kit.engine.remote.plan_codec import PlanDecoder
+from deepinfer_kit.engine.remote.process_runner import WorkerInfo, WorkerSpec
+from deepinfer_kit.engine.remote.rank_groups import RankMeter, worker_groups
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.build import build_runner, engine_device
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM

@@ -118,7 +118,7 @@ def greedy_verify(
     draft_ids: torch.Tensor,
     lengths: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """See :func:`deepinfer_kit.spec.ref_ops.greedy_verify` (the spec); ``logits`` must be
+    """See :func:`deepinfer_kit.spec.verify.ref_ops.greedy_verify` (the spec); ``logits`` must be
     contiguous float32."""
     num_req, width = draft_ids.shape
     dev = logits.device
@@ -141,7 +141,7 @@ def rejection_sample(
     u_accept: torch.Tensor,
     u_draw: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """See :func:`deepinfer_kit.spec.ref_ops.rejection_sample` (the spec). The cumulative
+    """See :func:`deepinfer_kit.spec.verify.ref_ops.rejection_sample` (the spec). The cumulative
     sums run per ``BLOCK`` chunk, so a draw may differ from the reference only where
     ``u * total`` falls within float64 rounding of a token boundary."""
     num_req, width = draft_ids.shape

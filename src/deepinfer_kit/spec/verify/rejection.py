@@ -14,9 +14,9 @@ from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
 from deepinfer_kit.sample.rng import row_uniforms
-from deepinfer_kit.spec.kernels import select_verify_ops
-from deepinfer_kit.spec.ref_ops import accept_uniforms
-from deepinfer_kit.spec.rows import VerifyRows, accept_matching, flatten_verify
+from deepinfer_kit.spec.verify.kernels import select_verify_ops
+from deepinfer_kit.spec.verify.ref_ops import accept_uniforms
+from deepinfer_kit.spec.verify.rows import VerifyRows, accept_matching, flatten_verify
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import DraftVerifier
@@ -30,9 +30,9 @@ class RejectionVerifier:
 
     Deterministic drafts (``proposal.draft_probs is None``, i.e. one-hot): the sampler
     itself draws every verified row and drafts are accepted while they equal its token
-    (:func:`~deepinfer_kit.spec.rows.accept_matching`) — exact rejection sampling for a
+    (:func:`~deepinfer_kit.spec.verify.rows.accept_matching`) — exact rejection sampling for a
     one-hot draft, and token for token what plain decoding with the same seeds draws
-    from the same logits. Probabilistic drafts: :func:`~deepinfer_kit.spec.ref_ops.rejection_sample`
+    from the same logits. Probabilistic drafts: :func:`~deepinfer_kit.spec.verify.ref_ops.rejection_sample`
     over ``p_t`` from :func:`~deepinfer_kit.sample.distribution.target_probs`. Greedy rows
     have a one-hot ``p_t``, so both paths reduce to greedy verification.
 

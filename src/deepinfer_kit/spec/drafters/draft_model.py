@@ -2,7 +2,7 @@
 tokens per request autoregressively, over paged KV blocks of its own.
 
 Each round, for every request: roll the drafter's KV back to the tokens it still agrees
-with (:class:`~deepinfer_kit.spec.draft_kv.DraftKVBook`), then one batched forward
+with (:class:`~deepinfer_kit.spec.drafters.draft_kv.DraftKVBook`), then one batched forward
 computes the tokens it has not seen (catch-up prefill: the emitted token of the last
 round, a new request's whole prompt, a resumed request's history) and draws the first
 draft; ``γ - 1`` batched one-token forwards draw the others. Drafts are drawn from the
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.draft_rows import DraftRow, OwnKVState, check_draft_pool, plan_rows
-from deepinfer_kit.engine.step_inputs import last_token_batch
+from deepinfer_kit.spec.drafters.rows import DraftRow, OwnKVState, check_draft_pool, plan_rows
+from deepinfer_kit.models.packing import last_token_batch
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.spec.protocols import DraftSequence
-from deepinfer_kit.spec.draft_kv import DraftKVBook
+from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook
 from deepinfer_kit.spec.records import DraftProposal
-from deepinfer_kit.spec.draw import draw_drafts
+from deepinfer_kit.spec.drafters.draw import draw_drafts
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import StatefulDrafter
@@ -50,7 +50,7 @@ class DraftModelDrafter(OwnKVState):
             fall below this (``stop_rule``): the threshold planner would not verify it nor
             any after it, so it is not drawn and the forwards after it are saved. 0 drafts
             all ``γ``. The confidence is known before the draft is drawn
-            (:func:`~deepinfer_kit.spec.draw.draft_confidence`), so the stop never reads
+            (:func:`~deepinfer_kit.spec.drafters.draw.draft_confidence`), so the stop never reads
             the drafted value.
         stop_rule: ``"survival"`` compares the cumulative product of the confidences with
             ``stop_below``, ``"step"`` each draft's own (the threshold planner's rules).
@@ -91,7 +91,7 @@ class DraftModelDrafter(OwnKVState):
         Returns:
             ``token_ids [R, γ]`` int64 and ``confidence [R, γ]`` float32 (the draft
             model's expected probability of the draft it is about to draw, temperature 1:
-            :func:`~deepinfer_kit.spec.draw.draft_confidence`) on the CPU;
+            :func:`~deepinfer_kit.spec.drafters.draw.draft_confidence`) on the CPU;
             ``draft_probs [R, γ, V]`` float64 on the model's device (the distribution each
             draft was drawn from; zeros past ``num_drafted``), or ``None`` when every
             request is greedy (one-hot drafts).

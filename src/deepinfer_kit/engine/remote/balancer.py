@@ -1,6 +1,6 @@
 """RemoteBalancer: live EPLB when the model runs in a worker process.
 
-The :class:`~deepinfer_kit.engine.balance.ExpertBalancer` stays beside the model, in the
+The :class:`~deepinfer_kit.engine.runner.balance.ExpertBalancer` stays beside the model, in the
 worker (its load window is fed after every forward there, and a rebalance copies expert
 weights there). The host keeps this handle, which the Engine drives like the local one:
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.engine.balance import BalancerState, Rebalance
+from deepinfer_kit.engine.runner.balance import BalancerState, Rebalance
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.eplb.placement_ops import placement_from_phy2log
 from deepinfer_kit.errors import InvariantError
 
 if TYPE_CHECKING:
-    from deepinfer_kit.engine.process_group import ProcessGroupRunner
-    from deepinfer_kit.engine.process_runner import ProcessRunner
+    from deepinfer_kit.engine.remote.process_group import ProcessGroupRunner
+    from deepinfer_kit.engine.remote.process_runner import ProcessRunner
 
 __all__ = ["RemoteBalancer"]
 

@@ -9,14 +9,14 @@ import torch
 
 from deepinfer_kit._staging import to_device
 from deepinfer_kit.models.protocols import CausalLM
-from deepinfer_kit.engine.prepared import PreparedStep
-from deepinfer_kit.engine.runner_drafts import LateStep, RunnerDrafting
-from deepinfer_kit.engine.static_decode import StagedDecode, StaticDecode
-from deepinfer_kit.engine.step_inputs import pack_inputs, unpack_inputs, unpack_tail
-from deepinfer_kit.engine.step_outputs import logprob_maps, to_host
-from deepinfer_kit.engine.token_slots import SlotRoutes, TokenSlots
-from deepinfer_kit.engine.prompt_logprobs import PromptRows
-from deepinfer_kit.engine.verify_step import VerifiedChunk, verify_round
+from deepinfer_kit.engine.runner.prepared import PreparedStep
+from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
+from deepinfer_kit.engine.runner.static_decode import StagedDecode, StaticDecode
+from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
+from deepinfer_kit.engine.runner.step_outputs import logprob_maps, to_host
+from deepinfer_kit.engine.runner.token_slots import SlotRoutes, TokenSlots
+from deepinfer_kit.engine.runner.prompt_logprobs import PromptRows
+from deepinfer_kit.spec.verify.step import VerifiedChunk, verify_round
 from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.logprobs import attach_logprobs
@@ -31,7 +31,7 @@ from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.cache.kv_cache import PagedKVCache
-    from deepinfer_kit.engine.balance import ExpertBalancer
+    from deepinfer_kit.engine.runner.balance import ExpertBalancer
     from deepinfer_kit.engine.protocols import StepRunner
 
 __all__ = ["PreparedStep", "ModelRunner"]  # PreparedStep re-exported from engine.prepared

@@ -20,8 +20,8 @@ from typing import Any
 import attrs
 import torch
 
-from deepinfer_kit.engine.process_runner import ProcessRunner, RemoteSlots, WorkerInfo, WorkerPool, WorkerSpec
-from deepinfer_kit.engine.rank_groups import collect_replies
+from deepinfer_kit.engine.remote.process_runner import ProcessRunner, RemoteSlots, WorkerInfo, WorkerPool, WorkerSpec
+from deepinfer_kit.engine.remote.rank_groups import collect_replies
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult

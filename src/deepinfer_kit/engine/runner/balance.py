@@ -59,7 +59,7 @@ class Rebalance:
 @attrs.frozen(slots=True)
 class BalancerState:
     """What a host needs of a balancer that lives in a worker process
-    (:class:`~deepinfer_kit.engine.remote_balancer.RemoteBalancer`); picklable.
+    (:class:`~deepinfer_kit.engine.remote.balancer.RemoteBalancer`); picklable.
 
     Attributes:
         topology, num_experts, placement: as on :class:`ExpertBalancer`.

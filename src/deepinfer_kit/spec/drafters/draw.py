@@ -22,7 +22,7 @@ from deepinfer_kit.spec.protocols import DraftSequence
 from deepinfer_kit.sample.distribution import target_probs
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.rng import mix64, row_uniforms
-from deepinfer_kit.spec.ref_ops import inverse_cdf
+from deepinfer_kit.spec.verify.ref_ops import inverse_cdf
 
 __all__ = ["draw_drafts", "draft_confidence"]
 

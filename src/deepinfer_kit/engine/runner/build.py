@@ -12,26 +12,26 @@ from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.comm.protocols import Communicator
-from deepinfer_kit.engine.assemble import build_tiny_model, load_model
-from deepinfer_kit.engine.balance import ExpertBalancer, moe_layers
+from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.runner.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.kv_sizing import (
+from deepinfer_kit.engine.runner.kv_sizing import (
     activation_reserve_bytes,
     kv_budget_bytes,
     resolve_dtype,
     size_kv_pool,
 )
-from deepinfer_kit.engine.runner import ModelRunner
-from deepinfer_kit.engine.static_decode import StaticDecode
-from deepinfer_kit.engine.token_slots import TokenSlots
-from deepinfer_kit.engine.warmup import warm_up
+from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.static_decode import StaticDecode
+from deepinfer_kit.engine.runner.token_slots import TokenSlots
+from deepinfer_kit.engine.runner.warmup import warm_up
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.parallel.shard import attention_shard
 from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.spec.rejection import RejectionVerifier
+from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 __all__ = ["RunnerParts", "build_runner", "engine_device"]
 
@@ -82,7 +82,7 @@ def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int,
     of ``depth`` 1; on CUDA every kernel warmed up and the decode graphs captured.
 
     Called once per engine: by ``build_engine`` in the engine's process, or in a worker
-    process by :mod:`deepinfer_kit.engine.worker_main`. With ``tp`` (a tensor-parallel
+    process by :mod:`deepinfer_kit.engine.remote.worker_main`. With ``tp`` (a tensor-parallel
     group: collective) the model is this rank's shard and the KV pool holds its KV heads.
 
     Raises:
