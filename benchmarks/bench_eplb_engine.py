@@ -30,11 +30,12 @@ from typing import Any
 import eplb_selector_cost
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.testing.eplb_probe import Probe
 
 
 def run(dispatch: str, args: argparse.Namespace) -> tuple[list[list[int]], dict[str, Any]]:
     """One engine run; returns the greedy tokens and the measurements."""
+    from deepinfer_kit.testing.eplb_probe import Probe  # pickled into each rank by reference
+
     with tempfile.TemporaryDirectory() as out:
         eplb = {"window": 8, "interval": args.interval, "num_redundant": args.ranks, "num_gpus": args.ranks,
                 "policy": "deepseek", "dispatch": dispatch}

@@ -48,7 +48,7 @@ class _RankDependent(EvenSelector):
 
 class _Unbalanced(EvenSelector):
     def _quotas(self, total, tables):  # type: ignore[no-untyped-def]
-        first = torch.zeros(tables.layout.num_slots + 2, dtype=torch.int64)
+        first = torch.zeros(tables.layout.num_slots + 1, dtype=torch.int64)
         return first.index_add_(0, tables.first_slot, total)  # every copy to the first replica
 
 

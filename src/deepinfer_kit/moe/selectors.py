@@ -109,10 +109,10 @@ class EvenSelector(_Tabled):
     def _quotas(self, total: torch.Tensor, tables: SelectorTables) -> torch.Tensor:
         layout = tables.layout
         if layout.num_spread == 0:
-            return round_shares(total, total.new_zeros(0), None, tables)
+            return round_shares(total, None, tables)
         n = layout.logcnt
         share = (total // n)[:, None] + (tables.replica[None, :] < (total % n)[:, None]).to(torch.int64)
-        out = torch.zeros(layout.num_slots + 2, dtype=torch.int64, device=total.device)
+        out = torch.zeros(layout.num_slots + 1, dtype=torch.int64, device=total.device)
         return out.index_add_(0, tables.slot_or_pad, (share * layout.valid).flatten())
 
     def quotas(self, total: torch.Tensor, layout: ReplicaLayout) -> torch.Tensor:
@@ -153,14 +153,17 @@ class BalancedSelector(_Tabled):
         """Fractional plan for ``total`` (``[E]`` copies per expert): ``([H, R]`` float64
         shares of the replicated experts' replicas, in ``layout.spread``'s row order,
         ``[G]`` float64 GPU loads)."""
-        shares, load, order = water_fill(total, self.tables(layout), self.sweeps)
-        if order is not None:
-            shares = torch.empty_like(shares).index_copy_(0, order, shares)
+        tables = self.tables(layout)
+        load = torch.addmv(tables.sentinel, tables.fixed, total.to(torch.float64))
+        if layout.num_spread == 0:
+            return load.new_zeros(0, layout.width), load[: layout.num_gpus]
+        shares = water_fill(total, tables, self.sweeps)
+        load.index_add_(0, tables.hot_gpu.flatten(), shares.flatten())
         return shares, load[: layout.num_gpus]
 
     def _quotas(self, total: torch.Tensor, tables: SelectorTables) -> torch.Tensor:
-        shares, _, order = water_fill(total, tables, self.sweeps)
-        return round_shares(total, shares, order, tables)
+        shares = water_fill(total, tables, self.sweeps) if tables.layout.num_spread else None
+        return round_shares(total, shares, tables)
 
     def quotas(self, total: torch.Tensor, layout: ReplicaLayout) -> torch.Tensor:
         """``[P]`` int64 copies per slot: :meth:`shares` rounded by cumulative shares."""

@@ -28,6 +28,7 @@ REPLICA_SELECTOR_SUITE: Suite[SelectorFactory] = Suite("ReplicaSelector", "facto
 _LAYOUTS = (
     ([0, 1, 2, 3, 4, 5, 6, 7], 4),  # no replicas
     ([0, 1, 2, 3, 0, 4, 5, 1, 6, 7, 0, 2], 4),  # expert 0 on three GPUs, 1 and 2 on two
+    ([0, 1, 2, 0, 3, 4, 0, 5, 6, 0, 7, 0], 4),  # one replicated expert, on every GPU
     ([0, 0, 1, 2, 3, 4, 5, 0, 6, 7, 1, 1], 3),  # expert 0 twice on GPU 0, expert 1 twice on GPU 2
 )
 

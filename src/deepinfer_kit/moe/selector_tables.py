@@ -1,0 +1,155 @@
+"""The per-layout index tables and the per-batch steps the count-based replica selectors share.
+
+A selector runs on every MoE layer of every step, on tensors of a few dozen elements, so
+its cost is the number of torch ops it launches, not their size. Everything that depends
+on the slot map alone is built once per layout (:class:`SelectorTables`, by device ops: no
+host read) and reused; the per-batch steps below launch a fixed number of ops set by the
+layout's host ints (``num_spread``), never by the batch's values.
+
+Shape symbols as in :mod:`deepinfer_kit.moe.replica_layout`, with ``H`` the experts that
+have more than one replica (``layout.num_spread``). Slot vectors are extended past ``P``
+by one scratch entry ``P``, always 0, where the padding of a replica row points.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
+
+__all__ = ["SelectorTables", "assign", "water_fill", "round_shares"]
+
+
+class SelectorTables:
+    """Index tables of one :class:`ReplicaLayout` for count-based selection.
+
+    Built by device ops from the layout's tensors (same device; nothing read back); the
+    layout's host ints size the loops. Immutable once built.
+
+    Attributes:
+        layout: the layout these tables describe (a selector rebuilds when it changes).
+        slot_or_pad: ``[E * R]`` int64, each expert's replica slots, padding -> ``P``.
+        single: ``[P + 1, E]`` int64, 1 at (its slot, expert) for a single-replica expert.
+        first_slot: ``[E]`` int64, each expert's first replica's slot.
+        experts: ``[E]`` int64, ``0 .. E-1``.
+        replica: ``[R]`` int64, ``0 .. R-1``.
+        hot: ``[H]`` int64, the replicated experts (``layout.spread``'s real rows).
+        hot_gpu: ``[H, R]`` int64, their replicas' GPUs (``G``, an always-full sentinel, for
+            padding and for a second replica on one GPU).
+        hot_rows: the ``H`` rows of ``hot_gpu``.
+        hot_slot: ``[H * R]`` int64, their replicas' slots (padding -> ``P``).
+        fixed: ``[G + 1, E]`` float64, ``1`` where a single-replica expert's GPU is.
+        sentinel: ``[G + 1]`` float64, ``0`` but ``inf`` at ``G``.
+        ranks: ``[R]`` float64, ``1 .. R``.
+        zero_column: ``[H, 1]`` int64 zeros.
+    """
+
+    def __init__(self, layout: ReplicaLayout) -> None:
+        experts, slots, width, gpus = layout.num_experts, layout.num_slots, layout.width, layout.num_gpus
+        device, hot = layout.device, layout.num_spread
+        self.layout = layout
+        self.experts = torch.arange(experts, device=device)
+        self.replica = torch.arange(width, device=device)
+        slot_or_pad = torch.where(layout.valid, layout.log2phy, slots)
+        self.slot_or_pad = slot_or_pad.flatten()
+        single = layout.logcnt == 1
+        self.single = torch.zeros(slots + 1, experts, dtype=torch.int64, device=device)
+        self.single.index_put_((layout.log2phy[:, 0], self.experts), single.to(torch.int64))
+        self.first_slot = layout.log2phy[:, 0].contiguous()
+        self.hot = layout.spread[:hot]
+        self.hot_gpu = layout.spread_gpu[:hot]
+        self.hot_rows = self.hot_gpu.unbind(0)
+        self.hot_slot = slot_or_pad.index_select(0, self.hot).flatten()
+        self.fixed = torch.zeros(gpus + 1, experts, dtype=torch.float64, device=device)
+        self.fixed.index_put_((layout.single_gpu, self.experts), single.to(torch.float64))
+        self.sentinel = torch.zeros(gpus + 1, dtype=torch.float64, device=device)
+        self.sentinel[gpus] = float("inf")
+        self.ranks = torch.arange(1, width + 1, dtype=torch.float64, device=device)
+        self.zero_column = torch.zeros(hot, 1, dtype=torch.int64, device=device)
+
+
+def water_fill(total: torch.Tensor, tables: SelectorTables, sweeps: int) -> torch.Tensor:
+    """Block-coordinate water-filling of the replicated experts' copies, hottest first.
+
+    Args:
+        total: ``[E]`` int64 copies per expert over the whole batch.
+        tables: the layout's tables (same device).
+        sweeps: passes over the replicated experts; one pass when a single expert is
+            replicated (its water-filling is then exact).
+
+    Returns:
+        ``[H, R]`` float64 fractional copies per replica of each replicated expert (rows in
+        ``tables.hot`` order; padding and same-GPU replicas get 0). Device ops only.
+    """
+    hot, ranks = tables.hot.shape[0], tables.ranks
+    real = total.to(torch.float64)
+    load = torch.addmv(tables.sentinel, tables.fixed, real)
+    demand = real.index_select(0, tables.hot)
+    rows, order = tables.hot_rows, None
+    if hot > 1:
+        order = torch.argsort(demand, descending=True, stable=True)
+        demand, rows = demand.index_select(0, order), tables.hot_gpu.index_select(0, order).unbind(0)
+    need = demand.unbind(0)
+    passes = sweeps if hot > 1 else 1
+    shares: list[torch.Tensor] = []
+    for p in range(passes):
+        for i in range(hot):
+            level = load.index_select(0, rows[i])
+            if p:
+                level.sub_(shares[i])  # the row's own share taken off
+            h = torch.sort(level).values.cumsum_(0).add_(need[i]).div_(ranks).min()
+            x = (h - level).clamp_(min=0)
+            if p < passes - 1 or i < hot - 1:  # the last row's loads are never read again
+                load.index_add_(0, rows[i], x - shares[i] if p else x)
+            if p:
+                shares[i] = x
+            else:
+                shares.append(x)
+    out = torch.stack(shares)
+    return out if order is None else torch.empty_like(out).index_copy_(0, order, out)
+
+
+def round_shares(total: torch.Tensor, shares: torch.Tensor | None, tables: SelectorTables) -> torch.Tensor:
+    """``[P + 1]`` int64 whole-batch copies per slot (the scratch entry as in the module
+    doc): single-replica experts' totals at their slot, and ``shares`` (``[H, R]`` float64,
+    as :func:`water_fill` returns them; ``None`` when ``H = 0``) rounded by cumulative
+    share: each replica's count is within 1 of its share. Each row of ``shares`` sums to
+    its expert's total up to float error (far below 0.5), so the rounded cumulative share
+    at its last replica is that total exactly."""
+    out = torch.mv(tables.single, total)
+    if shares is None:
+        return out
+    bounds = shares.cumsum(1).add_(0.5).to(torch.int64)  # the floor: every value is >= 0.5
+    count = torch.diff(bounds, dim=1, prepend=tables.zero_column)
+    return out.index_add_(0, tables.hot_slot, count.flatten())
+
+
+def assign(ids: torch.Tensor, counts: torch.Tensor, rank: int, tables: SelectorTables,
+           quotas: torch.Tensor) -> Selection:
+    """Route rank ``rank``'s copies ``ids`` (``[N]``) by the whole-batch ``quotas``
+    (``[P + 1]`` int64, from :func:`round_shares` or an even split). The copies of each
+    expert are numbered over the ranks (rank order, then flat order); copy ``g`` goes to
+    the replica whose quota interval holds ``g``. With every expert's intervals laid end
+    to end (expert-major), this rank's copies sorted by expert sit at positions
+    ``0 .. N-1`` shifted per expert by the copies before them on other ranks, and one
+    ``searchsorted`` finds each copy's replica. ``counts``: ``[W, E]`` int64, every rank's
+    copies per expert. Device ops only."""
+    layout = tables.layout
+    if tables.hot.shape[0] == 0:  # one replica each: nothing to choose
+        slots = tables.first_slot.index_select(0, ids)
+    else:
+        order = torch.argsort(ids, stable=True)
+        upper = quotas.index_select(0, tables.slot_or_pad).cumsum_(0)
+        position = torch.arange(ids.numel(), device=ids.device)
+        if counts.shape[0] > 1:
+            mine = counts[rank]
+            other = counts.sum(0) - mine
+            shift = other.cumsum(0) - other + counts[:rank].sum(0)
+            position += shift.index_select(0, ids.index_select(0, order))
+        chosen = tables.slot_or_pad.index_select(0, torch.searchsorted(upper, position, right=True))
+        slots = torch.empty_like(ids).scatter_(0, order, chosen)
+    if counts.shape[0] == 1:  # the one rank sends the whole batch
+        return Selection(slots=slots, sent=quotas[: layout.num_slots], quotas=quotas[: layout.num_slots])
+    sent = torch.zeros(layout.num_slots, dtype=torch.int64, device=ids.device)
+    sent.index_add_(0, slots, torch.ones_like(slots))
+    return Selection(slots=slots, sent=sent, quotas=quotas[: layout.num_slots])
