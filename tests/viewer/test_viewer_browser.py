@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from viewer_run import record_eplb_run, record_run  # noqa: E402
+from viewer_run import EPLB, record_eplb_run, record_run  # noqa: E402
 
 from deepinfer_kit.viewer import TraceDoc, write_html  # noqa: E402
 
@@ -195,8 +195,9 @@ const note = document.getElementById('rebalance');
 return {
   shown: !document.getElementById('eplb').hidden,
   rebalance: [n(note, 'rebalanced'), n(note, 'moved'), note.getAttribute('data-before'), note.getAttribute('data-after')],
-  layers: all('#eplb-layers > .elayer').map(l => all('.gpu', l).map(g => [n(g, 'gpu'), n(g, 'load'),
+  layers: all('#eplb-layers > .elayer').map(l => all('.gpu', l).map(g => [n(g, 'gpu'), n(g, 'load'), n(g, 'before'),
     all('.slot', g).map(x => [n(x, 'slot'), n(x, 'expert'), n(x, 'count'), n(x, 'changed')])])),
+  balance: all('#eplb-layers > .elayer .bal').map(b => [b.getAttribute('data-before'), b.getAttribute('data-after')]),
 };
 """
 
@@ -211,18 +212,26 @@ def expected_eplb(doc: TraceDoc, i: int) -> dict[str, Any]:
         "shown": True,
         "rebalance": [1, r["moved_slots"], f"{r['balancedness_before']:.4f}", f"{r['balancedness_after']:.4f}"]
         if r else [0, 0, "", ""],
-        "layers": [[[g, load, [[k, x["phy2log"][li][k], x["slots"][li][k], int(k in changed[li])]
-                               for k in range(g * per, (g + 1) * per)]]
+        "layers": [[[g, load, x["gpu_loads_before"][li][g],
+                     [[k, x["phy2log"][li][k], x["slots"][li][k], int(k in changed[li])]
+                      for k in range(g * per, (g + 1) * per)]]
                     for g, load in enumerate(loads)] for li, loads in enumerate(x["gpu_loads"])],
+        "balance": [[_balancedness(before), _balancedness(after)]
+                    for before, after in zip(x["gpu_loads_before"], x["gpu_loads"])],
     }
 
 
+def _balancedness(loads: list[int]) -> str:
+    return f"{sum(loads) / len(loads) / max(loads) if max(loads) > 0 else 1.0:.3f}"
+
+
 def test_viewer_shows_eplb_placement_and_rebalance(browser: Any, tmp_path: Path) -> None:
-    """A live-EPLB run: per-GPU loads and slot -> expert placement match the trace at every
-    step, before, at and after each rebalance, and the changed slots are marked."""
+    """A live-EPLB run with the balanced replica selector: per-GPU loads before and after
+    selection, each layer's balancedness and slot -> expert placement match the trace at
+    every step, before, at and after each rebalance, and the changed slots are marked."""
     from selenium.webdriver.common.by import By
 
-    run = record_eplb_run()
+    run = record_eplb_run({**EPLB, "dispatch": "balanced"})
     doc = run.doc
     history = run.engine.balancer.history  # type: ignore[union-attr]
     at = [i for i, s in enumerate(doc["steps"]) if s["eplb"]["rebalance"]]

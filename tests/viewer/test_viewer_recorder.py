@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from viewer_run import record_eplb_run, Run, completions, record_run, recorded_tokens  # noqa: E402
+from viewer_run import EPLB, record_eplb_run, Run, completions, record_run, recorded_tokens  # noqa: E402
 
 from deepinfer_kit.errors import ConfigError  # noqa: E402
 from deepinfer_kit.viewer import TraceRecorder, filter_name, loads, validate  # noqa: E402
@@ -174,3 +174,30 @@ def test_eplb_placement_loads_and_rebalances_follow_the_balancer() -> None:
         assert sum(map(len, r["changed"])) == r["moved_slots"] > 0
         assert r["balancedness_after"] >= r["balancedness_before"]
     assert next(history, None) is None
+
+
+def test_eplb_gpu_loads_before_and_after_selection() -> None:
+    """With the balanced selector, each step's load before selection is the even split of
+    the trace's routed counts over the placement's replicas (computed here from scratch),
+    it holds the same copies as the dispatched load, and the balancer's busiest GPU is
+    never busier than the even split's beyond one copy per slot it holds (rounding)."""
+    run = record_eplb_run({**EPLB, "dispatch": "balanced"})
+    doc = run.doc
+    assert doc["meta"]["eplb"]["dispatch"] == "balanced"
+    moved = 0
+    for step, trace in zip(doc["steps"], run.recorder.traces):
+        x = step["eplb"]
+        assert trace.expert_counts is not None
+        for layer, (phy2log, counts) in enumerate(zip(x["phy2log"], trace.expert_counts)):
+            slots_of = {e: [s for s, v in enumerate(phy2log) if v == e] for e in range(len(counts))}
+            even = [0] * 12
+            for e, slots in slots_of.items():
+                for r, s in enumerate(slots):
+                    even[s] = counts[e] // len(slots) + (r < counts[e] % len(slots))
+            before = [sum(even[g:g + 3]) for g in range(0, 12, 3)]
+            assert x["gpu_loads_before"][layer] == before
+            after = x["gpu_loads"][layer]
+            assert sum(after) == sum(before) == 2 * step["batched_tokens"]
+            assert max(after) <= max(before) + 3
+            moved += after != before
+    assert moved > 0  # the selector changed some step's split

@@ -116,6 +116,23 @@ def test_eplb_fields_are_optional_and_checked() -> None:
     bad["steps"][0]["eplb"]["phy2log"][1].pop()
     with pytest.raises(ConfigError, match=r"steps\[0\]\.eplb\.phy2log\[1\] must have num_slots=12"):
         validate(bad)
+    for change in ((0, 1, 1), (0, 0, -1)):  # a load that breaks the sum; then one that moves a copy
+        bad = copy.deepcopy(eplb)
+        layer, gpu, delta = change
+        bad["steps"][4]["eplb"]["gpu_loads_before"][layer][gpu] += delta
+        if delta < 0:
+            bad["steps"][4]["eplb"]["gpu_loads_before"][layer][1] -= delta
+            validate(bad)  # a different split of the same copies is a valid document
+            continue
+        with pytest.raises(ConfigError, match=r"steps\[4\]\.eplb\.gpu_loads_before must hold num_gpus=4"):
+            validate(bad)
+    bad = copy.deepcopy(eplb)
+    bad["steps"][4]["eplb"]["gpu_loads_before"][1].pop()
+    with pytest.raises(ConfigError, match=r"steps\[4\]\.eplb\.gpu_loads_before must hold num_gpus=4"):
+        validate(bad)
+    bad = copy.deepcopy(eplb)
+    del bad["steps"][4]["eplb"]["gpu_loads_before"], bad["meta"]["eplb"]["dispatch"]
+    validate(bad)  # both optional: documents written before them stay valid
     bad = copy.deepcopy(eplb)
     del bad["meta"]["eplb"]["num_gpus"]
     with pytest.raises(ConfigError, match=r"meta\.eplb\.num_gpus is missing"):

@@ -206,7 +206,7 @@ class TraceRecorder:
             if trace.expert_counts is not None else None,
         }
         if self._eplb is not None:
-            step["eplb"] = self._eplb.step(trace.slot_counts)
+            step["eplb"] = self._eplb.step(trace.slot_counts, trace.expert_counts)
         self._doc["steps"].append(step)
         if self._previous is not None:
             self._previous(trace)

@@ -41,6 +41,7 @@ class EplbMeta(TypedDict):
     num_gpus: int
     interval: int
     window: int
+    dispatch: NotRequired[str]
 
 
 class Meta(TypedDict):
@@ -147,11 +148,15 @@ class RebalanceDoc(TypedDict):
 
 class EplbStepDoc(TypedDict):
     """The placement ``phy2log`` ``[L][P]`` the step ran under, token copies per slot
-    ``[L][P]`` and per GPU ``[L][G]``, and the rebalance that installed it (or null)."""
+    ``[L][P]`` and per GPU ``[L][G]`` as the replica selector dispatched them, per GPU
+    before selection (``[L][G]``: each expert's routed copies split evenly over its
+    replicas, what the placement alone gives), and the rebalance that installed the
+    placement (or null)."""
 
     phy2log: list[list[int]]
     slots: list[list[int]]
     gpu_loads: list[list[int]]
+    gpu_loads_before: NotRequired[list[list[int]]]
     rebalance: RebalanceDoc | None
 
 
@@ -256,6 +261,13 @@ def _eplb_step(step: Any, meta: EplbMeta, where: str) -> None:
     sums = [[sum(row[g * per_gpu:(g + 1) * per_gpu]) for g in range(meta["num_gpus"])] for row in step["slots"]]
     if step["gpu_loads"] != sums:
         raise ConfigError(f"{where}.gpu_loads must sum the slots of each GPU ({sums}), got {step['gpu_loads']!r}")
+    before = step.get("gpu_loads_before")
+    if before is not None:
+        shape = [len(_list(row, f"{where}.gpu_loads_before")) for row in _list(before, f"{where}.gpu_loads_before")]
+        totals = [sum(row) for row in before]
+        if shape != [meta["num_gpus"]] * len(sums) or totals != [sum(row) for row in sums]:
+            raise ConfigError(f"{where}.gpu_loads_before must hold num_gpus={meta['num_gpus']} loads per layer "
+                              f"summing to the layer's copies {[sum(row) for row in sums]}, got {before!r}")
 
 
 def _step(step: Any, where: str) -> None:

@@ -203,7 +203,15 @@
     renderEplb(s);
   }
 
-  // Live EPLB: per layer, each GPU's token copies this step (bar) and its slots -> expert
+  // Mean / max of a layer's GPU loads, 3 decimals (1 when nothing ran).
+  function balancedness(loads) {
+    var max = Math.max.apply(null, loads), sum = loads.reduce(function (a, v) { return a + v; }, 0);
+    return (max > 0 ? sum / loads.length / max : 1).toFixed(3);
+  }
+
+  // Live EPLB: per layer, each GPU's token copies this step before replica selection (an
+  // even split of each expert's copies over its replicas; grey bar) and as dispatched
+  // (green bar), and its slots -> expert
   // (the placement the step ran under); slots a rebalance just before this step changed
   // are marked, with the rebalance's balancedness before -> after.
   function renderEplb(s) {
@@ -217,20 +225,29 @@
     note.textContent = r ? "rebalanced before this step: " + r.moved_slots + " slots moved, balancedness " +
       r.balancedness_before.toFixed(3) + " \u2192 " + r.balancedness_after.toFixed(3) + " (on its window)"
       : "placement unchanged (E = " + em.num_experts + " experts on " + em.num_slots + " slots over " + em.num_gpus +
-        " GPUs; rebalance every " + em.interval + " steps)";
+        " GPUs; rebalance every " + em.interval + " steps" + (em.dispatch ? "; replica selector " + em.dispatch : "") + ")";
     note.classList.toggle("fresh", !!r);
     sync($("eplb-layers"), x.gpu_loads, function (l, i) { return i; }, function (l, i) {
-      var d = el("div", "elayer"); d.appendChild(el("span", "name", {}, "layer " + i)); return d;
+      var d = el("div", "elayer"), name = el("span", "name", {}, "layer " + i);
+      name.appendChild(el("small", "bal")); d.appendChild(name); return d;
     }, function (node, loads, li) {
-      var max = Math.max.apply(null, loads.concat([1])), changed = {};
+      var before = x.gpu_loads_before ? x.gpu_loads_before[li] : null;
+      var max = Math.max.apply(null, loads.concat(before || [], [1])), changed = {};
       (r ? r.changed[li] : []).forEach(function (slot) { changed[slot] = 1; });
+      var bal = node.querySelector(".bal"), after = balancedness(loads), was = before ? balancedness(before) : "";
       setData(node, { layer: li });
+      setData(bal, { before: was, after: after });
+      bal.textContent = before ? "mean/max " + was + " \u2192 " + after : "mean/max " + after;
+      bal.title = "balancedness (mean / max GPU load) of this step" + (before ? ": before selection \u2192 as dispatched" : "");
       sync(node, loads, function (g, gi) { return gi; }, function () {
-        var g = el("div", "gpu"); g.appendChild(el("div", "gbar")); g.appendChild(el("span", "glabel")); g.appendChild(el("div", "slots")); return g;
+        var g = el("div", "gpu"); g.appendChild(el("div", "gbar-before")); g.appendChild(el("div", "gbar"));
+        g.appendChild(el("span", "glabel")); g.appendChild(el("div", "slots")); return g;
       }, function (g, load, gi) {
-        setData(g, { gpu: gi, load: load });
+        var b = before ? before[gi] : load;
+        setData(g, { gpu: gi, load: load, before: b });
+        g.querySelector(".gbar-before").style.width = (100 * b / max) + "%";
         g.querySelector(".gbar").style.width = (100 * load / max) + "%";
-        g.querySelector(".glabel").textContent = "GPU " + gi + ": " + load;
+        g.querySelector(".glabel").textContent = "GPU " + gi + ": " + load + (before ? " (before selection " + b + ")" : "");
         var slots = [];
         for (var k = gi * per; k < (gi + 1) * per; k++) slots.push(k);
         sync(g.querySelector(".slots"), slots, function (k) { return k; }, function () { return el("span", "slot"); }, function (sn, k) {
