@@ -143,14 +143,10 @@ def drive(pair: _Pair, trace: list[tuple[list[int], int]], make: Any, admit_per_
         pair.check()
 
 
-class _SelfPeer:
-    """A second kit manager standing in for vLLM in the default tier (no vLLM needed):
-    the driver's bookkeeping and the adapter's contract, checked against itself."""
-
-
 def test_adapter_contract_without_vllm() -> None:
-    """The adapter alone on a short Zipf trace: hits happen, allocations fail under a small
-    pool, nothing leaks, the idle check passes."""
+    """The adapter alone on a short Zipf trace (a second kit manager stands in for vLLM,
+    so this runs without it): hits happen, allocations fail under a small pool, nothing
+    leaks, the idle check passes."""
     a = KitKVCacheManager(64, P, 1024, log_stats=True)
     b = KitKVCacheManager(64, P, 1024)
     pair = _Pair(a, b, lambda m: m.num_free_blocks, lambda m: _kit_cached(m))
