@@ -6,10 +6,14 @@ model; EPLB places ``num_redundant`` extra replicas from the routed load and the
 installed in every worker (``worker_setup``) skews the routing the same way in every run
 (a fixed share of tokens, by position, has its first choice replaced by expert 0) and
 times, per rank: the MoE layers (dispatch + experts + combine, collectives included), the
-expert compute alone and the selector. Printed per selector: the mean MoE time per step
-(the slowest rank's, which every rank waits for), each rank's expert-compute time, the
-straggler's share (the slowest rank's expert time over the MoE time) and the selector's
-cost as a share of the engine's step. The greedy tokens of the three runs are compared.
+expert compute alone and the selector, and counts the copies each rank's experts receive.
+Printed per selector: the mean MoE time per step (the slowest rank's, which every rank
+waits for), the exchange (MoE time less expert compute: counts, all-to-alls, combine; the
+slowest rank's), each rank's expert-compute time, the straggler's share of the step (the
+slowest rank's expert time over the engine's step), how evenly the copies were spread
+over the ranks (copies-weighted mean over MoE calls of mean / max copies per rank: a
+figure of the dispatch alone, not of the machine's timing) and the selector's cost as a
+share of the engine's step. The greedy tokens of the three runs are compared.
 
     .venv/bin/python benchmarks/bench_eplb_engine.py              # W=4, skew 0.7
     .venv/bin/python benchmarks/bench_eplb_engine.py --ranks 2 --requests 4 --tokens 8
@@ -40,7 +44,7 @@ def run(dispatch: str, args: argparse.Namespace) -> tuple[list[list[int]], dict[
         eplb = {"window": 8, "interval": args.interval, "num_redundant": args.ranks, "num_gpus": args.ranks,
                 "policy": "deepseek", "dispatch": dispatch}
         engine = build_engine(worker="process", expert_parallel=args.ranks, eplb=eplb,
-                              max_num_batched_tokens=args.batch_tokens, worker_setup=Probe(out, args.skew))
+                              max_num_batched_tokens=args.batch_tokens, worker_setup=Probe(out, args.skew, args.threads_per_rank))
         params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
         prompts = [list(range(3 * i, 3 * i + 24)) for i in range(args.requests)]
         try:
@@ -74,14 +78,15 @@ def main() -> None:
     parser.add_argument("--selector-cost", action="store_true",
                         help="time the selectors inside decode steps of one process (W virtual GPUs) instead")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (--selector-cost)")
+    parser.add_argument("--threads-per-rank", type=int, default=1, help="torch threads in each rank's process")
     args = parser.parse_args()
     if args.selector_cost:
         eplb_selector_cost.main(args)
         return
     print(f"W={args.ranks} requests={args.requests} new tokens={args.tokens} skew={args.skew} "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print(f"{'dispatch':<10}{'steps':>6}{'step ms':>9}{'moe ms/step':>12}{'experts ms/step per rank':>34}"
-          f"{'straggler':>10}{'select %':>9}")
+          f"threads per rank {args.threads_per_rank} load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(f"{'dispatch':<10}{'steps':>6}{'step ms':>9}{'moe ms/step':>12}{'exchange':>10}"
+          f"{'experts ms/step per rank':>34}{'straggler/step':>15}{'copies mean/max':>16}{'select %':>9}")
     order = ("static", "even", "balanced")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in order}
     tokens: dict[str, list[list[int]]] = {}
@@ -92,19 +97,29 @@ def main() -> None:
             steps = len(m["steps"])
             step_ms = statistics.fmean(m["steps"]) * 1e3
             moe = max(r["moe"] for r in m["ranks"]) / steps * 1e3
+            exchange = max(r["moe"] - r["experts"] for r in m["ranks"]) / steps * 1e3
             experts = [r["experts"] / steps * 1e3 for r in m["ranks"]]
             select = max(r["select"] for r in m["ranks"]) / steps * 1e3
-            m["moe_ms"] = moe
-            print(f"{dispatch:<10}{steps:>6}{step_ms:>9.2f}{moe:>12.2f}"
-                  f"{' '.join(f'{e:7.3f}' for e in experts):>34}{max(experts) / moe:>10.3f}"
-                  f"{100 * select / step_ms:>8.2f}%")
+            calls = list(zip(*(r["copies"] for r in m["ranks"])))  # per MoE call: copies on each rank
+            m["moe_ms"], m["balance"] = moe, copies_balancedness(calls)
+            print(f"{dispatch:<10}{steps:>6}{step_ms:>9.1f}{moe:>12.1f}{exchange:>10.1f}"
+                  f"{' '.join(f'{e:7.2f}' for e in experts):>34}{max(experts) / step_ms:>15.3f}"
+                  f"{m['balance']:>16.4f}{100 * select / step_ms:>8.2f}%")
     same = tokens["static"] == tokens["even"] == tokens["balanced"]
     base = statistics.median(m["moe_ms"] for m in runs["static"])
     for name in ("even", "balanced"):
         got = statistics.median(m["moe_ms"] for m in runs[name])
-        print(f"median MoE time per step, static / {name}: {base / got:.3f}x over {args.repeats} runs each")
+        print(f"median MoE time per step, static / {name}: {base / got:.3f}x over {args.repeats} runs each; "
+              f"copies per rank mean/max {runs[name][0]['balance']:.4f} (static {runs['static'][0]['balance']:.4f})")
     print(f"rebalances per run: {[m['rebalances'] for n in order for m in runs[n]]}; "
           f"greedy tokens identical: {same}")
+
+
+def copies_balancedness(calls: list[tuple[int, ...]]) -> float:
+    """Copies-weighted mean over MoE calls of (mean / max copies a rank's experts received):
+    how evenly the selector spread the work, independent of the machine's timing."""
+    busy = [c for c in calls if max(c) > 0]
+    return sum(sum(c) / len(c) for c in busy) / sum(max(c) for c in busy) if busy else 1.0
 
 if __name__ == "__main__":
     main()

@@ -7,9 +7,11 @@ over batches and layers of each batch's balancedness (mean / max GPU load), next
 
 - ``lp``: the exact linear program (scipy's HiGHS) over the same placement: the best any
   split of each batch can do (fractional, so an upper bound for integer splits);
-- ``sglang-lp``: SGLang's ``LPLBSolver`` (``srt/eplb/lplb_solver.py``), built from
-  ``phy2log`` / ``log2phy`` / ``num_gpus`` and called per batch with the ``[B, k]`` ids
-  (its ``solve`` returns each expert's probability per replica) when it is importable;
+- ``sglang-lp``: SGLang's LP dispatch when ``sglang`` is importable (``PYTHONPATH`` to a
+  ``pip install --no-deps --target`` copy): its ``LPLBSolver`` builds the LP from the
+  placement, the LP is solved exactly on the CPU and each copy is drawn to a replica by
+  the resulting probabilities, as SGLang dispatches (:class:`SglangLP` says what runs
+  where; SGLang's own solve runs only as CUDA kernels on a Hopper GPU);
 - ``oracle``: DeepSeek's policy planning from the batch itself, split evenly.
 """
 
@@ -23,6 +25,7 @@ import torch
 
 from deepinfer_kit.eplb import GlobalPlacementPolicy, HierarchicalPlacementPolicy, PlacementPolicy, Topology
 from deepinfer_kit.eplb.batch_study import batch_balancedness, even_split_balancedness, layouts_of, sample_batch
+from deepinfer_kit.moe.protocols import ReplicaSelector
 from deepinfer_kit.moe.replica_layout import ReplicaLayout
 from deepinfer_kit.moe.selectors import BalancedSelector, EvenSelector, StaticSelector, gpu_load_of
 from deepinfer_kit.testing.eplb_traces import drifting_zipf_trace
@@ -33,7 +36,7 @@ SIZES = (64, 512, 4096)
 def lp_balancedness(counts: torch.Tensor, layout: ReplicaLayout) -> float | None:
     """Mean / max GPU load of the exact LP split of ``counts`` (``[E]``), or None without scipy."""
     try:
-        from scipy.optimize import linprog
+        from scipy.optimize import linprog  # type: ignore[import-untyped]
     except ImportError:
         return None
     gpus = layout.num_gpus
@@ -60,26 +63,68 @@ def lp_balancedness(counts: torch.Tensor, layout: ReplicaLayout) -> float | None
     return float(c.sum() / gpus / res.x[n])
 
 
-def sglang_balancedness(ids: torch.Tensor, layout: ReplicaLayout, top_k: int) -> float:
-    """Mean / max GPU load under SGLang's LPLBSolver's per-replica probabilities (raises
-    ImportError or what the solver raises when it cannot run here)."""
-    from sglang.srt.eplb.lplb_solver import LPLBSolver  # type: ignore[import-not-found]
+class SglangLP:
+    """SGLang's LP dispatch (``--ep-dispatch-algorithm lp``) for one layout, driven on the CPU.
 
-    log2phy = torch.where(layout.valid, layout.log2phy, -1)
-    solver = LPLBSolver(layout.phy2log, log2phy, layout.num_gpus, None,
-                        logical_to_all_physical_map_num_valid=layout.logcnt)
-    prob = solver.solve(ids.view(-1, top_k).to(torch.int32)).double().cpu()
-    counts = torch.bincount(ids, minlength=layout.num_experts).double()
-    slot = torch.zeros(layout.num_slots, dtype=torch.float64)
-    slot.index_add_(0, layout.log2phy.flatten(), (counts[:, None] * prob * layout.valid).flatten())
-    load = gpu_load_of(slot, layout)
-    return float(load.mean() / load.max())
+    Built by SGLang's own ``LPLBSolver`` (its constraint matrices ``A``, cost ``c``, the
+    single / replicated slot split) with its constructor's warm-up of the CUDA kernel
+    skipped. Per batch, the three steps its ``_solve`` runs as JIT CUDA kernels are done
+    here in torch, following ``lp_prep.cuh`` / ``lp_post.cuh`` / ``dispatch_probability.cuh``:
+    counts normalised by the batch total into ``b`` and the Big-M column; the standard-form
+    LP ``min c.x, A x = b, x >= 0`` solved by scipy's HiGHS (exactly, where SGLang runs 5
+    barrier iterations of an interior-point method on a Hopper GPU); each copy's replica
+    drawn by the resulting per-replica probabilities from seeded uniforms, as its dispatch
+    kernel does. Raises ImportError without sglang or scipy.
+    """
+
+    def __init__(self, layout: ReplicaLayout) -> None:
+        from scipy.optimize import linprog  # noqa: F401 - fail early
+        from sglang.kernels.ops.lplb import torch_solver  # type: ignore[import-not-found]
+        from sglang.srt.eplb.lplb_solver import LPLBSolver  # type: ignore[import-not-found]
+
+        warmup = torch_solver.warmup
+        torch_solver.warmup = lambda *args, **kwargs: None  # it compiles the CUDA kernel
+        try:
+            self.solver = LPLBSolver(layout.phy2log, torch.where(layout.valid, layout.log2phy, -1),
+                                     layout.num_gpus, None, logical_to_all_physical_map_num_valid=layout.logcnt)
+        finally:
+            torch_solver.warmup = warmup
+        self.layout = layout
+
+    def probabilities(self, counts: torch.Tensor) -> torch.Tensor:
+        """``[E, R]`` float32 ``log2phy_prob`` for ``counts`` (``[E]`` copies per expert)."""
+        from scipy.optimize import linprog
+
+        sv, counts = self.solver, counts.float()
+        total = max(float(counts[sv.log_single].sum() + counts[sv.log_replicated].sum()), 1.0)
+        t1 = counts[sv.log_single] / total
+        b = torch.cat([counts[sv.log_replicated] / total, -(sv.B1 @ t1)])
+        a = sv._A_full.clone()
+        a[:, -1] = b - sv._A_base_row_sum
+        res = linprog(sv.c_vec.double().numpy(), A_eq=a.double().numpy(), b_eq=b.double().numpy(),
+                      bounds=(0, None), method="highs")
+        x = torch.as_tensor(res.x, dtype=torch.float32)
+        phy = torch.zeros(sv.num_phy + 1)
+        phy[sv.phy_replicated] = x[: sv.num_red_phy].clamp(min=0)
+        phy[sv.phy_single] = t1
+        return phy[torch.where(sv.log2phy < 0, sv.num_phy, sv.log2phy)]
+
+    def balancedness(self, ids: torch.Tensor, gen: torch.Generator) -> float:
+        """Mean / max GPU load once the copies ``ids`` (``[N]``) are drawn to replicas."""
+        layout = self.layout
+        prob = self.probabilities(torch.bincount(ids, minlength=layout.num_experts))[ids]
+        row = prob.sum(1, keepdim=True)
+        prob = torch.where(row > 0, prob, layout.valid[ids].float())
+        u = torch.rand(ids.numel(), generator=gen) * prob.sum(1)
+        chosen = (u[:, None] >= prob.cumsum(1)).sum(1).clamp(max=layout.width - 1)
+        load = gpu_load_of(torch.bincount(layout.log2phy[ids, chosen], minlength=layout.num_slots), layout)
+        return float(load.float().mean() / load.max()) if int(load.max()) > 0 else 1.0
 
 
 def run(layers: int, experts: int, topology: Topology, windows: int, top_k: int, batches: int,
         exponent: float, correlation: float, tokens: int, seed: int) -> None:
     """Print one table per mode: balancedness per batch size and selector."""
-    selectors = {"static": StaticSelector(), "even": EvenSelector(), "balanced-1": BalancedSelector(1),
+    selectors: dict[str, ReplicaSelector] = {"static": StaticSelector(), "even": EvenSelector(), "balanced-1": BalancedSelector(1),
                  "balanced": BalancedSelector()}
     gen = torch.Generator().manual_seed(seed)
     sglang_note = ""
@@ -109,7 +154,7 @@ def run(layers: int, experts: int, topology: Topology, windows: int, top_k: int,
                         got["lp"].append(statistics.fmean(v for v in lps if v is not None))
                     try:
                         got["sglang-lp"].append(statistics.fmean(
-                            sglang_balancedness(r, lay, top_k) for r, lay in zip(ids, layouts)))
+                            SglangLP(lay).balancedness(r, gen) for r, lay in zip(ids, layouts)))
                     except Exception as exc:  # noqa: BLE001 - reported once below
                         sglang_note = f"{type(exc).__name__}: {exc}"
                     oracle = make().place(counts, topology)

@@ -40,21 +40,29 @@ class Probe:
             expert compute and the selector; forwards) after every forward.
         skew: share of tokens (chosen by position, alike on every rank and run) whose
             first expert becomes expert 0.
+        threads: torch threads per rank (None leaves the default).
+
+    Each rank also records ``copies``: the token copies its experts received, per MoE
+    layer call, in call order (the same calls on every rank).
     """
 
-    def __init__(self, out_dir: str, skew: float) -> None:
-        self.out_dir, self.skew = out_dir, skew
+    def __init__(self, out_dir: str, skew: float, threads: int | None = None) -> None:
+        self.out_dir, self.skew, self.threads = out_dir, skew, threads
         self.times: dict[str, float] = {"moe": 0.0, "experts": 0.0, "select": 0.0}
+        self.copies: list[int] = []
         self.forwards = 0
 
     def __call__(self, runner: ModelRunner) -> None:
         """Install the hooks on this worker's MoE layers."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         layers = moe_layers(runner.model)
         rank = 0
         for i, layer in enumerate(layers):
             layer.gate.register_forward_hook(self._skew)
             self._time(layer, "moe", last=i == len(layers) - 1)
             self._time(layer.experts, "experts", last=False)
+            layer.experts.register_forward_pre_hook(self._count)
             if isinstance(layer.dispatcher, ExpertParallelDispatcher):
                 rank = layer.dispatcher.rank
                 layer.dispatcher.selector = _TimedSelector(layer.dispatcher.selector, self)
@@ -69,6 +77,9 @@ class Probe:
         new_first = torch.where(hot, torch.zeros_like(first), first)
         return Routing(torch.stack([new_first, new_second, *ids[:, 2:].unbind(1)], 1), out.weights)
 
+    def _count(self, module: Any, args: Any) -> None:
+        self.copies.append(int(args[0].shape[0]))
+
     def _time(self, module: torch.nn.Module, key: str, last: bool) -> None:
         start: list[float] = []
 
@@ -79,7 +90,7 @@ class Probe:
             self.times[key] += time.perf_counter() - start.pop()
             if last:
                 self.forwards += 1
-                self.path.write_text(json.dumps(self.times | {"forwards": self.forwards}))
+                self.path.write_text(json.dumps(self.times | {"forwards": self.forwards, "copies": self.copies}))
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
