@@ -71,8 +71,9 @@ class _Clock:
 
     def __init__(self, engine: Engine) -> None:
         self.draft = self.target = 0.0
-        if engine.speculation is not None:
-            drafter = engine.speculation.drafter
+        drafting = getattr(engine.runner, "drafting", None)  # None: a worker process drafts
+        if drafting is not None:
+            drafter = drafting.speculation.drafter
             propose = drafter.propose
 
             def timed_propose(*a: Any) -> Any:

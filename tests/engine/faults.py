@@ -114,8 +114,8 @@ class RunnerFaults:
         inner_prepare = runner.prepare
         p_forward, p_sampler, p_nan = self.p_forward, self.p_sampler, self.p_nan
 
-        def prepare(plan: SchedulePlan) -> PreparedStep:
-            step = inner_prepare(plan)
+        def prepare(plan: SchedulePlan, **kw: Any) -> PreparedStep:
+            step = inner_prepare(plan, **kw)
             model.rows = []
             draw = rng.random()
             if draw < p_forward:

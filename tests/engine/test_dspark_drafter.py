@@ -48,8 +48,8 @@ def _training_script() -> Any:
 
 
 def _drafter(engine: Engine) -> DSparkDrafter:
-    assert engine.speculation is not None
-    drafter = engine.speculation.drafter
+    assert engine.runner.drafting is not None
+    drafter = engine.runner.drafting.speculation.drafter
     assert isinstance(drafter, DSparkDrafter)
     return drafter
 
@@ -66,7 +66,7 @@ def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
     while engine.has_unfinished_requests():
         for o in engine.step():
             outs[o.request_id] = [list(c.token_ids) for c in o.outputs]
-        if check and engine.speculation is not None:
+        if check and engine.runner.drafting is not None:
             _check_pool(engine)
     engine.check_idle()
     return outs

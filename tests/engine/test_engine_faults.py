@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -47,8 +48,8 @@ def test_non_finite_logits_end_only_that_request(value: float, temperature: floa
     model.value = value
     inner_prepare = engine.runner.prepare
 
-    def prepare(plan: SchedulePlan) -> PreparedStep:
-        step = inner_prepare(plan)
+    def prepare(plan: SchedulePlan, **kw: Any) -> PreparedStep:
+        step = inner_prepare(plan, **kw)
         decoding = any(c.request_id == "bad" and not c.is_prefill for c in plan.chunks)
         model.rows = rows_of(step, {"bad"}) if decoding else []
         return step

@@ -56,8 +56,8 @@ def _prompts(seed: int, vocab: int, count: int) -> list[list[int]]:
 
 
 def _drafter(engine: Engine) -> DraftModelDrafter:
-    assert engine.speculation is not None
-    drafter = engine.speculation.drafter
+    assert engine.runner.drafting is not None
+    drafter = engine.runner.drafting.speculation.drafter
     assert isinstance(drafter, DraftModelDrafter)
     return drafter
 

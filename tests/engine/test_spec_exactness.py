@@ -44,8 +44,8 @@ def test_a_model_drafters_confidence_never_reads_the_token_it_confides_in(name: 
             "draft_model": {"drafter": "draft_model", "draft_model": "tiny"},
             "dspark": {"drafter": "dspark", "dspark_heads": "tiny-words"}}[name]
     engine = build_engine(model=model, speculative={**spec, "num_draft": 3}, num_blocks=256)
-    assert engine.speculation is not None
-    drafter = engine.speculation.drafter
+    assert engine.runner.drafting is not None
+    drafter = engine.runner.drafting.speculation.drafter
     prompt = list(b"The cat ")
     views = [DraftView(f"s{i}", prompt, (), prompt, attrs.evolve(PARAMS, seed=i), i, None)
              for i in range(48)]

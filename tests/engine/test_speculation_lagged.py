@@ -45,18 +45,6 @@ class _Planner:
         return list(max_lengths)
 
 
-@attrs.define
-class _Scheduler:
-    running: list[Request]
-    spec: dict[str, list[int]] = attrs.field(factory=dict)
-
-    def set_spec_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        self.spec[request_id] = list(token_ids)
-
-    def pending_prefill_tokens(self) -> int:
-        return 0
-
-
 def _decoding(rid: str) -> Request:
     req = Request(rid, [1, 2, 3], SamplingParams(max_tokens=8))
     req.block_table = [0]
@@ -68,27 +56,23 @@ def test_lagged_planner_sees_the_previous_rounds_confidences() -> None:
     drafter, planner = _Drafter(), _Planner()
     spec = Speculation(drafter, planner, GAMMA, lagged=True)
     a, b, c = _decoding("a"), _decoding("b"), _decoding("c")
-    sched = _Scheduler([a, b])
-    spec.draft(sched)
+    chosen = spec.choose([a, b], 0)
     assert planner.seen[0] == [[0.0] * GAMMA] * 2  # nothing known yet
-    assert sched.spec == {"a": [1] * GAMMA, "b": [1]}  # capped by this round's drafts
-    sched.running = [b, c, a]  # a new sequence, a new order
-    spec.draft(sched)
+    assert chosen == [[1] * GAMMA, [1]]  # capped by this round's drafts
+    spec.choose([b, c, a], 0)  # a new sequence, a new order
     first = [[round(x, 6) for x in row] for row in drafter.proposed[0]]
     assert planner.seen[1] == [first[1], [0.0] * GAMMA, first[0]]
-    sched.running = [a]  # b and c are gone: their confidences are dropped
-    spec.draft(sched)
+    spec.choose([a], 0)  # b and c are gone: their confidences are dropped
     second = [[round(x, 6) for x in row] for row in drafter.proposed[1]]
     assert planner.seen[2] == [second[2]]
-    sched.running = [b]  # b left for a round: what it had is forgotten, not stale
-    spec.draft(sched)
+    spec.choose([b], 0)  # b left for a round: what it had is forgotten, not stale
     assert planner.seen[3] == [[0.0] * GAMMA]
 
 
 def test_synchronous_planner_sees_this_rounds_confidences() -> None:
     drafter, planner = _Drafter(), _Planner()
     spec = Speculation(drafter, planner, GAMMA)
-    sched = _Scheduler([_decoding("a")])
-    spec.draft(sched)
-    spec.draft(sched)
+    live = [_decoding("a")]
+    spec.choose(live, 0)
+    spec.choose(live, 0)
     assert planner.seen == [[[round(x, 6) for x in row] for row in p] for p in drafter.proposed]

@@ -26,7 +26,7 @@ from deepinfer_kit.request import Request
 from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
 from deepinfer_kit.spec.drafters.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import FixedPlanner
-from deepinfer_kit.spec.records import SpecConfig, SpsCurve
+from deepinfer_kit.spec.records import SpsCurve
 from deepinfer_kit.step import StepResult
 from differential import run_workload, workload
 from faults import RunnerFaults, fail_commits, run_to_end
@@ -233,8 +233,8 @@ def test_a_late_step_holds_its_slots_from_prepare_on() -> None:
     prepare = runner.prepare
     seen: list[int] = []
 
-    def checked(plan: SchedulePlan) -> Any:
-        step = prepare(plan)
+    def checked(plan: SchedulePlan, **kw: Any) -> Any:
+        step = prepare(plan, **kw)
         for c in plan.chunks:
             if c.sample:
                 assert slots._newest[c.request_id] == plan.step_id, c.request_id
@@ -266,7 +266,7 @@ def test_model_drafters_overlapped_equal_synchronous(drafter: str) -> None:
     want, _ = run_workload(reqs, False, speculative=spec, **ROOMY)
     engine, traces = _traced(True, speculative=spec, **ROOMY)
     got, _ = run_workload(reqs, engine=engine)  # ends with check_idle: the draft pool too
-    assert engine.executor.depth == 1 and engine.speculation is None
+    assert engine.executor.depth == 1 and engine.runner.drafting is not None
     assert got == want
     assert sum(t.num_drafted for t in traces) >= sum(t.num_accepted for t in traces) > 0  # "tiny": all
     engine.runner.drafting.speculation.check_idle()  # every released slot released its draft KV

@@ -9,7 +9,7 @@ import torch
 
 from deepinfer_kit import build_engine
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.engine.build import build_speculation
+from deepinfer_kit.spec.speculation import build_speculation
 from deepinfer_kit.engine.runner.sps_profile import (
     fit_sps, forward_timer, knee_interval, measure_sps, sps_points, verify_shape,
 )
@@ -96,8 +96,8 @@ def test_engine_profiles_the_dspark_curve_unless_one_is_given() -> None:
     spec = {"drafter": "ngram", "num_draft": 3, "planner": "dspark"}
     engine = build_engine(speculative=spec, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64,
                           max_model_len=512)
-    assert engine.speculation is not None
-    planner = engine.speculation.planner
+    assert engine.runner.drafting is not None
+    planner = engine.runner.drafting.speculation.planner
     assert isinstance(planner, DSparkPlanner)
     # the whole budget, not only max_num_seqs * (1 + γ): prefill rides in the same rounds
     assert {1, 2, 4, 8, 16, 32, 64} <= set(planner.sps.batch_tokens)
@@ -106,7 +106,7 @@ def test_engine_profiles_the_dspark_curve_unless_one_is_given() -> None:
     assert all(b <= a for a, b in zip(sps, sps[1:]))
     given = SpsCurve((1, 8), (50.0, 40.0))
     engine = build_engine(speculative={**spec, "sps": given}, num_blocks=64, max_model_len=512)
-    assert engine.speculation is not None and engine.speculation.planner.sps is given  # type: ignore[attr-defined]
+    assert engine.runner.drafting is not None and engine.runner.drafting.speculation.planner.sps is given  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="speculative.sps"):
         SpecConfig(sps="measure")
     with pytest.raises(ConfigError, match="speculative.sps: planner='dspark' needs an SpsCurve"):

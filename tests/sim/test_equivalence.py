@@ -43,12 +43,14 @@ class ForcedTokens:
         self.runner = runner
         self.tokens = tokens
         self.kv_cache = runner.kv_cache
-        self.record_expert_counts = False
         self.plans: list[tuple[Any, ...]] = []
 
-    def prepare(self, plan: SchedulePlan) -> Any:
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> Any:
         self.plans.append(snapshot(plan))
-        return self.runner.prepare(plan)
+        return self.runner.prepare(plan, record_expert_counts=record_expert_counts)
+
+    def check_idle(self) -> None:
+        self.runner.check_idle()
 
     def execute(self, step: Any) -> StepResult:
         result: StepResult = self.runner.execute(step)

@@ -15,7 +15,6 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim import H200, QWEN3_1_7B, AnalyticCost, SimRequest, StepShape, build_simulator
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.cost_saturating import SaturatingCost, profile_sps
-from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.spec_runner import build_spec_simulator, check_idle
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import VerifyPlanner
@@ -34,14 +33,16 @@ class Recorder:
 
     def __call__(self, plan: SchedulePlan, result: StepResult, start: float, end: float) -> None:
         assert end >= start
-        assert plan_shape(plan).num_spec_tokens == sum(len(c.spec_token_ids) for c in plan.chunks)
-        for i, (chunk, toks) in enumerate(zip(plan.chunks, result.token_ids)):
+        assert not any(c.spec_token_ids for c in plan.chunks)  # the runner drafts, into the room
+        drafts = result.drafts or [() for _ in plan.chunks]
+        for i, (chunk, toks, spec) in enumerate(zip(plan.chunks, result.token_ids, drafts)):
             self.tokens.setdefault(chunk.request_id, []).extend(toks)
-            if chunk.spec_token_ids and chunk.sample:
+            assert len(spec) <= chunk.draft_room
+            if spec and chunk.sample:
                 d, a = result.num_drafted[i], result.num_accepted[i]
-                assert d == len(chunk.spec_token_ids) and 0 <= a <= d and len(toks) == a + 1
-                assert toks[:a] == chunk.spec_token_ids[:a]
-                assert a == d or toks[a] != chunk.spec_token_ids[a]
+                assert d == len(spec) and 0 <= a <= d and len(toks) == a + 1
+                assert toks[:a] == list(spec[:a])
+                assert a == d or toks[a] != spec[a]
                 self.drafted, self.accepted = self.drafted + d, self.accepted + a
                 self.verify_rounds += 1
 

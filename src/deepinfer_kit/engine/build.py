@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import torch
 
-from deepinfer_kit._kernels import Impl
 from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.runner.drafters import build_drafter, check_speculative
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
+from deepinfer_kit.engine.protocols import Balancer, StepRunner
+from deepinfer_kit.engine.remote.balancer import RemoteBalancer
 from deepinfer_kit.engine.remote.process_group import ProcessGroupRunner
 from deepinfer_kit.engine.remote.process_runner import ProcessRunner, WorkerSpec
-from deepinfer_kit.engine.remote.rank_groups import build_launched
-from deepinfer_kit.engine.remote.balancer import RemoteBalancer
-from deepinfer_kit.engine.protocols import Balancer, StepRunner
+from deepinfer_kit.engine.remote.rank_groups import launched_groups
+from deepinfer_kit.engine.runner.build import build_device, engine_device
+from deepinfer_kit.engine.runner.drafters import check_speculative
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
-from deepinfer_kit.engine.runner.build import RunnerParts, build_runner, engine_device
-from deepinfer_kit.engine.runner.drafting import RunnerDrafting
-from deepinfer_kit.spec.speculation import Speculation
-from deepinfer_kit.engine.runner.sps_profile import forward_timer, measure_sps, sps_points
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.tokenizer import (
@@ -31,13 +27,10 @@ from deepinfer_kit.models.tokenizer import (
 )
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sched.protocols import SchedulerFactory
-from deepinfer_kit.spec.drafters.ngram import NgramDrafter
-from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
-from deepinfer_kit.spec.protocols import Drafter, VerifyPlanner
-from deepinfer_kit.spec.records import SpecConfig, SpsCurve
+from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
+from deepinfer_kit.cache.protocols import KVCacheManager
 
-__all__ = ["build_engine", "build_speculation", "load_host_tokenizer", "attach_drafting", "runner_speculation"]
+__all__ = ["build_engine", "load_host_tokenizer"]
 
 
 def build_engine(
@@ -64,7 +57,8 @@ def build_engine(
     the runner just the same. With several worker ranks (``tensor_parallel *
     expert_parallel``), ``wrap_comm`` wraps each rank's tensor-parallel communicator
     (fault injection; it must pickle by reference). ``worker="launched"`` builds this
-    rank's shard in this process (:func:`build_launched`).
+    rank's shard in this process, after joining the launcher's world. The device half is
+    :func:`~deepinfer_kit.engine.runner.build.build_device` in every case.
 
     Raises:
         ConfigError: bad config values, an unknown device, an unsupported checkpoint, or
@@ -80,8 +74,7 @@ def build_engine(
             raise ConfigError(f"unknown EngineConfig field in {sorted(overrides)}: {exc}") from exc
     check_speculative(config.speculative, config.model, config.max_model_len)  # before any weights
     executor = executor if executor is not None else _default_executor(config)
-    depth = executor.depth if executor is not None else 0
-    spec = config.speculative
+    depth = executor.depth if executor is not None else 0  # the overlap decision, read once
     if config.worker == "process":
         engine_device(config)
         worker = WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads(),
@@ -95,88 +88,20 @@ def build_engine(
         if config.eplb is not None:
             assert info.balancer is not None  # the worker built one
             remote_balancer = RemoteBalancer(remote, config.eplb, info.balancer)
-        return _reserve_drafts(_engine(  # with speculation the worker drafts, round by round
-            config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
-            info.max_model_len, executor, make_scheduler, balancer=remote_balancer,
-        ), spec, True)
-    parts = (build_launched(config, sampler=sampler, depth=depth) if config.worker == "launched"
-             else build_runner(config, sampler=sampler, depth=depth))
-    runner, loaded, num_blocks, max_model_len = parts.runner, parts.loaded, parts.num_blocks, parts.max_model_len
-    speculation = runner_speculation(config, parts)
-    if speculation is not None and depth:  # overlapped: the runner drafts, round by round
-        attach_drafting(runner, speculation)
-        speculation = None
-    runner.balancer = parts.balancer  # after warm-up: its dummy rounds stay out of the window
-    if worker_setup is not None:
-        worker_setup(runner)
-    return _reserve_drafts(_engine(
-        config, runner, loaded.config, loaded.tokenizer, num_blocks, max_model_len, executor,
-        make_scheduler, speculation=speculation, balancer=parts.balancer,
-    ), spec, bool(depth))
-
-
-def runner_speculation(config: EngineConfig, parts: RunnerParts) -> Speculation | None:
-    """The drafting phase of ``config.speculative`` beside ``parts``' runner: its drafter
-    (a draft model or the target's first layers get KV pools of their own on the model's
-    device), the DSpark planner's curve profiled on the runner unless one is given
-    (``sps`` ``None`` or ``"profile"``); ``None`` without speculation. Called once per
-    engine, in the process that holds the model."""
-    spec = config.speculative
-    if spec is None:
-        return None
-    runner, max_model_len = parts.runner, parts.max_model_len
-    drafter = build_drafter(
-        spec, parts.loaded, seed=config.seed, block_size=config.block_size,
-        num_blocks=parts.num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-        dtype=parts.dtype, device=parts.device, attention_impl=cast(Impl, config.attention_impl),
-        moe_impl=cast(Impl, config.moe_impl), kv_heads=runner.kv_cache.num_kv_heads,
-    )
-    sps = spec.sps
-    if spec.planner == "dspark" and not isinstance(sps, SpsCurve):
-        # profiled once, over every round size the budget allows (a verify round plus
-        # the prefill planned beside it), as the DSpark paper's engine does at start-up
-        chunk = spec.num_draft + 1
-        sps = measure_sps(
-            forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
-            sps_points(config.max_num_batched_tokens),
-        )
-    return build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
-
-
-def attach_drafting(runner: ModelRunner, speculation: Speculation) -> RunnerDrafting:
-    """Overlapped speculation: ``runner`` drafts each round as it executes it
-    (:class:`RunnerDrafting` over ``speculation``), hands the draft distributions to its
-    verifier, and keeps the drafter's per-sequence state as long as the token slots (a
-    runner without them, in a synchronous worker: while the sequence has a chunk in each round)."""
-    drafting = RunnerDrafting(speculation, follows_slots=runner.token_slots is not None)
-    runner.drafting = drafting
-    runner.draft_probs = speculation.draft_probs
-    if runner.token_slots is not None:
-        runner.token_slots.followers.append(drafting)
-    return drafting
-
-
-def _reserve_drafts(engine: Engine, spec: SpecConfig | None, runner_drafts: bool) -> Engine:
-    """Speculation drafted by the runner (overlapped, or in a worker process): the
-    scheduler plans room for its drafts."""
-    if spec is not None and runner_drafts:
-        reserve = getattr(engine.scheduler, "reserve_drafts", None)
-        if not callable(reserve):
-            engine.close()
-            raise ConfigError(
-                f"speculation drafted by the runner (overlap, or worker='process') needs a "
-                f"scheduler with reserve_drafts(); {type(engine.scheduler).__name__} has none: "
-                f"set overlap=False and worker='inline'"
-            )
-        reserve(spec.num_draft)
-    return engine
+        return _engine(config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
+                       info.max_model_len, executor, make_scheduler, balancer=remote_balancer)
+    groups = launched_groups(config, engine_device(config)) if config.worker == "launched" else None
+    if groups is not None and config.eplb is not None:
+        raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
+    parts = build_device(config, depth=depth, sampler=sampler, groups=groups, setup=worker_setup)
+    return _engine(config, parts.runner, parts.loaded.config, parts.loaded.tokenizer, parts.num_blocks,
+                   parts.max_model_len, executor, make_scheduler, balancer=parts.balancer)
 
 
 def _engine(
     config: EngineConfig, runner: StepRunner, mc: ModelConfig, tokenizer: Tokenizer | None,
     num_blocks: int, max_model_len: int, executor: OverlapExecutor | None,
-    make_scheduler: SchedulerFactory | None, *, speculation: Speculation | None = None,
-    balancer: Balancer | None = None,
+    make_scheduler: SchedulerFactory | None, *, balancer: Balancer | None = None,
 ) -> Engine:
     """The host half: scheduler, cache manager and tokenizer around ``runner``."""
     scheduler, cache = build_host_components(
@@ -190,6 +115,18 @@ def _engine(
         # A checkpoint without tokenizer.json whose vocabulary is not bytes: the byte
         # fallback cannot decode its ids, so the engine takes token ids only.
         tokenizer = None
+    try:
+        return _assemble(runner, scheduler, cache, tokenizer, config, mc, executor, max_model_len, balancer)
+    except BaseException:
+        runner.close()  # a worker process must not outlive the engine that failed to build
+        raise
+
+
+def _assemble(runner: StepRunner, scheduler: Scheduler, cache: KVCacheManager, tokenizer: Tokenizer | None,
+              config: EngineConfig, mc: ModelConfig, executor: OverlapExecutor | None, max_model_len: int,
+              balancer: Balancer | None) -> Engine:
+    """The Engine over the built parts (see :func:`_engine`)."""
+    eos = mc.eos_token_ids
     return Engine(
         runner=runner,
         scheduler=scheduler,
@@ -202,8 +139,8 @@ def _engine(
         max_logprobs=config.max_logprobs,
         max_model_len=max_model_len,
         tokenizer_note=missing_tokenizer_reason(mc.folder) if tokenizer is None else None,
-        speculation=speculation,
         balancer=balancer,
+        num_draft=config.speculative.num_draft if config.speculative is not None else 0,
     )
 
 
@@ -214,39 +151,6 @@ def load_host_tokenizer(mc: ModelConfig) -> Tokenizer:
         return ByteTokenizer()
     eos = mc.eos_token_ids
     return load_tokenizer(mc.folder, eos_token_id=eos[0] if eos else None, bos_token_id=mc.bos_token_id)
-
-
-def build_speculation(
-    spec: SpecConfig | None, drafter: Drafter | None = None, *, sps: SpsCurve | None = None,
-) -> Speculation | None:
-    """The drafting phase of ``spec`` (``None`` without it): ``drafter`` (default: the
-    n-gram drafter of ``spec``; ``engine.drafters.build_drafter`` builds the model
-    drafters) and the named planner; the DSpark planner's curve is ``sps`` (``build_engine``
-    passes ``spec.sps``, or the curve it profiled). The verifier is built beside it (a
-    :class:`RejectionVerifier`), since the runner needs it before the curve can be profiled.
-
-    Raises:
-        ConfigError: ``planner="dspark"`` without a curve (neither ``sps`` nor an
-            ``SpsCurve`` in ``spec.sps``): the planner has nothing to trade drafts against.
-    """
-    if spec is None:
-        return None
-    planner: VerifyPlanner
-    if spec.planner == "threshold":
-        planner = ThresholdPlanner(spec.threshold, spec.threshold_rule)
-    elif spec.planner == "dspark":
-        curve = sps if sps is not None else spec.sps
-        if not isinstance(curve, SpsCurve):
-            raise ConfigError(
-                f"speculative.sps: planner='dspark' needs an SpsCurve (the engine profiles "
-                f"one when it is built), got {curve!r}"
-            )
-        planner = DSparkPlanner(curve)
-    else:
-        planner = FixedPlanner(spec.num_draft)
-    if drafter is None:
-        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    return Speculation(drafter, planner, spec.num_draft)
 
 
 def _default_executor(config: EngineConfig) -> OverlapExecutor | None:

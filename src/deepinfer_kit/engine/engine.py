@@ -14,7 +14,6 @@ from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
 from deepinfer_kit.engine.protocols import Balancer, StepRunner
-from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder
@@ -23,7 +22,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
 from deepinfer_kit.overlap.sync import SyncExecutor
 from deepinfer_kit.sample.params import SamplingParams
-from deepinfer_kit.sched.protocols import Scheduler
+from deepinfer_kit.sched.protocols import DraftRoom, Scheduler
 
 if TYPE_CHECKING:
     from deepinfer_kit.models.tokenizer import Tokenizer
@@ -71,15 +70,19 @@ class Engine:
             request giving that field ``-1`` or a count beyond it is not checked here).
         max_failed_steps: failed steps in a row after which the engine is dead.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
-        speculation: drafts for the decoding sequences before each round (the runner's
-            verifier checks them); ``None`` decodes one token per round.
         balancer: live EPLB (the runner feeds its window); rebalances run between rounds.
+        num_draft: the most drafts the runner proposes per decode chunk (its speculation's
+            γ; ``0``: none): the scheduler reserves room for them
+            (:class:`~deepinfer_kit.sched.protocols.DraftRoom`).
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
             size or the number of blocks; an executor whose depth is not 0 or 1, or of
-            depth 1 with a runner that has no token slots; speculation with an overlapped
-            executor or a scheduler that takes no drafts.
+            depth 1 with a runner that has no token slots; ``num_draft`` with a scheduler
+            that reserves no room for drafts.
+
+    Speculation is the runner's (it drafts as each round executes, see
+    :mod:`~deepinfer_kit.engine.runner.drafting`); the engine holds no speculation state.
     """
 
     def __init__(
@@ -98,8 +101,8 @@ class Engine:
         max_model_len: int | None = None,
         max_failed_steps: int = 8,
         tokenizer_note: str | None = None,
-        speculation: Speculation | None = None,
         balancer: Balancer | None = None,
+        num_draft: int = 0,
     ) -> None:
         if (runner.block_size, runner.num_blocks) != (cache.block_size, cache.num_blocks):
             raise ConfigError(
@@ -122,10 +125,15 @@ class Engine:
                 "inputs are gathered from them); build the runner with TokenSlots"
             )
         self._slots = runner.token_slots  # released as steps commit (see TokenSlots)
-        self.speculation, self.balancer = speculation, balancer
-        self._drafts = speculation.target(scheduler, self.executor.depth) if speculation else None
-        if speculation is not None:
-            runner.draft_probs = speculation.draft_probs
+        self.balancer = balancer
+        self.num_draft = num_draft
+        if num_draft:
+            if not isinstance(scheduler, DraftRoom):
+                raise ConfigError(
+                    f"speculative decoding needs a scheduler with reserve_drafts() (the runner "
+                    f"drafts into the room it plans); {type(scheduler).__name__} has none"
+                )
+            scheduler.reserve_drafts(num_draft)
         self._inflight: deque[InFlight] = deque()
         self.trace = trace
         self._failures = StepFailures(max_failed_steps)
@@ -216,17 +224,14 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Abort a request and all its completions; its output (reason ``abort``) comes
-        from the next :meth:`step`, and the id may be reused at once. Its blocks (and a
-        model drafter's blocks of it) are freed now. Returns False for an unknown or
-        finished id."""
+        from the next :meth:`step`, and the id may be reused at once. Its blocks are freed
+        now (a model drafter's blocks of it when the runner's next round, or idle check,
+        finds it gone). Returns False for an unknown or finished id."""
         with self._lock:
             sid = self._groups.close_live(request_id)
             if sid is None:
                 return False
-            aborted = self.scheduler.abort(sid)  # the scheduler aborts fork children too
-            if self.speculation is not None and self._drafts is not None:
-                self.speculation.sync(self._drafts.running)  # their draft KV too
-            return aborted
+            return self.scheduler.abort(sid)  # the scheduler aborts fork children too
 
     def has_unfinished_requests(self) -> bool:
         """True while any request has not been reported finished."""
@@ -258,16 +263,13 @@ class Engine:
             self._failures.check_alive()
             outputs = self._rebalance_if_due()
             t0 = time.perf_counter()
-            self.runner.record_expert_counts = self.trace is not None
             free_before = self.cache.num_free_blocks
             evicted_before = self._evicted()
             try:
-                if self.speculation is not None and self._drafts is not None:
-                    self.speculation.draft(self._drafts)
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._failures.die("the scheduler failed to plan a round", exc) from exc
-            launched = launch_round(self.runner, self.executor, self._failures, plan)
+            launched = launch_round(self.runner, self.executor, self._failures, plan, self.trace is not None)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )
@@ -328,11 +330,8 @@ class Engine:
             raise InvariantError(
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
-        if self._slots is not None:
-            self._slots.check_all_free()
+        self.runner.check_idle()
         self.cache.check_integrity()
-        if self.speculation is not None:
-            self.speculation.check_idle()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name and contract): returns False,
@@ -353,8 +352,6 @@ class Engine:
         result, finished, t2 = commit_round(entry, self.executor, self.scheduler, self._failures)
         if self.balancer is not None and plan.chunks:  # the rebalance clock: committed rounds
             self.balancer.commit()
-        if self.speculation is not None and self._drafts is not None:
-            self.speculation.sync(self._drafts.running)  # draft KV: rollback and release
         if self._slots is not None:  # the step's device work is done: its leases may end
             self._slots.release_through(plan.step_id)
         outputs, cached = self._groups.collect(finished)

@@ -41,10 +41,12 @@ def failed_result(plan: SchedulePlan, message: str) -> StepResult:
 
 
 def launch_round(
-    runner: StepRunner, executor: OverlapExecutor, failures: StepFailures, plan: SchedulePlan
+    runner: StepRunner, executor: OverlapExecutor, failures: StepFailures, plan: SchedulePlan,
+    record_expert_counts: bool = False,
 ) -> PendingStep | StepResult:
     """Lay ``plan`` out and start its device part on ``executor``; an empty plan, or one
     whose layout or launch raised (counted in ``failures``), is already its result.
+    ``record_expert_counts``: the round returns its MoE routing counts (traces).
 
     Raises:
         EngineDeadError: the failure was the last one ``failures`` allows in a row.
@@ -52,7 +54,7 @@ def launch_round(
     if not plan.chunks:
         return StepResult(token_ids=[])
     try:
-        prepared = runner.prepare(plan)
+        prepared = runner.prepare(plan, record_expert_counts=record_expert_counts)
         return executor.launch(plan.step_id, lambda: runner.execute(prepared))
     except Exception as exc:
         failures.count(exc)

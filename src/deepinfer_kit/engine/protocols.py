@@ -3,10 +3,8 @@ releases as rounds commit, and the live expert balancer it asks between rounds."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
@@ -21,17 +19,13 @@ __all__ = ["Balancer", "SlotLeases", "StepRunner"]
 
 class SlotLeases(Protocol):
     """The host's view of the token slots an overlapped runner keeps (see
-    :class:`~deepinfer_kit.engine.runner.token_slots.TokenSlots`)."""
+    :class:`~deepinfer_kit.engine.runner.token_slots.TokenSlots`); their idle check is the
+    runner's (:meth:`StepRunner.check_idle`)."""
 
     def release_through(self, step_id: int) -> object:
         """Step ``step_id`` was committed (its device work is done): free the slots whose
         newest reader is that step or older. Called by the engine after each commit, in
         step order."""
-        ...
-
-    def check_all_free(self) -> None:
-        """Raise :class:`~deepinfer_kit.errors.InvariantError` unless no slot is leased
-        (the engine's idle check; called with nothing in flight)."""
         ...
 
 
@@ -43,14 +37,6 @@ class StepRunner(Protocol):
     :class:`~deepinfer_kit.engine.runner.model_runner.ModelRunner` (in the engine's process) and
     :class:`~deepinfer_kit.engine.remote.process_runner.ProcessRunner` (a worker process).
     """
-
-    record_expert_counts: bool
-    """Set by the engine before each :meth:`prepare`: return the round's MoE routing
-    counts in ``StepResult.expert_counts`` (traces)."""
-
-    draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None
-    """Set by the engine under speculation: the distributions a model drafter drew a
-    sequence's drafts from (``None``: one-hot drafts)."""
 
     @property
     def block_size(self) -> int:
@@ -68,9 +54,11 @@ class StepRunner(Protocol):
         under an overlapped executor), or ``None``."""
         ...
 
-    def prepare(self, plan: SchedulePlan) -> Any:
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> Any:
         """Lay ``plan`` out (reading only its snapshots); returns what :meth:`execute`
-        takes. May start the device work already.
+        takes. May start the device work already. ``record_expert_counts`` (the engine
+        passes ``True`` while it traces): the step returns the round's MoE routing counts
+        in ``StepResult.expert_counts``.
 
         Raises:
             InvariantError: the plan breaks the runner's contract (see the implementation).
@@ -86,6 +74,12 @@ class StepRunner(Protocol):
             EngineDeadError: the runner can never run a step again.
             Exception: the step failed (the engine fails its requests and goes on).
         """
+        ...
+
+    def check_idle(self) -> None:
+        """Raise :class:`~deepinfer_kit.errors.InvariantError` unless the runner holds no
+        per-sequence state (token slots, a drafter's sequences and blocks). Called by the
+        engine's idle check, with nothing in flight and no request live."""
         ...
 
     def close(self) -> None:

@@ -192,10 +192,12 @@ def make_trace(
         )
     counts = result.expert_counts
     t0, t1, t2, t3 = times
+    unused_room = sum(c.draft_room for c in plan.chunks) - sum(
+        c.num_drafted for c, p in zip(chunks, plan.chunks) if p.draft_room)
     return StepTrace(
         step_id=plan.step_id,
         chunks=tuple(chunks),
-        num_batched_tokens=plan.num_batched_tokens,
+        num_batched_tokens=plan.num_batched_tokens - unused_room,  # the room the runner left undrafted ran nothing
         token_budget=plan.token_budget,
         free_blocks_before=free_blocks[0],
         free_blocks_after=free_blocks[1],

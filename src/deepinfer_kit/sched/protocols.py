@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.outputs import RequestOutput
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Scheduler",
     "SchedulerFactory",
+    "DraftRoom",
     "AdmissionPolicy",
     "PreemptionPolicy",
     "BatchingPolicy",
@@ -93,8 +94,25 @@ class Scheduler(Protocol):
         ...
 
 
+@runtime_checkable
+class DraftRoom(Protocol):
+    """A scheduler that plans room for drafts a runner proposes as each round executes
+    (the engine's speculation: :mod:`deepinfer_kit.engine.runner.drafting`)."""
+
+    def reserve_drafts(self, num_draft: int) -> None:
+        """From the next ``schedule()`` on, every decode chunk reserves budget and blocks
+        for up to ``num_draft`` drafts (``ScheduledChunk.draft_room``); ``0`` turns it off.
+
+        Raises:
+            ConfigError: ``num_draft < 0``.
+        """
+        ...
+
+
 class DraftTarget(Protocol):
-    """A scheduler that takes speculative drafts (the engine's drafting phase talks to it)."""
+    """A scheduler that takes drafts proposed outside it before each ``schedule()`` (a
+    host-side drafter of an engine builder's own; the reference engine drafts on the
+    runner's side instead, see :class:`DraftRoom`)."""
 
     @property
     def running(self) -> Sequence[Request]:

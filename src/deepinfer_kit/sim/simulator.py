@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import ConfigError, InvariantError
-from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import Scheduler
@@ -47,11 +46,6 @@ class Simulator:
         clock: the virtual clock the scheduler reads.
         prompts: materializes prompt tokens on arrival.
         eos_token_id: stamped on every request (the synthetic EOS).
-
-    Attributes:
-        before_schedule: called before every ``schedule()`` (the engine's drafting phase
-            when speculative decoding is simulated: ``sim/spec_runner.py``); ``None`` by
-            default.
     """
 
     def __init__(
@@ -69,7 +63,6 @@ class Simulator:
         self.clock = clock
         self.prompts = prompts
         self.eos_token_id = eos_token_id
-        self.before_schedule: Callable[[], None] | None = None
         self._params: dict[int, SamplingParams] = {}
         self._priority: dict[str, int] = {}  # live request id -> its priority level
 
@@ -126,8 +119,6 @@ class Simulator:
                     break
                 clock.advance_to(min(root_t, follow_t))
                 continue
-            if self.before_schedule is not None:
-                self.before_schedule()  # e.g. the drafting phase (sim/spec_runner.py)
             plan = sched.schedule()
             if plan.chunks:
                 step = runner.prepare(plan)

@@ -1,8 +1,8 @@
-"""Speculative decoding in the simulator: a synthetic drafter, a runner that verifies its
-drafts, and the wiring that puts the engine's own drafting phase (``Speculation``: the
-drafter, then the real planner choosing ``ℓ_r``) before every ``schedule()`` of the real
-scheduler. Imports torch (the drafter's ``DraftProposal`` holds tensors), so it is not
-re-exported by ``deepinfer_kit.sim``."""
+"""Speculative decoding in the simulator: a synthetic drafter, and a runner that drafts the
+way the engine's runner does (the engine's own :class:`RunnerDrafting` over a
+``Speculation``: the drafter, then the real planner choosing ``ℓ_r``, into the room the
+real scheduler reserved) and verifies. Imports torch (the drafter's ``DraftProposal``
+holds tensors), so it is not re-exported by ``deepinfer_kit.sim``."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.spec.speculation import Speculation
-from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sim.cost_analytic import ModelShape
 from deepinfer_kit.sim.protocols import CostModel
+from deepinfer_kit.sched.protocols import DraftRoom
+from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.records import SimStep
 from deepinfer_kit.sim.runner import SimRunner
 from deepinfer_kit.sim.simulator import Simulator
@@ -81,18 +84,48 @@ class SyntheticDrafter:
 
 
 class SpecSimRunner(SimRunner):
-    """A :class:`SimRunner` that verifies drafts as the greedy verifier does: a verified
-    chunk returns its drafts up to the first one that differs from the synthetic target's
-    token, then the target's token (the recovered one, or the bonus when all are right),
-    with ``num_drafted`` / ``num_accepted`` per chunk like the real runner's StepResult.
+    """A :class:`SimRunner` that drafts as the engine's runner does and verifies as the
+    greedy verifier does: each plan's decode chunks are resolved and drafted for by
+    ``drafting`` (:class:`RunnerDrafting`, the engine's one drafting path), the resolved
+    round is priced, and a verified chunk returns its drafts up to the first one that
+    differs from the synthetic target's token, then the target's token (the recovered
+    one, or the bonus when all are right), with ``num_drafted`` / ``num_accepted`` and the
+    drafts per chunk like the real runner's StepResult.
+
+    Args:
+        cost, tokens: as :class:`SimRunner`.
+        drafting: the drafting phase over a drafter of ``tokens``.
     """
 
-    __slots__ = ()
+    __slots__ = ("drafting", "_results")
+
+    def __init__(self, cost: CostModel, tokens: SyntheticTokens, drafting: RunnerDrafting) -> None:
+        super().__init__(cost, tokens)
+        self.drafting = drafting
+        self._results: dict[int, StepResult] = {}
+
+    def prepare(self, plan: SchedulePlan) -> SimStep:
+        """Resolve and draft ``plan`` (:meth:`RunnerDrafting.run`), price the resolved
+        round and verify it; the step's result waits for :meth:`execute`. O(chunks +
+        drafter + planner + verified drafts)."""
+        priced: list[SimStep] = []
+
+        def run(resolved: SchedulePlan) -> StepResult:
+            step = SimRunner.prepare(self, resolved)
+            priced.append(step)
+            return self._verify(step)
+
+        self._results[plan.step_id] = self.drafting.run(plan, run)
+        return SimStep(plan, priced[0].shape, priced[0].duration)
 
     def execute(self, step: SimStep) -> StepResult:
+        """The result :meth:`prepare` computed for ``step``."""
+        return self._results.pop(step.plan.step_id)
+
+    def _verify(self, step: SimStep) -> StepResult:
         """See :meth:`SimRunner.execute`; verified chunks get ``accepted + 1`` tokens.
         O(chunks + verified drafts)."""
-        result = super().execute(step)
+        result = SimRunner.execute(self, step)
         token = self.tokens.token
         drafted: list[int] = []
         accepted: list[int] = []
@@ -126,9 +159,9 @@ def build_spec_simulator(
     lagged: bool = False,
 ) -> tuple[Simulator, Speculation]:
     """A simulator of ``config`` (see :func:`build_simulator`) with speculative decoding:
-    before every round the engine's :class:`Speculation` drafts ``num_draft`` tokens per
-    decoding sequence with a :class:`SyntheticDrafter`, ``planner`` picks each ``ℓ_r``,
-    the real scheduler reserves the room and trims to its budget, and a
+    the real scheduler reserves room for ``num_draft`` drafts per decode chunk within its
+    budget; as each round runs, the engine's :class:`RunnerDrafting` drafts them with a
+    :class:`SyntheticDrafter`, ``planner`` picks each ``ℓ_r``, and a
     :class:`SpecSimRunner` verifies; ``lagged`` plans from each sequence's previous
     round's confidences (the asynchronous variant, see :class:`Speculation`). Returns the
     simulator and its speculation (for the drafted / planned counters).
@@ -136,13 +169,16 @@ def build_spec_simulator(
     Raises:
         ConfigError: as :func:`build_simulator`, or ``num_draft`` < 1.
     """
+    if num_draft < 1:
+        raise ConfigError(f"num_draft must be >= 1, got {num_draft}")
     sim = build_simulator(config, cost, model, seed=seed)
-    runner = SpecSimRunner(cost, sim.runner.tokens)
-    sim.runner = runner
-    drafter = SyntheticDrafter(acceptance, runner.tokens)
-    spec = Speculation(drafter, planner, num_draft, lagged=lagged)
-    target = spec.target(sim.scheduler, 0)
-    sim.before_schedule = lambda: spec.draft(target)
+    tokens = sim.runner.tokens
+    spec = Speculation(SyntheticDrafter(acceptance, tokens), planner, num_draft, lagged=lagged)
+    sim.runner = SpecSimRunner(cost, tokens, RunnerDrafting(spec))
+    if not isinstance(sim.scheduler, DraftRoom):
+        raise ConfigError(f"speculation needs a scheduler with reserve_drafts(); "
+                          f"{type(sim.scheduler).__name__} has none")
+    sim.scheduler.reserve_drafts(num_draft)
     return sim, spec
 
 

@@ -1,32 +1,34 @@
-"""Speculation: the engine's drafting phase — propose drafts for the decoding sequences,
-plan their verification lengths, and hand them to the scheduler before it plans a round."""
+"""Speculation: the drafting phase of a round — propose drafts for the decoding sequences
+and plan their verification lengths (the runner's :class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting`
+calls it as each round executes); :func:`build_speculation` makes one from a SpecConfig."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
 
 import torch
 
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.sched.protocols import DraftTarget
+from deepinfer_kit.spec.drafters.ngram import NgramDrafter
+from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import Drafter, DraftSequence, StatefulDrafter, VerifyPlanner
+from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 
-__all__ = ["Speculation"]
+__all__ = ["Speculation", "build_speculation"]
 
 
 class Speculation:
     """Drafts ``num_draft`` (γ) tokens per decoding sequence and plans how many to verify.
 
-    Every running sequence whose KV covers all its tokens but the last (it decodes next)
-    is drafted for, fork children included; a sequence still prefilling (an ``n > 1``
-    request before its fork among them) is not. The verification itself is the runner's
-    (a :class:`~deepinfer_kit.spec.protocols.DraftVerifier`), and rollback the scheduler's
+    The runner's :class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting` asks it for
+    the drafts of every decode chunk the scheduler planned with room for drafts, fork
+    children included, as the round executes. The verification itself is the runner's (a
+    :class:`~deepinfer_kit.spec.protocols.DraftVerifier`), and rollback the scheduler's
     (target KV) and the drafter's (its own KV, through :meth:`sync`).
 
     When the drafter returns ``draft_probs`` (a draft model), each drafted sequence's
     probabilities are kept until the next drafting phase, for the runner to hand to the
-    verifier with the drafts the scheduler kept (:meth:`draft_probs`).
+    verifier with the drafts it kept (:meth:`draft_probs`).
 
     Args:
         drafter: proposes drafts and per-position confidences.
@@ -58,55 +60,10 @@ class Speculation:
         self.num_planned = 0
         self._probs: dict[str, tuple[list[int], torch.Tensor]] = {}
 
-    def target(self, scheduler: Any, depth: int) -> DraftTarget:
-        """The scheduler as a :class:`DraftTarget`; called once when the engine is built.
-
-        Raises:
-            ConfigError: the scheduler takes no drafts (no ``set_spec_tokens`` /
-                ``pending_prefill_tokens`` / ``running``), or the executor overlaps rounds
-                (``depth != 0``: the host's drafts would need the tokens still in flight; under
-                overlap the runner drafts, see :mod:`deepinfer_kit.engine.runner.drafting`).
-        """
-        if depth != 0:
-            raise ConfigError(
-                f"host-side speculation needs a synchronous executor (overlap=False); got an "
-                f"executor of depth {depth}: set overlap=False, or draft on the runner's side "
-                f"(ModelRunner.drafting with BatchScheduler.reserve_drafts, what build_engine "
-                f"does under overlap)"
-            )
-        if (not callable(getattr(scheduler, "set_spec_tokens", None))
-                or not callable(getattr(scheduler, "pending_prefill_tokens", None))
-                or not hasattr(scheduler, "running")):
-            raise ConfigError(
-                f"speculative decoding needs a scheduler with set_spec_tokens(), "
-                f"pending_prefill_tokens() and running; {type(scheduler).__name__} has not"
-            )
-        return cast(DraftTarget, scheduler)
-
     @property
     def stateful(self) -> bool:
         """Whether the drafter keeps per-sequence state (a draft model's KV)."""
         return self._stateful is not None
-
-    def draft(self, scheduler: DraftTarget) -> None:
-        """Propose, plan and hand the drafts to ``scheduler`` for its next ``schedule()``.
-
-        Called by the engine before each round is planned, under its lock. Reads the live
-        running sequences and the scheduler's estimate of the round's prefill tokens (the
-        planner's ``other_tokens``); mutates the scheduler's pending drafts (every drafted sequence
-        gets a list, possibly empty, replacing any stale one). O(drafter + planner).
-        """
-        self._probs.clear()
-        running = scheduler.running
-        self.sync(running)
-        live = [
-            r for r in running
-            if r.block_table and r.num_computed_tokens == len(r.all_token_ids) - 1
-        ]
-        if not live:
-            return
-        for req, drafts in zip(live, self.choose(live, scheduler.pending_prefill_tokens())):
-            scheduler.set_spec_tokens(req.request_id, drafts)
 
     def choose(self, live: Sequence[DraftSequence], other_tokens: int) -> list[list[int]]:
         """The drafts each of ``live`` verifies this round: proposed by the drafter (up to
@@ -114,9 +71,8 @@ class Speculation:
         round's prefill tokens). Keeps the round's draft distributions for
         :meth:`draft_probs` (forgetting the previous round's) and counts the totals.
 
-        Called by :meth:`draft` on the host, and by the runner's side of overlapped
-        speculation (:class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting`) when a
-        round executes. Mutates the drafter's state (a draft model's KV). O(drafter + planner).
+        Called by the runner's :class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting`
+        when a round executes. Mutates the drafter's state (a draft model's KV). O(drafter + planner).
         """
         self._probs.clear()
         if not live:
@@ -159,7 +115,8 @@ class Speculation:
         """Tell a stateful drafter which sequences still run (see
         :meth:`StatefulDrafter.sync`); a no-op for a stateless one.
 
-        Called by the engine after every committed round and before each drafting phase.
+        Called by :class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting` before each
+        round drafts and whenever sequences were released.
         """
         if self._stateful is not None:
             self._stateful.sync(running)
@@ -169,3 +126,36 @@ class Speculation:
         holds sequences or blocks (part of the engine's idle check)."""
         if self._stateful is not None:
             self._stateful.check_idle()
+
+
+def build_speculation(
+    spec: SpecConfig | None, drafter: Drafter | None = None, *, sps: SpsCurve | None = None,
+) -> Speculation | None:
+    """The drafting phase of ``spec`` (``None`` without it): ``drafter`` (default: the
+    n-gram drafter of ``spec``; ``engine.drafters.build_drafter`` builds the model
+    drafters) and the named planner; the DSpark planner's curve is ``sps`` (``build_engine``
+    passes ``spec.sps``, or the curve it profiled). The verifier is built beside it (a
+    :class:`RejectionVerifier`), since the runner needs it before the curve can be profiled.
+
+    Raises:
+        ConfigError: ``planner="dspark"`` without a curve (neither ``sps`` nor an
+            ``SpsCurve`` in ``spec.sps``): the planner has nothing to trade drafts against.
+    """
+    if spec is None:
+        return None
+    planner: VerifyPlanner
+    if spec.planner == "threshold":
+        planner = ThresholdPlanner(spec.threshold, spec.threshold_rule)
+    elif spec.planner == "dspark":
+        curve = sps if sps is not None else spec.sps
+        if not isinstance(curve, SpsCurve):
+            raise ConfigError(
+                f"speculative.sps: planner='dspark' needs an SpsCurve (the engine profiles "
+                f"one when it is built), got {curve!r}"
+            )
+        planner = DSparkPlanner(curve)
+    else:
+        planner = FixedPlanner(spec.num_draft)
+    if drafter is None:
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    return Speculation(drafter, planner, spec.num_draft)

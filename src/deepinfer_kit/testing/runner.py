@@ -17,7 +17,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.protocols import StepRunner
-from deepinfer_kit.engine.runner.build import build_runner
+from deepinfer_kit.engine.runner.build import build_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.models.tokenizer import ByteTokenizer
 from deepinfer_kit.overlap.deferred import DeferredExecutor
@@ -40,7 +40,7 @@ _TOKENS = ByteTokenizer()  # the tiny model's vocabulary
 
 def reference_runner(config: EngineConfig, depth: int) -> StepRunner:
     """The in-process :class:`ModelRunner` of ``config`` (the suite's oracle)."""
-    return build_runner(config, sampler=None, depth=depth).runner
+    return build_device(config, depth=depth).runner
 
 
 def _engine(runner: StepRunner, config: EngineConfig, depth: int, threaded: bool = False) -> Engine:

@@ -133,7 +133,7 @@ class TraceRecorder:
                 "num_blocks": cache.num_blocks,
                 "max_num_seqs": 0,
                 "overlap": engine.executor.depth > 0,
-                "speculative": engine.speculation is not None,
+                "speculative": engine.num_draft > 0,
             },
             "requests": {},
             "steps": [],

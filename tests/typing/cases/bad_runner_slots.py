@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
-
-import torch
 
 from deepinfer_kit.engine.protocols import StepRunner
 from deepinfer_kit.sched.records import SchedulePlan
@@ -18,14 +15,15 @@ class Slots:
 
 
 class ForgetfulRunner:
-    record_expert_counts = False
-    draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
     block_size = 16
     num_blocks = 64
     token_slots: Slots | None = None  # no release_through
 
-    def prepare(self, plan: SchedulePlan) -> Any:
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> Any:
         return plan
+
+    def check_idle(self) -> None:
+        pass
 
     def execute(self, prepared: Any) -> StepResult:
         return StepResult(token_ids=[[0] for _ in prepared.chunks])

@@ -14,11 +14,10 @@ connection with its own plan encoder), collects every rank's reply, and returns 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import torch
 
 from deepinfer_kit.engine.remote.process_runner import ProcessRunner, RemoteSlots, WorkerInfo, WorkerPool, WorkerSpec
 from deepinfer_kit.engine.remote.rank_groups import collect_replies
@@ -30,7 +29,7 @@ __all__ = ["GroupSlots", "ProcessGroupRunner"]
 
 
 class GroupSlots:
-    """Every rank's token slots, released and checked together (a ``SlotLeases``)."""
+    """Every rank's token slots, released together (a ``SlotLeases``)."""
 
     def __init__(self, ranks: Sequence[RemoteSlots]) -> None:
         self._ranks = list(ranks)
@@ -39,11 +38,6 @@ class GroupSlots:
         """See :meth:`RemoteSlots.release_through`, on every rank."""
         for slots in self._ranks:
             slots.release_through(step_id)
-
-    def check_all_free(self) -> None:
-        """See :meth:`RemoteSlots.check_all_free`, on every rank (rank 0 first)."""
-        for slots in self._ranks:
-            slots.check_all_free()
 
 
 class ProcessGroupRunner(WorkerPool):
@@ -75,34 +69,28 @@ class ProcessGroupRunner(WorkerPool):
             self.close()
             raise
         self.info: WorkerInfo = infos[0]
-        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         slots = [r.token_slots for r in self.ranks]
         self.token_slots: GroupSlots | None = (
             GroupSlots([s for s in slots if s is not None]) if slots[0] is not None else None
         )
 
     @property
-    def record_expert_counts(self) -> bool:
-        """Whether the ranks return each round's routing counts (traces)."""
-        return self.ranks[0].record_expert_counts
-
-    @record_expert_counts.setter
-    def record_expert_counts(self, value: bool) -> None:
-        for r in self.ranks:
-            r.record_expert_counts = value
-
-    @property
     def pids(self) -> list[int]:
         """The ranks' process ids, rank 0 first."""
         return [r.pid for r in self.ranks]
 
-    def prepare(self, plan: SchedulePlan) -> list[object]:
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> list[object]:
         """Send ``plan`` to every rank (see :meth:`ProcessRunner.prepare`); returns at once.
 
         Raises:
             EngineDeadError: a worker is gone.
         """
-        return [r.prepare(plan) for r in self.ranks]
+        return [r.prepare(plan, record_expert_counts=record_expert_counts) for r in self.ranks]
+
+    def check_idle(self) -> None:
+        """:meth:`ProcessRunner.check_idle` on every rank, rank 0 first."""
+        for rank in self.ranks:
+            rank.check_idle()
 
     def execute(self, sent: list[object]) -> StepResult:
         """Collect every rank's reply to one step (:func:`collect_replies`: all ranks at

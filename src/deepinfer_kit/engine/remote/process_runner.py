@@ -29,12 +29,11 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.remote.plan_codec import PlanEncoder
@@ -61,7 +60,7 @@ class WorkerSpec:
 
     Attributes:
         config: the engine's config; the worker builds the device half of it
-            (``runner_build.build_runner``).
+            (:func:`~deepinfer_kit.engine.runner.build.build_device`).
         depth: the host executor's depth (1: the runner gets token slots).
         sampler: a sampler to use instead of the default (must pickle), or ``None``.
         setup: called in the worker with its :class:`ModelRunner` once built (fault
@@ -130,14 +129,6 @@ class RemoteSlots:
         newest = self._runner.released
         self._runner.released = step_id if newest is None else max(newest, step_id)
 
-    def check_all_free(self) -> None:
-        """Raise :class:`InvariantError` unless no slot is leased in the worker and its
-        drafter holds no sequence or draft block (a round trip; the engine calls it only
-        with nothing in flight and no request live)."""
-        problem = self._runner.request(("check", self._runner.released))
-        if problem is not None:
-            raise InvariantError(str(problem))
-
 
 class WorkerPool:
     """The pool geometry a worker reported (:attr:`info`): the ``StepRunner`` members
@@ -197,8 +188,6 @@ class ProcessRunner(WorkerPool):
         self._encoder = PlanEncoder()
         self.released: int | None = None  # newest committed step, for the next message
         self.num_step_replies = 0  # steps the worker has answered (ran, or failed)
-        self.record_expert_counts = False
-        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self._send_raw(boot)
         # The worker's per-sequence state: its token slots under overlap, and a drafter's
         # sequences with speculation (the worker drafts), which the idle check must reach.
@@ -222,18 +211,18 @@ class ProcessRunner(WorkerPool):
 
     # ---- the StepRunner surface ----------------------------------------------------------
 
-    def prepare(self, plan: SchedulePlan) -> SentStep:
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> SentStep:
         """Send ``plan`` to the worker, which lays it out and runs it after the steps sent
         before it; returns at once. Carries the newest committed step for the worker's
-        token slots and :attr:`record_expert_counts`. With speculation the worker drafts
-        and keeps its own draft distributions (:attr:`draft_probs` is not consulted).
+        token slots and ``record_expert_counts``. With speculation the worker's runner
+        drafts, as in-process.
 
         Raises:
             EngineDeadError: the worker is gone.
             pickle.PicklingError, TypeError: a plan field does not pickle (nothing sent).
         """
         message, data = self._encoder.encode(plan)
-        self._send(("step", message, self.released, self.record_expert_counts, data))
+        self._send(("step", message, self.released, record_expert_counts, data))
         return SentStep(plan.step_id, message)
 
     def execute(self, step: SentStep) -> StepResult:
@@ -252,6 +241,16 @@ class ProcessRunner(WorkerPool):
             raise payload
         assert isinstance(payload, StepResult)
         return payload
+
+    def check_idle(self) -> None:
+        """Raise :class:`InvariantError` unless the worker's runner holds no per-sequence
+        state (:meth:`ModelRunner.check_idle` there: a round trip, made only when the
+        worker keeps such state — token slots or a drafter)."""
+        if self.token_slots is None:
+            return
+        problem = self.request(("check", self.released))
+        if problem is not None:
+            raise InvariantError(str(problem))
 
     def close(self) -> None:
         """Stop the worker (it finishes the step it runs, if any). Idempotent; also run

@@ -13,19 +13,15 @@ import attrs
 import torch
 
 from deepinfer_kit.comm.world import ParallelGroups, WorldSpec, join_world, world_from_env
-from deepinfer_kit.engine.runner.build import RunnerParts, build_runner, engine_device
+from deepinfer_kit.engine.runner.build import DeviceParts
 from deepinfer_kit.errors import ConfigError, EngineDeadError
-from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
-from deepinfer_kit.moe.layer import MoELayer
 from deepinfer_kit.step import RankStats, StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.config import EngineConfig
     from deepinfer_kit.engine.remote.process_runner import ProcessRunner, SentStep, WorkerSpec
-    from deepinfer_kit.sample.protocols import Sampler
 
-__all__ = ["worker_groups", "launched_groups", "build_launched", "split_experts", "collect_replies",
-           "stop_ranks", "RankMeter"]
+__all__ = ["worker_groups", "launched_groups", "collect_replies", "stop_ranks", "RankMeter"]
 
 
 def worker_groups(spec: WorkerSpec, device: torch.device) -> ParallelGroups | None:
@@ -67,42 +63,6 @@ def launched_groups(config: EngineConfig, device: torch.device) -> ParallelGroup
     return join_world(spec, tensor_parallel=config.tensor_parallel,
                       expert_parallel=config.expert_parallel, timeout=config.collective_timeout,
                       device=device)
-
-
-def build_launched(config: EngineConfig, *, sampler: Sampler | None, depth: int) -> RunnerParts:
-    """The device half of a ``worker="launched"`` rank: join the launcher's world, build
-    this rank's tensor-parallel shard (:func:`build_runner` with its group), keep its
-    ``E / expert_parallel`` experts. Every rank then runs the whole engine on the same
-    inputs (the scheduler decides from the work alone, so every rank plans alike).
-
-    Raises:
-        ConfigError: as :func:`launched_groups` and :func:`build_runner`; ``eplb`` (not
-            built for launched ranks yet).
-    """
-    if config.eplb is not None:
-        raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
-    groups = launched_groups(config, engine_device(config))
-    parts = build_runner(config, sampler=sampler, depth=depth, tp=groups.tp)
-    if groups.ep_size > 1:
-        split_experts(parts.loaded.model, groups)
-    return parts
-
-
-def split_experts(model: torch.nn.Module, groups: ParallelGroups) -> None:
-    """Keep this rank's ``E / ep_size`` experts of every MoE layer (expert ``e`` on
-    expert-parallel rank ``e // (E / ep_size)``), routing copies over ``groups.ep_group``.
-
-    Raises:
-        ConfigError: a dense model, or experts that do not divide over the group.
-    """
-    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
-    if not layers:
-        raise ConfigError(f"expert_parallel={groups.ep_size} needs a model with MoE layers; this model has none")
-    for layer in layers:
-        experts = layer.config.num_experts
-        if experts % groups.ep_size:
-            raise ConfigError(f"expert_parallel={groups.ep_size} must divide the {experts} experts per layer")
-        layer.use_expert_parallel(ExpertParallelDispatcher(experts, list(range(experts)), groups.ep_group))
 
 
 def collect_replies(ranks: Sequence[ProcessRunner], sent: Sequence[SentStep]) -> list[StepResult]:
@@ -159,7 +119,7 @@ class RankMeter:
         parts: what the rank built (its shard's parameters and KV pool are measured once).
     """
 
-    def __init__(self, groups: ParallelGroups, parts: RunnerParts) -> None:
+    def __init__(self, groups: ParallelGroups, parts: DeviceParts) -> None:
         self.rank = groups.rank
         self.timed = groups.timed
         model = parts.loaded.model

@@ -24,19 +24,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from deepinfer_kit.engine.runner.balance import ExpertBalancer, first_placement, moe_layers
-from deepinfer_kit.engine.build import attach_drafting, runner_speculation
 from deepinfer_kit.engine.remote.plan_codec import PlanDecoder
 from deepinfer_kit.engine.remote.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.remote.rank_groups import RankMeter, worker_groups
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
-from deepinfer_kit.engine.runner.build import build_runner, engine_device
-from deepinfer_kit.eplb.config import EplbConfig
-from deepinfer_kit.errors import ConfigError, InvariantError
-from deepinfer_kit.models.protocols import CausalLM
-from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from deepinfer_kit.engine.runner.build import build_device, engine_device
+from deepinfer_kit.errors import InvariantError
 
 __all__ = ["main", "serve"]
 
@@ -61,25 +55,13 @@ def serve(conn: Connection) -> None:
     assert isinstance(spec, WorkerSpec)
     try:
         torch.set_num_threads(spec.threads)
-        world = spec.config.expert_parallel
         groups = worker_groups(spec, engine_device(spec.config))  # None: a single rank
-        parts = build_runner(spec.config, sampler=spec.sampler, depth=spec.depth,
-                             tp=groups.tp if groups is not None else None)
-        balancer = parts.balancer
-        if world > 1:  # after the warm-up's local forwards: from here every forward is collective
-            balancer = shard_experts(parts.loaded.model, world, spec.config.eplb, parts.device,
-                                     group=groups.ep_group if groups is not None else None)
-        if spec.config.speculative is not None:  # the worker drafts as each round executes
-            speculation = runner_speculation(spec.config, parts)
-            assert speculation is not None
-            attach_drafting(parts.runner, speculation)
-        parts.runner.balancer = balancer  # after warm-up, as in-process
-        if spec.setup is not None:
-            spec.setup(parts.runner)
+        parts = build_device(spec.config, depth=spec.depth, sampler=spec.sampler, groups=groups,
+                             setup=spec.setup)
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
         _reply(conn, "failed", None, exc)
         return
-    state = balancer.state() if balancer is not None else None
+    state = parts.balancer.state() if parts.balancer is not None else None
     info = WorkerInfo(os.getpid(), parts.num_blocks, spec.config.block_size, parts.max_model_len,
                       parts.loaded.config, state)
     _reply(conn, "ready", None, info)
@@ -112,39 +94,15 @@ def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None)
         except Exception as exc:  # noqa: BLE001 - the host fails this step and resends
             _reply(conn, "undecoded", number, exc)
             continue
-        runner.record_expert_counts = record
         start = time.perf_counter()
         try:
-            result: Any = runner.execute(runner.prepare(plan))
+            result: Any = runner.execute(runner.prepare(plan, record_expert_counts=record))
         except Exception as exc:  # noqa: BLE001 - the step fails on the host, as in-process
             _reply(conn, "error", number, exc)
             continue
         if meter is not None:  # a multi-rank model: this rank's time and bytes, for traces
             result = meter.stamp(result, time.perf_counter() - start)
         _reply(conn, "ok", number, result)
-
-
-def shard_experts(model: CausalLM, world: int, eplb: EplbConfig | None,
-                  device: torch.device, group: dist.ProcessGroup | None = None) -> ExpertBalancer | None:
-    """Keep this rank's slots of every MoE layer and route through the world group: one
-    slot per expert (expert ``e`` on rank ``e // (E / world)``), or with ``eplb`` the
-    ``E + num_redundant`` slots of :func:`first_placement`, and then the balancer over
-    them (returned). ``group``: the expert-parallel process group (``None``: the world).
-
-    Raises:
-        ConfigError: the model has no MoE layers, or its slots do not divide by ``world``.
-    """
-    layers = moe_layers(model)
-    if not layers:
-        raise ConfigError(f"expert_parallel={world} needs a model with MoE layers; this model has none")
-    experts = layers[0].config.num_experts
-    rows = (first_placement(eplb, layers).phy2log.tolist() if eplb is not None
-            else [list(range(experts))] * len(layers))
-    for layer, row in zip(layers, rows):
-        if len(row) % world:
-            raise ConfigError(f"expert_parallel={world} must divide the {len(row)} expert slots per layer")
-        layer.use_expert_parallel(ExpertParallelDispatcher(layer.config.num_experts, row, group))
-    return ExpertBalancer(eplb, layers, device) if eplb is not None else None
 
 
 def _rebalance(runner: ModelRunner, after_step: int) -> object:
@@ -161,13 +119,9 @@ def _rebalance(runner: ModelRunner, after_step: int) -> object:
 
 
 def _slots_problem(runner: ModelRunner) -> str | None:
-    """The idle check of the runner's per-sequence state: its token slots (their
-    followers: the drafter under overlap), else its drafter's (a synchronous worker)."""
+    """The runner's idle check (:meth:`ModelRunner.check_idle`) as a message, or ``None``."""
     try:
-        if runner.token_slots is not None:
-            runner.token_slots.check_all_free()
-        elif runner.drafting is not None:
-            runner.drafting.check_idle()
+        runner.check_idle()
     except InvariantError as exc:
         return str(exc)
     return None

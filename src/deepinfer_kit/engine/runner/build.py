@@ -1,9 +1,26 @@
-"""build_runner: the device half of an engine — model, KV pool, sampler, runner — from an
-EngineConfig; the same code in the engine's process and in a worker process."""
+"""build_device: the device half of an engine — model, KV pool, sampler, runner, drafting
+and live EPLB — from an EngineConfig; the one builder the engine's process, a spawned worker
+and a launcher-started rank all call.
+
+The order is fixed, and the same in every process:
+
+1. the model (this rank's tensor-parallel shard under ``groups``) and its KV pool, sized
+   from the budget (:mod:`~deepinfer_kit.engine.runner.kv_sizing`);
+2. a bare runner over them (sampler, verifier, static decode, token slots), warmed up on
+   CUDA: every kernel compiled and the decode graphs captured;
+3. the experts split over the expert-parallel group (after the warm-up's local forwards:
+   from here every forward is collective), and the live balancer over them;
+4. the speculation of ``config.speculative``: its drafter, and the DSpark planner's
+   curve profiled on the bare runner unless one is given;
+5. the serving runner: the same parts, with its drafting and balancer given to its
+   constructor (warm-up and profiling rounds stay out of the balancer's window and the
+   drafter's state), then the ``setup`` hook.
+"""
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import torch
@@ -11,17 +28,15 @@ import torch
 from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.comm.protocols import Communicator
+from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.runner.balance import ExpertBalancer, moe_layers
-from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.runner.kv_sizing import (
-    activation_reserve_bytes,
-    kv_budget_bytes,
-    resolve_dtype,
-    size_kv_pool,
-)
+from deepinfer_kit.engine.runner.drafters import build_drafter
+from deepinfer_kit.engine.runner.drafting import RunnerDrafting
+from deepinfer_kit.engine.runner.expert_shards import shard_experts
+from deepinfer_kit.engine.runner.kv_sizing import activation_reserve_bytes, kv_budget_bytes, resolve_dtype, size_kv_pool
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.sps_profile import forward_timer, measure_sps, sps_points
 from deepinfer_kit.engine.runner.static_decode import StaticDecode
 from deepinfer_kit.engine.runner.token_slots import TokenSlots
 from deepinfer_kit.engine.runner.warmup import warm_up
@@ -31,23 +46,28 @@ from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.models.parallel.shard import attention_shard
 from deepinfer_kit.sample.protocols import Sampler
+from deepinfer_kit.spec.records import SpsCurve
+from deepinfer_kit.spec.speculation import Speculation, build_speculation
 from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
-__all__ = ["RunnerParts", "build_runner", "engine_device"]
+if TYPE_CHECKING:
+    from deepinfer_kit.comm.world import ParallelGroups
+
+__all__ = ["DeviceParts", "build_device", "engine_device"]
 
 
 @attrs.define(slots=True, eq=False)
-class RunnerParts:
-    """What :func:`build_runner` made.
+class DeviceParts:
+    """What :func:`build_device` made.
 
     Attributes:
-        loaded: the model, its config and tokenizer.
-        runner: the runner over the model and its KV pool (its balancer not yet attached).
+        loaded: the model (this rank's shard), its config and tokenizer.
+        runner: the serving runner, its drafting and balancer in place.
         num_blocks: blocks in the pool (sized from the budget when the config left it open).
         max_model_len: the engine's limit (capped to the pool when the config left it open).
         dtype: weights and KV dtype.
         device: the model's device.
-        balancer: live EPLB when ``config.eplb`` (the engine attaches it after building).
+        balancer: live EPLB when ``config.eplb`` (also the runner's).
     """
 
     loaded: LoadedModel
@@ -74,45 +94,100 @@ def engine_device(config: EngineConfig) -> torch.device:
     return device
 
 
-def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int,
-                 tp: Communicator | None = None) -> RunnerParts:
-    """Load the model of ``config`` and build the runner over it: the KV pool sized from
-    the budget, the sampler (``sampler``, else the vectorized one), a verifier under
-    ``speculative``, static decode buffers where they apply, token slots for an executor
-    of ``depth`` 1; on CUDA every kernel warmed up and the decode graphs captured.
+def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = None,
+                 groups: ParallelGroups | None = None,
+                 setup: Callable[[ModelRunner], object] | None = None) -> DeviceParts:
+    """Build the device half of ``config`` in the order of the module docstring.
 
-    Called once per engine: by ``build_engine`` in the engine's process, or in a worker
-    process by :mod:`deepinfer_kit.engine.remote.worker_main`. With ``tp`` (a tensor-parallel
-    group: collective) the model is this rank's shard and the KV pool holds its KV heads.
+    ``depth``: the engine's executor depth (1: token slots for overlapped rounds).
+    ``sampler``: the sampler (default: the vectorized one). ``groups``: this rank's
+    tensor- and expert-parallel groups (``None``: a single-rank model). ``setup``: called
+    with the serving runner once built (instrumentation, fault injection).
+
+    Called once per engine: by ``build_engine`` in the engine's process (and for a
+    ``worker="launched"`` rank), or in a worker process by
+    :mod:`deepinfer_kit.engine.remote.worker_main`.
 
     Raises:
         ConfigError: bad config values, an unknown device, an unsupported checkpoint,
-            ``max_model_len`` beyond the model's, or a KV budget too small for it.
+            ``max_model_len`` beyond the model's, a KV budget too small for it, or experts
+            that do not divide over the expert-parallel ranks.
         CheckpointError: a checkpoint folder that cannot be loaded.
     """
-    from deepinfer_kit.sample.vectorized import VectorizedSampler
-
     device = engine_device(config)
-    dtype = torch_dtype(resolve_dtype(
-        config.dtype,
-        None if config.model == TINY or config.dtype != "auto"
-        else ModelConfig.from_pretrained(
-            embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
-        ).raw,
-    ))
-    attention_impl = cast(Impl, config.attention_impl)
-    moe_impl = cast(Impl, config.moe_impl)
+    dtype = _dtype(config)
+    loaded = _load(config, dtype, device, groups)
+    kv_cache, num_blocks, max_model_len = _kv_pool(config, loaded.config, dtype, device, groups)
+    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
+                if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
+    bare = _bare_runner(config, loaded, kv_cache, max_model_len, device, sampler, depth,
+                        static=balancer is None and config.expert_parallel == 1)
+    if config.expert_parallel > 1:
+        balancer = shard_experts(loaded.model, config.expert_parallel, config.eplb, device,
+                                 group=groups.ep_group if groups is not None else None)
+    speculation = device_speculation(config, loaded, bare, num_blocks, max_model_len, dtype, device)
+    runner = ModelRunner(
+        bare.model, bare.kv_cache, bare.sampler, device=device, generator=bare.generator,
+        static_decode=bare.static, verifier=bare.verifier, balancer=balancer,
+        token_slots=bare.token_slots,
+        drafting=RunnerDrafting(speculation, slots=bare.token_slots) if speculation is not None else None,
+    )
+    if setup is not None:
+        setup(runner)
+    return DeviceParts(loaded, runner, num_blocks, max_model_len, dtype, device, balancer)
+
+
+def device_speculation(config: EngineConfig, loaded: LoadedModel, runner: ModelRunner, num_blocks: int,
+                       max_model_len: int, dtype: torch.dtype, device: torch.device) -> Speculation | None:
+    """The drafting phase of ``config.speculative`` beside ``runner``'s model: its drafter
+    (a draft model or the target's first layers get KV pools of their own on the model's
+    device) and the named planner; the DSpark planner's curve is profiled on ``runner``
+    unless one is given (``sps`` ``None`` or ``"profile"``), over every round size the
+    budget allows, as the DSpark paper's engine does at start-up. ``None`` without
+    speculation. Runs forwards on ``runner`` (profiling) but keeps no state in it."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    drafter = build_drafter(
+        spec, loaded, seed=config.seed, block_size=config.block_size,
+        num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
+        dtype=dtype, device=device, attention_impl=cast(Impl, config.attention_impl),
+        moe_impl=cast(Impl, config.moe_impl), kv_heads=runner.kv_cache.num_kv_heads,
+    )
+    sps = spec.sps
+    if spec.planner == "dspark" and not isinstance(sps, SpsCurve):
+        chunk = spec.num_draft + 1  # a verify round plus the prefill planned beside it
+        sps = measure_sps(
+            forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
+            sps_points(config.max_num_batched_tokens),
+        )
+    return build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
+
+
+def _dtype(config: EngineConfig) -> torch.dtype:
+    """The weights' dtype: ``config.dtype``, or with ``"auto"`` the checkpoint's."""
+    raw = None if config.model == TINY or config.dtype != "auto" else ModelConfig.from_pretrained(
+        embedded_checkpoint(config.model) if is_embedded(config.model) else config.model).raw
+    return torch_dtype(resolve_dtype(config.dtype, raw))
+
+
+def _load(config: EngineConfig, dtype: torch.dtype, device: torch.device,
+          groups: ParallelGroups | None) -> LoadedModel:
+    """The model of ``config`` (this rank's tensor-parallel shard under ``groups``)."""
+    tp = groups.tp if groups is not None else None
+    attention_impl, moe_impl = cast(Impl, config.attention_impl), cast(Impl, config.moe_impl)
     if config.model == TINY:
-        loaded = build_tiny_model(
-            seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl,
-            tp=tp,
-        )
-    else:
-        path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
-        loaded = load_model(
-            path, dtype=dtype, device=device, attention_impl=attention_impl, moe_impl=moe_impl, tp=tp
-        )
-    mc = loaded.config
+        return build_tiny_model(seed=config.seed, dtype=dtype, device=device,
+                                attention_impl=attention_impl, moe_impl=moe_impl, tp=tp)
+    path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
+    return load_model(path, dtype=dtype, device=device, attention_impl=attention_impl,
+                      moe_impl=moe_impl, tp=tp)
+
+
+def _kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
+             groups: ParallelGroups | None) -> tuple[PagedKVCache, int, int]:
+    """The KV pool (this rank's KV heads), its block count and the engine's length limit."""
+    tp = groups.tp if groups is not None else None
     kv_heads = mc.num_kv_heads if tp is None else attention_shard(mc, tp.world_size, tp.rank).num_kv_heads
     if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
         raise ConfigError(
@@ -128,34 +203,36 @@ def build_runner(config: EngineConfig, *, sampler: Sampler | None, depth: int,
     )
     num_blocks, max_model_len = size_kv_pool(
         model=attrs.evolve(mc, num_kv_heads=kv_heads), block_size=config.block_size, dtype=dtype,
-        budget_bytes=budget,
-        budget_source=source, num_blocks=config.num_blocks, max_model_len=config.max_model_len,
+        budget_bytes=budget, budget_source=source, num_blocks=config.num_blocks,
+        max_model_len=config.max_model_len,
     )
-    kv_cache = PagedKVCache(
-        mc.num_layers, num_blocks, config.block_size, kv_heads, mc.head_dim,
-        dtype=dtype, device=device, impl=attention_impl,
-    )
+    kv_cache = PagedKVCache(mc.num_layers, num_blocks, config.block_size, kv_heads, mc.head_dim,
+                            dtype=dtype, device=device, impl=cast(Impl, config.attention_impl))
+    return kv_cache, num_blocks, max_model_len
+
+
+def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,
+                 device: torch.device, sampler: Sampler | None, depth: int, *, static: bool) -> ModelRunner:
+    """A runner with neither drafting nor a balancer, warmed up (and its decode graphs
+    captured) on CUDA. ``static``: static decode buffers may apply (no balancer: its
+    window would count the padded rows)."""
+    from deepinfer_kit.sample.vectorized import VectorizedSampler
+
     on_cuda = device.type == "cuda"
-    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
-                if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
-    static = balancer is None and (config.static_decode if config.static_decode is not None else (
+    static = static and (config.static_decode if config.static_decode is not None else (
         on_cuda and config.cuda_graphs))
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
-    verifier = None if config.speculative is None else RejectionVerifier(
-        sampler, cast(Impl, config.sampler_impl))
     runner = ModelRunner(
-        loaded.model,
-        kv_cache,
-        sampler,
-        device=device,
+        loaded.model, kv_cache, sampler, device=device,
         generator=torch.Generator(device=device).manual_seed(config.seed),
         static_decode=StaticDecode(loaded.model, kv_cache, max_num_seqs=config.max_num_seqs,
                                    max_model_len=max_model_len) if static else None,
-        verifier=verifier,
+        verifier=None if config.speculative is None else RejectionVerifier(
+            sampler, cast(Impl, config.sampler_impl)),
         token_slots=TokenSlots((depth + 1) * config.max_num_seqs, device) if depth else None,
     )
     if on_cuda:
         warm_up(runner, max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=max_model_len, capture=config.cuda_graphs and bool(static))
-    return RunnerParts(loaded, runner, num_blocks, max_model_len, dtype, device, balancer)
+                max_model_len=max_model_len, capture=config.cuda_graphs and static)
+    return runner

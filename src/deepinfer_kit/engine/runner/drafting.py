@@ -1,28 +1,34 @@
-"""RunnerDrafting: overlapped speculation on the runner's side — each round is laid out only
-when it runs, after the round before it, so the runner knows what that round accepted.
+"""RunnerDrafting: speculation on the runner's side — each round's chunks are resolved and
+drafted for only when the round executes, after the round before it, so the runner knows
+what that round accepted. It is the one drafting path: in-process or in a worker process,
+synchronous or overlapped, the runner drafts (``build_device`` gives it to the runner's
+constructor) and the engine holds no speculation state.
 
-Under overlap the host plans round ``k + 1`` while round ``k`` verifies its drafts: it
-cannot know how many round ``k`` accepts (so where round ``k + 1`` starts), nor draft from
-tokens it has not seen. The scheduler therefore plans round ``k + 1``'s decode chunks
-optimistically (``ScheduledChunk.pending_drafts``: round ``k``'s drafts all accepted) with
-room for drafts (``draft_room``); the runner, which executes rounds in order, resolves
-each chunk when round ``k + 1`` starts executing:
+The scheduler plans every decode chunk with room for drafts (``ScheduledChunk.draft_room``,
+``BatchScheduler.reserve_drafts``). Under overlap the host plans round ``k + 1`` while round
+``k`` verifies its drafts: it cannot know how many round ``k`` accepts (so where round ``k +
+1`` starts), nor draft from tokens it has not seen. Its decode chunks are therefore planned
+optimistically (``ScheduledChunk.pending_drafts``: round ``k``'s drafts all accepted); the
+runner, which executes rounds in order, resolves each chunk when round ``k + 1`` starts
+executing:
 
 - the chunk moves down by the drafts round ``k`` rejected (``pending_drafts`` minus the
   accepted count), its input is the last token round ``k`` emitted, its output position
-  moves with it; the scheduler's commit of round ``k`` moves its own record the same way;
+  moves with it; the scheduler's commit of round ``k`` moves its own record the same way
+  (``StepResult.shifts``);
 - its drafts are proposed now by the engine's drafter (prompt lookup, or a draft model
   over its own KV) from the prompt, the committed outputs and round ``k``'s tokens — the
-  context synchronous drafting would see — and cut by the verify planner
+  context a host drafting before the round would see — and cut by the verify planner
   (:meth:`Speculation.choose`) and the chunk's room.
 
+Synchronous rounds have no placeholders: each chunk is drafted for from its snapshot.
+
 A drafter with KV of its own keeps each sequence's state while the sequence holds a token
-slot (this class is a :class:`~deepinfer_kit.engine.runner.token_slots.SlotFollower`): it is
-rolled back to the accepted tokens before each round drafts and released when the slot is.
-A synchronous worker process (``worker="process"``, ``overlap=False``) drafts here too but
-has no token slots: there every round before the one resolved has been committed, and a
-sequence's state lives while it has a chunk in each round, released by the first round
-without it (as a slot would be) and, at the idle check, after the last round.
+slot (this class is then a :class:`~deepinfer_kit.engine.runner.token_slots.SlotFollower`):
+it is rolled back to the accepted tokens before each round drafts and released when the
+slot is. A runner without token slots (a synchronous engine) keeps a sequence's state
+while it has a chunk in each round: the first round without it releases it (as a slot
+would be) and, at the idle check, the last round's sequences are released.
 
 A chunk whose round ``k`` produced nothing (it failed, or its logits were not finite) is
 reported as an error; its request was already ended by round ``k``'s commit.
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -42,6 +49,9 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 from deepinfer_kit.step import StepResult
 
+if TYPE_CHECKING:
+    from deepinfer_kit.engine.runner.token_slots import TokenSlots
+
 __all__ = ["DraftView", "LateStep", "RunnerDrafting"]
 
 NEVER_SAMPLED = "the in-flight token this step continues from was never sampled"
@@ -50,9 +60,10 @@ NEVER_SAMPLED = "the in-flight token this step continues from was never sampled"
 @attrs.frozen(slots=True)
 class LateStep:
     """A plan whose layout waits until it executes (``ModelRunner.prepare`` under
-    :class:`RunnerDrafting`)."""
+    :class:`RunnerDrafting`); ``record_expert_counts`` as given to ``prepare``."""
 
     plan: SchedulePlan
+    record_expert_counts: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -77,19 +88,21 @@ class RunnerDrafting:
         speculation: the drafter, the verify planner and γ (``num_draft``, the most
             drafts per chunk: the scheduler's ``draft_room``); its draft distributions
             are the runner's ``draft_probs``.
-        follows_slots: the runner's token slots release the sequences (:meth:`release`);
-            ``False`` for a runner without them (a synchronous worker process): a round
-            releases the sequences it has no chunk of.
+        slots: the runner's token slots: they release the sequences (:meth:`release`;
+            this object registers as their follower). ``None`` for a runner without them
+            (a synchronous engine): a round releases the sequences it has no chunk of.
     """
 
-    def __init__(self, speculation: Speculation, *, follows_slots: bool = True) -> None:
+    def __init__(self, speculation: Speculation, *, slots: TokenSlots | None = None) -> None:
         self.speculation = speculation
         self._emitted: dict[str, list[int]] = {}  # sequence id -> tokens of its last round
         self._stateful = speculation.stateful
         self._views: dict[str, DraftView] = {}  # stateful drafter: sequences it may hold
         self._released: deque[str] = deque()  # slots freed since the last round (any thread)
-        self._follows_slots = follows_slots
+        self._follows_slots = slots is not None
         self._last_round: set[str] = set()  # without slots: the sequences of the last round
+        if slots is not None:
+            slots.followers.append(self)
 
     def resolve(self, plan: SchedulePlan) -> tuple[SchedulePlan, list[int], list[str | None]]:
         """``(resolved plan, index in plan of each resolved chunk, error per chunk of

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,20 +10,16 @@ from deepinfer_kit._staging import to_device
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.runner.prepared import PreparedStep
 from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
+from deepinfer_kit.engine.runner.layout import lay_out
 from deepinfer_kit.engine.runner.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.runner.step_outputs import logprob_maps, to_host
-from deepinfer_kit.engine.runner.token_slots import SlotRoutes, TokenSlots
-from deepinfer_kit.engine.runner.prompt_logprobs import PromptRows
-from deepinfer_kit.spec.verify.step import VerifiedChunk, verify_round
+from deepinfer_kit.engine.runner.token_slots import TokenSlots
+from deepinfer_kit.spec.verify.step import verify_round
 from deepinfer_kit.models.records import ForwardBatch
-from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.logit_mask import edit_logits
-from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.spec.protocols import DraftVerifier
 from deepinfer_kit.step import StepResult
@@ -59,16 +54,14 @@ class ModelRunner:
             the next step (needed by an overlapped engine, whose plans have
             placeholders); ``None``: a plan with a placeholder is an error, and no step
             writes slots (the synchronous engine pays nothing).
+        drafting: speculation (:class:`RunnerDrafting`): each round is laid out when it
+            executes, its chunks resolved against the round before and drafted for here;
+            the verifier reads the drafts' distributions from its speculation. ``None``
+            (no speculation) lays rounds out in :meth:`prepare`.
 
-    Attributes:
-        record_expert_counts: return the MoE routing counts of each round in
-            ``StepResult.expert_counts`` (the engine sets it when tracing).
-        draft_probs: ``(sequence id, drafts) -> [len(drafts), V]`` the distributions a
-            model drafter drew the drafts from (``None``: one-hot drafts); the engine sets
-            it to its speculation's lookup.
-        drafting: overlapped speculation (:class:`RunnerDrafting`): each round is laid out
-            when it executes, its chunks resolved against the round before and drafted
-            for here; ``None`` (the default) lays rounds out in :meth:`prepare`.
+    Every part is given here, once: nothing is attached to a runner after it is built
+    (:func:`~deepinfer_kit.engine.runner.build.build_device` warms a bare runner up, then
+    builds the serving one over the same parts).
     """
 
     def __init__(
@@ -83,6 +76,7 @@ class ModelRunner:
         verifier: DraftVerifier | None = None,
         balancer: ExpertBalancer | None = None,
         token_slots: TokenSlots | None = None,
+        drafting: RunnerDrafting | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -90,16 +84,14 @@ class ModelRunner:
         self.device = device
         self.generator = generator
         self.block_size = kv_cache.block_size
-        self.record_expert_counts = False
         self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled,
         # for sequences whose penalties / min_tokens read their history only
         self._pin = device.type == "cuda"
         self.static = static_decode
         self.verifier = verifier
-        self.draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None
         self.balancer = balancer
         self.token_slots = token_slots
-        self.drafting: RunnerDrafting | None = None
+        self.drafting = drafting
 
     @property
     def num_blocks(self) -> int:
@@ -109,10 +101,20 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing beyond memory to release (the :class:`StepRunner` contract)."""
 
-    def prepare(self, plan: SchedulePlan) -> PreparedStep | LateStep:
+    def check_idle(self) -> None:
+        """Raise :class:`InvariantError` unless the runner holds no per-sequence state:
+        every token slot free and, with speculation, the drafter holding no sequence and
+        no block (called by the engine's idle check, with nothing in flight)."""
+        if self.token_slots is not None:
+            self.token_slots.check_all_free()  # its followers: the drafting
+        elif self.drafting is not None:
+            self.drafting.check_idle()
+
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> PreparedStep | LateStep:
         """Build the forward inputs and the sampling rows of ``plan`` — or, under
-        overlapped speculation (:attr:`drafting`), defer that to :meth:`execute`, which
-        first resolves the chunks against the round before (:class:`RunnerDrafting`).
+        speculation (:attr:`drafting`), defer that to :meth:`execute`, which first
+        resolves the chunks against the round before and drafts (:class:`RunnerDrafting`).
+        ``record_expert_counts``: the step returns its MoE routing counts (traces).
 
         Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
         live request, so it may run while the scheduler mutates its requests and while
@@ -138,105 +140,25 @@ class ModelRunner:
                 for chunk in plan.chunks:
                     if chunk.sample:
                         slots.lease(chunk.request_id, plan.step_id)
-            return LateStep(plan)
-        return self._layout(plan)
+            return LateStep(plan, record_expert_counts)
+        return self._layout(plan, record_expert_counts)
 
-    def _layout(self, plan: SchedulePlan) -> PreparedStep:
-        """:meth:`prepare`'s layout of a plan (see there)."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        num_tokens = 0
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_rows: list[int] = []
-        row_counts: list[int] = []
-        params: list[SamplingParams] = []
-        seeds: list[int | None] = []
-        out_pos: list[int] = []
-        prompts: list[Sequence[int]] = []
-        outputs: list[Sequence[int]] = []
-        eos: list[int | None] = []
-        slots = self.token_slots
-        routes = SlotRoutes()
-        hole_rows: list[tuple[int, str]] = []
-        verified: list[VerifiedChunk] = []
-        prompt = PromptRows()
-        for index, chunk in enumerate(plan.chunks):
-            start, n = chunk.start, chunk.num_tokens
-            end = start + n
-            input_ids.extend(chunk.token_ids)
-            if chunk.num_placeholders:
-                if chunk.num_placeholders != 1 or chunk.spec_token_ids:
-                    raise InvariantError(
-                        f"chunk of {chunk.request_id}: {chunk.num_placeholders} placeholders "
-                        f"with {len(chunk.spec_token_ids)} drafts; one placeholder and no "
-                        f"drafts are supported"
-                    )
-                if slots is None:
-                    raise InvariantError(f"chunk of {chunk.request_id}: a placeholder, and no token slots")
-                held = slots.slot_of(chunk.request_id)
-                routes.hole_inputs.append(len(input_ids))
-                routes.hole_slots.append(
-                    slots.invalid_slot if held is None else slots.lease(chunk.request_id, plan.step_id)
-                )
-                routes.hole_rows.append(len(params))
-                input_ids.append(0)  # resolved in execute, before the forward reads it
-            input_ids.extend(chunk.spec_token_ids)
-            positions.extend(range(start, end))
-            prompt.add(index, chunk, num_tokens)
-            num_tokens += n
-            query_lens.append(n)
-            seq_lens.append(end)
-            tables.append(chunk.block_table)
-            row = chunk.sampling
-            if row is None:
-                row_counts.append(0)
-                continue
-            spec = chunk.spec_token_ids
-            last = num_tokens - len(spec) - 1
-            rows = chunk.num_samples
-            if spec:
-                if rows != 1 or self.verifier is None:
-                    raise InvariantError(
-                        f"chunk of {chunk.request_id}: drafts with {rows} samples and "
-                        f"{'a' if self.verifier else 'no'} verifier; one sample and a verifier needed"
-                    )
-                probs = self.draft_probs(chunk.request_id, spec) if self.draft_probs else None
-                verified.append(VerifiedChunk(index, len(params), tuple(spec), probs))
-                row_counts.append(len(spec) + 1)
-                base = tuple(chunk.output_token_ids)
-                for j in range(len(spec) + 1):
-                    logits_rows.append(last + j)
-                    params.append(row.params)
-                    seeds.append(row.seed)
-                    out_pos.append(chunk.output_position + j)
-                    prompts.append(row.prompt_token_ids)
-                    outputs.append(base + tuple(spec[:j]) if row.needs_history and j else base)
-                    eos.append(row.eos_token_id)
-                continue
-            row_counts.append(rows)
-            if slots is not None:  # the first row is the sequence's own (fork children come later)
-                routes.write_slots.append(slots.lease(chunk.request_id, plan.step_id))
-                routes.write_rows.append(len(params))
-            if chunk.num_placeholders and row.needs_history:
-                hole_rows.extend((len(params) + i, chunk.request_id) for i in range(rows))
-            for i in range(rows):
-                logits_rows.append(last)
-                params.append(row.params)
-                seeds.append(fork_seed(row.seed, i) if rows > 1 else row.seed)
-                out_pos.append(chunk.output_position)
-                prompts.append(row.prompt_token_ids)
-                outputs.append(chunk.output_token_ids)
-                eos.append(row.eos_token_id)
+    def _layout(self, plan: SchedulePlan, record_expert_counts: bool) -> PreparedStep:
+        """:meth:`prepare`'s layout of a plan (see there): the host lists
+        (:func:`lay_out`), then one copy to the device or a staging for the static buffers."""
+        drafting = self.drafting
+        out = lay_out(plan, step_id=plan.step_id, slots=self.token_slots, can_verify=self.verifier is not None,
+                      draft_probs=drafting.speculation.draft_probs if drafting is not None else None)
+        input_ids, positions, seq_lens, tables = out.input_ids, out.positions, out.seq_lens, out.tables
+        num_tokens, prompt, logits_rows = out.num_tokens, out.prompt, out.logits_rows
         forward: ForwardBatch | None = None
         staged: StagedDecode | None = None
         slot_tail: torch.Tensor | None = None
         static = self.static
-        tail = routes.tail()
+        tail = out.routes.tail()
         if (
             static is not None
-            and not self.record_expert_counts and self.balancer is None  # padded rows would count
+            and not record_expert_counts and self.balancer is None  # padded rows would count
             and not prompt.rows  # prompt-logprob rows are extra logits rows
             and num_tokens == len(plan.chunks) > 0
             and static.size_for(num_tokens) is not None
@@ -244,33 +166,17 @@ class ModelRunner:
             staged = static.stage(input_ids, positions, seq_lens, tables, tail)
         else:
             host, layout = pack_inputs(
-                input_ids, positions, query_lens, seq_lens, tables, logits_rows + prompt.rows,
+                input_ids, positions, out.query_lens, seq_lens, tables, logits_rows + prompt.rows,
                 block_size=self.block_size, pin_memory=self._pin, tail=tail,
             )  # fmt: skip
             device = host.to(self.device, non_blocking=True) if self._pin else host
             forward = unpack_inputs(device, layout)
             slot_tail = unpack_tail(device, layout)
-        sampling = SamplingBatch(
-            params=params,
-            seeds=seeds,
-            positions=out_pos,
-            prompt_token_ids=prompts,
-            output_token_ids=outputs,
-            eos_token_ids=eos,
-            generator=self.generator,
-        )
         return PreparedStep(
-            plan=plan,
-            forward=forward,
-            sampling=sampling,
-            row_counts=row_counts,
-            logits_rows=logits_rows,
-            staged=staged,
-            routes=routes,
-            slot_tail=slot_tail,
-            placeholder_rows=hole_rows,
-            verified=verified,
-            prompt=prompt,
+            plan=plan, forward=forward, sampling=out.sampling(self.generator), row_counts=out.row_counts,
+            logits_rows=logits_rows, staged=staged, routes=out.routes, slot_tail=slot_tail,
+            placeholder_rows=out.hole_rows, verified=out.verified, prompt=prompt,
+            record_expert_counts=record_expert_counts,
         )
 
     def execute(self, step: PreparedStep | LateStep) -> StepResult:
@@ -290,7 +196,7 @@ class ModelRunner:
         A sampled row whose logits hold a NaN or an infinity is detected on the device
         and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
         on the one device-to-host copy of the sampled tokens. With
-        :attr:`record_expert_counts` set, the MoE layers' routing counts of the round
+        ``record_expert_counts`` given to :meth:`prepare`, the MoE layers' routing counts of the round
         are returned too (one more copy, for traces).
 
         Mutates the KV cache (the scheduled tokens' K/V) and the token slots this step
@@ -298,7 +204,8 @@ class ModelRunner:
         """
         if isinstance(step, LateStep):
             assert self.drafting is not None
-            return self.drafting.run(step.plan, lambda plan: self.execute(self._layout(plan)))
+            late = step.record_expert_counts
+            return self.drafting.run(step.plan, lambda plan: self.execute(self._layout(plan, late)))
         last, self._last = self._last, {}
         forward, tail = step.forward, step.slot_tail
         if step.staged is not None:
@@ -315,7 +222,7 @@ class ModelRunner:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():
             logits = self._logits(step, forward)
-            expert_counts, slot_counts = self._expert_counts()
+            expert_counts, slot_counts = self._expert_counts(step.record_expert_counts)
             logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
                 return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps, expert_counts=expert_counts, slot_counts=slot_counts)
@@ -369,12 +276,12 @@ class ModelRunner:
             prompt_logprobs=prompt_lps,
         )
 
-    def _expert_counts(self) -> tuple[list[list[int]] | None, list[list[int]] | None]:
+    def _expert_counts(self, record: bool) -> tuple[list[list[int]] | None, list[list[int]] | None]:
         """Feed the balancer's window; when tracing, the round's per-expert and per-slot
         counts on the host."""
         if self.balancer is not None:
             self.balancer.record(self.model)
-        if not self.record_expert_counts:
+        if not record:
             return None, None
         counts = self.model.expert_counts()
         slots = self.balancer.slot_counts() if self.balancer is not None else None

@@ -40,6 +40,7 @@ class PreparedStep:
         prompt: the prompt-logprob rows (logits rows after the sampling rows).
         slot_tail: ``routes.tail()`` on the device (a view of the eager step's input
             copy), or ``None`` for a staged round (its tail comes with the load).
+        record_expert_counts: return the round's MoE routing counts (traces).
     """
 
     plan: SchedulePlan
@@ -53,3 +54,4 @@ class PreparedStep:
     verified: list[VerifiedChunk] = attrs.field(factory=list)
     prompt: PromptRows = attrs.field(factory=PromptRows)
     slot_tail: torch.Tensor | None = None
+    record_expert_counts: bool = False

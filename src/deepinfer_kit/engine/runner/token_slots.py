@@ -36,7 +36,16 @@ import torch
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import InvariantError
 
-__all__ = ["SlotFollower", "SlotRoutes", "TokenSlots"]
+#: A slot's value (and a sampled row's, in a step's copy back) when its token was never
+#: sampled: the writing step failed, or the row's logits were not finite.
+UNSAMPLED = -1
+#: A sampled row's value in a step's copy back when its chunk continued from an
+#: :data:`UNSAMPLED` token (the row itself is meaningless).
+CONTINUED_UNSAMPLED = -2
+#: The input token fed in place of an unsampled placeholder (never a negative id).
+HOLE_FILL = 0
+
+__all__ = ["CONTINUED_UNSAMPLED", "HOLE_FILL", "UNSAMPLED", "SlotFollower", "SlotRoutes", "TokenSlots"]
 
 
 class SlotFollower(Protocol):
@@ -69,7 +78,7 @@ class TokenSlots:
     def __init__(self, capacity: int, device: torch.device | str) -> None:
         require_ints_at_least(1, capacity=capacity)
         self.capacity = capacity
-        self.tokens = torch.full((capacity + 1,), -1, dtype=torch.int64, device=device)
+        self.tokens = torch.full((capacity + 1,), UNSAMPLED, dtype=torch.int64, device=device)
         self._free = list(range(capacity - 1, -1, -1))  # a stack: the lowest slot first
         self._slot: dict[str, int] = {}  # sequence id -> its slot
         self._newest: dict[str, int] = {}  # sequence id -> newest step that references it
@@ -158,7 +167,7 @@ class TokenSlots:
     def invalidate(self, slots: torch.Tensor) -> None:
         """Mark ``slots`` (``[W]`` int64, device) as not sampled yet: a step does this
         for the slots it writes, before its forward, so a failure leaves them ``-1``."""
-        self.tokens.index_fill_(0, slots, -1)
+        self.tokens.index_fill_(0, slots, UNSAMPLED)
 
     def scatter(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Write ``tokens`` (``[W]`` int64, ``-1`` for a non-finite row) into ``slots``
@@ -176,7 +185,7 @@ class TokenSlots:
         h, w = len(routes.hole_inputs), len(routes.write_slots)
         gathered = self.gather(tail[h : 2 * h])
         if h:
-            input_ids.index_copy_(0, tail[:h], gathered.clamp_min(0))
+            input_ids.index_copy_(0, tail[:h], gathered.clamp_min(HOLE_FILL))
         if w:
             self.invalidate(tail[3 * h : 3 * h + w])
         return gathered
@@ -192,7 +201,7 @@ class TokenSlots:
         if h:
             rows = tail[2 * h : 3 * h]
             flagged = flagged.index_copy(
-                0, rows, torch.where(gathered < 0, -2, flagged.index_select(0, rows))
+                0, rows, torch.where(gathered < 0, CONTINUED_UNSAMPLED, flagged.index_select(0, rows))
             )
         if w:
             self.scatter(tail[3 * h : 3 * h + w], flagged.index_select(0, tail[3 * h + w :]))

@@ -18,7 +18,7 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult
 
-__all__ = ["VerifyRows", "expand_rows", "flatten_verify", "accept_matching"]
+__all__ = ["VerifyRows", "expand_rows", "flatten_verify", "accept_matching", "row_histories"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -38,6 +38,14 @@ class VerifyRows:
     offsets: list[int]
 
 
+def row_histories(history: Sequence[int], drafts: Sequence[int]) -> list[tuple[int, ...]]:
+    """The token history of each of a request's ``len(drafts) + 1`` verification rows: row
+    ``j`` sees ``history + drafts[:j]`` (the module's row rule, stated once: the verifiers
+    and the runner's round layout both read it). O(len(drafts)²)."""
+    base = tuple(history)
+    return [base + tuple(drafts[:j]) if j else base for j in range(len(drafts) + 1)]
+
+
 def expand_rows(batch: SamplingBatch, drafts: Sequence[Sequence[int]]) -> SamplingBatch:
     """``sum(len(d) + 1)`` rows from one row per request: row ``(r, j)`` has request
     ``r``'s parameters and seed, output position ``positions[r] + j`` and history
@@ -49,13 +57,12 @@ def expand_rows(batch: SamplingBatch, drafts: Sequence[Sequence[int]]) -> Sampli
     outs: list[Sequence[int]] = []
     eos: list[int | None] = []
     for r, d in enumerate(drafts):
-        history = tuple(batch.output_token_ids[r])
-        for j in range(len(d) + 1):
+        for j, history in enumerate(row_histories(batch.output_token_ids[r], d)):
             params.append(batch.params[r])
             seeds.append(batch.seeds[r])
             pos.append(batch.positions[r] + j)
             prompts.append(batch.prompt_token_ids[r])
-            outs.append(history + tuple(d[:j]) if j else history)
+            outs.append(history)
             eos.append(batch.eos_token_ids[r])
     return SamplingBatch(params, seeds, pos, prompts, outs, eos, batch.generator)
 
