@@ -205,3 +205,31 @@ def test_same_hits_failures_and_frees_as_vllm_on_a_1000_request_zipf_trace(num_b
     assert pair.hits > 1000  # the Zipf prefixes were reused
     if num_blocks == 200:
         assert pair.failures > 0  # the small pool refused allocations (and evicted)
+
+
+def test_a_lookup_whose_allocation_fails_leaves_the_eviction_order_as_vllm_does() -> None:
+    """A's and B's blocks are cached, A's least recently; C matches A's prefix but cannot
+    be allocated; D then forces two evictions. vLLM's lookup refreshed nothing, so A's
+    blocks go first — and so must the kit's (a lookup that touched would evict B's)."""
+    KVCacheManager, config, make = _vllm()
+    cfg = config(9)
+    peer = KVCacheManager(cfg, max_model_len=1024, scheduler_block_size=P, hash_block_size=P, enable_caching=True)
+    kit = KitKVCacheManager.from_vllm_config(cfg, 1024)
+
+    def cached(m: Any) -> set[int]:
+        return {b.block_id for b in m.block_pool.blocks if b.ref_cnt == 0 and b.block_hash is not None}
+
+    pair = _Pair(kit, peer, lambda m: m.block_pool.get_num_free_blocks(), cached)
+    rng = random.Random(5)
+    a_prompt = [rng.randrange(1, 1000) for _ in range(2 * P + 1)]
+    for rid, prompt in (("a", a_prompt), ("b", [rng.randrange(1, 1000) for _ in range(2 * P + 1)])):
+        req = make(rid, prompt)
+        assert pair.admit(req)
+        req.num_computed_tokens = req.num_tokens
+        pair.free(req)
+    pair.check()
+    assert not pair.admit(make("c", a_prompt[: 2 * P] + [7] * (10 * P)))  # hits A, cannot fit
+    d = make("d", [rng.randrange(1000, 2000) for _ in range(6 * P)])
+    assert pair.admit(d)  # takes the 4 free blocks and evicts 2 cached ones
+    pair.check()
+    assert len(cached(peer)) == 2
