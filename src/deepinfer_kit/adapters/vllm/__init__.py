@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer_kit.adapters.vllm.kv_cache import KitKVCacheBlocks, KitKVCacheManager
+from deepinfer_kit.adapters.vllm.versions import TESTED_VLLM
 
 __all__ = ["KitKVCacheManager", "KitKVCacheBlocks", "KitSampler", "TESTED_VLLM"]
-
-TESTED_VLLM: tuple[str, ...] = ("0.33",)
-"""vLLM releases (version prefixes) these adapters were tested with."""
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import attrs
 
+from deepinfer_kit.adapters._peers import check_peer_version
+from deepinfer_kit.adapters.vllm.versions import TESTED_VLLM
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.prefix_state import state_of
 from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats
@@ -112,12 +114,18 @@ class KitKVCacheManager:
         self._lookups = self._query_blocks = self._hit_blocks = 0
 
     @classmethod
-    def from_vllm_config(cls, kv_cache_config: Any, max_model_len: int, **options: Any) -> KitKVCacheManager:
-        """Build from vLLM's ``KVCacheConfig`` (what vLLM's scheduler hands its manager).
+    def from_vllm_config(
+        cls, kv_cache_config: Any, max_model_len: int, *, strict_version: bool = True, **options: Any
+    ) -> KitKVCacheManager:
+        """Build from vLLM's ``KVCacheConfig`` (what vLLM's scheduler hands its manager),
+        after checking the installed vLLM against ``TESTED_VLLM``; ``options`` as the
+        constructor's.
 
         Raises:
+            PeerVersionError: vLLM is missing or untested (with ``strict_version``).
             ConfigError: the config has more than one KV-cache group.
         """
+        check_peer_version("vllm", TESTED_VLLM, strict=strict_version)
         groups = kv_cache_config.kv_cache_groups
         if len(groups) != 1:
             raise ConfigError(f"kv_cache_config must have one KV-cache group, got {len(groups)}")

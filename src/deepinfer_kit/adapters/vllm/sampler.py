@@ -10,6 +10,7 @@ import torch
 
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.adapters._peers import check_peer_version
+from deepinfer_kit.adapters.vllm.versions import TESTED_VLLM
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.functional import sample
 from deepinfer_kit.sample.vectorized import VectorizedSampler
@@ -56,8 +57,6 @@ class KitTopKTopPSampler:
     """
 
     def __init__(self, impl: Impl = "auto", *, strict_version: bool = True) -> None:
-        from deepinfer_kit.adapters.vllm import TESTED_VLLM
-
         self.peer_version = check_peer_version("vllm", TESTED_VLLM, strict=strict_version)
         self.sampler = VectorizedSampler(impl)
 
