@@ -293,32 +293,42 @@ class KitScheduler(Scheduler):
 
     def _commit_inflight(self) -> None:
         """Commit the round transformers just ran: each sampling chunk's token is the one
-        transformers appended at the chunk's output position. Then abort, in the kit,
-        the requests transformers finished or cancelled."""
+        transformers appended at the chunk's output position. A request cancelled before
+        its chunk ran is aborted first (its chunk is then ignored); every other request
+        transformers finished or cancelled is aborted after the commit, so the blocks of
+        its last round are published first.
+
+        Raises:
+            InvariantError: a chunk that ran has no token (transformers updated the
+                batch out of order: ``use_async_batching=True`` is not covered).
+        """
         plan = self._inflight
         self._inflight = None
         self._queue = []
+        done = self._done
         if plan is not None:
             tokens: list[list[int]] = []
-            errors: list[str | None] = []
             for chunk in plan.chunks:
-                out = self._states[chunk.request_id].generated_tokens
+                rid = chunk.request_id
+                out = self._states[rid].generated_tokens
                 pos = chunk.output_position
                 if not chunk.sample:
                     tokens.append([])
-                    errors.append(None)
                 elif pos < len(out):
                     tokens.append([out[pos]])
-                    errors.append(None)
-                else:
+                elif rid in done:
+                    self.kit.abort(rid)  # cancelled before its chunk ran
                     tokens.append([])
-                    errors.append(f"transformers produced no token at output position {pos}")
-            any_error = any(e is not None for e in errors)
-            self.kit.commit(plan, StepResult(token_ids=tokens, errors=errors if any_error else []))
-        for rid in self._done:
+                else:
+                    raise InvariantError(
+                        f"request {rid!r} has no token at output position {pos} after its "
+                        f"round ran; the kit's scheduler needs use_async_batching=False"
+                    )
+            self.kit.commit(plan, StepResult(token_ids=tokens))
+        for rid in done:
             self.kit.abort(rid)  # False when the kit's own stop rule already ended it
             self._states.pop(rid, None)
-        self._done.clear()
+        done.clear()
 
     # ---------------------------------------------------------------- introspection
 
