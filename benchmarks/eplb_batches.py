@@ -127,6 +127,7 @@ def run(layers: int, experts: int, topology: Topology, windows: int, top_k: int,
     selectors: dict[str, ReplicaSelector] = {"static": StaticSelector(), "even": EvenSelector(), "balanced-1": BalancedSelector(1),
                  "balanced": BalancedSelector()}
     gen = torch.Generator().manual_seed(seed)
+    draws = torch.Generator().manual_seed(seed + 1)  # sglang-lp's uniforms: the batches stay those of a run without it
     sglang_note = ""
     print(f"per-batch: L={layers} E={experts} {topology} k={top_k} windows={windows} batches/window={batches}")
     print(f"{'mode':<13}{'tokens':>7}" + "".join(f"{n:>12}" for n in (*selectors, "lp", "sglang-lp", "oracle"))
@@ -154,7 +155,7 @@ def run(layers: int, experts: int, topology: Topology, windows: int, top_k: int,
                         got["lp"].append(statistics.fmean(v for v in lps if v is not None))
                     try:
                         got["sglang-lp"].append(statistics.fmean(
-                            SglangLP(lay).balancedness(r, gen) for r, lay in zip(ids, layouts)))
+                            SglangLP(lay).balancedness(r, draws) for r, lay in zip(ids, layouts)))
                     except Exception as exc:  # noqa: BLE001 - reported once below
                         sglang_note = f"{type(exc).__name__}: {exc}"
                     oracle = make().place(counts, topology)
