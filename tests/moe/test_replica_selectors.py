@@ -48,7 +48,7 @@ class _RankDependent(EvenSelector):
 
 class _Unbalanced(EvenSelector):
     def _quotas(self, total, tables):  # type: ignore[no-untyped-def]
-        first = torch.zeros(tables.layout.num_slots + 1, dtype=torch.int64)
+        first = torch.zeros(tables.layout.num_slots + 2, dtype=torch.int64)
         return first.index_add_(0, tables.first_slot, total)  # every copy to the first replica
 
 
@@ -123,16 +123,21 @@ def test_make_selector_and_bad_sweeps() -> None:
         BalancedSelector(sweeps=0)
 
 
+@pytest.mark.parametrize("phy2log", [[0, 1, 2, 3, 0, 4, 5, 1, 6, 7, 0, 2], [0, 1, 2, 0, 3, 4, 0, 5, 6, 0, 7, 0],
+                                     [0, 1, 2, 3, 4, 5, 6, 7]], ids=["three-replicated", "one-replicated", "none"])
 @pytest.mark.parametrize("name", ["static", "even", "balanced"])
-def test_selectors_read_nothing_back_to_the_host(name: str) -> None:
+def test_selectors_read_nothing_back_to_the_host(name: str, phy2log: list[int]) -> None:
     """No op that needs the host to read device memory (a sync on CUDA, and a capture
-    breaker): the selection is device work only."""
+    breaker): the selection, the first call's per-layout tables included, is device work
+    only, over each path (several, one, no replicated expert; one rank and two)."""
     from moe_layers import no_host_reads
 
-    layout = ReplicaLayout([0, 1, 2, 3, 0, 4, 5, 1, 6, 7, 0, 2], 8, 4)
+    layout = ReplicaLayout(phy2log, 8, 4)
     ids = rank_batches(8, [40, 24], 5)
     counts = torch.stack([torch.zeros(8, dtype=torch.int64).index_add_(0, i, torch.ones_like(i)) for i in ids])
     selector = make_selector(name)
     with no_host_reads():
         sel = selector.select(ids[1], counts, 1, layout)
+        alone = make_selector(name).select(ids[0], counts[:1], 0, layout)
     assert torch.equal(layout.phy2log[sel.slots], ids[1])
+    assert torch.equal(layout.phy2log[alone.slots], ids[0])

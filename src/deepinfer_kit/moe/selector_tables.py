@@ -8,7 +8,9 @@ layout's host ints (``num_spread``), never by the batch's values.
 
 Shape symbols as in :mod:`deepinfer_kit.moe.replica_layout`, with ``H`` the experts that
 have more than one replica (``layout.num_spread``). Slot vectors are extended past ``P``
-by one scratch entry ``P``, always 0, where the padding of a replica row points.
+by two scratch entries: ``P``, always 0, where the padding of a replica row points, and
+``P + 1``, where a replicated expert's count lands when the single-replica experts' counts
+are scattered (never read).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class SelectorTables:
     Attributes:
         layout: the layout these tables describe (a selector rebuilds when it changes).
         slot_or_pad: ``[E * R]`` int64, each expert's replica slots, padding -> ``P``.
-        single: ``[P + 1, E]`` int64, 1 at (its slot, expert) for a single-replica expert.
+        single_slot: ``[E]`` int64, an expert's slot when it has one replica, else ``P + 1``.
         first_slot: ``[E]`` int64, each expert's first replica's slot.
         experts: ``[E]`` int64, ``0 .. E-1``.
         replica: ``[R]`` int64, ``0 .. R-1``.
@@ -53,8 +55,7 @@ class SelectorTables:
         slot_or_pad = torch.where(layout.valid, layout.log2phy, slots)
         self.slot_or_pad = slot_or_pad.flatten()
         single = layout.logcnt == 1
-        self.single = torch.zeros(slots + 1, experts, dtype=torch.int64, device=device)
-        self.single.index_put_((layout.log2phy[:, 0], self.experts), single.to(torch.int64))
+        self.single_slot = torch.where(single, layout.log2phy[:, 0], slots + 1)
         self.first_slot = layout.log2phy[:, 0].contiguous()
         self.hot = layout.spread[:hot]
         self.hot_gpu = layout.spread_gpu[:hot]
@@ -110,13 +111,14 @@ def water_fill(total: torch.Tensor, tables: SelectorTables, sweeps: int) -> torc
 
 
 def round_shares(total: torch.Tensor, shares: torch.Tensor | None, tables: SelectorTables) -> torch.Tensor:
-    """``[P + 1]`` int64 whole-batch copies per slot (the scratch entry as in the module
+    """``[P + 2]`` int64 whole-batch copies per slot (scratch entries as in the module
     doc): single-replica experts' totals at their slot, and ``shares`` (``[H, R]`` float64,
     as :func:`water_fill` returns them; ``None`` when ``H = 0``) rounded by cumulative
     share: each replica's count is within 1 of its share. Each row of ``shares`` sums to
     its expert's total up to float error (far below 0.5), so the rounded cumulative share
     at its last replica is that total exactly."""
-    out = torch.mv(tables.single, total)
+    out = torch.zeros(tables.layout.num_slots + 2, dtype=torch.int64, device=total.device)
+    out.index_add_(0, tables.single_slot, total)  # (an integer mv has no CUDA kernel)
     if shares is None:
         return out
     bounds = shares.cumsum(1).add_(0.5).to(torch.int64)  # the floor: every value is >= 0.5
@@ -127,7 +129,7 @@ def round_shares(total: torch.Tensor, shares: torch.Tensor | None, tables: Selec
 def assign(ids: torch.Tensor, counts: torch.Tensor, rank: int, tables: SelectorTables,
            quotas: torch.Tensor) -> Selection:
     """Route rank ``rank``'s copies ``ids`` (``[N]``) by the whole-batch ``quotas``
-    (``[P + 1]`` int64, from :func:`round_shares` or an even split). The copies of each
+    (``[P + 2]`` int64, from :func:`round_shares` or an even split). The copies of each
     expert are numbered over the ranks (rank order, then flat order); copy ``g`` goes to
     the replica whose quota interval holds ``g``. With every expert's intervals laid end
     to end (expert-major), this rank's copies sorted by expert sit at positions

@@ -112,7 +112,7 @@ class EvenSelector(_Tabled):
             return round_shares(total, None, tables)
         n = layout.logcnt
         share = (total // n)[:, None] + (tables.replica[None, :] < (total % n)[:, None]).to(torch.int64)
-        out = torch.zeros(layout.num_slots + 1, dtype=torch.int64, device=total.device)
+        out = torch.zeros(layout.num_slots + 2, dtype=torch.int64, device=total.device)
         return out.index_add_(0, tables.slot_or_pad, (share * layout.valid).flatten())
 
     def quotas(self, total: torch.Tensor, layout: ReplicaLayout) -> torch.Tensor:
