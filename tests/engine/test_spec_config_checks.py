@@ -9,7 +9,7 @@ import pytest
 
 from deepinfer_kit import build_engine
 from deepinfer_kit.engine.runner import assemble
-from deepinfer_kit.engine.runner import build as runner_build
+from deepinfer_kit.engine.runner import pool as runner_pool
 from deepinfer_kit.errors import CheckpointError, ConfigError
 
 
@@ -19,7 +19,7 @@ def no_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("weights were loaded before the speculative config was checked")
 
-    for module in (assemble, runner_build):
+    for module in (assemble, runner_pool):
         monkeypatch.setattr(module, "load_model", refuse)
         monkeypatch.setattr(module, "build_tiny_model", refuse)
 

@@ -19,7 +19,8 @@ import pytest
 
 from deepinfer_kit import ConfigError, SamplingParams, build_engine
 from deepinfer_kit.errors import InvariantError
-from deepinfer_kit.engine.runner.drafting import NEVER_SAMPLED, RunnerDrafting
+from deepinfer_kit.engine.runner.drafting import RunnerDrafting
+from deepinfer_kit.engine.runner.token_slots import NEVER_SAMPLED
 from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.engine.trace import StepTrace, token_timeline
 from deepinfer_kit.request import Request

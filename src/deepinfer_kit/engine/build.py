@@ -3,32 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import attrs
-import torch
 
-from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
-from deepinfer_kit.engine.protocols import Balancer, StepRunner
-from deepinfer_kit.engine.remote.balancer import RemoteBalancer
-from deepinfer_kit.engine.remote.process_group import ProcessGroupRunner
-from deepinfer_kit.engine.remote.process_runner import ProcessRunner, WorkerSpec
+from deepinfer_kit.engine.remote.start import start_workers
+from deepinfer_kit.overlap.choose import default_executor
 from deepinfer_kit.engine.remote.rank_groups import launched_groups
 from deepinfer_kit.engine.runner.build import build_device, engine_device
 from deepinfer_kit.engine.runner.drafters import check_speculative
-from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.tokenizer import (
     ByteTokenizer, Tokenizer, load_tokenizer, missing_tokenizer_reason,
 )
-from deepinfer_kit.overlap.protocols import OverlapExecutor
-from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
-from deepinfer_kit.cache.protocols import KVCacheManager
+
+if TYPE_CHECKING:
+    from deepinfer_kit.comm.protocols import Communicator
+    from deepinfer_kit.engine.protocols import Balancer, StepRunner
+    from deepinfer_kit.engine.runner.model_runner import ModelRunner
+    from deepinfer_kit.models.config import ModelConfig
+    from deepinfer_kit.overlap.protocols import OverlapExecutor
+    from deepinfer_kit.sample.protocols import Sampler
+    from deepinfer_kit.sched.protocols import Scheduler, SchedulerFactory
+    from deepinfer_kit.cache.protocols import KVCacheManager
 
 __all__ = ["build_engine", "load_host_tokenizer"]
 
@@ -73,23 +73,14 @@ def build_engine(
         except TypeError as exc:
             raise ConfigError(f"unknown EngineConfig field in {sorted(overrides)}: {exc}") from exc
     check_speculative(config.speculative, config.model, config.max_model_len)  # before any weights
-    executor = executor if executor is not None else _default_executor(config)
+    executor = executor if executor is not None else default_executor(
+        config.overlapped, config.worker == "process", config.device)
     depth = executor.depth if executor is not None else 0  # the overlap decision, read once
     if config.worker == "process":
-        engine_device(config)
-        worker = WorkerSpec(config, depth, sampler, worker_setup, torch.get_num_threads(),
-                            wrap_comm=wrap_comm)
-        remote: ProcessRunner | ProcessGroupRunner = (
-            ProcessGroupRunner(worker) if config.expert_parallel * config.tensor_parallel > 1
-            else ProcessRunner(worker)
-        )  # one worker per rank
-        info = remote.info
-        remote_balancer = None
-        if config.eplb is not None:
-            assert info.balancer is not None  # the worker built one
-            remote_balancer = RemoteBalancer(remote, config.eplb, info.balancer)
-        return _engine(config, remote, info.model, load_host_tokenizer(info.model), info.num_blocks,
-                       info.max_model_len, executor, make_scheduler, balancer=remote_balancer)
+        remote = start_workers(config, depth, sampler, worker_setup, wrap_comm)
+        info = remote.runner.info
+        return _engine(config, remote.runner, info.model, load_host_tokenizer(info.model), info.num_blocks,
+                       info.max_model_len, executor, make_scheduler, balancer=remote.balancer)
     groups = launched_groups(config, engine_device(config)) if config.worker == "launched" else None
     if groups is not None and config.eplb is not None:
         raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
@@ -151,22 +142,3 @@ def load_host_tokenizer(mc: ModelConfig) -> Tokenizer:
         return ByteTokenizer()
     eos = mc.eos_token_ids
     return load_tokenizer(mc.folder, eos_token_id=eos[0] if eos else None, bos_token_id=mc.bos_token_id)
-
-
-def _default_executor(config: EngineConfig) -> OverlapExecutor | None:
-    """When ``config.overlapped``: a depth-1 executor — with a worker process, one that
-    collects each step's reply when it is waited for; else its kernels on their own CUDA
-    stream on a GPU, a worker thread on CPU. ``None`` (synchronous) otherwise."""
-    if not config.overlapped:
-        return None
-    if config.worker == "process":  # the worker runs it: the host only collects
-        from deepinfer_kit.overlap.deferred import DeferredExecutor
-
-        return DeferredExecutor(depth=1)
-    if torch.device(config.device).type == "cuda":
-        from deepinfer_kit.overlap.cuda_stream import CudaStreamExecutor
-
-        return CudaStreamExecutor(config.device, depth=1)
-    from deepinfer_kit.overlap.threaded import ThreadExecutor
-
-    return ThreadExecutor(depth=1)

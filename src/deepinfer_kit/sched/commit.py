@@ -59,20 +59,12 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
     plan = entry.plan
     token_ids = result.token_ids
     chunks = plan.chunks
-    if len(token_ids) != len(chunks) or (result.errors and len(result.errors) != len(chunks)):
-        raise InvariantError(
-            f"result has {len(token_ids)} token lists and {len(result.errors)} errors for "
-            f"{len(chunks)} chunks"
-        )
+    _check_aligned(result, len(chunks))
     state.inflight.popleft()
-    logprobs = result.logprobs
-    errors = result.errors
-    prompt_lps = result.prompt_logprobs
+    logprobs, errors, prompt_lps = result.logprobs, result.errors, result.prompt_logprobs
     drafted_by_runner = result.num_drafted
-    max_len = state.config.max_model_len
-    block_size = state.cache.block_size
-    cache = state.cache
-    shifts = entry.shifts
+    max_len, cache, shifts = state.config.max_model_len, state.cache, entry.shifts
+    block_size = cache.block_size
     follows = _follows(state) if state.draft_room else None
     finished: list[Request] = []
     i = -1
@@ -96,9 +88,7 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             num_tokens += num_spec - room
         end = start + num_tokens
         if prompt_lps:
-            done = req.prompt_logprobs
-            if done is not None and chunk.prompt_first == len(done) - 1:
-                done.extend(prompt_lps[i])
+            _extend_prompt_logprobs(req, chunk, prompt_lps[i])
         if chunk.sample:
             lps = logprobs[i] if logprobs is not None else None
             if chunk.num_samples > 1:
@@ -106,9 +96,6 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             elif num_spec or room:
                 follow = follows.get(req) if follows else None
                 end = _commit_spec(state, req, start, num_tokens, num_spec, tokens, lps, follow)
-                if req.metrics is not None:
-                    req.metrics.num_draft_tokens += num_spec
-                    req.metrics.num_accepted_tokens += max(len(tokens) - 1, 0)
             elif len(tokens) != 1:
                 raise InvariantError(
                     f"chunk {i} ({req.request_id}) expects 1 token, got {tokens!r}"
@@ -127,9 +114,32 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             cache.cache_full_blocks(req, end)
         if req.status is _FINISHED:
             finished.append(req)
+    return _report(state, finished, plan.step_id)
+
+
+def _check_aligned(result: StepResult, num_chunks: int) -> None:
+    """Raise :class:`InvariantError` unless ``result`` has one token list (and, when it
+    has errors, one error) per chunk."""
+    if len(result.token_ids) != num_chunks or (result.errors and len(result.errors) != num_chunks):
+        raise InvariantError(
+            f"result has {len(result.token_ids)} token lists and {len(result.errors)} errors for "
+            f"{num_chunks} chunks"
+        )
+
+
+def _extend_prompt_logprobs(req: Request, chunk: ScheduledChunk, lps: list[dict[int, Logprob]]) -> None:
+    """Append a chunk's prompt logprobs to its request's, when the chunk continues them."""
+    done = req.prompt_logprobs
+    if done is not None and chunk.prompt_first == len(done) - 1:
+        done.extend(lps)
+
+
+def _report(state: SchedulerState, finished: list[Request], step_id: int) -> list[RequestOutput]:
+    """Retire this commit's finished sequences, run the frees deferred to ``step_id``,
+    and return the outputs of everything finished since the last report."""
     if finished:
         _retire(state, finished)
-    state.free_deferred(plan.step_id)
+    state.free_deferred(step_id)
     outputs: list[RequestOutput] = []
     for req in state.unreported:
         outputs.extend(to_outputs(req))
@@ -213,6 +223,9 @@ def _commit_spec(
         raise InvariantError(
             f"verified chunk of {req.request_id} with {num_spec} drafts got {len(tokens)} tokens"
         )
+    if req.metrics is not None:
+        req.metrics.num_draft_tokens += num_spec
+        req.metrics.num_accepted_tokens += len(tokens) - 1
     appended = append_tokens(req, tokens, lps, state.config.max_model_len)
     valid_end = start + num_tokens - num_spec + min(appended, len(tokens) - 1)
     # A stop inside the accepted run drops what follows; like a plain decode, the KV of
@@ -224,7 +237,7 @@ def _commit_spec(
             req.num_computed_tokens = valid_end
         else:
             nxt, chunk = follow
-            shift = chunk.pending_drafts - (len(tokens) - 1)
+            shift = chunk.shift(len(tokens))
             if shift < 0:
                 raise InvariantError(
                     f"{req.request_id}: the chunk in flight assumed {chunk.pending_drafts} drafts, "

@@ -18,7 +18,7 @@ from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.forks import will_fork
 from deepinfer_kit.sched.protocols import PreemptionPolicy
-from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk
+from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import length_limit
 
@@ -214,42 +214,20 @@ def plan_running(
         num_known = len(req.all_token_ids)
         num_cached = 0
         if not table:
-            num_cached = cache.match_prefix(req)
-            prompt_left = num_known - num_cached
-            if not chunked and budget < prompt_left <= cfg.max_num_batched_tokens:
+            num_cached = _first_chunk_prefix(state, plan, req, budget)
+            if num_cached < 0:
                 i += 1  # without chunking, the first chunk waits for a round with room
                 continue
-            state.mark_admitted(req, num_cached)
-            plan.num_cached_tokens += num_cached
             start = req.num_computed_tokens
-        placeholders = pending = room = 0
+        room = 0
         limit = length_limit(req, max_len)
-        if start < num_known:
-            n = num_known - start
-            if n > 1:
-                if threshold and n > threshold:
-                    n = threshold
-                if n > budget:
-                    n = budget
-        else:
-            # The step in flight samples 1 token, or up to pending + 1 when it verifies
-            # drafts; this chunk's start assumes all are accepted.
-            pending = start - num_known
-            if num_known + 1 >= limit or start >= limit - 1:
-                i += 1  # the step in flight samples its last token (or may: wait for it)
-                continue
-            if pending and start + 1 + state.draft_room > limit - 1:
-                # Near the limit, the room for drafts depends on where the chunk really
-                # starts: wait a round, so the drafts are those synchronous planning gives.
-                i += 1
-                continue
-            placeholders, n = 1, 1
+        n, placeholders, pending = _chunk_size(state, start, num_known, budget, threshold, limit)
+        if not n:
+            i += 1  # waits for the step in flight (see _chunk_size)
+            continue
         spec = drafts.pop(req, None) if drafts else None
-        if spec is not None:
-            spare = min(budget - n, limit - 1 - start - n)
-            spec = spec[:spare] if spare > 0 and start + n == num_known and not will_fork(req) else None
-        elif state.draft_room and n == 1 and start + 1 >= num_known and (placeholders or not will_fork(req)):
-            room = max(0, min(state.draft_room, budget - n, limit - 1 - start - n))  # a decode
+        if spec is not None or state.draft_room:
+            spec, room = _drafts_of(state, req, spec, start, n, budget, limit, placeholders)
         total = (n + len(spec) if spec else n) + room
         if start + total > len(table) * block_size or (may_share and req in may_share):
             if not cache.can_allocate(req, total, num_cached):
@@ -267,6 +245,64 @@ def plan_running(
         budget -= add_chunk(state, entry, req, start, n, spec, placeholders, num_cached, pending, room)
         i += 1
     return budget, preempted
+
+
+def _chunk_size(state: SchedulerState, start: int, num_known: int, budget: int, threshold: int,
+                limit: int) -> tuple[int, int, int]:
+    """``(tokens, placeholders, pending drafts)`` of a sequence's next chunk from ``start``
+    with ``num_known`` tokens known: what is left of its prompt (capped by the long-prefill
+    ``threshold`` and the ``budget``), or a one-placeholder decode when the step in flight
+    samples its next token (``pending``: the drafts that step may still reject; this chunk
+    assumes all accepted). ``(0, 0, 0)``: wait for the step in flight — it samples (or may
+    sample) the sequence's last token, or near the length limit the room for drafts
+    depends on where the chunk really starts (so the drafts are those synchronous planning
+    gives)."""
+    if start < num_known:
+        n = num_known - start
+        if n > 1:
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+        return n, 0, 0
+    pending = start - num_known
+    if num_known + 1 >= limit or start >= limit - 1:
+        return 0, 0, 0
+    if pending and start + 1 + state.draft_room > limit - 1:
+        return 0, 0, 0
+    return 1, 1, pending
+
+
+def _first_chunk_prefix(state: SchedulerState, plan: SchedulePlan, req: Request, budget: int) -> int:
+    """A sequence with no blocks yet (a static batch member's first chunk): match the
+    prefix cache and admit it, returning the tokens served from the cache; ``-1`` (nothing
+    done) when chunked prefill is off and the rest of its prompt waits for a round with
+    room for it whole."""
+    cfg = state.config
+    num_cached = state.cache.match_prefix(req)
+    prompt_left = len(req.all_token_ids) - num_cached
+    if not cfg.enable_chunked_prefill and budget < prompt_left <= cfg.max_num_batched_tokens:
+        return -1
+    state.mark_admitted(req, num_cached)
+    plan.num_cached_tokens += num_cached
+    return num_cached
+
+
+def _drafts_of(state: SchedulerState, req: Request, spec: list[int] | None, start: int, n: int,
+               budget: int, limit: int, placeholders: int) -> tuple[list[int] | None, int]:
+    """``(drafts, room)`` of a chunk of ``n`` tokens from ``start``: the host's drafts
+    (``spec``) trimmed to the budget and the length limit, kept only on a decode that is
+    not a fork; or, with ``state.draft_room``, the room reserved for the runner's drafts
+    on a decode. Either way no draft reaches past ``limit - 1`` (the one rule for the room
+    a chunk's drafts may take)."""
+    num_known = len(req.all_token_ids)
+    spare = min(budget - n, limit - 1 - start - n)
+    if spec is not None:
+        keep = spare > 0 and start + n == num_known and not will_fork(req)
+        return (spec[:spare] if keep else None), 0
+    if n == 1 and start + 1 >= num_known and (placeholders or not will_fork(req)):
+        return None, max(0, min(state.draft_room, spare))  # a decode
+    return None, 0
 
 
 def _make_room(

@@ -143,6 +143,14 @@ class ScheduledChunk:
         """True when the chunk computes prompt tokens (or recomputes after preemption)."""
         return self.num_tokens - len(self.spec_token_ids) - self.draft_room > 1 or not self.sample
 
+    def shift(self, emitted: int) -> int:
+        """How far this chunk moves down once the round in flight before it emitted
+        ``emitted`` tokens: its ``pending_drafts`` minus the drafts that round accepted
+        (``emitted - 1``). Negative when that round emitted more than the chunk assumed
+        (a broken plan). The one rule both the runner (resolving the chunk as it runs)
+        and the scheduler's commit (moving its records) apply."""
+        return self.pending_drafts - (emitted - 1)
+
 
 @attrs.define(slots=True, eq=False)
 class SchedulePlan:

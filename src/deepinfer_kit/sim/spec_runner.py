@@ -11,25 +11,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.errors import ConfigError, InvariantError
-from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.build import build_simulator
-from deepinfer_kit.sim.cost_analytic import ModelShape
-from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sched.protocols import DraftRoom
-from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.records import SimStep
 from deepinfer_kit.sim.runner import SimRunner
-from deepinfer_kit.sim.simulator import Simulator
-from deepinfer_kit.sim.tokens import SyntheticTokens
-from deepinfer_kit.spec.protocols import DraftSequence, VerifyPlanner
 from deepinfer_kit.spec.records import DraftProposal
-from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.engine.config import EngineConfig
+    from deepinfer_kit.sim.acceptance import AcceptanceModel
+    from deepinfer_kit.sim.cost_analytic import ModelShape
+    from deepinfer_kit.sim.protocols import CostModel
+    from deepinfer_kit.sched.records import SchedulePlan
+    from deepinfer_kit.sim.simulator import Simulator
+    from deepinfer_kit.sim.tokens import SyntheticTokens
+    from deepinfer_kit.spec.protocols import DraftSequence, VerifyPlanner
+    from deepinfer_kit.step import StepResult
     from deepinfer_kit.spec.protocols import Drafter
 
 __all__ = ["SyntheticDrafter", "SpecSimRunner", "build_spec_simulator", "check_idle"]

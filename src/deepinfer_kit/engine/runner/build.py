@@ -25,35 +25,26 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import torch
 
-from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
 from deepinfer_kit.engine.runner.balance import ExpertBalancer, moe_layers
-from deepinfer_kit.engine.runner.drafters import build_drafter
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.engine.runner.expert_shards import shard_experts
-from deepinfer_kit.engine.runner.kv_sizing import activation_reserve_bytes, kv_budget_bytes, resolve_dtype, size_kv_pool
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
-from deepinfer_kit.engine.runner.sps_profile import forward_timer, measure_sps, sps_points
+from deepinfer_kit.engine.runner.pool import engine_device, kv_pool, load_shard, model_dtype
+from deepinfer_kit.engine.runner.speculation import device_speculation
 from deepinfer_kit.engine.runner.static_decode import StaticDecode
 from deepinfer_kit.engine.runner.token_slots import TokenSlots
 from deepinfer_kit.engine.runner.warmup import warm_up
-from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.models.config import ModelConfig
-from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
 from deepinfer_kit.models.loader import LoadedModel
-from deepinfer_kit.models.parallel.shard import attention_shard
-from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.spec.records import SpsCurve
-from deepinfer_kit.spec.speculation import Speculation, build_speculation
 from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 if TYPE_CHECKING:
     from deepinfer_kit.comm.world import ParallelGroups
+    from deepinfer_kit.sample.protocols import Sampler
 
-__all__ = ["DeviceParts", "build_device", "engine_device"]
+__all__ = ["DeviceParts", "build_device", "engine_device"]  # engine_device re-exported from pool
 
 
 @attrs.define(slots=True, eq=False)
@@ -79,20 +70,6 @@ class DeviceParts:
     balancer: ExpertBalancer | None
 
 
-def engine_device(config: EngineConfig) -> torch.device:
-    """The torch device of ``config``.
-
-    Raises:
-        ConfigError: not a device string, or CUDA asked for and missing.
-    """
-    try:
-        device = torch.device(config.device)
-    except RuntimeError as exc:
-        raise ConfigError(f"device must be a torch device string, got {config.device!r}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
-    return device
-
 
 def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = None,
                  groups: ParallelGroups | None = None,
@@ -115,9 +92,9 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
         CheckpointError: a checkpoint folder that cannot be loaded.
     """
     device = engine_device(config)
-    dtype = _dtype(config)
-    loaded = _load(config, dtype, device, groups)
-    kv_cache, num_blocks, max_model_len = _kv_pool(config, loaded.config, dtype, device, groups)
+    dtype = model_dtype(config)
+    loaded = load_shard(config, dtype, device, groups)
+    kv_cache, num_blocks, max_model_len = kv_pool(config, loaded.config, dtype, device, groups)
     balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
                 if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
     bare = _bare_runner(config, loaded, kv_cache, max_model_len, device, sampler, depth,
@@ -137,78 +114,8 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
     return DeviceParts(loaded, runner, num_blocks, max_model_len, dtype, device, balancer)
 
 
-def device_speculation(config: EngineConfig, loaded: LoadedModel, runner: ModelRunner, num_blocks: int,
-                       max_model_len: int, dtype: torch.dtype, device: torch.device) -> Speculation | None:
-    """The drafting phase of ``config.speculative`` beside ``runner``'s model: its drafter
-    (a draft model or the target's first layers get KV pools of their own on the model's
-    device) and the named planner; the DSpark planner's curve is profiled on ``runner``
-    unless one is given (``sps`` ``None`` or ``"profile"``), over every round size the
-    budget allows, as the DSpark paper's engine does at start-up. ``None`` without
-    speculation. Runs forwards on ``runner`` (profiling) but keeps no state in it."""
-    spec = config.speculative
-    if spec is None:
-        return None
-    drafter = build_drafter(
-        spec, loaded, seed=config.seed, block_size=config.block_size,
-        num_blocks=num_blocks, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-        dtype=dtype, device=device, attention_impl=cast(Impl, config.attention_impl),
-        moe_impl=cast(Impl, config.moe_impl), kv_heads=runner.kv_cache.num_kv_heads,
-    )
-    sps = spec.sps
-    if spec.planner == "dspark" and not isinstance(sps, SpsCurve):
-        chunk = spec.num_draft + 1  # a verify round plus the prefill planned beside it
-        sps = measure_sps(
-            forward_timer(runner, chunk, context=max(0, min(64, max_model_len - chunk))),
-            sps_points(config.max_num_batched_tokens),
-        )
-    return build_speculation(spec, drafter, sps=sps if isinstance(sps, SpsCurve) else None)
 
 
-def _dtype(config: EngineConfig) -> torch.dtype:
-    """The weights' dtype: ``config.dtype``, or with ``"auto"`` the checkpoint's."""
-    raw = None if config.model == TINY or config.dtype != "auto" else ModelConfig.from_pretrained(
-        embedded_checkpoint(config.model) if is_embedded(config.model) else config.model).raw
-    return torch_dtype(resolve_dtype(config.dtype, raw))
-
-
-def _load(config: EngineConfig, dtype: torch.dtype, device: torch.device,
-          groups: ParallelGroups | None) -> LoadedModel:
-    """The model of ``config`` (this rank's tensor-parallel shard under ``groups``)."""
-    tp = groups.tp if groups is not None else None
-    attention_impl, moe_impl = cast(Impl, config.attention_impl), cast(Impl, config.moe_impl)
-    if config.model == TINY:
-        return build_tiny_model(seed=config.seed, dtype=dtype, device=device,
-                                attention_impl=attention_impl, moe_impl=moe_impl, tp=tp)
-    path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
-    return load_model(path, dtype=dtype, device=device, attention_impl=attention_impl,
-                      moe_impl=moe_impl, tp=tp)
-
-
-def _kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
-             groups: ParallelGroups | None) -> tuple[PagedKVCache, int, int]:
-    """The KV pool (this rank's KV heads), its block count and the engine's length limit."""
-    tp = groups.tp if groups is not None else None
-    kv_heads = mc.num_kv_heads if tp is None else attention_shard(mc, tp.world_size, tp.rank).num_kv_heads
-    if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
-        raise ConfigError(
-            f"max_model_len must be <= the model's max_position_embeddings "
-            f"({mc.max_position_embeddings}), got {config.max_model_len}"
-        )
-    budget, source = (None, "") if config.num_blocks is not None else kv_budget_bytes(
-        device, kv_cache_memory_mb=config.kv_cache_memory_mb,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        reserve_bytes=activation_reserve_bytes(
-            mc, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, dtype=dtype),
-    )
-    num_blocks, max_model_len = size_kv_pool(
-        model=attrs.evolve(mc, num_kv_heads=kv_heads), block_size=config.block_size, dtype=dtype,
-        budget_bytes=budget, budget_source=source, num_blocks=config.num_blocks,
-        max_model_len=config.max_model_len,
-    )
-    kv_cache = PagedKVCache(mc.num_layers, num_blocks, config.block_size, kv_heads, mc.head_dim,
-                            dtype=dtype, device=device, impl=cast(Impl, config.attention_impl))
-    return kv_cache, num_blocks, max_model_len
 
 
 def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,

@@ -8,9 +8,10 @@ pool and a block allocator of its own, the target's block size.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
@@ -19,15 +20,18 @@ from deepinfer_kit.spec.drafters.dspark import DSparkDrafter
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, embedded_dspark_heads, is_embedded
-from deepinfer_kit.models.loader import LoadedModel
-from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.tiny import tiny_hf_config
 from deepinfer_kit.models.truncated import LayerTruncatedLM
 from deepinfer_kit.spec.drafters.draft_kv import DraftKVBook
 from deepinfer_kit.spec.drafters.dspark_heads import DSparkHeads, check_num_draft, heads_positions, load_heads
 from deepinfer_kit.spec.drafters.ngram import NgramDrafter
-from deepinfer_kit.spec.protocols import Drafter
-from deepinfer_kit.spec.records import SpecConfig
+
+if TYPE_CHECKING:
+    from deepinfer_kit._kernels import Impl
+    from deepinfer_kit.models.loader import LoadedModel
+    from deepinfer_kit.models.protocols import CausalLM
+    from deepinfer_kit.spec.protocols import Drafter
+    from deepinfer_kit.spec.records import SpecConfig
 
 __all__ = ["build_drafter", "draft_pool_blocks", "check_speculative"]
 

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from deepinfer_kit.spec.speculation import Speculation
+from deepinfer_kit.engine.runner.token_slots import NEVER_SAMPLED
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sample.params import SamplingParams
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DraftView", "LateStep", "RunnerDrafting"]
 
-NEVER_SAMPLED = "the in-flight token this step continues from was never sampled"
 
 
 @attrs.frozen(slots=True)
@@ -133,7 +133,7 @@ class RunnerDrafting:
             new: tuple[int, ...] = ()
             if c.num_placeholders:
                 prev = emitted.get(c.request_id)
-                shift = c.pending_drafts - (len(prev) - 1) if prev else -1
+                shift = c.shift(len(prev)) if prev else -1
                 if prev is None or shift < 0:
                     errors[i] = NEVER_SAMPLED
                     continue

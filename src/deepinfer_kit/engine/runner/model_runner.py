@@ -7,24 +7,25 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit._staging import to_device
-from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.engine.runner.prepared import PreparedStep
 from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
 from deepinfer_kit.engine.runner.layout import lay_out
-from deepinfer_kit.engine.runner.static_decode import StagedDecode, StaticDecode
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
-from deepinfer_kit.engine.runner.step_outputs import logprob_maps, to_host
-from deepinfer_kit.engine.runner.token_slots import TokenSlots
+from deepinfer_kit.engine.runner.step_outputs import chunk_results, logprob_maps, to_host
+from deepinfer_kit.engine.runner.token_slots import UNSAMPLED
 from deepinfer_kit.spec.verify.step import verify_round
-from deepinfer_kit.models.records import ForwardBatch
 from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.logit_mask import edit_logits
-from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sched.records import SchedulePlan
-from deepinfer_kit.spec.protocols import DraftVerifier
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.models.protocols import CausalLM
+    from deepinfer_kit.engine.runner.static_decode import StagedDecode, StaticDecode
+    from deepinfer_kit.engine.runner.token_slots import TokenSlots
+    from deepinfer_kit.models.records import ForwardBatch
+    from deepinfer_kit.sample.protocols import Sampler
+    from deepinfer_kit.sched.records import SchedulePlan
+    from deepinfer_kit.spec.protocols import DraftVerifier
     from deepinfer_kit.cache.kv_cache import PagedKVCache
     from deepinfer_kit.engine.runner.balance import ExpertBalancer
     from deepinfer_kit.engine.protocols import StepRunner
@@ -239,31 +240,14 @@ class ModelRunner:
                 sampled = self.sampler(clean, step.sampling)
             if raw is not clean:  # logprobs stay those of the raw logits, as vLLM's
                 attach_logprobs(sampled, raw, step.sampling.max_logprobs)
-            flagged = torch.where(finite, sampled.token_ids, -1)
+            flagged = torch.where(finite, sampled.token_ids, UNSAMPLED)
             if gathered is not None and slots is not None and tail is not None:
                 flagged = slots.publish(routes, tail, gathered, flagged)
         tokens, logprobs_host = to_host(flagged, sampled, step.sampling.params)
         logprobs = logprob_maps(tokens, logprobs_host, step.row_counts, step.sampling) if logprobs_host is not None else None
         kept = dict(zip((v.chunk for v in step.verified), emitted))
-        token_ids: list[list[int]] = []
-        errors: list[str | None] = []
-        row = 0
-        for i, (chunk, count) in enumerate(zip(step.plan.chunks, step.row_counts)):
-            drawn = tokens[row : row + kept.get(i, count)]
-            if -2 in drawn:
-                errors.append("the in-flight token this step continues from was never sampled")
-                drawn = []
-            elif -1 in drawn:
-                errors.append(f"non-finite logits (NaN or inf) at output position {step.sampling.positions[row]}")
-                drawn = []
-            else:
-                errors.append(None)
-                if drawn and chunk.sampling is not None and chunk.sampling.needs_history:
-                    self._last[chunk.request_id] = drawn[-1] if i in kept else drawn[0]
-            if logprobs is not None and i in kept:
-                logprobs[i] = logprobs[i][: len(drawn)]
-            token_ids.append(drawn)
-            row += count
+        token_ids, errors, self._last = chunk_results(step.plan, tokens, step.row_counts, kept,
+                                                      step.sampling.positions, logprobs)
         drafted = [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
         return StepResult(
             token_ids=token_ids,

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
+from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, NEVER_SAMPLED, UNSAMPLED
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
+from deepinfer_kit.sched.records import SchedulePlan
 
-__all__ = ["HostLogprobs", "asked_top", "logprob_maps", "to_host"]
+__all__ = ["HostLogprobs", "asked_top", "chunk_results", "logprob_maps", "to_host"]
 
 HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
 """Per row: the chosen token's logprob and rank, the top ids and their logprobs."""
@@ -83,3 +85,40 @@ def logprob_maps(
         maps.append(per_chunk)
         row += count
     return maps
+
+
+def chunk_results(
+    plan: SchedulePlan, tokens: list[int], row_counts: Sequence[int], kept: dict[int, int],
+    positions: Sequence[int], logprobs: list[list[dict[int, Logprob]]] | None,
+) -> tuple[list[list[int]], list[str | None], dict[str, int]]:
+    """A step's host tokens (``[N]``, one per sampling row, with the token slots'
+    sentinels) cut into per-chunk lists: ``(token_ids, errors, last)``.
+
+    A chunk takes its ``row_counts[i]`` rows, or the ``kept[i]`` tokens a verified chunk
+    emitted; a row marked :data:`CONTINUED_UNSAMPLED` fails its chunk (it continued from a
+    token never sampled), one marked :data:`UNSAMPLED` too (non-finite logits at that
+    output position, from ``positions``). ``last`` maps each sequence whose penalties or
+    ``min_tokens`` read its history to the token it sampled last (the next step's
+    placeholder history). Trims a verified chunk's ``logprobs`` to its tokens (mutated in
+    place). Host only; O(N)."""
+    token_ids: list[list[int]] = []
+    errors: list[str | None] = []
+    last: dict[str, int] = {}
+    row = 0
+    for i, (chunk, count) in enumerate(zip(plan.chunks, row_counts)):
+        drawn = tokens[row : row + kept.get(i, count)]
+        if CONTINUED_UNSAMPLED in drawn:
+            errors.append(NEVER_SAMPLED)
+            drawn = []
+        elif UNSAMPLED in drawn:
+            errors.append(f"non-finite logits (NaN or inf) at output position {positions[row]}")
+            drawn = []
+        else:
+            errors.append(None)
+            if drawn and chunk.sampling is not None and chunk.sampling.needs_history:
+                last[chunk.request_id] = drawn[-1] if i in kept else drawn[0]
+        if logprobs is not None and i in kept:
+            logprobs[i] = logprobs[i][: len(drawn)]
+        token_ids.append(drawn)
+        row += count
+    return token_ids, errors, last

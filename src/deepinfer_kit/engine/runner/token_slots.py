@@ -44,8 +44,10 @@ UNSAMPLED = -1
 CONTINUED_UNSAMPLED = -2
 #: The input token fed in place of an unsampled placeholder (never a negative id).
 HOLE_FILL = 0
+#: The error of a chunk that continued from an :data:`UNSAMPLED` token.
+NEVER_SAMPLED = "the in-flight token this step continues from was never sampled"
 
-__all__ = ["CONTINUED_UNSAMPLED", "HOLE_FILL", "UNSAMPLED", "SlotFollower", "SlotRoutes", "TokenSlots"]
+__all__ = ["CONTINUED_UNSAMPLED", "HOLE_FILL", "NEVER_SAMPLED", "UNSAMPLED", "SlotFollower", "SlotRoutes", "TokenSlots"]
 
 
 class SlotFollower(Protocol):

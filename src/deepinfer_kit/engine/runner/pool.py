@@ -1,0 +1,98 @@
+"""The model and its KV pool on this engine's device: the device of a config, the weights'
+dtype, the model (this rank's tensor-parallel shard) and the paged KV pool sized from the
+budget (:mod:`~deepinfer_kit.engine.runner.kv_sizing`). Called by
+:func:`~deepinfer_kit.engine.runner.build.build_device`, once per engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import attrs
+import torch
+
+from deepinfer_kit._dtypes import torch_dtype
+from deepinfer_kit._kernels import Impl
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.runner.kv_sizing import activation_reserve_bytes, kv_budget_bytes, resolve_dtype, size_kv_pool
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.embedded import TINY, embedded_checkpoint, is_embedded
+from deepinfer_kit.models.parallel.shard import attention_shard
+
+if TYPE_CHECKING:
+    from deepinfer_kit.comm.world import ParallelGroups
+    from deepinfer_kit.models.loader import LoadedModel
+
+__all__ = ["engine_device", "model_dtype", "load_shard", "kv_pool"]
+
+
+def engine_device(config: EngineConfig) -> torch.device:
+    """The torch device of ``config``.
+
+    Raises:
+        ConfigError: not a device string, or CUDA asked for and missing.
+    """
+    try:
+        device = torch.device(config.device)
+    except RuntimeError as exc:
+        raise ConfigError(f"device must be a torch device string, got {config.device!r}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
+    return device
+
+
+def model_dtype(config: EngineConfig) -> torch.dtype:
+    """The weights' dtype: ``config.dtype``, or with ``"auto"`` the checkpoint's."""
+    raw = None if config.model == TINY or config.dtype != "auto" else ModelConfig.from_pretrained(
+        embedded_checkpoint(config.model) if is_embedded(config.model) else config.model).raw
+    return torch_dtype(resolve_dtype(config.dtype, raw))
+
+
+def load_shard(config: EngineConfig, dtype: torch.dtype, device: torch.device,
+          groups: ParallelGroups | None) -> LoadedModel:
+    """The model of ``config`` (this rank's tensor-parallel shard under ``groups``).
+
+    Raises:
+        ConfigError, CheckpointError: an unsupported or unreadable checkpoint.
+    """
+    tp = groups.tp if groups is not None else None
+    attention_impl, moe_impl = cast(Impl, config.attention_impl), cast(Impl, config.moe_impl)
+    if config.model == TINY:
+        return build_tiny_model(seed=config.seed, dtype=dtype, device=device,
+                                attention_impl=attention_impl, moe_impl=moe_impl, tp=tp)
+    path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
+    return load_model(path, dtype=dtype, device=device, attention_impl=attention_impl,
+                      moe_impl=moe_impl, tp=tp)
+
+
+def kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
+             groups: ParallelGroups | None) -> tuple[PagedKVCache, int, int]:
+    """The KV pool (this rank's KV heads), its block count and the engine's length limit.
+
+    Raises:
+        ConfigError: ``max_model_len`` beyond the model's, or a KV budget too small for it.
+    """
+    tp = groups.tp if groups is not None else None
+    kv_heads = mc.num_kv_heads if tp is None else attention_shard(mc, tp.world_size, tp.rank).num_kv_heads
+    if config.max_model_len is not None and config.max_model_len > mc.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len must be <= the model's max_position_embeddings "
+            f"({mc.max_position_embeddings}), got {config.max_model_len}"
+        )
+    budget, source = (None, "") if config.num_blocks is not None else kv_budget_bytes(
+        device, kv_cache_memory_mb=config.kv_cache_memory_mb,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        reserve_bytes=activation_reserve_bytes(
+            mc, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens, dtype=dtype),
+    )
+    num_blocks, max_model_len = size_kv_pool(
+        model=attrs.evolve(mc, num_kv_heads=kv_heads), block_size=config.block_size, dtype=dtype,
+        budget_bytes=budget, budget_source=source, num_blocks=config.num_blocks,
+        max_model_len=config.max_model_len,
+    )
+    kv_cache = PagedKVCache(mc.num_layers, num_blocks, config.block_size, kv_heads, mc.head_dim,
+                            dtype=dtype, device=device, impl=cast(Impl, config.attention_impl))
+    return kv_cache, num_blocks, max_model_len
