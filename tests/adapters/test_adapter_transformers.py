@@ -22,8 +22,9 @@ from transformers import (  # noqa: E402
 )
 from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
 
-from deepinfer_kit.adapters import PeerVersionError  # noqa: E402
+from deepinfer_kit.adapters import PeerVersionError, peer_version  # noqa: E402
 from deepinfer_kit.adapters.transformers import (  # noqa: E402
+    TESTED_TRANSFORMERS,
     ClaimedBlocks,
     KitScheduler,
     kit_scheduler,
@@ -32,6 +33,14 @@ from deepinfer_kit.errors import ConfigError  # noqa: E402
 from deepinfer_kit.sched.records import SchedulerConfig  # noqa: E402
 
 pytestmark = pytest.mark.peers
+
+_INSTALLED = peer_version("transformers") or ""
+if not any(_INSTALLED == t or _INSTALLED.startswith(t + ".") for t in TESTED_TRANSFORMERS):
+    pytest.skip(
+        f"transformers {_INSTALLED} is not a version the adapter was tested with "
+        f"({', '.join(TESTED_TRANSFORMERS)}); it would refuse to run",
+        allow_module_level=True,
+    )
 
 VOCAB = 256
 
