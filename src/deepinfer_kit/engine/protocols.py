@@ -10,7 +10,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
-    from deepinfer_kit.engine.runner.balance import Rebalance
+    from deepinfer_kit.eplb.records import Rebalance
     from deepinfer_kit.eplb.config import EplbConfig
     from deepinfer_kit.eplb.records import Placement, Topology
 

@@ -1,4 +1,5 @@
-"""Records of the eplb package: the cluster shape and an expert placement.
+"""Records of the eplb package: the cluster shape, an expert placement, and what a live
+balancer reports (one rebalance; its state as a host sees it).
 
 Shape symbols: ``L`` MoE layers, ``E`` logical experts, ``P`` physical expert slots per
 layer, ``R`` most replicas of one expert.
@@ -11,7 +12,7 @@ import torch
 
 from deepinfer_kit._validators import int_at_least
 
-__all__ = ["Topology", "Placement"]
+__all__ = ["Topology", "Placement", "Rebalance", "BalancerState"]
 
 
 @attrs.frozen(slots=True)
@@ -46,3 +47,46 @@ class Placement:
     phy2log: torch.Tensor
     log2phy: torch.Tensor
     logcnt: torch.Tensor
+
+
+@attrs.frozen(slots=True)
+class Rebalance:
+    """What one rebalance did (kept in :attr:`~deepinfer_kit.engine.runner.balance.ExpertBalancer.history`).
+
+    Attributes:
+        after_step: rebalanced once this many rounds had committed (the rebalance clock,
+            :attr:`~deepinfer_kit.engine.runner.balance.ExpertBalancer.num_steps`).
+        window: ``[L, E]`` int64 counts (CPU) the plan was made from.
+        before, after: ``[L, G]`` float64 load of each GPU under the old and the new
+            placement, both on ``window`` (what the heatmaps draw).
+        balancedness_before, balancedness_after: mean over layers of mean / max GPU load.
+        phy2log: ``[L, P]`` int64, the new slot map.
+        moved_slots: slots whose weights were copied; ``moved_bytes`` their size.
+        plan_s, apply_s: time planning, and copying weights plus swapping tables.
+    """
+
+    after_step: int
+    window: torch.Tensor
+    before: torch.Tensor
+    after: torch.Tensor
+    balancedness_before: float
+    balancedness_after: float
+    phy2log: torch.Tensor
+    moved_slots: int
+    moved_bytes: int
+    plan_s: float
+    apply_s: float
+
+
+@attrs.frozen(slots=True)
+class BalancerState:
+    """What a host needs of a balancer that lives in a worker process
+    (:class:`~deepinfer_kit.engine.remote.balancer.RemoteBalancer`); picklable.
+
+    Attributes:
+        topology, num_experts, placement: as on :class:`~deepinfer_kit.engine.runner.balance.ExpertBalancer`.
+    """
+
+    topology: Topology
+    num_experts: int
+    placement: Placement

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.engine.runner.balance import BalancerState, Rebalance
+from deepinfer_kit.eplb.records import BalancerState, Rebalance
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.eplb.placement_ops import placement_from_phy2log
 from deepinfer_kit.errors import InvariantError

@@ -45,7 +45,7 @@ from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.comm.protocols import Communicator
-    from deepinfer_kit.engine.runner.balance import BalancerState
+    from deepinfer_kit.eplb.records import BalancerState
     from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
     from deepinfer_kit.engine.runner.model_runner import ModelRunner
 

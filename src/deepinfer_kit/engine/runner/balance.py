@@ -16,7 +16,7 @@ from deepinfer_kit.eplb.named import make_policy
 from deepinfer_kit.eplb.evaluate import balancedness
 from deepinfer_kit.eplb.movement import align_placement
 from deepinfer_kit.eplb.placement_ops import gpu_loads, placement_from_phy2log
-from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.records import BalancerState, Placement, Rebalance, Topology
 from deepinfer_kit.eplb.window import LoadWindow
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
@@ -24,50 +24,7 @@ from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
 from deepinfer_kit.moe.selectors import make_selector
 
-__all__ = ["BalancerState", "ExpertBalancer", "Rebalance", "first_placement", "moe_layers"]
-
-
-@attrs.frozen(slots=True)
-class Rebalance:
-    """What one rebalance did (kept in :attr:`ExpertBalancer.history`).
-
-    Attributes:
-        after_step: rebalanced once this many rounds had committed (the rebalance clock,
-            :attr:`ExpertBalancer.num_steps`).
-        window: ``[L, E]`` int64 counts (CPU) the plan was made from.
-        before, after: ``[L, G]`` float64 load of each GPU under the old and the new
-            placement, both on ``window`` (what the heatmaps draw).
-        balancedness_before, balancedness_after: mean over layers of mean / max GPU load.
-        phy2log: ``[L, P]`` int64, the new slot map.
-        moved_slots: slots whose weights were copied; ``moved_bytes`` their size.
-        plan_s, apply_s: time planning, and copying weights plus swapping tables.
-    """
-
-    after_step: int
-    window: torch.Tensor
-    before: torch.Tensor
-    after: torch.Tensor
-    balancedness_before: float
-    balancedness_after: float
-    phy2log: torch.Tensor
-    moved_slots: int
-    moved_bytes: int
-    plan_s: float
-    apply_s: float
-
-
-@attrs.frozen(slots=True)
-class BalancerState:
-    """What a host needs of a balancer that lives in a worker process
-    (:class:`~deepinfer_kit.engine.remote.balancer.RemoteBalancer`); picklable.
-
-    Attributes:
-        topology, num_experts, placement: as on :class:`ExpertBalancer`.
-    """
-
-    topology: Topology
-    num_experts: int
-    placement: Placement
+__all__ = ["ExpertBalancer", "first_placement", "moe_layers"]
 
 
 def first_placement(config: EplbConfig, layers: list[MoELayer]) -> Placement:
