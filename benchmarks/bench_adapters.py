@@ -30,13 +30,13 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "adapters"))
 
-import bench_sampler as bs  # noqa: E402
+import bench_sampler as bs
 
 
 def _metadata(rows: int, temperature: float, top_p: float) -> Any:
@@ -84,7 +84,7 @@ def sampler_sweep(quick: bool, reps: int) -> None:
         for width in widths:
             logits = base * bs.spread_for_width(width, temperature, base[0])
             md = _metadata(batch, temperature, bs.TOP_P)
-            fns = [lambda: kit(logits.clone(), md), lambda: peer(logits.clone(), md)]
+            fns = [lambda x=logits, m=md: kit(x.clone(), m), lambda x=logits, m=md: peer(x.clone(), m)]
             (t_kit, out), (t_vllm, _) = bs.time_together(fns, reps)
             inside = bs.in_nucleus(logits, temperature, out.sampled_token_ids[:, 0].long())
             ratios.append(t_vllm / t_kit)

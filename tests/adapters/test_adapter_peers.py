@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_kit.adapters import PeerVersionError, check_peer_version
-from deepinfer_kit.adapters import _peers
+from deepinfer_kit.adapters import PeerVersionError, _peers, check_peer_version
 from deepinfer_kit.adapters.vllm import KitKVCacheManager
 
 

@@ -12,25 +12,25 @@ import pytest
 
 pytest.importorskip("transformers", reason="the transformers adapter needs transformers installed")
 
-import torch  # noqa: E402
-from transformers import (  # noqa: E402
+import torch
+from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
-from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from deepinfer_kit.adapters import PeerVersionError, peer_version  # noqa: E402
-from deepinfer_kit.adapters.transformers import (  # noqa: E402
+from deepinfer_kit.adapters import PeerVersionError, peer_version
+from deepinfer_kit.adapters.transformers import (
     TESTED_TRANSFORMERS,
     ClaimedBlocks,
     KitScheduler,
     kit_scheduler,
 )
-from deepinfer_kit.errors import ConfigError  # noqa: E402
-from deepinfer_kit.sched.records import SchedulerConfig  # noqa: E402
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sched.records import SchedulerConfig
 
 pytestmark = pytest.mark.peers
 
@@ -45,7 +45,7 @@ if not any(_INSTALLED == t or _INSTALLED.startswith(t + ".") for t in TESTED_TRA
 VOCAB = 256
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny(family: str) -> Any:
     torch.manual_seed(0)
     common = dict(
@@ -121,9 +121,9 @@ def test_greedy_tokens_equal_fifo_on_32_mixed_requests_with_preemption(model: An
 
 
 def test_static_batching_and_eos_stops_match_fifo(qwen3: Any) -> None:
-    """Static batching (whole-life reservation, no preemption) with an EOS that stops some
+    """16 requests under static batching (whole-life reservation, no preemption) with an EOS that stops some
     requests early: same tokens as FIFO, and the static policy never preempts."""
-    prompts = _prompts(32, 3, 60, seed=2)
+    prompts = _prompts(16, 3, 60, seed=2)
     plain = _generate(qwen3, prompts, "fifo", num_blocks=64)
     counts = collections.Counter(t for toks in plain.values() for t in toks[1:])
     eos = counts.most_common(1)[0][0]  # a token many requests generate: they stop early
@@ -173,16 +173,6 @@ def test_round_reading_more_kv_than_the_read_budget_runs_in_several_batches(qwen
         got = _generate(qwen3, prompts, "kit-split", num_blocks=24, max_new_tokens=6)
     assert got == want
     assert factory.last.num_batches > factory.last.num_rounds
-
-
-def test_prefix_caching_off_gives_no_hits_and_same_tokens(qwen3: Any) -> None:
-    prefix = _prompts(1, 64, 65, seed=4)[0]
-    prompts = _prompts(8, 4, 20, seed=6, prefix=prefix)
-    want = _generate(qwen3, prompts, "fifo", num_blocks=96)
-    with kit_scheduler("kit-nocache", prefix_caching=False) as factory:
-        got = _generate(qwen3, prompts, "kit-nocache", num_blocks=96)
-    assert got == want
-    assert factory.last.prefix_stats is None
 
 
 def test_untested_transformers_version_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -173,7 +173,11 @@ def _vllm() -> Any:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
@@ -233,3 +237,23 @@ def test_a_lookup_whose_allocation_fails_leaves_the_eviction_order_as_vllm_does(
     assert pair.admit(d)  # takes the 4 free blocks and evicts 2 cached ones
     pair.check()
     assert len(cached(peer)) == 2
+
+
+def test_the_scheduler_side_calls_answer_in_vllms_shapes() -> None:
+    kit = KitKVCacheManager(16, P, 256, record_new_block_ids=True)
+    req = _Req("x", list(range(1, 2 * P + 3)))
+    blocks, n, _ = kit.get_computed_blocks(req)
+    assert (blocks.get_block_ids(), n) == (([],), 0)
+    new = kit.allocate_slots(req, req.num_tokens, n, blocks)
+    assert new is not None and len(new.get_block_ids()[0]) == 3 and 0 not in new.get_block_ids()[0]
+    assert kit.get_block_ids("x") == new.get_block_ids()
+    assert kit.take_new_block_ids() == new.get_block_ids()[0] and kit.take_new_block_ids() == []
+    assert kit.estimate_cached_tokens(req) == 2 * P  # two full blocks published at allocation
+    assert kit.take_kv_cache_block_copies() == ([], [])
+    assert kit.take_boundary_state_offloads() == {} and kit.take_events() == []
+    assert kit.get_num_common_prefix_blocks("x") == [0]
+    assert not kit.reset_prefix_cache()  # a block is held
+    kit.free(req)
+    kit.free(req)  # idempotent
+    assert kit.reset_prefix_cache() and kit.num_free_blocks == 15
+    kit.check_integrity()

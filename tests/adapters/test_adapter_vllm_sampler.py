@@ -10,16 +10,16 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM's host classes are not importable here (install vllm 0.33)")
 
-import torch  # noqa: E402
-from vllm.v1.sample.logits_processor import LogitsProcessors  # noqa: E402
-from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
-from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, apply_top_k_top_p  # noqa: E402
-from vllm.v1.sample.sampler import Sampler  # noqa: E402
+import torch
+from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, apply_top_k_top_p
+from vllm.v1.sample.sampler import Sampler
 
-from deepinfer_kit.adapters import PeerVersionError  # noqa: E402
-from deepinfer_kit.adapters.vllm import KitSampler  # noqa: E402
-from deepinfer_kit.adapters.vllm.sampler import KitTopKTopPSampler  # noqa: E402
-from deepinfer_kit.errors import ConfigError  # noqa: E402
+from deepinfer_kit.adapters import PeerVersionError
+from deepinfer_kit.adapters.vllm import KitSampler
+from deepinfer_kit.adapters.vllm.sampler import KitTopKTopPSampler
+from deepinfer_kit.errors import ConfigError
 
 pytestmark = pytest.mark.peers
 

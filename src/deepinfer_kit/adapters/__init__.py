@@ -10,6 +10,10 @@ Each subpackage imports its peer only when used:
 See docs/other_engines.md for the tested peer versions and what each adapter leaves out.
 """
 
-from deepinfer_kit.adapters._peers import PeerVersionError, check_peer_version, peer_version
+from deepinfer_kit.adapters._peers import (
+    PeerVersionError,
+    check_peer_version,
+    peer_version,
+)
 
 __all__ = ["PeerVersionError", "check_peer_version", "peer_version"]

@@ -13,7 +13,10 @@ from deepinfer_kit.adapters.transformers.register import (
     register,
     unregister,
 )
-from deepinfer_kit.adapters.transformers.scheduler import TESTED_TRANSFORMERS, KitScheduler
+from deepinfer_kit.adapters.transformers.scheduler import (
+    TESTED_TRANSFORMERS,
+    KitScheduler,
+)
 
 __all__ = [
     "KitScheduler",

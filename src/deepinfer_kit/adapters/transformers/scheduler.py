@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
-
 from transformers.generation.continuous_batching.requests import (
     FutureRequestState,
     RequestState,

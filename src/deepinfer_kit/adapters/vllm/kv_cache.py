@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any, Literal
 
 import attrs
@@ -16,7 +16,7 @@ from deepinfer_kit.cache.records import CacheConfig, PrefixCacheStats
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.request import Request
 
-__all__ = ["KitKVCacheManager", "KitKVCacheBlocks"]
+__all__ = ["KitKVCacheManager", "KitKVCacheBlocks", "KitBlockCopy"]
 
 Publish = Literal["at_allocation", "after_step"]
 
@@ -42,6 +42,14 @@ class KitKVCacheBlocks:
 
 
 _EMPTY = KitKVCacheBlocks()
+
+
+@attrs.frozen(slots=True)
+class KitBlockCopy:
+    """One copy-on-write copy in vLLM's ``KVCacheBlockCopy`` shape (vLLM ids)."""
+
+    src_block_id: int
+    dst_block_id: int
 
 
 class KitKVCacheManager:
@@ -76,6 +84,8 @@ class KitKVCacheManager:
         log_stats: keep counters for :meth:`make_prefix_cache_stats`.
         publish: ``"at_allocation"`` or ``"after_step"``.
         index: the kit's prefix index, ``"radix"`` or ``"hash"``.
+        record_new_block_ids: keep newly allocated block ids for
+            :meth:`take_new_block_ids` (vLLM's ``needs_kv_cache_zeroing``).
 
     Raises:
         ConfigError: an argument out of range.
@@ -91,6 +101,7 @@ class KitKVCacheManager:
         log_stats: bool = False,
         publish: Publish = "at_allocation",
         index: Literal["radix", "hash"] = "radix",
+        record_new_block_ids: bool = False,
     ) -> None:
         if num_blocks < 2:
             raise ConfigError(f"num_blocks must be >= 2 (one is vLLM's null block), got {num_blocks}")
@@ -110,6 +121,9 @@ class KitKVCacheManager:
         self._mirrors: dict[str, Request] = {}
         self._pending: dict[str, int] = {}  # request id -> tokens to publish (after_step)
         self._copies: list[tuple[int, int]] = []
+        self._record_new = record_new_block_ids
+        self._new_ids: list[int] = []
+        self.mamba_shared_prefix_checkpoint = False  # read by vLLM's scheduler
         self._stats_base = PrefixCacheStats()
         self._lookups = self._query_blocks = self._hit_blocks = 0
 
@@ -275,6 +289,8 @@ class KitKVCacheManager:
         before = len(req.block_table) + cached // self.kit.block_size
         self._copies.extend(self.kit.allocate(req, n, cached))
         new = KitKVCacheBlocks(tuple(b + 1 for b in req.block_table[before:]))
+        if self._record_new:
+            self._new_ids.extend(new.block_ids)
         upto = min(start + num_new_tokens, len(req.all_token_ids))
         if self.publish == "at_allocation":
             self.kit.cache_full_blocks(req, upto)
@@ -316,11 +332,35 @@ class KitKVCacheManager:
         """KV events are not produced: always ``[]``."""
         return []
 
-    def take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
-        """The ``(src, dst)`` copies (vLLM ids) the allocations since the last call need."""
-        copies = [(s + 1, d + 1) for s, d in self._copies]
+    def take_kv_cache_block_copies(self) -> tuple[list[KitBlockCopy], list[int]]:
+        """The copy-on-write copies (vLLM ids) the allocations since the last call need,
+        as vLLM 0.33 returns them: ``(copies, retained)``; nothing is retained here (the
+        kit's manager already holds the destination blocks)."""
+        copies = [KitBlockCopy(s + 1, d + 1) for s, d in self._copies]
         self._copies = []
-        return copies
+        return copies, []
+
+    def take_new_block_ids(self) -> list[int]:
+        """Blocks allocated since the last call, for the worker to zero, when built with
+        ``record_new_block_ids`` (vLLM's ``needs_kv_cache_zeroing``); else ``[]``."""
+        ids, self._new_ids = self._new_ids, []
+        return ids
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba boundary states: none here (full attention only)."""
+        return {}
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None) -> None:
+        """No-op: full attention skips no block (sliding window is not covered)."""
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """No-op: :meth:`get_computed_blocks` counts each lookup itself."""
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens of the request's table that are published (a multiple of ``P``)."""
+        req = self._mirrors.get(request.request_id)
+        st: Any = req.prefix_state if req is not None else None
+        return int(st.num_published) * self.kit.block_size if st is not None else 0
 
     def check_integrity(self) -> None:
         """The kit's block accounting over the live mirrors (tests, debugging).
