@@ -1,6 +1,11 @@
-"""Benchmark: the kit's components behind vLLM's interfaces against vLLM's own classes, in
-the same run.
+"""Benchmark: the kit's components inside transformers' continuous batching and behind
+vLLM's interfaces, against each peer's own classes, in the same run.
 
+0. transformers ``generate_batch`` on a tiny random Qwen3 (CPU), FIFO scheduler against the
+   kit's scheduler (registered through ``adapters.transformers``), each the fastest of
+   ``--reps`` runs: 64 mixed-length requests (8..120 prompt tokens, 16 greedy tokens), and
+   64 requests sharing a 96-token prefix (transformers' own prefix sharing on for FIFO, the
+   kit's prefix cache for the kit). Tokens are checked identical. Runs without vLLM.
 1. Sampler sweep (bench_sampler.py's ``--sweep`` rows: every row top-p 0.9, no top-k,
    temperatures {0.5, 1, 1.5} x nucleus widths): ``KitSampler.forward(logits, md)`` against
    vLLM's ``Sampler.forward(logits, md)`` on the same ``SamplingMetadata`` (no generators,
@@ -61,6 +66,53 @@ def _metadata(rows: int, temperature: float, top_p: float) -> Any:
         bad_words_token_ids={},
         logitsprocs=LogitsProcessors(),
     )
+
+
+def transformers_section(reps: int) -> None:
+    """Print FIFO against the kit's scheduler inside ``generate_batch`` (see the module
+    docstring)."""
+    import logging
+    import random
+
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from deepinfer_kit.adapters.transformers import kit_scheduler
+
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024)
+    model = Qwen3ForCausalLM(cfg).eval()
+    model.config._attn_implementation = "sdpa"
+    rng = random.Random(0)
+    mixed = [[rng.randrange(1, 512) for _ in range(rng.randrange(8, 121))] for _ in range(64)]
+    prefix = [rng.randrange(1, 512) for _ in range(96)]
+    shared = [prefix + [rng.randrange(1, 512) for _ in range(rng.randrange(4, 33))] for _ in range(64)]
+    gen = GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def run(prompts: list[list[int]], scheduler: str) -> tuple[float, dict[str, list[int]]]:
+        cb = ContinuousBatchingConfig(page_size=16, num_blocks=512, max_batch_tokens=256,
+                                      scheduler_type=scheduler, use_async_batching=False)
+        best, out = float("inf"), {}
+        for _ in range(reps):
+            start = time.perf_counter()
+            res = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb, warmup=False)
+            best = min(best, time.perf_counter() - start)
+            out = {k: list(v.generated_tokens) for k, v in res.items()}
+        return best, out
+
+    print(f"transformers generate_batch, tiny Qwen3 (4 layers, hidden 128), {torch.get_num_threads()} threads, "
+          f"fastest of {reps}")
+    with kit_scheduler("kit-bench") as factory:
+        for name, prompts in (("64 mixed", mixed), ("64 shared-prefix", shared)):
+            t_fifo, want = run(prompts, "fifo")
+            t_kit, got = run(prompts, "kit-bench")
+            stats = factory.last.prefix_stats
+            hit = f"{stats.hit_rate:.0%}" if stats is not None else "-"
+            print(f"  {name:17s} fifo {t_fifo * 1e3:7.0f} ms  kit {t_kit * 1e3:7.0f} ms  fifo/kit "
+                  f"{t_fifo / t_kit:5.2f}x  kit prefix hit rate {hit}  tokens "
+                  f"{'identical' if got == want else 'DIFFER'}", flush=True)
 
 
 def sampler_sweep(quick: bool, reps: int) -> None:
@@ -145,6 +197,12 @@ def main() -> None:
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    transformers_section(2 if args.quick else args.reps)
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        print(f"vLLM sections skipped: {exc}")
+        return
     sampler_sweep(args.quick, 2 if args.quick else args.reps)
     for num_blocks in (200, 1200):
         kv_trace(num_blocks)
