@@ -144,8 +144,8 @@ class KitScheduler(Scheduler):
         """Queue ``state`` in transformers' waiting list and a mirror request in the kit.
 
         Raises:
-            ConfigError: the request forks (``num_children > 0``), has an empty prompt,
-                or can never run under the kit's limits (the reason names the limit);
+            ConfigError: the request forks (``num_children > 0``), has an empty prompt or
+                no ``max_new_tokens``, or can never run under the kit's limits (the reason names the limit);
                 transformers then fails that request alone.
         """
         rid = state.request_id
@@ -158,7 +158,9 @@ class KitScheduler(Scheduler):
         if not prompt:
             raise ConfigError(f"prompt of request {rid!r} must not be empty")
         limit = state.max_new_tokens
-        if limit is not None and len(prompt) + limit > self.config.max_model_len:
+        if limit is None:
+            raise ConfigError(f"max_new_tokens of request {rid!r} must be set with the kit scheduler, got None")
+        if len(prompt) + limit > self.config.max_model_len:
             raise ConfigError(
                 f"prompt ({len(prompt)} tokens) plus max_new_tokens ({limit}) of request "
                 f"{rid!r} must be <= max_model_len={self.config.max_model_len}"
@@ -323,7 +325,13 @@ class KitScheduler(Scheduler):
                         f"request {rid!r} has no token at output position {pos} after its "
                         f"round ran; the kit's scheduler needs use_async_batching=False"
                     )
-            self.kit.commit(plan, StepResult(token_ids=tokens))
+            for result in self.kit.commit(plan, StepResult(token_ids=tokens)):
+                rid = result.request_id
+                if rid not in done and rid in self.active_requests:
+                    raise InvariantError(
+                        f"the kit finished request {rid!r} ({result.outputs[0].finish_reason}) "
+                        f"while transformers still runs it: their stop rules disagree"
+                    )
         for rid in done:
             self.kit.abort(rid)  # False when the kit's own stop rule already ended it
             self._states.pop(rid, None)
