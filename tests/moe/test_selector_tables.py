@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from deepinfer_kit.moe import selector_tables
 from deepinfer_kit.moe.replica_layout import ReplicaLayout
 from deepinfer_kit.moe.selectors import BalancedSelector, gpu_load_of
 
@@ -52,8 +53,13 @@ def _random_case(seed: int) -> tuple[ReplicaLayout, torch.Tensor]:
     return ReplicaLayout(phy2log, experts, gpus), total
 
 
+@pytest.mark.parametrize("path", ["subsets", "sort"])
 @pytest.mark.parametrize("sweeps", [1, 2, 3])
-def test_water_filling_matches_the_python_reference(sweeps: int) -> None:
+def test_water_filling_matches_the_python_reference(sweeps: int, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of taking the water level: over GPU subsets (every case here reaches at
+    most 6 replica positions) and by sorting the loads (forced)."""
+    if path == "sort":
+        monkeypatch.setattr(selector_tables, "SUBSET_REACH", 0)
     for seed in range(60):
         layout, total = _random_case(seed)
         got, loads = BalancedSelector(sweeps).shares(total, layout)
@@ -64,6 +70,8 @@ def test_water_filling_matches_the_python_reference(sweeps: int) -> None:
             ref = want[e] + [0.0] * (layout.width - len(want[e]))
             torch.testing.assert_close(row, torch.tensor(ref, dtype=torch.float64), rtol=0, atol=1e-9)
         assert torch.isclose(loads.sum(), total.double().sum()), seed
+        assert (selector_tables.SelectorTables(layout).subsets is None) == (path == "sort" and layout.num_spread > 0) \
+            or layout.num_spread == 0
 
 
 def test_rounded_quotas_stay_within_one_copy_of_the_shares_and_sum_to_the_totals() -> None:

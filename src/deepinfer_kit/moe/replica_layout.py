@@ -64,6 +64,8 @@ class ReplicaLayout:
         num_spread: how many rows of ``spread`` are real (a host int, fixed by the slot map).
         spread_gpu: ``[X, R]`` int64, the GPU of each replica of each ``spread`` expert;
             ``G`` (a sentinel) for padding and for a second replica on a GPU already listed.
+        spread_reach: host int, 1 + the last position of ``spread_gpu``'s real rows that
+            holds a GPU other than the sentinel (0 without replicated experts).
         single_gpu: ``[E]`` int64, the GPU of each expert's first replica.
     """
 
@@ -94,6 +96,8 @@ class ReplicaLayout:
                 g = s // per_gpu
                 seen.append(g if g not in seen else num_gpus)
             spread_gpu.append(seen + [num_gpus] * (self.width - len(seen)))
+        self.spread_reach = max((1 + max(r for r, g in enumerate(row) if g < num_gpus) for row in spread_gpu),
+                                default=0)
         pad = self.max_spread - len(hot)
         spread_gpu += [[0] + [num_gpus] * (self.width - 1)] * pad
 
