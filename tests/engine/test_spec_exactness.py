@@ -15,7 +15,7 @@ import attrs
 import pytest
 
 from deepinfer_kit import build_engine
-from deepinfer_kit.engine.runner.drafting import DraftView
+from deepinfer_kit.spec.records import DraftView
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.spec.records import SpsCurve
 from deepinfer_kit.testing.spec_engine import compare_engine_samples, engine_samples

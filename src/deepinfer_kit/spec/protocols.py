@@ -17,7 +17,7 @@ __all__ = ["DraftSequence", "Drafter", "StatefulDrafter", "VerifyPlanner", "Draf
 class DraftSequence(Protocol):
     """What a drafter reads of a sequence: a live :class:`~deepinfer_kit.request.Request`
     (host-side drafting), or the runner's view of a planned chunk (overlapped drafting,
-    :class:`~deepinfer_kit.engine.runner.drafting.DraftView`). Read only."""
+    :class:`~deepinfer_kit.spec.records.DraftView`). Read only."""
 
     @property
     def request_id(self) -> str:

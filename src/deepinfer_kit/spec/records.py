@@ -1,4 +1,5 @@
-"""Records of the spec package: a draft proposal, a verification result, an SPS curve.
+"""Records of the spec package: a draft proposal, a verification result, an SPS curve, the
+speculative config, and a sequence as a drafter sees it.
 
 Shape symbols: ``R`` requests, ``γ`` (gamma) draft length, ``V`` vocabulary. Imports
 without torch (tensors appear in annotations only), so configs and planners stay host-only.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -17,9 +18,10 @@ from deepinfer_kit._validators import config_from, int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 
 if TYPE_CHECKING:
+    from deepinfer_kit.sample.params import SamplingParams
     import torch
 
-__all__ = ["DraftProposal", "VerifyResult", "SpsCurve", "SpecConfig", "MAX_NUM_DRAFT"]
+__all__ = ["DraftProposal", "DraftView", "VerifyResult", "SpsCurve", "SpecConfig", "MAX_NUM_DRAFT"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -232,3 +234,19 @@ class SpecConfig:
             ConfigError: another type, an unknown key, or a bad value.
         """
         return config_from(cls, value, "speculative")
+
+
+@attrs.frozen(slots=True)
+class DraftView:
+    """A sequence as a drafter sees it when a round executes (a
+    :class:`~deepinfer_kit.spec.protocols.DraftSequence`): the runner builds one from the
+    planned chunk's snapshots plus the tokens the round before emitted
+    (:class:`~deepinfer_kit.engine.runner.drafting.RunnerDrafting`)."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    all_token_ids: list[int]
+    params: SamplingParams
+    seed: int | None
+    eos_token_id: int | None

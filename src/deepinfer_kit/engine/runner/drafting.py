@@ -37,7 +37,7 @@ reported as an error; its request was already ended by round ``k``'s commit.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -46,14 +46,14 @@ from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.engine.runner.token_slots import NEVER_SAMPLED
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.outputs import Logprob
-from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
+from deepinfer_kit.spec.records import DraftView
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.runner.token_slots import TokenSlots
 
-__all__ = ["DraftView", "LateStep", "RunnerDrafting"]
+__all__ = ["LateStep", "RunnerDrafting"]
 
 
 
@@ -64,21 +64,6 @@ class LateStep:
 
     plan: SchedulePlan
     record_expert_counts: bool = False
-
-
-@attrs.frozen(slots=True)
-class DraftView:
-    """A sequence as the runner's drafter sees it when a round executes (a
-    :class:`~deepinfer_kit.spec.protocols.DraftSequence`): the planned chunk's snapshots
-    plus the tokens the round before emitted."""
-
-    request_id: str
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    all_token_ids: list[int]
-    params: SamplingParams
-    seed: int | None
-    eos_token_id: int | None
 
 
 class RunnerDrafting:
