@@ -105,6 +105,9 @@ def main() -> None:
             print(f"{dispatch:<10}{steps:>6}{step_ms:>9.1f}{moe:>12.1f}{exchange:>10.1f}"
                   f"{' '.join(f'{e:7.2f}' for e in experts):>34}{max(experts) / step_ms:>15.3f}"
                   f"{m['balance']:>16.4f}{100 * select / step_ms:>8.2f}%")
+            print(f"{'':<10}in the MoE layers, ms/step per rank: all_gather "
+                  + " ".join(f"{r['all_gather'] / steps * 1e3:.1f}" for r in m["ranks"])
+                  + "; all_to_all_single " + " ".join(f"{r['all_to_all_single'] / steps * 1e3:.1f}" for r in m["ranks"]))
     same = tokens["static"] == tokens["even"] == tokens["balanced"]
     base = statistics.median(m["moe_ms"] for m in runs["static"])
     for name in ("even", "balanced"):

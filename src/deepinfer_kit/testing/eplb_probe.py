@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from deepinfer_kit.engine.runner.balance import moe_layers
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
@@ -43,25 +45,33 @@ class Probe:
         threads: torch threads per rank (None leaves the default).
 
     Each rank also records ``copies``: the token copies its experts received, per MoE
-    layer call, in call order (the same calls on every rank).
+    layer call, in call order (the same calls on every rank); and the seconds spent inside
+    the MoE layers in ``all_gather`` and ``all_to_all_single`` (``torch.distributed``'s,
+    wrapped in this worker).
     """
 
     def __init__(self, out_dir: str, skew: float, threads: int | None = None) -> None:
         self.out_dir, self.skew, self.threads = out_dir, skew, threads
-        self.times: dict[str, float] = {"moe": 0.0, "experts": 0.0, "select": 0.0}
+        self.times: dict[str, float] = {"moe": 0.0, "experts": 0.0, "select": 0.0, "all_gather": 0.0,
+                                        "all_to_all_single": 0.0}
         self.copies: list[int] = []
+        self._inside = False
         self.forwards = 0
 
     def __call__(self, runner: ModelRunner) -> None:
         """Install the hooks on this worker's MoE layers."""
         if self.threads is not None:
             torch.set_num_threads(self.threads)
+        for name in ("all_gather", "all_to_all_single"):
+            setattr(dist, name, self._timed(name, getattr(dist, name)))
         layers = moe_layers(runner.model)
         rank = 0
         for i, layer in enumerate(layers):
             layer.gate.register_forward_hook(self._skew)
             self._time(layer, "moe", last=i == len(layers) - 1)
             self._time(layer.experts, "experts", last=False)
+            layer.register_forward_pre_hook(self._enter)
+            layer.register_forward_hook(self._leave)
             layer.experts.register_forward_pre_hook(self._count)
             if isinstance(layer.dispatcher, ExpertParallelDispatcher):
                 rank = layer.dispatcher.rank
@@ -76,6 +86,21 @@ class Probe:
         new_second = torch.where(hot & (second == 0), first, second)
         new_first = torch.where(hot, torch.zeros_like(first), first)
         return Routing(torch.stack([new_first, new_second, *ids[:, 2:].unbind(1)], 1), out.weights)
+
+    def _timed(self, key: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = call(*args, **kwargs)
+            if self._inside:  # a rebalance's weight moves are not the MoE step's
+                self.times[key] += time.perf_counter() - start
+            return out
+        return timed
+
+    def _enter(self, module: Any, args: Any) -> None:
+        self._inside = True
+
+    def _leave(self, module: Any, args: Any, out: Any) -> None:
+        self._inside = False
 
     def _count(self, module: Any, args: Any) -> None:
         self.copies.append(int(args[0].shape[0]))
