@@ -47,7 +47,7 @@ class Probe:
     Each rank also records ``copies``: the token copies its experts received, per MoE
     layer call, in call order (the same calls on every rank); and the seconds spent inside
     the MoE layers in ``all_gather`` and ``all_to_all_single`` (``torch.distributed``'s,
-    wrapped in this worker).
+    wrapped in an expert-parallel rank's worker process; never in the engine's process).
     """
 
     def __init__(self, out_dir: str, skew: float, threads: int | None = None) -> None:
@@ -62,8 +62,6 @@ class Probe:
         """Install the hooks on this worker's MoE layers."""
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        for name in ("all_gather", "all_to_all_single"):
-            setattr(dist, name, self._timed(name, getattr(dist, name)))
         layers = moe_layers(runner.model)
         rank = 0
         for i, layer in enumerate(layers):
@@ -76,6 +74,9 @@ class Probe:
             if isinstance(layer.dispatcher, ExpertParallelDispatcher):
                 rank = layer.dispatcher.rank
                 layer.dispatcher.selector = _TimedSelector(layer.dispatcher.selector, self)
+        if any(isinstance(layer.dispatcher, ExpertParallelDispatcher) for layer in layers):
+            for name in ("all_gather", "all_to_all_single"):  # this rank's own worker process
+                setattr(dist, name, self._timed(name, getattr(dist, name)))
         self.path = Path(self.out_dir) / f"rank{rank}.json"
 
     def _skew(self, module: Any, args: Any, out: Routing) -> Routing:
