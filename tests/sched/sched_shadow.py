@@ -177,6 +177,14 @@ class SpyCache:
         )
         return copies
 
+    def allocate_next_blocks(self, requests: Sequence[Request]) -> int:
+        # Logged as the allocate calls it stands for (one block each, no copies).
+        before = [len(r.block_table) for r in requests]
+        k = self.inner.allocate_next_blocks(requests)
+        for req, table_before in zip(requests[:k], before):
+            self.log.append(("allocate", req, (1, 0, table_before), []))
+        return k
+
     def fork(self, parent: Request, child: Request) -> None:
         self._call("fork", parent, child)
 

@@ -315,6 +315,21 @@ class KVCacheManager(Protocol):
         """
         ...
 
+    def allocate_next_blocks(self, requests: Sequence[Request]) -> int:
+        """One round's decode growth in one call: append one fresh, private block to the
+        table of each of ``requests``, in order, for as many of them as free plus
+        evictable blocks allow (the rest are left unchanged).
+
+        For requests that hold blocks and whose writes from now on all lie past their
+        current tables (a decode whose token opens a new block), it is exactly
+        ``allocate(request, n)`` for each in order while ``can_allocate`` holds: the same
+        blocks, evicted in the same order. The scheduler calls it during ``schedule``.
+
+        Returns:
+            How many of ``requests`` (a prefix of them) got their block.
+        """
+        ...
+
     def fork(self, parent: Request, child: Request) -> None:
         """Give ``child`` the parent's blocks by reference (copy-on-write on later writes)."""
         ...

@@ -1,9 +1,10 @@
-"""SlotFastPath: BlockKVCacheManager's own ``allocate_slots``, the one-call API with fast
-path for the call a scheduler makes most (a decode, or a later chunk, of a request that
-holds blocks)."""
+"""SlotFastPath: BlockKVCacheManager's one-call fast paths — ``allocate_slots`` for the
+call a scheduler makes most (a decode, or a later chunk, of a request that holds blocks),
+and ``allocate_next_blocks``, a round's decode blocks in one call."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from deepinfer_kit.cache.prefix_state import PrefixState as _PrefixState
@@ -13,7 +14,7 @@ from deepinfer_kit.errors import OutOfBlocksError
 from deepinfer_kit.request import Request
 
 if TYPE_CHECKING:
-    from deepinfer_kit.cache.protocols import KVCacheManager
+    from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
 
 __all__ = ["SlotFastPath"]
 
@@ -28,6 +29,10 @@ class SlotFastPath:
 
     if TYPE_CHECKING:  # provided by BlockKVCacheManager
         _P: int
+        _allocator: BlockAllocator
+        _index: PrefixIndex | None
+
+        def _evict(self, index: PrefixIndex, n: int) -> None: ...
 
         @property
         def num_free_blocks(self) -> int: ...
@@ -66,3 +71,35 @@ class SlotFastPath:
                 return _tuple_new(SlotGrant, (0, computed, num_new_tokens, []))
         manager = cast("KVCacheManager", self)  # a mixin of BlockKVCacheManager
         return allocate_slots(manager, request, num_new_tokens, num_computed_tokens)
+
+    def allocate_next_blocks(self, requests: Sequence[Request]) -> int:
+        """See :meth:`KVCacheManager.allocate_next_blocks`: one fresh block onto each
+        table, in order, while free plus evictable blocks last; returns how many got one.
+
+        The blocks are those ``allocate(request, n)`` per request would give: first the
+        free list in its stack order, then (when it runs dry) the index's evictions in
+        its eviction order, one block each. A request's copy-on-write flag is cleared, as
+        the general path clears it once writes only reach fresh blocks. O(requests)."""
+        allocator = self._allocator
+        index = self._index
+        free = allocator.num_free
+        k = len(requests)
+        if k > free:
+            k = min(k, free + index.num_evictable) if index is not None else free
+        if k <= 0:
+            return 0
+        take = min(k, free)
+        blocks = allocator.allocate(take) if take else []
+        if k > take:
+            assert index is not None
+            self._evict(index, k - take)  # onto the (empty) free list, in eviction order
+            fresh = allocator.allocate(k - take)
+            fresh.reverse()  # one allocate per request takes each eviction as it comes
+            blocks.extend(fresh)
+        for j in range(k):
+            req = requests[j]
+            req.block_table.append(blocks[j])
+            st: _PrefixState | None = req.prefix_state  # type: ignore[assignment]
+            if st is not None and st.cow:
+                st.cow = False
+        return k

@@ -7,6 +7,7 @@ from __future__ import annotations
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.outputs import Logprob, RequestOutput
 from deepinfer_kit.request import FinishReason, Request, RequestStatus
+from deepinfer_kit.sched.decodes import commit_decodes
 from deepinfer_kit.sched.forks import spawn_child, will_fork
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
@@ -57,18 +58,43 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             anything changes).
     """
     plan = entry.plan
-    token_ids = result.token_ids
     chunks = plan.chunks
     _check_aligned(result, len(chunks))
     state.inflight.popleft()
+    finished: list[Request] = []
+    pos = 0
+    if entry.plain and not (
+        result.errors or result.logprobs is not None or result.prompt_logprobs
+        or result.num_drafted or entry.shifts
+    ):
+        token_ids = result.token_ids
+        for a, b in entry.plain:
+            if pos < a:
+                _commit_chunks(state, entry, result, pos, a, finished)
+            while a < b:  # a chunk the bulk loop leaves is committed on its own
+                a = commit_decodes(state, entry, token_ids, a, b, finished)
+                if a < b:
+                    _commit_chunks(state, entry, result, a, a + 1, finished)
+                    a += 1
+            pos = b
+    if pos < len(chunks):
+        _commit_chunks(state, entry, result, pos, len(chunks), finished)
+    return _report(state, finished, plan.step_id)
+
+
+def _commit_chunks(state: SchedulerState, entry: InflightPlan, result: StepResult, first: int,
+                   stop: int, finished: list[Request]) -> None:
+    """The general path of :func:`commit_round` for chunks ``[first, stop)`` of ``entry``:
+    every kind of chunk, result errors, logprobs and shifts included."""
+    chunks = entry.plan.chunks
+    token_ids = result.token_ids
     logprobs, errors, prompt_lps = result.logprobs, result.errors, result.prompt_logprobs
     drafted_by_runner = result.num_drafted
     max_len, cache, shifts = state.config.max_model_len, state.cache, entry.shifts
     block_size = cache.block_size
     follows = _follows(state) if state.draft_room else None
-    finished: list[Request] = []
-    i = -1
-    for chunk, req, tokens in zip(chunks, entry.requests, token_ids):
+    i = first - 1
+    for chunk, req, tokens in zip(chunks[first:stop], entry.requests[first:stop], token_ids[first:stop]):
         i += 1
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
@@ -114,7 +140,6 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             cache.cache_full_blocks(req, end)
         if req.status is _FINISHED:
             finished.append(req)
-    return _report(state, finished, plan.step_id)
 
 
 def _check_aligned(result: StepResult, num_chunks: int) -> None:

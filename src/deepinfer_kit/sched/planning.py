@@ -1,174 +1,30 @@
 """Phase one of a step: plan the running set's chunks — sizes, blocks, preemption.
 
 The loop is the hot path of every scheduler: per running sequence and round it does O(1)
-work plus the snapshot of its chunk, calling into the KV cache manager only when the
-chunk crosses into a block the sequence does not hold yet (or it was just forked and may
-share its last block). A plain decode (one known token, its block held, no drafts) takes
-a fast path (:func:`plan_decodes`, one loop over each run of them), and the block-table
-snapshot is copied only when the table changed, so a decode round allocates just the
-chunk and its one-token list. Preemption scans the running list, but happens only when
-blocks run out.
+work plus the snapshot of its chunk (:func:`~deepinfer_kit.sched.chunks.add_chunk`),
+calling into the KV cache manager only when the chunk crosses into a block the sequence
+does not hold yet (or it was just forked and may share its last block). Plain decodes
+(one known token, no drafts) take a fast path
+(:func:`~deepinfer_kit.sched.decodes.plan_decodes`, one loop over each run of them, their
+new blocks allocated in one cache call). Preemption scans the running list, but happens
+only when blocks run out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request, RequestStatus
+from deepinfer_kit.sched.chunks import add_chunk
+from deepinfer_kit.sched.decodes import plan_decodes
 from deepinfer_kit.sched.forks import will_fork
 from deepinfer_kit.sched.protocols import PreemptionPolicy
-from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
+from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import length_limit
 
-__all__ = ["plan_running", "plan_decodes", "add_chunk"]
+__all__ = ["plan_running", "plan_decodes", "add_chunk", "yield_seat"]
 
 _PREEMPTED = RequestStatus.PREEMPTED
-_NO_TARGETS: tuple[Sequence[int], int, int] = ((), 0, 0)
-
-
-def add_chunk(
-    state: SchedulerState,
-    entry: InflightPlan,
-    req: Request,
-    start: int,
-    n: int,
-    spec: list[int] | None = None,
-    placeholders: int = 0,
-    num_cached: int = 0,
-    pending: int = 0,
-    room: int = 0,
-) -> int:
-    """Append to ``entry`` the chunk feeding ``n`` tokens of ``req`` from ``start`` (the
-    last ``placeholders`` of them still being sampled by the step in flight, which may
-    still reject ``pending`` drafts before them), then ``spec``, then ``room`` drafts for
-    the runner to propose; advance ``req.num_computed_tokens`` past it. ``num_cached`` is
-    the prefix hit of an admission chunk (traces). Returns the chunk's tokens.
-
-    The chunk samples when it reaches the last known token; that sample forks into ``n``
-    completions when it is the request's first (and not a placeholder decode). The token
-    ids are copied and the block table is a snapshot (``SchedulerState.tables``: one copy
-    shared by the chunks of consecutive rounds until the table changes), so later
-    mutations of ``req`` never reach the chunk. Reuses the sequence's
-    :class:`SamplingRow` (``SchedulerState.rows``). O(1) per decode round apart from a
-    block-table copy once per block (or per allocation).
-    """
-    all_ids = req.all_token_ids
-    end = start + n
-    table = state.tables.get(req)
-    if table is None:
-        table = state.tables[req] = list(req.block_table)
-    num_samples = 1
-    row = None
-    history: Sequence[int] = ()
-    if end >= len(all_ids):
-        rows = state.rows
-        row = rows.get(req)
-        if row is None:
-            params = req.params
-            row = rows[req] = SamplingRow(
-                params,
-                req.seed,
-                req.prompt_token_ids,
-                req.eos_token_id,
-                bool(params.min_tokens) or params.has_penalties or bool(params.bad_words_token_ids),
-            )
-        if row.needs_history or room:
-            history = tuple(req.output_token_ids)
-        fan_out = row.params.n
-        if fan_out > 1 and not placeholders and will_fork(req):
-            num_samples = fan_out
-    total = (n + len(spec) if spec else n) + room
-    entry.plan.chunks.append(
-        ScheduledChunk(
-            req.request_id,
-            start,
-            total,
-            all_ids[start:end],  # a placeholder position lies past the known ids
-            table,
-            row is not None,
-            num_samples,
-            spec if spec else (),
-            1 if placeholders else 0,
-            req.num_preemptions,
-            row,
-            num_cached,
-            end - len(req.prompt_token_ids),
-            history,
-            *_prompt_targets(req, start, end),
-            pending,
-            room,
-        )
-    )
-    entry.requests.append(req)
-    req.num_computed_tokens = start + total
-    return total
-
-
-def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int) -> tuple[int, int]:
-    """Append the chunks of the plain decodes at ``running[i:]``, in order, to ``entry``,
-    up to the first sequence that is not one or until ``budget`` is spent; returns the
-    updated ``(i, budget)``.
-
-    A plain decode feeds the last known token (``start + 1 == len(all_token_ids)``)
-    into a block the sequence holds, with no drafts and nothing shared — the common
-    round of a sequence. Its chunk is the one :func:`add_chunk` would build; when the
-    sequence sampled before and its row needs no history, no fork and no prompt
-    logprobs, it is built here without the general path's tests (this loop runs once
-    per decoding sequence and round; it allocates nothing and never preempts).
-    """
-    if state.draft_room:  # every decode reserves draft room: the general path sizes it
-        return i, budget
-    running = state.running
-    num_running = len(running)
-    block_size = state.cache.block_size
-    drafts = state.drafts
-    may_share = state.may_share
-    rows = state.rows
-    tables = state.tables
-    chunks = entry.plan.chunks
-    requests = entry.requests
-    while i < num_running and budget > 0:
-        req = running[i]
-        start = req.num_computed_tokens
-        all_ids = req.all_token_ids
-        if (
-            start + 1 != len(all_ids)
-            or start >= len(req.block_table) * block_size
-            or (drafts and req in drafts)
-            or (may_share and req in may_share)
-        ):
-            break
-        row = rows.get(req)
-        if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
-            add_chunk(state, entry, req, start, 1)
-        else:
-            table = tables.get(req)
-            if table is None:
-                table = tables[req] = list(req.block_table)
-            chunks.append(
-                ScheduledChunk(
-                    req.request_id,
-                    start,
-                    1,
-                    [all_ids[start]],
-                    table,
-                    True,
-                    1,
-                    (),
-                    0,
-                    req.num_preemptions,
-                    row,
-                    0,
-                    start + 1 - len(req.prompt_token_ids),
-                )
-            )
-            requests.append(req)
-            req.num_computed_tokens = start + 1
-        budget -= 1
-        i += 1
-    return i, budget
 
 
 def plan_running(
@@ -341,6 +197,7 @@ def _unschedule(entry: InflightPlan, victim: Request) -> int:
     plan = entry.plan
     for k, req in enumerate(entry.requests):
         if req is victim:
+            entry.plain.clear()  # the chunks move: the commit takes its general path
             chunk = plan.chunks.pop(k)
             del entry.requests[k]
             own = set(victim.block_table)
@@ -375,21 +232,3 @@ def _preempt(state: SchedulerState, victim: Request, entry: InflightPlan, front:
     else:
         state.waiting.push(victim)
     entry.plan.preempted_ids.append(victim.request_id)
-
-
-def _prompt_targets(req: Request, start: int, end: int) -> tuple[Sequence[int], int, int]:
-    """``(targets, first, top)`` of a chunk over ``[start, end)`` (see
-    ``ScheduledChunk.prompt_targets``): the prompt positions from the first whose logprob
-    is not committed yet (a recompute after preemption does not repeat them)."""
-    done = req.prompt_logprobs
-    if done is None:
-        return _NO_TARGETS
-    top = req.params.prompt_logprobs
-    if top is None:
-        return _NO_TARGETS
-    prompt = req.prompt_token_ids
-    first = max(start, len(done) - 1)
-    last = min(end, len(prompt) - 1)
-    if first >= last:
-        return _NO_TARGETS
-    return list(prompt[first + 1 : last + 1]), first, top

@@ -40,6 +40,10 @@ class InflightPlan:
     shifts: dict[Request, int] = attrs.field(factory=dict)
     """Sequences whose chunk here continues from a step that rejected some of its drafts:
     the positions to move that chunk down (set by the commit of that step)."""
+    plain: list[tuple[int, int]] = attrs.field(factory=list)
+    """Index ranges ``[a, b)`` of ``plan.chunks`` built by the plain-decode fast path
+    (one known token, sampled, no drafts), which the commit applies in bulk; emptied
+    when a chunk leaves the plan (preemption), so the commit takes its general path."""
 
 
 @attrs.define(slots=True, eq=False)
@@ -67,6 +71,8 @@ class SchedulerState:
         draft_room: drafts every decode chunk reserves room for, for the runner to propose
             itself (overlapped speculation, :meth:`BatchScheduler.reserve_drafts`); 0 off.
         rows: each live sequence's sampling row, built at its first sample.
+        stop_rules: each sequence's ``(stop ids, length limit)`` that the bulk commit
+            filters its tokens with (a superset of what ends it; ``check_stop`` decides).
         tables: each running sequence's block-table snapshot, shared by its chunks while
             the table is unchanged: dropped whenever the scheduler lets the cache change
             the table (:meth:`allocate`, :meth:`free`, a rollback) — the cache changes a
@@ -90,6 +96,7 @@ class SchedulerState:
     draft_room: int = 0
     rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
     tables: dict[Request, list[int]] = attrs.field(factory=dict)
+    stop_rules: dict[Request, tuple[frozenset[int], int]] = attrs.field(factory=dict)
     next_step: int = 0
 
     # ------------------------------------------------------------------------ seats
@@ -148,6 +155,7 @@ class SchedulerState:
         self.drafts.pop(request, None)
         self.rows.pop(request, None)
         self.tables.pop(request, None)
+        self.stop_rules.pop(request, None)
         parent_id = request.parent_id
         if parent_id is not None:
             family = self.children.get(parent_id)

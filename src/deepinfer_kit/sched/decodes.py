@@ -1,0 +1,183 @@
+"""The plain-decode fast path of both phases of a round: planning a run of plain decodes
+(their new blocks in one cache call) and committing them in bulk.
+
+A plain decode feeds a sequence's last known token, with no drafts, nothing shared and
+no draft room: the common round of a sequence. Both loops here run once per decoding
+sequence and round, so they do without the general paths' tests; anything unusual
+(a fork's first sample, a token count that is not one, an error, logprobs, a shift) is
+left to the general path, which makes the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.request import Request, RequestStatus
+from deepinfer_kit.sched.chunks import add_chunk
+from deepinfer_kit.sched.records import ScheduledChunk
+from deepinfer_kit.sched.state import InflightPlan, SchedulerState
+from deepinfer_kit.sched.stops import check_stop, length_limit
+
+__all__ = ["plan_decodes", "commit_decodes"]
+
+_RUNNING = RequestStatus.RUNNING
+_FINISHED = RequestStatus.FINISHED
+
+
+def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int) -> tuple[int, int]:
+    """Append the chunks of the plain decodes at ``running[i:]``, in order, to ``entry``,
+    up to the first sequence that is not one or until ``budget`` is spent; returns the
+    updated ``(i, budget)`` and records the run in ``entry.plain``.
+
+    A plain decode feeds the last known token (``start + 1 == len(all_token_ids)``),
+    with no drafts and nothing shared. One whose token opens a new block is in the run
+    too while the cache has a block for it (``num_free_blocks``, unchanged by the run):
+    after the loop the run's new blocks come from one
+    :meth:`~deepinfer_kit.cache.protocols.KVCacheManager.allocate_next_blocks` call — the
+    blocks per-sequence allocations in the same order would give — and their chunks
+    take the new tables. The first that finds no block ends the run (the general path
+    preempts for it). A chunk is the one :func:`add_chunk` would build; when the
+    sequence's row needs no history, no fork and no prompt logprobs it is built here
+    without the general path's tests.
+    """
+    if state.draft_room:  # every decode reserves draft room: the general path sizes it
+        return i, budget
+    running = state.running
+    num_running = len(running)
+    cache = state.cache
+    block_size = cache.block_size
+    drafts = state.drafts
+    may_share = state.may_share
+    rows = state.rows
+    tables = state.tables
+    chunks = entry.plan.chunks
+    requests = entry.requests
+    first = len(chunks)
+    grow: list[int] = []  # chunk indices whose sequence opens a new block
+    spare = -1  # blocks the cache can give; read at the first sequence that needs one
+    while i < num_running and budget > 0:
+        req = running[i]
+        start = req.num_computed_tokens
+        all_ids = req.all_token_ids
+        if start + 1 != len(all_ids) or (drafts and req in drafts) or (may_share and req in may_share):
+            break
+        table = req.block_table
+        if start >= len(table) * block_size:
+            if not table:
+                break  # no blocks yet: the general path matches its prefix first
+            if spare < 0:
+                spare = cache.num_free_blocks
+            if len(grow) >= spare:
+                break
+            grow.append(len(chunks))
+        row = rows.get(req)
+        if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
+            add_chunk(state, entry, req, start, 1)
+        else:
+            snapshot = tables.get(req)
+            if snapshot is None:
+                snapshot = tables[req] = list(table)
+            chunks.append(
+                ScheduledChunk(
+                    req.request_id,
+                    start,
+                    1,
+                    [all_ids[start]],
+                    snapshot,
+                    True,
+                    1,
+                    (),
+                    0,
+                    req.num_preemptions,
+                    row,
+                    0,
+                    start + 1 - len(req.prompt_token_ids),
+                )
+            )
+            requests.append(req)
+            req.num_computed_tokens = start + 1
+        budget -= 1
+        i += 1
+    if grow:
+        _grow_tables(state, entry, grow)
+    if len(chunks) > first:
+        entry.plain.append((first, len(chunks)))
+    return i, budget
+
+
+def _grow_tables(state: SchedulerState, entry: InflightPlan, grow: list[int]) -> None:
+    """One new block for the sequence of each chunk ``entry.plan.chunks[j]``, ``j`` in
+    ``grow``, from one cache call; those chunks (and ``state.tables``) take a snapshot of
+    the grown table.
+
+    Raises:
+        InvariantError: the cache gave fewer blocks than it said it had.
+    """
+    chunks, requests, tables = entry.plan.chunks, entry.requests, state.tables
+    growing: Sequence[Request] = [requests[j] for j in grow]
+    got = state.cache.allocate_next_blocks(growing)
+    if got != len(grow):
+        raise InvariantError(
+            f"allocate_next_blocks gave {got} of {len(grow)} blocks it reported free"
+        )
+    for j, req in zip(grow, growing):
+        snapshot = tables[req] = list(req.block_table)
+        chunks[j].block_table = snapshot
+
+
+def commit_decodes(
+    state: SchedulerState, entry: InflightPlan, token_ids: Sequence[list[int]], a: int, b: int,
+    finished: list[Request],
+) -> int:
+    """Commit the plain decode chunks ``[a, b)`` of ``entry`` in bulk: per chunk whose
+    sequence is still running and was not preempted since, append its token, apply the
+    stop rules (``check_stop`` runs only for a token that may end the sequence: a stop id
+    or EOS, the length limit, or an observer), publish the block its token filled, and
+    add the sequences that finished to ``finished``.
+
+    Returns the index of the first chunk left for the general path (a fork's first
+    sample, or a token count other than one: it raises there), or ``b``. Call only
+    without errors, logprobs, prompt logprobs or shifts in the round's result. O(b - a).
+    """
+    chunks, requests = entry.plan.chunks, entry.requests
+    cache = state.cache
+    block_size = cache.block_size
+    max_len = state.config.max_model_len
+    rules = state.stop_rules
+    clock = state.clock
+    for k in range(a, b):
+        req = requests[k]
+        chunk = chunks[k]
+        if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
+            continue  # aborted, finished by an earlier commit, or preempted since
+        tokens = token_ids[k]
+        if len(tokens) != 1 or chunk.num_samples != 1:
+            return k
+        token = tokens[0]
+        all_ids = req.all_token_ids
+        all_ids.append(token)
+        req.output_token_ids.append(token)
+        rule = rules.get(req)
+        if rule is None:
+            rule = rules[req] = _stop_rule(req, max_len)
+        if token in rule[0] or len(all_ids) >= rule[1] or req.observer is not None:
+            check_stop(req, token, max_len)
+        metrics = req.metrics
+        if metrics is not None and metrics.first_token_time is None:
+            metrics.first_token_time = clock()
+        end = chunk.start + 1
+        if not end % block_size:
+            cache.cache_full_blocks(req, end)
+        if req.status is _FINISHED:
+            finished.append(req)
+    return b
+
+
+def _stop_rule(req: Request, max_model_len: int) -> tuple[frozenset[int], int]:
+    """``(ids, limit)``: the tokens that may end ``req`` (its stop ids and its EOS, even
+    when ignored or masked by ``min_tokens``: a superset) and its length limit."""
+    ids = set(req.params.stop_token_ids)
+    if req.eos_token_id is not None:
+        ids.add(req.eos_token_id)
+    return frozenset(ids), length_limit(req, max_model_len)
