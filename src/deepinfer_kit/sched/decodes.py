@@ -11,11 +11,12 @@ left to the general path, which makes the same decisions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.chunks import add_chunk
-from deepinfer_kit.sched.records import ScheduledChunk
+from deepinfer_kit.sched.records import DecodeChunk
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import check_stop, length_limit
 
@@ -23,12 +24,14 @@ __all__ = ["plan_decodes", "commit_decodes"]
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
+_new = object.__new__
 
 
 def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int) -> tuple[int, int]:
     """Append the chunks of the plain decodes at ``running[i:]``, in order, to ``entry``,
     up to the first sequence that is not one or until ``budget`` is spent; returns the
-    updated ``(i, budget)`` and records the run in ``entry.plain``.
+    updated ``(i, budget)`` and records the run in ``entry.plain`` (split around a fork's
+    first sample, which the general commit applies).
 
     A plain decode feeds the last known token (``start + 1 == len(all_token_ids)``),
     with no drafts and nothing shared. One whose token opens a new block is in the run
@@ -38,29 +41,28 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     blocks per-sequence allocations in the same order would give — and their chunks
     take the new tables. The first that finds no block ends the run (the general path
     preempts for it). A chunk is the one :func:`add_chunk` would build; when the
-    sequence's row needs no history, no fork and no prompt logprobs it is built here
-    without the general path's tests.
+    sequence's row needs no history, no fork and no prompt logprobs it is built here,
+    as a :class:`DecodeChunk`, without the general path's tests.
     """
     if state.draft_room:  # every decode reserves draft room: the general path sizes it
         return i, budget
     running = state.running
-    num_running = len(running)
     cache = state.cache
     block_size = cache.block_size
-    drafts = state.drafts
-    may_share = state.may_share
+    shared = state.drafts or state.may_share  # either may hold a sequence: test each one
+    drafts, may_share = state.drafts, state.may_share
     rows = state.rows
     tables = state.tables
+    plain = entry.plain
     chunks = entry.plan.chunks
     requests = entry.requests
-    first = len(chunks)
+    first = begin = len(chunks)
     grow: list[int] = []  # chunk indices whose sequence opens a new block
     spare = -1  # blocks the cache can give; read at the first sequence that needs one
-    while i < num_running and budget > 0:
-        req = running[i]
+    for req in islice(running, i, i + budget):
         start = req.num_computed_tokens
         all_ids = req.all_token_ids
-        if start + 1 != len(all_ids) or (drafts and req in drafts) or (may_share and req in may_share):
+        if start + 1 != len(all_ids) or (shared and (req in drafts or req in may_share)):
             break
         table = req.block_table
         if start >= len(table) * block_size:
@@ -74,36 +76,30 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
         row = rows.get(req)
         if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
             add_chunk(state, entry, req, start, 1)
+            if chunks[-1].num_samples != 1:  # a fork's first sample: the general commit
+                plain.append((begin, len(chunks) - 1))
+                begin = len(chunks)
         else:
             snapshot = tables.get(req)
             if snapshot is None:
                 snapshot = tables[req] = list(table)
-            chunks.append(
-                ScheduledChunk(
-                    req.request_id,
-                    start,
-                    1,
-                    [all_ids[start]],
-                    snapshot,
-                    True,
-                    1,
-                    (),
-                    0,
-                    req.num_preemptions,
-                    row,
-                    0,
-                    start + 1 - len(req.prompt_token_ids),
-                )
-            )
+            chunk = _new(DecodeChunk)  # the seven fields a plain decode varies
+            chunk.request_id = req.request_id
+            chunk.start = start
+            chunk.token_ids = [all_ids[start]]
+            chunk.block_table = snapshot
+            chunk.preemption_epoch = req.num_preemptions
+            chunk.sampling = row
+            chunk.output_position = start + 1 - len(req.prompt_token_ids)
+            chunks.append(chunk)
             requests.append(req)
             req.num_computed_tokens = start + 1
-        budget -= 1
-        i += 1
     if grow:
         _grow_tables(state, entry, grow)
-    if len(chunks) > first:
-        entry.plain.append((first, len(chunks)))
-    return i, budget
+    if len(chunks) > begin:
+        plain.append((begin, len(chunks)))
+    done = len(chunks) - first
+    return i + done, budget - done
 
 
 def _grow_tables(state: SchedulerState, entry: InflightPlan, grow: list[int]) -> None:
@@ -136,9 +132,10 @@ def commit_decodes(
     or EOS, the length limit, or an observer), publish the block its token filled, and
     add the sequences that finished to ``finished``.
 
-    Returns the index of the first chunk left for the general path (a fork's first
-    sample, or a token count other than one: it raises there), or ``b``. Call only
-    without errors, logprobs, prompt logprobs or shifts in the round's result. O(b - a).
+    Returns the index of the first chunk left for the general path (a token count other
+    than one: it raises there), or ``b``. ``entry.plain`` holds no fork's first sample
+    (:func:`plan_decodes` ends a range before one). Call only without errors, logprobs,
+    prompt logprobs or shifts in the round's result. O(b - a).
     """
     chunks, requests = entry.plan.chunks, entry.requests
     cache = state.cache
@@ -146,13 +143,12 @@ def commit_decodes(
     max_len = state.config.max_model_len
     rules = state.stop_rules
     clock = state.clock
-    for k in range(a, b):
-        req = requests[k]
-        chunk = chunks[k]
+    k = a - 1
+    for req, chunk, tokens in zip(requests[a:b], chunks[a:b], token_ids[a:b]):
+        k += 1
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
-        tokens = token_ids[k]
-        if len(tokens) != 1 or chunk.num_samples != 1:
+        if len(tokens) != 1:
             return k
         token = tokens[0]
         all_ids = req.all_token_ids
@@ -161,16 +157,16 @@ def commit_decodes(
         rule = rules.get(req)
         if rule is None:
             rule = rules[req] = _stop_rule(req, max_len)
-        if token in rule[0] or len(all_ids) >= rule[1] or req.observer is not None:
-            check_stop(req, token, max_len)
+        if (token in rule[0] or len(all_ids) >= rule[1] or req.observer is not None) and check_stop(
+            req, token, max_len
+        ):
+            finished.append(req)
         metrics = req.metrics
         if metrics is not None and metrics.first_token_time is None:
             metrics.first_token_time = clock()
         end = chunk.start + 1
         if not end % block_size:
             cache.cache_full_blocks(req, end)
-        if req.status is _FINISHED:
-            finished.append(req)
     return b
 
 

@@ -14,7 +14,7 @@ import attrs
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["SchedulerConfig", "SamplingRow", "ScheduledChunk", "SchedulePlan"]
+__all__ = ["SchedulerConfig", "SamplingRow", "ScheduledChunk", "DecodeChunk", "SchedulePlan"]
 
 
 @attrs.frozen(slots=True)
@@ -150,6 +150,33 @@ class ScheduledChunk:
         (a broken plan). The one rule both the runner (resolving the chunk as it runs)
         and the scheduler's commit (moving its records) apply."""
         return self.pending_drafts - (emitted - 1)
+
+
+class DecodeChunk(ScheduledChunk):
+    """A plain decode's chunk (one known token, sampled, nothing else): a
+    :class:`ScheduledChunk` whose fields that are the same for every plain decode live
+    once on the class, so the scheduler sets only the seven that vary (``request_id``,
+    ``start``, ``token_ids``, ``block_table``, ``preemption_epoch``, ``sampling``,
+    ``output_position``) — it builds one per decoding sequence and round.
+
+    Reads, ``attrs.fields``/``asdict``/``evolve`` and pickling behave as for any chunk
+    (a field set on an instance, e.g. by ``evolve``, shadows the class value).
+    ``DecodeChunk(...)`` takes every field, as :class:`ScheduledChunk` does; the
+    scheduler's fast path makes one with ``object.__new__`` and sets the seven.
+    """
+
+    num_tokens = 1
+    sample = True
+    num_samples = 1
+    spec_token_ids: Sequence[int] = ()
+    num_placeholders = 0
+    num_cached_tokens = 0
+    output_token_ids: Sequence[int] = ()
+    prompt_targets: Sequence[int] = ()
+    prompt_first = 0
+    prompt_top = 0
+    pending_drafts = 0
+    draft_room = 0
 
 
 @attrs.define(slots=True, eq=False)
