@@ -51,7 +51,7 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     block_size = cache.block_size
     shared = state.drafts or state.may_share  # either may hold a sequence: test each one
     drafts, may_share = state.drafts, state.may_share
-    rows = state.rows
+    rows, plain_rows = state.rows, state.plain_rows
     tables = state.tables
     plain = entry.plain
     chunks = entry.plan.chunks
@@ -73,27 +73,30 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
             if len(grow) >= spare:
                 break
             grow.append(len(chunks))
-        row = rows.get(req)
-        if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
-            add_chunk(state, entry, req, start, 1)
-            if chunks[-1].num_samples != 1:  # a fork's first sample: the general commit
-                plain.append((begin, len(chunks) - 1))
-                begin = len(chunks)
-        else:
-            snapshot = tables.get(req)
-            if snapshot is None:
-                snapshot = tables[req] = list(table)
-            chunk = _new(DecodeChunk)  # the seven fields a plain decode varies
-            chunk.request_id = req.request_id
-            chunk.start = start
-            chunk.token_ids = [all_ids[start]]
-            chunk.block_table = snapshot
-            chunk.preemption_epoch = req.num_preemptions
-            chunk.sampling = row
-            chunk.output_position = start + 1 - len(req.prompt_token_ids)
-            chunks.append(chunk)
-            requests.append(req)
-            req.num_computed_tokens = start + 1
+        row = plain_rows.get(req)
+        if row is None:
+            row = rows.get(req)
+            if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
+                add_chunk(state, entry, req, start, 1)
+                if chunks[-1].num_samples != 1:  # a fork's first sample: the general commit
+                    plain.append((begin, len(chunks) - 1))
+                    begin = len(chunks)
+                continue
+            plain_rows[req] = row
+        snapshot = tables.get(req)
+        if snapshot is None:
+            snapshot = tables[req] = list(table)
+        chunk = _new(DecodeChunk)  # the seven fields a plain decode varies
+        chunk.request_id = req.request_id
+        chunk.start = start
+        chunk.token_ids = [all_ids[start]]
+        chunk.block_table = snapshot
+        chunk.preemption_epoch = req.num_preemptions
+        chunk.sampling = row
+        chunk.output_position = start + 1 - len(req.prompt_token_ids)
+        chunks.append(chunk)
+        requests.append(req)
+        req.num_computed_tokens = start + 1
     if grow:
         _grow_tables(state, entry, grow)
     if len(chunks) > begin:

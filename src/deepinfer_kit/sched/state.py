@@ -71,6 +71,8 @@ class SchedulerState:
         draft_room: drafts every decode chunk reserves room for, for the runner to propose
             itself (overlapped speculation, :meth:`BatchScheduler.reserve_drafts`); 0 off.
         rows: each live sequence's sampling row, built at its first sample.
+        plain_rows: the rows of ``rows`` whose sequence's plain decodes take the fast
+            path's own chunk (no history, no fork, no prompt logprobs: fixed per sequence).
         stop_rules: each sequence's ``(stop ids, length limit)`` that the bulk commit
             filters its tokens with (a superset of what ends it; ``check_stop`` decides).
         tables: each running sequence's block-table snapshot, shared by its chunks while
@@ -96,6 +98,7 @@ class SchedulerState:
     draft_room: int = 0
     rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
     tables: dict[Request, list[int]] = attrs.field(factory=dict)
+    plain_rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
     stop_rules: dict[Request, tuple[frozenset[int], int]] = attrs.field(factory=dict)
     next_step: int = 0
 
@@ -156,6 +159,7 @@ class SchedulerState:
         self.rows.pop(request, None)
         self.tables.pop(request, None)
         self.stop_rules.pop(request, None)
+        self.plain_rows.pop(request, None)
         parent_id = request.parent_id
         if parent_id is not None:
             family = self.children.get(parent_id)
