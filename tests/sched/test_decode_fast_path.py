@@ -147,3 +147,19 @@ def test_fast_path_runs_and_pressure_is_real(monkeypatch: pytest.MonkeyPatch) ->
     rounds = _run(0, 14)
     assert calls["grow"] > 0
     assert any(r[0][2] for r in rounds[:-1]), "no preemption under the small pool"
+
+
+def test_a_decode_given_two_tokens_raises_as_the_general_path() -> None:
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = ContinuousBatchScheduler(config, BlockKVCacheManager.create(_cache_config(32)))
+    for i in range(3):
+        sched.add(make_request(f"d{i}", 5, max_tokens=10, ignore_eos=True))
+    plan = sched.schedule()
+    sched.commit(plan, StepResult([[20] for _ in plan.chunks]))
+    plan = sched.schedule()
+    assert all(type(c).__name__ == "DecodeChunk" for c in plan.chunks)
+    from deepinfer_kit.errors import InvariantError
+
+    tokens = [[21], [22, 23], [24]]
+    with pytest.raises(InvariantError, match=r"chunk 1 \(d1\) expects 1 token"):
+        sched.commit(plan, StepResult(tokens))

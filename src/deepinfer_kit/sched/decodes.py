@@ -146,13 +146,11 @@ def commit_decodes(
     max_len = state.config.max_model_len
     rules = state.stop_rules
     clock = state.clock
-    k = a - 1
     for req, chunk, tokens in zip(requests[a:b], chunks[a:b], token_ids[a:b]):
-        k += 1
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
         if len(tokens) != 1:
-            return k
+            return chunks.index(chunk, a, b)  # chunks compare by identity
         token = tokens[0]
         all_ids = req.all_token_ids
         all_ids.append(token)
