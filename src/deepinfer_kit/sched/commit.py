@@ -164,13 +164,16 @@ def _report(state: SchedulerState, finished: list[Request], step_id: int) -> lis
     and return the outputs of everything finished since the last report."""
     if finished:
         _retire(state, finished)
-    state.free_deferred(step_id)
+    if state.deferred:
+        state.free_deferred(step_id)
     outputs: list[RequestOutput] = []
-    for req in state.unreported:
-        outputs.extend(to_outputs(req))
+    unreported = state.unreported
+    if unreported:
+        for req in unreported:
+            outputs.extend(to_outputs(req))
+        unreported.clear()
     for req in finished:
         outputs.extend(to_outputs(req))
-    state.unreported.clear()
     return outputs
 
 

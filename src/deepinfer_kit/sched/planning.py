@@ -48,6 +48,9 @@ def plan_running(
     Raises:
         OutOfBlocksError: blocks ran out and ``victim`` is ``None``.
     """
+    i, budget = plan_decodes(state, entry, 0, budget)
+    if i >= len(state.running) or budget <= 0:
+        return budget, False  # a round of plain decodes only: no setup for the rest
     cfg = state.config
     chunked = cfg.enable_chunked_prefill
     threshold = cfg.long_prefill_token_threshold if chunked else 0
@@ -59,7 +62,6 @@ def plan_running(
     may_share = state.may_share
     drafts = state.drafts
     preempted = False
-    i = 0
     while i < len(running) and budget > 0:
         i, budget = plan_decodes(state, entry, i, budget)
         if i >= len(running) or budget <= 0:

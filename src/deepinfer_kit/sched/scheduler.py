@@ -97,10 +97,10 @@ class BatchScheduler:
         """
         state = self.state
         budget = self.config.max_num_batched_tokens
-        plan = SchedulePlan(
-            step_id=state.next_step,
-            token_budget=budget,
-            finished_ids=[r.request_id for r in state.unreported],
+        unreported = state.unreported
+        plan = SchedulePlan(  # positional: this runs once per round
+            state.next_step, [], [], [], [r.request_id for r in unreported] if unreported else [],
+            0, budget,
         )
         state.next_step += 1
         entry = InflightPlan(plan, [])
