@@ -1,5 +1,6 @@
-"""The KVCacheManager conformance checks of the one-call API, ``allocate_slots`` (the
-function over any manager, and a manager's own method when it has one)."""
+"""The KVCacheManager conformance checks of the one-call APIs: ``allocate_slots`` (the
+function over any manager, and a manager's own method when it has one) and
+``allocate_next_blocks`` (one round's decode blocks in one call)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def register_slot_checks(suite: Suite[ManagerFactory]) -> None:
             m.free(small)
 
     @suite.check
+    def check_allocate_next_blocks_equals_one_allocate_per_request(factory: ManagerFactory) -> None:
+        _check_next_blocks(factory)
+
+    @suite.check
     def check_allocate_slots_equals_the_step_by_step_calls(factory: ManagerFactory) -> None:
         for seed in range(3):
             want = _drive_slots(factory(24, P), seed, None)
@@ -79,6 +84,60 @@ def register_slot_checks(suite: Suite[ManagerFactory]) -> None:
                 got = _drive_slots(manager, seed, call)
                 expect(got == want, f"seed {seed}: {name} diverged from the step-by-step calls\n"
                                     f"one call:     {got[:6]}\nstep by step: {want[:6]}")
+
+
+def _next_blocks_world(factory: ManagerFactory, seed: int) -> tuple[KVCacheManager, list[Request]]:
+    """A small pool after random traffic: finished requests left cached blocks behind
+    (evictable, in some LRU order); live ones sit at a block boundary, their next token
+    opening a new block."""
+    rng = random.Random(seed)
+    m = factory(24, P)
+    live: list[Request] = []
+    for i in range(12):
+        n = P * rng.randint(1, 3)
+        req = make_request(f"r{i}", [rng.randrange(1, 6) for _ in range(n)])
+        cached = m.match_prefix(req)
+        if not m.can_allocate(req, n - cached, cached):
+            continue
+        m.allocate(req, n - cached, cached)
+        req.num_computed_tokens = n
+        m.cache_full_blocks(req, n)
+        req.append_token(rng.randrange(1, 6))
+        if rng.random() < 0.5:
+            m.free(req)  # its blocks stay cached, evictable
+        else:
+            live.append(req)
+    return m, live
+
+
+def _check_next_blocks(factory: ManagerFactory) -> None:
+    """``allocate_next_blocks`` equals one ``allocate(request, 1)`` per request in order
+    while ``can_allocate`` holds: the count served, the tables, the free count, and the
+    blocks a later allocation takes (the eviction order left behind)."""
+    for seed in range(6):
+        bulk, reqs_a = _next_blocks_world(factory, seed)
+        step, reqs_b = _next_blocks_world(factory, seed)
+        got = bulk.allocate_next_blocks(reqs_a)
+        taken = 0
+        for req in reqs_b:
+            if not step.can_allocate(req, 1):
+                break
+            step.allocate(req, 1)
+            taken += 1
+        expect(got == taken, f"seed {seed}: allocate_next_blocks served {got} requests, one "
+                             f"allocate per request {taken}")
+        tables_a, tables_b = [r.block_table for r in reqs_a], [r.block_table for r in reqs_b]
+        expect(tables_a == tables_b, f"seed {seed}: tables {tables_a} != {tables_b}")
+        expect(bulk.num_free_blocks == step.num_free_blocks,
+               f"seed {seed}: {bulk.num_free_blocks} free blocks != {step.num_free_blocks}")
+        later = [make_request("later", list(range(100, 100 + P * bulk.num_free_blocks)))
+                 for _ in range(2)]
+        for m, r in zip((bulk, step), later):
+            if r.num_tokens and m.can_allocate(r, r.num_tokens):
+                m.allocate(r, r.num_tokens)
+        expect(later[0].block_table == later[1].block_table,
+               f"seed {seed}: the blocks evicted next differ: {later[0].block_table} != "
+               f"{later[1].block_table}")
 
 
 def _drive_slots(
