@@ -13,7 +13,8 @@ from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.engine.remote.start import start_workers
 from deepinfer_kit.overlap.choose import default_executor
 from deepinfer_kit.engine.remote.rank_groups import launched_groups
-from deepinfer_kit.engine.runner.build import build_device, engine_device
+from deepinfer_kit.engine.runner.build import build_device
+from deepinfer_kit.engine.runner.pool import engine_device
 from deepinfer_kit.engine.runner.drafters import check_speculative
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.tokenizer import (

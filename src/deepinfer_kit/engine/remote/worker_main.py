@@ -29,7 +29,8 @@ from deepinfer_kit.engine.remote.plan_codec import PlanDecoder
 from deepinfer_kit.engine.remote.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.remote.rank_groups import RankMeter, worker_groups
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
-from deepinfer_kit.engine.runner.build import build_device, engine_device
+from deepinfer_kit.engine.runner.build import build_device
+from deepinfer_kit.engine.runner.pool import engine_device
 from deepinfer_kit.errors import InvariantError
 
 __all__ = ["main", "serve"]

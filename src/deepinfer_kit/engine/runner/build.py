@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.comm.world import ParallelGroups
     from deepinfer_kit.sample.protocols import Sampler
 
-__all__ = ["DeviceParts", "build_device", "engine_device"]  # engine_device re-exported from pool
+__all__ = ["DeviceParts", "build_device"]
 
 
 @attrs.define(slots=True, eq=False)
