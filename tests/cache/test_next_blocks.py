@@ -4,39 +4,31 @@ LRU order, the same counters — and a pool that runs short serves a prefix of t
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.request import Request
-from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.testing.cache_slot_checks import next_blocks_world
 
-P = 4
 
 
 def _world(seed: int, index: str) -> tuple[BlockKVCacheManager, list[Request]]:
-    """A small pool after random traffic: finished requests left cached blocks behind
-    (evictable, in some LRU order); live ones sit at a block boundary, some forked."""
-    rng = random.Random(seed)
-    m = BlockKVCacheManager.create(CacheConfig(block_size=P, num_blocks=24), index=index)  # type: ignore[arg-type]
-    live: list[Request] = []
-    for i in range(12):
-        n = P * rng.randint(1, 3)
-        req = Request(f"r{i}", [rng.randrange(1, 6) for _ in range(n)], SamplingParams(max_tokens=8))
-        cached = m.match_prefix(req)
-        if not m.can_allocate(req, n - cached, cached):
-            continue
-        m.allocate(req, n - cached, cached)
-        req.num_computed_tokens = n
-        m.cache_full_blocks(req, n)
-        req.all_token_ids.append(rng.randrange(1, 6))
-        if rng.random() < 0.5:
-            m.free(req)  # its blocks stay cached, evictable
-        else:
-            live.append(req)
-    return m, live
+    """The conformance suite's world (:func:`next_blocks_world`) over a manager with
+    ``index``: finished requests left cached blocks behind (evictable, in some LRU order);
+    live ones sit at a block boundary."""
+    manager: BlockKVCacheManager | None = None
+
+    def factory(num_blocks: int, block_size: int) -> BlockKVCacheManager:
+        nonlocal manager
+        manager = BlockKVCacheManager.create(
+            CacheConfig(block_size=block_size, num_blocks=num_blocks), index=index)  # type: ignore[arg-type]
+        return manager
+
+    _, live = next_blocks_world(factory, seed)
+    assert manager is not None
+    return manager, live
 
 
 @pytest.mark.parametrize("index", ["hash", "radix"])

@@ -16,7 +16,7 @@ from deepinfer_kit.request import Request
 from deepinfer_kit.testing.cache_manager_checks import make_request
 from deepinfer_kit.testing.suite import ConformanceError, Suite, expect
 
-__all__ = ["register_slot_checks"]
+__all__ = ["next_blocks_world", "register_slot_checks"]
 
 P = 4
 ManagerFactory = Callable[[int, int], KVCacheManager]
@@ -86,7 +86,7 @@ def register_slot_checks(suite: Suite[ManagerFactory]) -> None:
                                     f"one call:     {got[:6]}\nstep by step: {want[:6]}")
 
 
-def _next_blocks_world(factory: ManagerFactory, seed: int) -> tuple[KVCacheManager, list[Request]]:
+def next_blocks_world(factory: ManagerFactory, seed: int) -> tuple[KVCacheManager, list[Request]]:
     """A small pool after random traffic: finished requests left cached blocks behind
     (evictable, in some LRU order); live ones sit at a block boundary, their next token
     opening a new block."""
@@ -115,8 +115,8 @@ def _check_next_blocks(factory: ManagerFactory) -> None:
     while ``can_allocate`` holds: the count served, the tables, the free count, and the
     blocks a later allocation takes (the eviction order left behind)."""
     for seed in range(6):
-        bulk, reqs_a = _next_blocks_world(factory, seed)
-        step, reqs_b = _next_blocks_world(factory, seed)
+        bulk, reqs_a = next_blocks_world(factory, seed)
+        step, reqs_b = next_blocks_world(factory, seed)
         got = bulk.allocate_next_blocks(reqs_a)
         taken = 0
         for req in reqs_b:
