@@ -11,11 +11,18 @@ from deepinfer_kit.sched.policies import (
 from deepinfer_kit.sched.protocols import (
     AdmissionPolicy,
     BatchingPolicy,
+    DecodeStretches,
     PreemptionPolicy,
     Scheduler,
     SchedulerFactory,
 )
-from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.records import (
+    PlainDecodeRun,
+    SamplingRow,
+    ScheduledChunk,
+    SchedulePlan,
+    SchedulerConfig,
+)
 from deepinfer_kit.sched.scheduler import BatchScheduler
 from deepinfer_kit.sched.static import StaticBatchScheduler
 from deepinfer_kit.step import StepResult
@@ -26,6 +33,8 @@ __all__ = [
     "AdmissionPolicy",
     "PreemptionPolicy",
     "BatchingPolicy",
+    "DecodeStretches",
+    "PlainDecodeRun",
     "SchedulerConfig",
     "ScheduledChunk",
     "SamplingRow",

@@ -20,7 +20,7 @@ from deepinfer_kit.sched.records import DecodeChunk
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import check_stop, length_limit
 
-__all__ = ["plan_decodes", "commit_decodes"]
+__all__ = ["plan_decodes", "commit_decodes", "stop_rule"]
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
@@ -157,7 +157,7 @@ def commit_decodes(
         req.output_token_ids.append(token)
         rule = rules.get(req)
         if rule is None:
-            rule = rules[req] = _stop_rule(req, max_len)
+            rule = rules[req] = stop_rule(req, max_len)
         if (token in rule[0] or len(all_ids) >= rule[1] or req.observer is not None) and check_stop(
             req, token, max_len
         ):
@@ -171,7 +171,7 @@ def commit_decodes(
     return b
 
 
-def _stop_rule(req: Request, max_model_len: int) -> tuple[frozenset[int], int]:
+def stop_rule(req: Request, max_model_len: int) -> tuple[frozenset[int], int]:
     """``(ids, limit)``: the tokens that may end ``req`` (its stop ids and its EOS, even
     when ignored or masked by ``min_tokens``: a superset) and its length limit."""
     ids = set(req.params.stop_token_ids)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
-from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan, SchedulerConfig
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
@@ -105,6 +105,34 @@ class DraftRoom(Protocol):
 
         Raises:
             ConfigError: ``num_draft < 0``.
+        """
+        ...
+
+
+@runtime_checkable
+class DecodeStretches(Protocol):
+    """A scheduler that applies a stretch of plain-decode rounds at once when the caller
+    knows their sampled tokens ahead (the simulator's synthetic model): the requests and
+    the cache end as the rounds' own ``schedule`` / ``commit`` pairs would leave them."""
+
+    def plain_decode_run(self) -> PlainDecodeRun | None:
+        """The running sequences (ids, next starts, output positions, rounds before a
+        length limit) when the next round would plan exactly one plain decode for each of
+        them and nothing else; ``None`` when it would plan anything more or different.
+        Called between a commit and the next ``schedule()``; mutates no decision."""
+        ...
+
+    def advance_plain_decodes(self, tokens: Sequence[Sequence[int]], max_rounds: int) -> list[int]:
+        """Apply up to ``max_rounds`` such rounds, sequence ``i`` (running order) sampling
+        ``tokens[i][r]`` in round ``r``; stop before a round in which a token may end a
+        sequence or whose new blocks the cache lacks. Mutates the requests, the cache
+        and the step counter as those rounds would. Returns the cache's
+        ``num_free_blocks`` after each applied round's planning (its length is the
+        number of rounds applied, possibly 0).
+
+        Raises:
+            InvariantError: :meth:`plain_decode_run` is ``None`` now, or ``tokens`` is not
+                one list per running sequence.
         """
         ...
 

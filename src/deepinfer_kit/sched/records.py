@@ -14,7 +14,10 @@ import attrs
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["SchedulerConfig", "SamplingRow", "ScheduledChunk", "DecodeChunk", "SchedulePlan"]
+__all__ = [
+    "SchedulerConfig", "SamplingRow", "ScheduledChunk", "DecodeChunk", "SchedulePlan",
+    "PlainDecodeRun",
+]
 
 
 @attrs.frozen(slots=True)
@@ -210,3 +213,25 @@ class SchedulePlan:
     def is_empty(self) -> bool:
         """True when nothing runs on the device this round."""
         return not self.chunks
+
+
+@attrs.frozen(slots=True)
+class PlainDecodeRun:
+    """The running set when the next rounds are plain decodes of every running sequence
+    and nothing else (:meth:`BatchScheduler.plain_decode_run`), as columns in running
+    order. Snapshots: nothing here changes when the scheduler does.
+
+    Attributes:
+        request_ids: each sequence's id.
+        starts: each sequence's next chunk start (the position of the token it feeds);
+            round ``r`` of the run feeds position ``starts[i] + r``.
+        output_positions: the output index each sequence samples in the run's first
+            round (``r``-th round: plus ``r``).
+        max_rounds: rounds before the first sequence reaches its length limit (a token
+            sampled in a later round may end it by length): ``>= 1``.
+    """
+
+    request_ids: list[str]
+    starts: list[int]
+    output_positions: list[int]
+    max_rounds: int

@@ -26,12 +26,13 @@ from deepinfer_kit.sched.planning import plan_running
 from deepinfer_kit.sched.policies import default_policies
 from deepinfer_kit.sched.protocols import AdmissionPolicy, BatchingPolicy, PreemptionPolicy
 from deepinfer_kit.sched.queues import make_waiting_queue
-from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan, SchedulerConfig
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
+from deepinfer_kit.sched.stretch import advance_plain_decodes, plain_decode_run
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sched.protocols import DraftTarget, Scheduler
+    from deepinfer_kit.sched.protocols import DecodeStretches, DraftTarget, Scheduler
 
 __all__ = ["BatchScheduler"]
 
@@ -231,6 +232,25 @@ class BatchScheduler:
         require_ints_at_least(0, num_draft=num_draft)
         self.state.draft_room = num_draft
 
+    def plain_decode_run(self) -> PlainDecodeRun | None:
+        """See :meth:`DecodeStretches.plain_decode_run`: the running set, as columns,
+        when the next round plans one plain decode for each running sequence and nothing
+        else (:func:`~deepinfer_kit.sched.stretch.plain_decode_run`); ``None`` otherwise.
+        O(running)."""
+        return plain_decode_run(self.state, self.batching)
+
+    def advance_plain_decodes(self, tokens: Sequence[Sequence[int]], max_rounds: int) -> list[int]:
+        """See :meth:`DecodeStretches.advance_plain_decodes`: apply up to ``max_rounds``
+        plain-decode rounds sampling ``tokens[i][r]`` (sequence ``i`` in running order,
+        round ``r``), stopping before a round where a token may end a sequence or blocks
+        run short; returns ``num_free_blocks`` after each applied round's planning.
+
+        Raises:
+            InvariantError: :meth:`plain_decode_run` is ``None`` or ``tokens`` is not one
+                list per running sequence.
+        """
+        return advance_plain_decodes(self.state, self.batching, tokens, max_rounds)
+
     def pending_prefill_tokens(self) -> int:
         """See :meth:`DraftTarget.pending_prefill_tokens`: the running sequences'
         uncomputed tokens (but a decode's one), then the waiting ones' whole token lists in
@@ -283,3 +303,4 @@ class BatchScheduler:
 if TYPE_CHECKING:
     _check: type[Scheduler] = BatchScheduler
     _drafts: type[DraftTarget] = BatchScheduler
+    _stretches: type[DecodeStretches] = BatchScheduler

@@ -229,6 +229,21 @@ class MetricsRecorder:
         if usage > self._usage_max:
             self._usage_max = usage
 
+    def on_rounds(self, start: float, durations: list[float], usages: list[float]) -> None:
+        """Rounds that preempted nothing ran back to back from ``start``, round ``r`` for
+        ``durations[r]`` s with ``usages[r]`` of the pool held: what :meth:`on_step`
+        records for each, without their plans. O(rounds)."""
+        usage_t, usage_log = self._usage_t, self._usage
+        for d, u in zip(durations, usages):
+            self.num_steps += 1
+            self.busy_s += d
+            usage_t.append(start)
+            usage_log.append(u)
+            self._usage_area += u * d
+            if u > self._usage_max:
+                self._usage_max = u
+            start += d
+
     def on_finish(self, out: RequestOutput, priority: int = 0) -> None:
         """A request of level ``priority`` finished; reads its metrics (virtual times)
         and token counts."""

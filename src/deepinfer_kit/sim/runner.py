@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.protocols import CostModel
-from deepinfer_kit.sim.records import SimStep
+from deepinfer_kit.sim.records import SimStep, StepShape
 from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.tokens import SyntheticTokens
 from deepinfer_kit.step import StepResult
@@ -64,3 +64,37 @@ class SimRunner:
         self.num_steps += 1
         self.busy_time += step.duration
         return StepResult(token_ids=out)
+
+    def prices_plain_decodes(self) -> bool:
+        """True when this runner's rounds are :class:`SimRunner`'s own (priced by their
+        shape alone, tokens from :attr:`tokens`, no expert simulation), so a stretch of
+        plain-decode rounds may be priced by :meth:`plain_decode_times` instead."""
+        cls = type(self)
+        return (
+            self.experts is None and cls.prepare is SimRunner.prepare
+            and cls.execute is SimRunner.execute
+        )
+
+    def plain_decode_times(self, num_seqs: int, context: int, start: float, until: float,
+                           max_rounds: int) -> list[float]:
+        """Durations of consecutive plain-decode rounds of ``num_seqs`` sequences, the
+        first reading ``context`` KV positions (each later round ``num_seqs`` more), as
+        :meth:`prepare` prices each one; the first round starts at ``start`` (virtual
+        seconds). Stops at ``max_rounds`` or before a round that would start at or after
+        ``until`` (the first is always priced). Pure; O(rounds)."""
+        step_time = self.cost.step_time
+        times: list[float] = []
+        now = start
+        while len(times) < max_rounds and (not times or now < until):
+            d = step_time(StepShape(0, num_seqs, context, num_seqs, context, num_seqs, 0))
+            times.append(d)
+            now += d
+            context += num_seqs
+        return times
+
+    def count_rounds(self, durations: list[float]) -> None:
+        """Count rounds run outside :meth:`execute` (a stretch of plain decodes), as
+        :meth:`execute` counts each: mutates :attr:`num_steps` and :attr:`busy_time`."""
+        for d in durations:
+            self.num_steps += 1
+            self.busy_time += d

@@ -11,7 +11,7 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
-from deepinfer_kit.sched.protocols import Scheduler
+from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim.clock import VirtualClock
 from deepinfer_kit.sim.collector import quiet_collector
@@ -24,6 +24,7 @@ from deepinfer_kit.step import StepResult
 __all__ = ["Simulator", "StepObserver"]
 
 _NEVER = float("inf")
+_MAX_STRETCH = 4096  # rounds one stretch of plain decodes covers at most
 
 StepObserver = Callable[[SchedulePlan, StepResult, float, float], None]
 """``observer(plan, result, start, end)`` after each round's commit (virtual seconds)."""
@@ -46,6 +47,13 @@ class Simulator:
         clock: the virtual clock the scheduler reads.
         prompts: materializes prompt tokens on arrival.
         eos_token_id: stamped on every request (the synthetic EOS).
+        stretches: apply each stretch of plain-decode rounds (every running sequence
+            decoding, nothing waiting; until a token may end one, its blocks run short
+            or a request arrives) in one scheduler call
+            (:class:`~deepinfer_kit.sched.protocols.DecodeStretches`) when the scheduler
+            offers it, the runner is a plain :class:`SimRunner` and no observer is
+            given: the requests, cache, clock and metrics end as round by round, without
+            a plan per round. ``False``: always round by round.
     """
 
     def __init__(
@@ -56,6 +64,8 @@ class Simulator:
         clock: VirtualClock,
         prompts: PromptBuilder,
         eos_token_id: int | None,
+        *,
+        stretches: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.cache = cache
@@ -63,6 +73,7 @@ class Simulator:
         self.clock = clock
         self.prompts = prompts
         self.eos_token_id = eos_token_id
+        self.stretches = stretches
         self._params: dict[int, SamplingParams] = {}
         self._priority: dict[str, int] = {}  # live request id -> its priority level
 
@@ -100,6 +111,10 @@ class Simulator:
         next_root = 0
         sched, cache, runner, clock = self.scheduler, self.cache, self.runner, self.clock
         total_blocks = cache.num_blocks
+        stretches = (
+            sched if self.stretches and observer is None and isinstance(sched, DecodeStretches)
+            and runner.prices_plain_decodes() else None
+        )
         wall = time.perf_counter()
         while True:
             now = clock.now
@@ -118,6 +133,10 @@ class Simulator:
                 if root_t == _NEVER and follow_t == _NEVER:
                     break
                 clock.advance_to(min(root_t, follow_t))
+                continue
+            if stretches is not None and self._stretch(
+                stretches, min(root_t, follow_t), metrics, total_blocks
+            ):
                 continue
             plan = sched.schedule()
             if plan.chunks:
@@ -150,6 +169,33 @@ class Simulator:
             bar.close()
         experts = runner.experts.report() if runner.experts is not None else None
         return metrics.report(time.perf_counter() - wall, experts)
+
+    def _stretch(self, sched: DecodeStretches, until: float, metrics: MetricsRecorder,
+                 total_blocks: int) -> bool:
+        """Run the stretch of plain-decode rounds that starts now, if there is one, up to
+        the round that would start at or after ``until`` (the next arrival); True when at
+        least one round ran (the clock, runner counters and metrics advanced as round by
+        round)."""
+        run = sched.plain_decode_run()
+        if run is None:
+            return False
+        runner, clock = self.runner, self.clock
+        n = len(run.request_ids)
+        times = runner.plain_decode_times(
+            n, sum(run.starts) + n, clock.now, until, min(run.max_rounds, _MAX_STRETCH)
+        )
+        k = len(times)
+        source = runner.tokens
+        tokens = [source.tokens(rid, pos, k) for rid, pos in zip(run.request_ids, run.output_positions)]
+        frees = sched.advance_plain_decodes(tokens, k)
+        if not frees:
+            return False
+        del times[len(frees):]
+        metrics.on_rounds(clock.now, times, [1.0 - f / total_blocks for f in frees])
+        runner.count_rounds(times)
+        for d in times:
+            clock.advance(d)
+        return True
 
     def _add(self, sim: SimRequest, when: float, history: list[int] | None,
              metrics: MetricsRecorder) -> None:

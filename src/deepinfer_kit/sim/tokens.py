@@ -88,6 +88,23 @@ class SyntheticTokens:
         eos = self.eos_token_id
         return t + 1 if eos is not None and t >= eos else t
 
+    def tokens(self, request_id: str, first: int, count: int) -> list[int]:
+        """The tokens at output positions ``first .. first + count - 1`` of
+        ``request_id``: ``[token(request_id, p) for p in range(first, first + count)]``
+        in one pass (a stretch of plain-decode rounds). Registers an unknown id as
+        :meth:`token` does; O(count)."""
+        plan = self._plans.get(request_id)
+        if plan is None:
+            return [self.token(request_id, p) for p in range(first, first + count)]
+        base, eos_at = plan
+        span, eos = self._span, self.eos_token_id
+        out = [(base + p * _STRIDE) % span for p in range(first, first + count)]
+        if eos is not None:
+            out = [t + 1 if t >= eos else t for t in out]
+            if first <= eos_at < first + count:
+                out[eos_at - first] = eos
+        return out
+
     def round_tokens(self, chunks: Sequence[ScheduledChunk]) -> list[list[int]]:
         """A round's sampled tokens, one list per chunk: empty for a non-final prefill
         chunk, else ``num_samples`` tokens (completion ``i > 0`` of a fork is keyed by

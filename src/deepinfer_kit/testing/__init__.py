@@ -17,6 +17,7 @@ from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
 from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.sample import SAMPLER_SUITE
 from deepinfer_kit.testing.sched import SCHEDULER_SUITE
+from deepinfer_kit.testing.sched_stretch import DECODE_STRETCHES_SUITE
 from deepinfer_kit.testing.replica_selector import REPLICA_SELECTOR_SUITE
 from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
 from deepinfer_kit.testing.spec_distribution import SPECULATIVE_DISTRIBUTION_SUITE
@@ -33,6 +34,7 @@ __all__ = [
     "EVICTION_POLICY_SUITE",
     "LRU_POLICY_SUITE",
     "SCHEDULER_SUITE",
+    "DECODE_STRETCHES_SUITE",
     "SAMPLER_SUITE",
     "VERIFY_PLANNER_SUITE",
     "DRAFT_VERIFIER_SUITE",

@@ -1,0 +1,248 @@
+"""Conformance suite for DecodeStretches: a stretch of plain-decode rounds applied in one
+call must leave the requests, the KV cache and every later decision exactly as the same
+rounds' ``schedule`` / ``commit`` pairs do.
+
+Each check builds two schedulers with your factory, each over its own fresh
+prefix-caching cache manager, feeds them the same requests and the same tokens, and advances one with
+:meth:`~deepinfer_kit.sched.protocols.DecodeStretches.advance_plain_decodes` where the
+other runs round by round.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import attrs
+
+from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.request import Request
+from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler
+from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.step import StepResult
+from deepinfer_kit.testing.sched_driver import EOS, make_request
+from deepinfer_kit.testing.suite import Suite, expect
+
+__all__ = ["DECODE_STRETCHES_SUITE", "StretchFactory"]
+
+StretchFactory = Callable[[SchedulerConfig, int, int], tuple[Scheduler, KVCacheManager]]
+"""``factory(config, num_blocks, block_size)``: a scheduler that also implements
+:class:`~deepinfer_kit.sched.protocols.DecodeStretches`, over a fresh prefix-caching
+KV cache manager of that size, and that cache manager."""
+
+DECODE_STRETCHES_SUITE: Suite[StretchFactory] = Suite(
+    "DecodeStretches", "factory(config, num_blocks, block_size) -> (Scheduler, KVCacheManager)"
+)
+
+_BLOCK = 4
+
+
+def _token(request_id: str, position: int, eos_at: dict[str, int]) -> int:
+    """The token "sampled" at output ``position`` of ``request_id``: EOS at
+    ``eos_at[request_id]``, else a fixed id in ``[1, 50)`` (small, so outputs repeat and
+    later prompts share cached blocks with them)."""
+    if eos_at.get(request_id) == position:
+        return EOS
+    return 1 + (sum(map(ord, request_id)) * 7 + position * 13) % 49
+
+
+@attrs.define
+class _World:
+    """One scheduler, its cache, its requests by id and the outputs it reported."""
+
+    sched: Scheduler
+    cache: KVCacheManager
+    eos_at: dict[str, int]
+    requests: dict[str, Request] = attrs.field(factory=dict)
+    outputs: dict[str, tuple[list[int], str | None, int]] = attrs.field(factory=dict)
+    frees: list[int] = attrs.field(factory=list)
+    last_step: int = -1
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.sched.add(request)
+
+    def round(self) -> None:
+        """One schedule / commit pair; logs ``num_free_blocks`` after the schedule."""
+        plan = self.sched.schedule()
+        self.last_step = plan.step_id
+        self.frees.append(self.cache.num_free_blocks)
+        tokens = [
+            [_token(c.request_id, c.output_position, self.eos_at)] if c.sample else []
+            for c in plan.chunks
+        ]
+        for out in self.sched.commit(plan, StepResult(token_ids=tokens)):
+            comp = out.outputs[0]
+            self.outputs[out.request_id] = (list(comp.token_ids), comp.finish_reason,
+                                            out.num_cached_tokens)
+
+    def stretches(self) -> DecodeStretches:
+        sched = self.sched
+        expect(isinstance(sched, DecodeStretches),
+               f"{type(sched).__name__} does not implement DecodeStretches")
+        assert isinstance(sched, DecodeStretches)
+        return sched
+
+    def advance(self, max_rounds: int) -> list[int]:
+        """``advance_plain_decodes`` with the tokens of the next ``max_rounds`` rounds."""
+        stretch = self.stretches()
+        run = stretch.plain_decode_run()
+        expect(run is not None, "expected a plain-decode run (every request decoding)")
+        assert run is not None
+        tokens = [[_token(rid, pos + r, self.eos_at) for r in range(max_rounds)]
+                  for rid, pos in zip(run.request_ids, run.output_positions)]
+        frees = stretch.advance_plain_decodes(tokens, max_rounds)
+        self.frees.extend(frees)
+        self.last_step += len(frees)  # each round applied takes a step id
+        return frees
+
+    def drain(self) -> None:
+        while self.sched.has_unfinished():
+            self.round()
+
+
+def _pair(factory: StretchFactory, num_blocks: int, eos_at: dict[str, int],
+          **cfg: object) -> tuple[_World, _World]:
+    """Two identical worlds (prefix caching on, block size 4)."""
+    config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
+    worlds = []
+    for _ in range(2):
+        sched, cache = factory(config, num_blocks, _BLOCK)
+        worlds.append(_World(sched, cache, eos_at))
+    return worlds[0], worlds[1]
+
+
+def _admit(a: _World, b: _World, specs: list[tuple[str, int, int, str]]) -> None:
+    """The same requests ``(id, prompt length, max_tokens, prompt seed)`` into both."""
+    for rid, prompt, max_tokens, seed in specs:
+        for w in (a, b):
+            w.add(make_request(rid, prompt, prompt_seed=seed, max_tokens=max_tokens))
+
+
+def _until_plain(a: _World, b: _World, limit: int = 50) -> None:
+    """Run both round by round until ``a`` offers a plain-decode run."""
+    for _ in range(limit):
+        if a.stretches().plain_decode_run() is not None:
+            return
+        a.round()
+        b.round()
+    expect(False, f"no plain-decode run within {limit} rounds")
+
+
+def _expect_same(a: _World, b: _World, where: str) -> None:
+    """Requests, cache (free blocks, and the prefix it holds of every request's tokens)
+    and logs of the two worlds equal."""
+    expect(a.frees == b.frees, f"{where}: num_free_blocks per round {a.frees} != {b.frees}")
+    expect(a.last_step == b.last_step, f"{where}: last step id {a.last_step}, round by round {b.last_step}")
+    for rid, ra in a.requests.items():
+        rb = b.requests[rid]
+        got = (ra.all_token_ids, ra.num_computed_tokens, ra.block_table, ra.status)
+        want = (rb.all_token_ids, rb.num_computed_tokens, rb.block_table, rb.status)
+        expect(got == want, f"{where}: request {rid} is {got}, round by round {want}")
+        probe = [Request(f"probe-{rid}", list(r.all_token_ids) + [1], ra.params) for r in (ra, rb)]
+        hits = (a.cache.match_prefix(probe[0]), b.cache.match_prefix(probe[1]))
+        expect(hits[0] == hits[1], f"{where}: {hits[0]} tokens of {rid} cached, round by round {hits[1]}")
+    expect(a.cache.num_free_blocks == b.cache.num_free_blocks,
+           f"{where}: {a.cache.num_free_blocks} free blocks, round by round {b.cache.num_free_blocks}")
+    expect(a.outputs == b.outputs, f"{where}: outputs differ: {a.outputs} vs {b.outputs}")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_a_stretch_equals_its_rounds(factory: StretchFactory) -> None:
+    """Block boundaries inside the stretch (allocations and publishes), then a second
+    wave that hits and evicts what both published: identical throughout."""
+    rng = random.Random(3)
+    a, b = _pair(factory, 48, {})
+    _admit(a, b, [(f"r{i}", rng.randrange(3, 11), 40, f"p{i % 2}") for i in range(4)])
+    _until_plain(a, b)
+    frees = a.advance(23)
+    expect(len(frees) == 23, f"expected 23 rounds applied, got {len(frees)}")
+    for _ in range(23):
+        b.round()
+    _expect_same(a, b, "after the stretch")
+    a.drain()
+    b.drain()
+    _expect_same(a, b, "after the first wave")
+    _admit(a, b, [(f"s{i}", rng.randrange(8, 30), 12, f"p{i % 3}") for i in range(6)])
+    a.drain()
+    b.drain()
+    _expect_same(a, b, "after a second wave sharing and evicting their blocks")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_stops_before_a_token_that_may_end(factory: StretchFactory) -> None:
+    a, b = _pair(factory, 64, {"r1": 9})
+    _admit(a, b, [("r0", 5, 30, "x"), ("r1", 6, 30, "y")])
+    _until_plain(a, b)
+    run = a.stretches().plain_decode_run()
+    assert run is not None
+    eos_round = 9 - run.output_positions[run.request_ids.index("r1")]
+    frees = a.advance(20)
+    expect(len(frees) == eos_round,
+           f"EOS sampled in round {eos_round} of the stretch: {len(frees)} rounds applied")
+    for _ in range(eos_round):
+        b.round()
+    _expect_same(a, b, "before the EOS")
+    a.round()
+    b.round()
+    expect(a.outputs.get("r1", ([], None, 0))[1] == "stop",
+           f"r1 must stop on EOS in the round after the stretch: {a.outputs}")
+    a.drain()
+    b.drain()
+    _expect_same(a, b, "after the EOS")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_stops_at_the_length_limit(factory: StretchFactory) -> None:
+    a, b = _pair(factory, 64, {})
+    _admit(a, b, [("r0", 5, 7, "x"), ("r1", 3, 30, "y")])
+    _until_plain(a, b)
+    run = a.stretches().plain_decode_run()
+    assert run is not None
+    left = 7 - run.output_positions[run.request_ids.index("r0")]  # outputs r0 may still sample
+    expect(run.max_rounds == left - 1,
+           f"max_rounds {run.max_rounds}: r0 may sample {left} more, the last ends it")
+    frees = a.advance(30)
+    expect(len(frees) == left - 1, f"{len(frees)} rounds applied, expected {left - 1}")
+    for _ in range(left - 1):
+        b.round()
+    a.drain()
+    b.drain()
+    _expect_same(a, b, "after the length limit")
+    expect(len(a.outputs["r0"][0]) == 7 and a.outputs["r0"][1] == "length",
+           f"r0 must end by length with 7 tokens: {a.outputs['r0']}")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_stops_before_blocks_run_short(factory: StretchFactory) -> None:
+    """A pool that cannot hold both: the stretch ends before the round that would
+    preempt, and the rounds after it decide as round by round."""
+    a, b = _pair(factory, 14, {})
+    _admit(a, b, [("r0", 6, 40, "x"), ("r1", 6, 40, "y")])
+    _until_plain(a, b)
+    frees = a.advance(40)
+    expect(0 < len(frees) < 40, f"a 14-block pool cannot grow two 46-token requests 40 rounds: {len(frees)}")
+    for _ in range(len(frees)):
+        b.round()
+    _expect_same(a, b, "at the shortage")
+    a.drain()
+    b.drain()
+    _expect_same(a, b, "after the preemption")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_no_run_while_anything_else_is_planned(factory: StretchFactory) -> None:
+    a, b = _pair(factory, 64, {}, max_num_seqs=1)
+    _admit(a, b, [("r0", 5, 30, "x")])
+    expect(a.stretches().plain_decode_run() is None, "a waiting request is not a plain-decode run")
+    a.round()
+    _admit(a, b, [("r1", 5, 30, "y")])  # no seat: it waits
+    expect(a.stretches().plain_decode_run() is None,
+           "a run while a request waits (its admission is the scheduler's to decide)")
+    try:
+        a.stretches().advance_plain_decodes([[1] * 4], 4)
+    except InvariantError:
+        pass
+    else:
+        expect(False, "advance_plain_decodes without a plain-decode run must raise InvariantError")
