@@ -55,3 +55,18 @@ def test_sim_rejects_bad_flags_with_a_message(capsys: pytest.CaptureFixture[str]
     assert "EngineConfig field" in capsys.readouterr().err
     assert main(["sim", "--set", "max_num_seqs=0", "--num-requests", "5"]) == 2
     assert "max_num_seqs" in capsys.readouterr().err
+
+
+def test_the_sim_command_does_not_import_torch() -> None:
+    """The simulator needs no model: ``deepinfer-kit sim`` starts without torch (an
+    import of it costs more than a thousand simulated requests)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from deepinfer_kit.cli import main\n"
+        "raise SystemExit(main(['sim', '--num-requests', '20', '--no-progress']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -23,15 +23,11 @@ _DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _check_device(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
-    """A torch device string of type cpu or cuda (whether CUDA is present is checked when
-    the engine is built)."""
-    import torch
-
-    try:
-        device = torch.device(value) if isinstance(value, str) else None
-    except (RuntimeError, ValueError):
-        device = None
-    if device is None or device.type not in _DEVICE_TYPES:
+    """A torch device string of type cpu or cuda, ``"<type>"`` or ``"<type>:<index>"``
+    as ``torch.device`` parses it (read without importing torch, so that configs of the
+    simulator stay light; whether CUDA is present is checked when the engine is built)."""
+    kind, sep, index = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if kind not in _DEVICE_TYPES or (sep and not (index.isascii() and index.isdigit())):
         raise ConfigError(
             f"{attribute.name} must be 'cpu', 'cuda' or 'cuda:<index>', got {value!r}"
         )
