@@ -12,36 +12,17 @@ Per phase: calls, total and per-call time. ``runner._logits`` is the model forwa
 from __future__ import annotations
 
 import argparse
-import collections
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from bench_spec import _corpus_prompts, _workloads
+from phase_timer import PhaseTimer
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine import engine as engine_module
 from deepinfer_kit.engine.runner import model_runner as runner_module
 from deepinfer_kit.spec import speculation as speculation_module
 from deepinfer_kit.spec.verify.rejection import RejectionVerifier
-
-TOTAL: dict[str, float] = collections.defaultdict(float)
-CALLS: collections.Counter[str] = collections.Counter()
-
-
-def _wrap(owner: Any, name: str, label: str) -> None:
-    inner: Callable[..., Any] = getattr(owner, name)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            TOTAL[label] += time.perf_counter() - t
-            CALLS[label] += 1
-
-    setattr(owner, name, timed)
 
 
 def main() -> None:
@@ -58,6 +39,8 @@ def main() -> None:
     spec: dict[str, Any] = {"num_draft": 4}
     if args.drafter == "dspark":
         spec.update(drafter="dspark", dspark_heads="tiny-words")
+    timer = PhaseTimer()
+    _wrap = timer.wrap
     _wrap(engine_module.Engine, "step", "engine.step")
     _wrap(engine_module.Engine, "_commit_oldest", "engine commit")
     _wrap(runner_module.ModelRunner, "prepare", "runner.prepare")
@@ -69,8 +52,7 @@ def main() -> None:
     reference: list[Any] | None = None
     for rep in range(2):
         for name, config in (("plain", None), (args.drafter, spec)):
-            TOTAL.clear()
-            CALLS.clear()
+            timer.clear()
             engine = build_engine(model=args.model, speculative=config, num_blocks=256,
                                   max_model_len=1024)
             params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
@@ -82,10 +64,7 @@ def main() -> None:
             if outs != reference:
                 raise SystemExit(f"{name}: output differs from plain")
             if rep:
-                print(f"{name} ({args.model}, {args.workload}, {len(prompts)} x {args.tokens} tokens)")
-                for label in sorted(TOTAL, key=lambda k: -TOTAL[k]):
-                    print(f"  {label:26s} n={CALLS[label]:4d}  {TOTAL[label] * 1e3:8.1f} ms"
-                          f"  {TOTAL[label] / CALLS[label] * 1e6:8.0f} us/call")
+                timer.report(f"{name} ({args.model}, {args.workload}, {len(prompts)} x {args.tokens} tokens)")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from deepinfer_kit.models.tokenizer import ByteTokenizer
+
 if TYPE_CHECKING:
     from deepinfer_kit.models.protocols import Tokenizer
     from deepinfer_kit.request import Request
@@ -18,6 +20,7 @@ CONTEXT_TOKENS = 5
 token specially (a leading-space marker) give the output's text as a continuation."""
 
 _REPLACEMENT = "\ufffd"
+_ASCII = tuple(chr(b) for b in range(128))
 
 
 class IncrementalDetokenizer:
@@ -30,7 +33,10 @@ class IncrementalDetokenizer:
     multi-byte UTF-8 character split over byte-fallback or byte-level tokens) and the
     text is held back until a later token completes it. :meth:`flush` emits what is still
     held when the sequence ends, so the final text equals the tokenizer's decode of the
-    whole output. Two short decodes per token, O(window) each.
+    whole output. Two short decodes per token, O(window) each — none for an ASCII byte
+    of the :class:`ByteTokenizer` pushed with nothing held back: UTF-8 never continues a
+    character with an ASCII byte, so that push adds exactly its character (the state the
+    two decodes would reach, without them).
 
     Args:
         tokenizer: decodes token ids (any :class:`~deepinfer_kit.models.protocols.Tokenizer`).
@@ -42,7 +48,7 @@ class IncrementalDetokenizer:
     """
 
     __slots__ = (
-        "_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "_pieces", "text",
+        "_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "_pieces", "_bytes", "text",
     )
 
     def __init__(
@@ -54,6 +60,7 @@ class IncrementalDetokenizer:
         pieces: dict[int, str] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._bytes = type(tokenizer) is ByteTokenizer  # the ASCII shortcut of push holds
         self._skip = skip_special_tokens
         self._pieces: dict[int, str] = pieces if pieces is not None else {}
         self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
@@ -71,14 +78,24 @@ class IncrementalDetokenizer:
         Mutates ``text`` and the offsets. Raises what the tokenizer raises for an id
         outside its vocabulary.
         """
-        self._ids.append(token)
-        window = self._decode(self._ids[self._prefix:])
-        if len(window) <= len(self._prefix_text) or window.endswith(_REPLACEMENT):
+        ids = self._ids
+        read = self._read
+        if self._bytes and 0 <= token < 128 and read == len(ids):
+            ids.append(token)
+            char = _ASCII[token]
+            self.text += char
+            self._prefix, self._read, self._prefix_text = read, read + 1, char
+            return char
+        ids.append(token)
+        decode, skip = self._tokenizer.decode, self._skip  # called twice per token: no helper frame
+        window = decode(ids[self._prefix:], skip_special_tokens=skip)
+        done = len(self._prefix_text)
+        if len(window) <= done or window.endswith(_REPLACEMENT):
             return ""
-        delta = window[len(self._prefix_text):]
+        delta = window[done:]
         self.text += delta
-        self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_text = self._decode(self._ids[self._prefix:self._read])
+        self._prefix, self._read = read, len(ids)
+        self._prefix_text = decode(ids[read:], skip_special_tokens=skip)
         return delta
 
     def flush(self) -> str:
@@ -106,6 +123,7 @@ class IncrementalDetokenizer:
         """An independent detokenizer in the same state (a fork child's starts here)."""
         twin = IncrementalDetokenizer.__new__(IncrementalDetokenizer)
         twin._tokenizer = self._tokenizer
+        twin._bytes = self._bytes
         twin._skip = self._skip
         twin._pieces = self._pieces
         twin._ids = list(self._ids)

@@ -78,7 +78,9 @@ class SequenceStream:
                 detok.push(token)
             return None
         detok.push(token)
-        if not params.stop or len(request.output_token_ids) <= params.min_tokens:
+        if not params.stop:  # nothing to search (and never will be: params do not change)
+            return None
+        if len(request.output_token_ids) <= params.min_tokens:
             self._checked = len(detok.text)
             return None
         found = find_stop(detok.text, self._checked, params.stop)

@@ -11,17 +11,19 @@ tail``, the tail being the caller's (the token-slot indices of an overlapped rou
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Sequence
 
 import attrs
 import torch
 
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 
 __all__ = [
-    "ALIGN", "InputLayout", "aligned_len", "append_tables", "last_token_batch", "pack_inputs",
-    "unpack_inputs", "unpack_tail",
+    "ALIGN", "InputLayout", "aligned_len", "append_tables", "int64_host", "last_token_batch",
+    "pack_inputs", "unpack_inputs", "unpack_tail",
 ]
 
 
@@ -95,11 +97,33 @@ def pack_inputs(
         seq_lens=list(seq_lens),
         num_tail=len(tail),
     )
-    return torch.tensor(values, dtype=torch.int64, pin_memory=pin_memory), layout
+    return int64_host(values, pin_memory=pin_memory), layout
+
+
+def int64_host(values: Sequence[int], *, pin_memory: bool = False) -> torch.Tensor:
+    """``torch.tensor(values, dtype=torch.int64, pin_memory=pin_memory)``, built by packing
+    the ints into one bytes buffer first: several times cheaper than ``torch.tensor``'s
+    per-element conversion for the thousands of host ints of a large round. The result
+    is a writable ``[len(values)]`` CPU tensor that owns its buffer.
+
+    Raises:
+        ConfigError: a value outside the int64 range (or not an integer).
+    """
+    if not values:
+        return torch.empty(0, dtype=torch.int64, pin_memory=pin_memory)
+    try:
+        packed = bytearray(struct.pack(f"{len(values)}q", *values))
+    except struct.error as exc:
+        raise ConfigError(f"packed step inputs must be int64 integers: {exc}") from exc
+    host = torch.frombuffer(packed, dtype=torch.int64)
+    return host.pin_memory() if pin_memory else host
 
 
 def append_tables(values: list[int], tables: Sequence[Sequence[int]], width: int) -> None:
     """Append each block table to ``values``, padded with block 0 to ``width`` columns."""
+    if tables and min(map(len, tables)) == width:  # no padding: one flattening pass
+        values += itertools.chain.from_iterable(tables)
+        return
     for table in tables:
         values += table
         values += [0] * (width - len(table))

@@ -68,6 +68,11 @@ class ByteTokenizer:
         Raises:
             ConfigError: an id outside ``[0, 259)``.
         """
+        if type(ids) in (list, tuple):  # not any buffer: bytes() would copy its raw memory
+            try:  # plain bytes, the common case: one C call checks and converts them
+                return bytes(ids).decode("utf-8", errors="replace")
+            except ValueError:
+                pass  # a special id (or a bad one): the checks below
         for token in ids:
             if not 0 <= token < 259:
                 raise ConfigError(f"token id must be in [0, 259), got {token}")

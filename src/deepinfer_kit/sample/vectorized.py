@@ -169,12 +169,14 @@ class VectorizedSampler:
         vocab = logits.shape[1]
         plan = plan_rows(batch, vocab)
         x = working_logits(logits, batch)
-        tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=x.device)
-        if plan.greedy:
-            rows = _index(plan.greedy, x.device)
-            tokens[rows] = x[rows].argmax(dim=-1)
-        sampled = plan.sampled
-        if sampled:
+        if len(plan.greedy) == logits.shape[0]:  # all greedy: the argmax, no row gathers
+            tokens = x.argmax(dim=-1)
+        else:
+            tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=x.device)
+            if plan.greedy:
+                rows = _index(plan.greedy, x.device)
+                tokens[rows] = x[rows].argmax(dim=-1)
+            sampled = plan.sampled
             self._draw(x, plan, self._row_tensors(x, plan, batch, sampled), tokens)
         result = SampleResult(token_ids=tokens)
         if batch.max_logprobs >= 0:

@@ -11,7 +11,7 @@ from deepinfer_kit.engine.runner.prepared import PreparedStep
 from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
 from deepinfer_kit.engine.runner.layout import lay_out
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
-from deepinfer_kit.engine.runner.step_outputs import chunk_results, logprob_maps, to_host
+from deepinfer_kit.engine.runner.step_outputs import chunk_results, finite_rows, logprob_maps, to_host
 from deepinfer_kit.engine.runner.token_slots import UNSAMPLED
 from deepinfer_kit.spec.verify.step import verify_round
 from deepinfer_kit.sample.logprobs import attach_logprobs
@@ -227,8 +227,7 @@ class ModelRunner:
             logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
                 return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps, expert_counts=expert_counts, slot_counts=slot_counts)
-            finite = torch.isfinite(logits).all(dim=-1)
-            clean = logits.masked_fill(~finite[:, None], 0.0).to(torch.float32)
+            finite, clean = finite_rows(logits)
             raw = edit_logits(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
             if step.verified:

@@ -10,9 +10,12 @@ from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, NEVER_S
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
-from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 
-__all__ = ["HostLogprobs", "asked_top", "chunk_results", "logprob_maps", "to_host"]
+__all__ = [
+    "HostLogprobs", "asked_top", "chunk_results", "chunk_results_general", "finite_rows", "logprob_maps",
+    "to_host",
+]
 
 HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
 """Per row: the chosen token's logprob and rank, the top ids and their logprobs."""
@@ -36,6 +39,21 @@ def asked_top(
     want = torch.tensor(counts, dtype=torch.int64).to(top_ids.device)
     keep = torch.arange(k, device=top_ids.device)[None, :] < want[:, None]
     return top_ids[keep], top_lp[keep], starts
+
+
+def finite_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(finite, clean)`` of ``[N, V]`` logits: ``finite`` ``[N]`` bool, True where the
+    row holds no NaN and no infinity; ``clean`` ``[N, V]`` float32, the logits with every
+    other row zeroed (what the sampler may read). Both on the logits' device, no sync.
+
+    A row's largest and smallest values are finite exactly when all of it is (a NaN
+    propagates through both reductions): two row reductions instead of an elementwise
+    test of all ``N * V`` values and its reduction. A row times 0 or 1, then its NaNs
+    and infinities set to 0, is that row zeroed or kept bit for bit: two plain
+    elementwise passes, no boolean ``[N, V]`` mask."""
+    finite = logits.amax(dim=-1).isfinite() & logits.amin(dim=-1).isfinite()
+    kept = logits * finite[:, None].to(logits.dtype)
+    return finite, kept.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).to(torch.float32)
 
 
 def to_host(
@@ -101,11 +119,23 @@ def chunk_results(
     ``min_tokens`` read its history to the token it sampled last (the next step's
     placeholder history). Trims a verified chunk's ``logprobs`` to its tokens (mutated in
     place). Host only; O(N)."""
+    chunks = plan.chunks
+    if not kept and len(tokens) == len(chunks) == row_counts.count(1) and (not tokens or min(tokens) >= 0):
+        return _one_row_each(chunks, tokens)
+    return chunk_results_general(chunks, tokens, row_counts, kept, positions, logprobs)
+
+
+def chunk_results_general(
+    chunks: Sequence[ScheduledChunk], tokens: list[int], row_counts: Sequence[int], kept: dict[int, int],
+    positions: Sequence[int], logprobs: list[list[dict[int, Logprob]]] | None,
+) -> tuple[list[list[int]], list[str | None], dict[str, int]]:
+    """:func:`chunk_results` chunk by chunk, for any round (the reference of its shortcut
+    for a round where every chunk drew one sampled row)."""
     token_ids: list[list[int]] = []
     errors: list[str | None] = []
     last: dict[str, int] = {}
     row = 0
-    for i, (chunk, count) in enumerate(zip(plan.chunks, row_counts)):
+    for i, (chunk, count) in enumerate(zip(chunks, row_counts)):
         drawn = tokens[row : row + kept.get(i, count)]
         if CONTINUED_UNSAMPLED in drawn:
             errors.append(NEVER_SAMPLED)
@@ -122,3 +152,14 @@ def chunk_results(
         token_ids.append(drawn)
         row += count
     return token_ids, errors, last
+
+
+def _one_row_each(chunks: Sequence[ScheduledChunk], tokens: list[int]) -> tuple[
+        list[list[int]], list[str | None], dict[str, int]]:
+    """:func:`chunk_results` of a round where every chunk drew one row and every row was
+    sampled (no sentinel, nothing verified): the same lists, without the per-chunk checks."""
+    last = {
+        chunk.request_id: token for chunk, token in zip(chunks, tokens)
+        if chunk.sampling is not None and chunk.sampling.needs_history
+    }
+    return [[t] for t in tokens], [None] * len(tokens), last

@@ -1,0 +1,197 @@
+"""The host path's shortcuts for a round of plain decodes, each against the general path
+it skips: the column-wise layout, the one-row-per-chunk results, the decode slot mapping
+and unpadded tables, the packed int64 buffer, the finite-row check, the all-greedy
+sampler and the byte tokenizer's ASCII detokenizing. Seeded random cases; no timing."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
+from deepinfer_kit.engine.runner.layout import RoundLayout, lay_out, lay_out_chunks
+from deepinfer_kit.engine.runner.step_outputs import chunk_results, chunk_results_general, finite_rows
+from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, UNSAMPLED, TokenSlots
+from deepinfer_kit.models.attention.layout import slots_for, step_slots
+from deepinfer_kit.models.packing import append_tables, int64_host
+from deepinfer_kit.models.tokenizer import ByteTokenizer
+from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.records import SamplingBatch
+from deepinfer_kit.sample.vectorized import VectorizedSampler
+from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
+
+SEEDS = range(12)
+_LAYOUT_FIELDS = ("input_ids", "positions", "query_lens", "seq_lens", "tables", "logits_rows", "row_counts",
+                  "params", "seeds", "out_pos", "prompts", "outputs", "eos", "hole_rows")
+
+
+def _decode_chunk(rng: random.Random, i: int, *, history: bool) -> ScheduledChunk:
+    """A plain decode: one known token, one sampled row."""
+    params = SamplingParams(temperature=rng.choice([0.0, 0.7]), seed=rng.choice([None, i]))
+    start = rng.randint(1, 90)
+    row = SamplingRow(params=params, seed=params.seed, prompt_token_ids=[1, 2, 3],
+                      eos_token_id=rng.choice([None, 257]), needs_history=history)
+    return ScheduledChunk(
+        request_id=f"r{i}", start=start, num_tokens=1, token_ids=[rng.randrange(259)],
+        block_table=[rng.randrange(500) for _ in range(start // 16 + 1 + rng.randint(0, 2))],
+        sampling=row, output_position=rng.randint(0, 50),
+        output_token_ids=tuple(rng.randrange(259) for _ in range(3)) if history else (),
+    )
+
+
+def _same_layout(a: RoundLayout, b: RoundLayout) -> None:
+    for name in _LAYOUT_FIELDS:
+        assert getattr(a, name) == getattr(b, name), name
+    assert a.routes.tail() == b.routes.tail()
+    assert (a.verified, a.prompt.rows, a.prompt.targets) == (b.verified, b.prompt.rows, b.prompt.targets)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_round_of_plain_decodes_lays_out_as_chunk_by_chunk(seed: int) -> None:
+    rng = random.Random(seed)
+    chunks = [_decode_chunk(rng, i, history=rng.random() < 0.3) for i in range(rng.randint(1, 40))]
+    with_slots = seed % 2 == 0
+    slots = [TokenSlots(64, "cpu") if with_slots else None for _ in range(2)]
+    fast = lay_out(SchedulePlan(step_id=3, chunks=chunks), step_id=3, slots=slots[0], can_verify=False,
+                   draft_probs=None)
+    general = lay_out_chunks(chunks, 3, slots[1], False, None)
+    _same_layout(fast, general)
+    if with_slots:  # the same slots leased, in the same order
+        assert [slots[0].slot_of(c.request_id) for c in chunks] == [slots[1].slot_of(c.request_id) for c in chunks]
+
+
+def test_a_chunk_that_is_not_a_plain_decode_takes_the_general_path() -> None:
+    rng = random.Random(5)
+    chunks = [_decode_chunk(rng, i, history=False) for i in range(4)]
+    chunks.append(ScheduledChunk(request_id="p", start=0, num_tokens=3, token_ids=[4, 5, 6], block_table=[7],
+                                 sampling=chunks[0].sampling))
+    out = lay_out(SchedulePlan(step_id=1, chunks=chunks), step_id=1, slots=None, can_verify=False,
+                  draft_probs=None)
+    _same_layout(out, lay_out_chunks(chunks, 1, None, False, None))
+    assert out.query_lens == [1, 1, 1, 1, 3]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_one_sampled_row_per_chunk_gives_the_general_results(seed: int) -> None:
+    rng = random.Random(seed)
+    chunks = [_decode_chunk(rng, i, history=rng.random() < 0.5) for i in range(rng.randint(1, 30))]
+    tokens = [rng.randrange(259) for _ in chunks]
+    if seed % 3 == 1:  # a sentinel: the shortcut must step aside, and both agree
+        tokens[rng.randrange(len(tokens))] = rng.choice([UNSAMPLED, CONTINUED_UNSAMPLED])
+    counts = [1] * len(chunks)
+    positions = [c.output_position for c in chunks]
+    plan = SchedulePlan(step_id=0, chunks=chunks)
+    assert chunk_results(plan, tokens, counts, {}, positions, None) == chunk_results_general(
+        chunks, tokens, counts, {}, positions, None)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decode_slots_and_unpadded_tables_equal_the_general_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    n, size = rng.randint(1, 30), 16
+    seq_lens = [rng.randint(1, 200) for _ in range(n)]
+    width = max(-(-s // size) for s in seq_lens) + rng.randint(0, 1)
+    tables = [rng.sample(range(1000), width) for _ in range(n)]
+    expected = [slot for s, t in zip(seq_lens, tables) for slot in slots_for(t, s - 1, s, size)]
+    assert step_slots([1] * n, seq_lens, tables, size) == expected
+    values: list[int] = []
+    append_tables(values, tables, width)
+    assert values == [b for t in tables for b in t]
+    ragged = [t[: rng.randint(1, width)] for t in tables]
+    values = []
+    append_tables(values, ragged, width)
+    assert values == [b for t in ragged for b in [*t, *[0] * (width - len(t))]]
+
+
+def test_a_decode_past_its_table_still_raises_the_general_error() -> None:
+    from deepinfer_kit.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        step_slots([1, 1], [5, 40], [[3], [4]], 16)
+
+
+@pytest.mark.parametrize("values", [[], [0], [5, -3, 2**63 - 1, -(2**63)], list(range(-50, 3000, 7))])
+def test_int64_host_equals_torch_tensor(values: list[int]) -> None:
+    packed = int64_host(values)
+    assert packed.dtype == torch.int64 and torch.equal(packed, torch.tensor(values, dtype=torch.int64))
+    packed[:1] = 9 if values else packed[:1]  # writable, its own memory
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_finite_rows_equals_the_elementwise_check(seed: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(24, 37, generator=gen) * 1e4).to(dtype)
+    for _ in range(6):
+        r, c = torch.randint(0, 24, (2,), generator=gen).tolist()
+        logits[r, c % 37] = [float("nan"), float("inf"), -float("inf")][c % 3]
+    logits[5, 0] = torch.finfo(dtype).max  # huge finite values stay finite
+    logits[5, 1] = -torch.finfo(dtype).max
+    finite, clean = finite_rows(logits)
+    reference = torch.isfinite(logits).all(dim=-1)
+    assert torch.equal(finite, reference)
+    assert torch.equal(clean, logits.masked_fill(~reference[:, None], 0.0).to(torch.float32))
+    assert clean.dtype == torch.float32
+
+
+def _batch(params: Sequence[SamplingParams]) -> SamplingBatch:
+    n = len(params)
+    return SamplingBatch(params=list(params), seeds=[p.seed for p in params], positions=[0] * n,
+                         prompt_token_ids=[[1]] * n, output_token_ids=[()] * n, eos_token_ids=[None] * n,
+                         generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_all_greedy_batch_draws_what_a_mixed_batch_draws_for_those_rows(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(9, 50, generator=gen)
+    logits[2, 7] = logits[2, 30] = logits[2].max() + 1  # a tie: the first index
+    sampler = VectorizedSampler(impl="ref")
+    greedy = [SamplingParams(temperature=0.0)] * 9
+    alone = sampler(logits, _batch(greedy)).token_ids
+    mixed = sampler(torch.cat([logits, logits[:1]]), _batch([*greedy, SamplingParams(temperature=1.0, seed=3)]))
+    assert torch.equal(alone, mixed.token_ids[:9])
+    assert torch.equal(alone, logits.argmax(dim=-1)) and int(alone[2]) == 7
+
+
+class _Bytes:
+    """The byte tokenizer under another type: the detokenizer's general path."""
+
+    def __init__(self) -> None:
+        self._inner = ByteTokenizer()
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("seed", range(40))
+def test_ascii_pushes_of_the_byte_tokenizer_equal_the_general_detokenizer(seed: int, skip: bool) -> None:
+    rng = random.Random(seed)
+    text = "".join(rng.choice(["a", " ", "é", "€", "😀", "\n", "Z"]) for _ in range(30)).encode()
+    tokens = [rng.choice([b, b, rng.randrange(259)]) for b in text]  # invalid bytes and specials too
+    prompt = [rng.randrange(259) for _ in range(rng.randint(1, 8))]
+    fast = IncrementalDetokenizer(ByteTokenizer(), prompt, skip_special_tokens=skip)
+    general = IncrementalDetokenizer(_Bytes(), prompt, skip_special_tokens=skip)  # type: ignore[arg-type]
+    for i, token in enumerate(tokens):
+        assert fast.push(token) == general.push(token)
+        assert fast.text == general.text
+        if i == len(tokens) // 2:
+            fast, general = fast.copy(), general.copy()
+    assert fast.flush() == general.flush()
+    assert fast.text == general.text == ByteTokenizer().decode(tokens, skip_special_tokens=skip)
+
+
+def test_an_ascii_byte_never_changes_the_decode_of_the_bytes_before_it() -> None:
+    """The rule the ASCII shortcut rests on, for every byte string of up to two bytes and
+    every three-byte string of non-ASCII bytes, followed by each ASCII byte."""
+    tok = ByteTokenizer()
+    heads = [[a] for a in range(256)] + [[a, b] for a in range(256) for b in range(256)]
+    heads += [[a, b, c] for a in range(128, 256, 3) for b in range(128, 256, 5) for c in range(128, 256, 7)]
+    for head in heads:
+        before = tok.decode(head)
+        for t in (0, 65, 127):
+            assert tok.decode([*head, t]) == before + chr(t), head
