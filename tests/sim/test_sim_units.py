@@ -45,6 +45,16 @@ def test_synthetic_tokens_depend_only_on_request_and_position() -> None:
     assert SyntheticTokens(259, 257, seed=2).output("a", 4) != seq[:4]
 
 
+@pytest.mark.parametrize("vocab,eos", [(259, 257), (259, 258), (259, 3), (7, None), (70000, 69999)])
+def test_a_stretch_of_tokens_equals_token_by_token(vocab: int, eos: int | None) -> None:
+    t = SyntheticTokens(vocab, eos, seed=4)
+    t.register("a", 40, stop_by_eos=True)
+    t.register("b", 9, stop_by_eos=False)
+    for rid in ("a", "b", "unregistered"):
+        for first, count in ((0, 50), (17, 23), (39, 1), (40, 5), (3, 0)):
+            assert t.tokens(rid, first, count) == [t.token(rid, p) for p in range(first, first + count)]
+
+
 def test_prompts_share_system_prompts_and_extend_history() -> None:
     reqs = generate(WorkloadConfig(num_requests=50, shared_fraction=1.0, shared_prefix_len=32))
     pb = PromptBuilder(1000, seed=0)

@@ -98,9 +98,11 @@ class SyntheticTokens:
             return [self.token(request_id, p) for p in range(first, first + count)]
         base, eos_at = plan
         span, eos = self._span, self.eos_token_id
-        out = [(base + p * _STRIDE) % span for p in range(first, first + count)]
+        begin = base + first * _STRIDE  # position p's token is (base + p * STRIDE) % span
+        out = [x % span for x in range(begin, begin + count * _STRIDE, _STRIDE)]
         if eos is not None:
-            out = [t + 1 if t >= eos else t for t in out]
+            if eos < span:  # ids at or above EOS move up one (none do when EOS is the last id)
+                out = [t + 1 if t >= eos else t for t in out]
             if first <= eos_at < first + count:
                 out[eos_at - first] = eos
         return out
