@@ -173,6 +173,8 @@ def test_ascii_pushes_of_the_byte_tokenizer_equal_the_general_detokenizer(seed: 
     rng = random.Random(seed)
     text = "".join(rng.choice(["a", " ", "é", "€", "😀", "\n", "Z"]) for _ in range(30)).encode()
     tokens = [rng.choice([b, b, rng.randrange(259)]) for b in text]  # invalid bytes and specials too
+    if seed % 4 == 0:  # any ids at all: mostly held-back windows
+        tokens = [rng.randrange(259) for _ in range(60)]
     prompt = [rng.randrange(259) for _ in range(rng.randint(1, 8))]
     fast = IncrementalDetokenizer(ByteTokenizer(), prompt, skip_special_tokens=skip)
     general = IncrementalDetokenizer(_Bytes(), prompt, skip_special_tokens=skip)  # type: ignore[arg-type]
@@ -195,3 +197,21 @@ def test_an_ascii_byte_never_changes_the_decode_of_the_bytes_before_it() -> None
         before = tok.decode(head)
         for t in (0, 65, 127):
             assert tok.decode([*head, t]) == before + chr(t), head
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_all_greedy_row_plan_equals_the_general_plan_of_those_rows(seed: int) -> None:
+    from deepinfer_kit.sample.plan import plan_rows
+
+    rng = random.Random(seed)
+    greedy = [SamplingParams(temperature=rng.choice([0.0, 0.5]), top_k=1) if rng.random() < 0.3
+              else SamplingParams(temperature=0.0, top_k=rng.choice([-1, 5, 300]), top_p=rng.choice([1.0, 0.9]),
+                                  min_p=rng.choice([0.0, 0.1]))
+              for _ in range(rng.randint(1, 20))]
+    n = len(greedy)
+    alone = plan_rows(_batch(greedy), 259)
+    mixed = plan_rows(_batch([*greedy, SamplingParams(temperature=1.0)]), 259)
+    assert alone.greedy == mixed.greedy == list(range(n))
+    for name in ("inv_t", "top_k", "top_p", "min_p"):
+        assert getattr(alone, name) == getattr(mixed, name)[:n], name
+    assert (alone.full, alone.nucleus, alone.topk, alone.threshold, alone.sort) == ([], [], {}, [], [])

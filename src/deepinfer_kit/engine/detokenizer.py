@@ -33,10 +33,13 @@ class IncrementalDetokenizer:
     multi-byte UTF-8 character split over byte-fallback or byte-level tokens) and the
     text is held back until a later token completes it. :meth:`flush` emits what is still
     held when the sequence ends, so the final text equals the tokenizer's decode of the
-    whole output. Two short decodes per token, O(window) each — none for an ASCII byte
-    of the :class:`ByteTokenizer` pushed with nothing held back: UTF-8 never continues a
-    character with an ASCII byte, so that push adds exactly its character (the state the
-    two decodes would reach, without them).
+    whole output. Two short decodes per token, O(window) each.
+
+    With the :class:`ByteTokenizer`, an ASCII byte costs fewer: UTF-8 never continues a
+    character with an ASCII byte, so the window with one appended is the window before
+    it plus its character (``tail``, the decode of ``tokens[prefix:]``, is kept), and
+    alone it decodes to that character. Such a push reaches the state the two decodes
+    would, with one decode (text held back before it) or none.
 
     Args:
         tokenizer: decodes token ids (any :class:`~deepinfer_kit.models.protocols.Tokenizer`).
@@ -48,7 +51,8 @@ class IncrementalDetokenizer:
     """
 
     __slots__ = (
-        "_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "_pieces", "_bytes", "text",
+        "_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_tail", "_skip", "_pieces", "_bytes",
+        "text",
     )
 
     def __init__(
@@ -66,10 +70,15 @@ class IncrementalDetokenizer:
         self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self._prefix = 0
         self._read = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
+        self._prefix_text = self._tail = self._decode(self._ids)
         self.text = ""
 
-    def _decode(self, ids: Sequence[int]) -> str:
+    def _decode(self, ids: list[int]) -> str:
+        if self._bytes:
+            try:  # ByteTokenizer.decode's own first step, without its call
+                return bytes(ids).decode("utf-8", errors="replace")
+            except ValueError:
+                pass  # a special id: the tokenizer's rules
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def push(self, token: int) -> str:
@@ -79,23 +88,21 @@ class IncrementalDetokenizer:
         outside its vocabulary.
         """
         ids = self._ids
-        read = self._read
-        if self._bytes and 0 <= token < 128 and read == len(ids):
-            ids.append(token)
-            char = _ASCII[token]
-            self.text += char
-            self._prefix, self._read, self._prefix_text = read, read + 1, char
-            return char
         ids.append(token)
-        decode, skip = self._tokenizer.decode, self._skip  # called twice per token: no helper frame
-        window = decode(ids[self._prefix:], skip_special_tokens=skip)
+        ascii_byte = self._bytes and 0 <= token < 128
+        window = self._tail + _ASCII[token] if ascii_byte else self._decode(ids[self._prefix:])
         done = len(self._prefix_text)
         if len(window) <= done or window.endswith(_REPLACEMENT):
+            self._tail = window
             return ""
         delta = window[done:]
         self.text += delta
+        read = self._read
         self._prefix, self._read = read, len(ids)
-        self._prefix_text = decode(ids[read:], skip_special_tokens=skip)
+        if ascii_byte and read == len(ids) - 1:
+            self._prefix_text = self._tail = _ASCII[token]
+        else:
+            self._prefix_text = self._tail = self._decode(ids[read:])
         return delta
 
     def flush(self) -> str:
@@ -107,7 +114,7 @@ class IncrementalDetokenizer:
         delta = window[len(self._prefix_text):]
         self.text += delta
         self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_text = self._decode(self._ids[self._prefix:self._read])
+        self._prefix_text = self._tail = self._decode(self._ids[self._prefix:self._read])
         return delta
 
     def decode_one(self, token: int) -> str:
@@ -128,7 +135,7 @@ class IncrementalDetokenizer:
         twin._pieces = self._pieces
         twin._ids = list(self._ids)
         twin._prefix, twin._read = self._prefix, self._read
-        twin._prefix_text = self._prefix_text
+        twin._prefix_text, twin._tail = self._prefix_text, self._tail
         twin.text = self.text
         return twin
 

@@ -357,7 +357,7 @@ class Engine:
         outputs, cached = self._groups.collect(finished)
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
-        self.num_generated_tokens += sum(len(t) for t in result.token_ids)
+        self.num_generated_tokens += sum(map(len, result.token_ids))
         if self.trace is not None:
             self.trace(
                 make_trace(

@@ -78,6 +78,8 @@ def build_logit_mask(
         InvariantError: a token id outside ``[0, vocab)`` (``add_request`` rejects them,
             so this is a caller bug).
     """
+    if not any([p.has_logit_mask for p in params]):  # the usual batch: one quick pass
+        return None
     bias_keys: list[int] = []
     bias_bits: list[int] = []
     banned: list[int] = []

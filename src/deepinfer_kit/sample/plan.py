@@ -6,8 +6,11 @@ Pure Python over the ``N`` rows' parameters; no tensor work.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
+from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 
 __all__ = ["RowPlan", "plan_rows", "MIN_TOPK_WIDTH", "MAX_TOPK_WIDTH", "MAX_INV_TEMPERATURE"]
@@ -68,8 +71,11 @@ def plan_rows(batch: SamplingBatch, vocab: int) -> RowPlan:
     detectable); a width ``>= V`` means a full sort (cheap then: V is small), and a width
     above :data:`MAX_TOPK_WIDTH` means the histogram threshold.
     """
+    every = batch.params
+    if all([p.is_greedy for p in every]):  # a list first: all() over a generator costs more
+        return _all_greedy(every, vocab)
     plan = RowPlan()
-    for i, params in enumerate(batch.params):
+    for i, params in enumerate(every):
         topk_on = 1 <= params.top_k < vocab
         topp_on = params.top_p < 1.0
         plan.inv_t.append(1.0 if params.is_greedy else min(1.0 / params.temperature, MAX_INV_TEMPERATURE))
@@ -93,3 +99,14 @@ def plan_rows(batch: SamplingBatch, vocab: int) -> RowPlan:
         else:
             plan.topk.setdefault(width, []).append(i)
     return plan
+
+
+def _all_greedy(every: Sequence[SamplingParams], vocab: int) -> RowPlan:
+    """:func:`plan_rows` of a batch whose every row is greedy, column by column."""
+    return RowPlan(
+        greedy=list(range(len(every))),
+        inv_t=[1.0] * len(every),
+        top_k=[p.top_k if 1 <= p.top_k < vocab else vocab for p in every],
+        top_p=[p.top_p for p in every],
+        min_p=[p.min_p for p in every],
+    )

@@ -187,11 +187,11 @@ def _add_sampled(out: RoundLayout, chunk: ScheduledChunk, step_id: int, slots: T
 def _plain_decodes(chunks: Sequence[ScheduledChunk]) -> bool:
     """True when every chunk is a plain decode: one known token, one sampled row, no
     placeholder, draft or prompt logprobs (the round :func:`_lay_out_decodes` lays out)."""
-    return bool(chunks) and all(
+    return bool(chunks) and all([  # a list first: all() over a generator costs more per chunk
         c.num_tokens == 1 and len(c.token_ids) == 1 and c.num_samples == 1 and c.sampling is not None
         and not c.spec_token_ids and not c.prompt_targets
         for c in chunks
-    )
+    ])
 
 
 def _lay_out_decodes(chunks: Sequence[ScheduledChunk], step_id: int, slots: TokenSlots | None) -> RoundLayout:
