@@ -156,15 +156,15 @@ def commit_decodes(
         all_ids.append(token)
         req.output_token_ids.append(token)
         rule = rules.get(req)
-        if rule is None:
+        if rule is None:  # its first bulk commit: stamp the first token here, once
             rule = rules[req] = stop_rule(req, max_len)
+            metrics = req.metrics
+            if metrics is not None and metrics.first_token_time is None:
+                metrics.first_token_time = clock()
         if (token in rule[0] or len(all_ids) >= rule[1] or req.observer is not None) and check_stop(
             req, token, max_len
         ):
             finished.append(req)
-        metrics = req.metrics
-        if metrics is not None and metrics.first_token_time is None:
-            metrics.first_token_time = clock()
         end = chunk.start + 1
         if not end % block_size:
             cache.cache_full_blocks(req, end)

@@ -75,6 +75,9 @@ class SchedulerState:
             path's own chunk (no history, no fork, no prompt logprobs: fixed per sequence).
         stop_rules: each sequence's ``(stop ids, length limit)`` that the bulk commit
             filters its tokens with (a superset of what ends it; ``check_stop`` decides).
+            A sequence gets its rule once its first token is stamped (its first bulk
+            commit stamps it when nothing did before), so a sequence with a rule needs
+            no first-token check.
         tables: each running sequence's block-table snapshot, shared by its chunks while
             the table is unchanged: dropped whenever the scheduler lets the cache change
             the table (:meth:`allocate`, :meth:`free`, a rollback) — the cache changes a
