@@ -215,3 +215,57 @@ def test_an_all_greedy_row_plan_equals_the_general_plan_of_those_rows(seed: int)
     for name in ("inv_t", "top_k", "top_p", "min_p"):
         assert getattr(alone, name) == getattr(mixed, name)[:n], name
     assert (alone.full, alone.nucleus, alone.topk, alone.threshold, alone.sort) == ([], [], {}, [], [])
+
+
+def test_the_plan_memo_reuses_a_plan_only_for_the_very_same_params() -> None:
+    from deepinfer_kit.sample.plan import PlanMemo, plan_rows
+
+    rng = random.Random(3)
+    pool = [SamplingParams(temperature=rng.choice([0.0, 0.8]), top_k=rng.choice([-1, 20]),
+                           presence_penalty=rng.choice([0.0, 0.0, 0.5]), min_tokens=rng.choice([0, 0, 2]))
+            for _ in range(12)]
+    memo = PlanMemo()
+    rounds = [pool[:6], pool[:6], pool[1:7], [*pool[1:6], SamplingParams(**_fields(pool[6]))], pool[1:7]]
+    seen = []
+    for params in rounds:
+        plan, may_edit = memo.plan(_batch(list(params)), 259)  # a fresh list each round
+        fresh = plan_rows(_batch(params), 259)
+        for name in ("greedy", "full", "nucleus", "topk", "threshold", "sort", "inv_t", "top_k", "top_p", "min_p"):
+            assert getattr(plan, name) == getattr(fresh, name), name
+        assert may_edit == any(p.has_penalties or p.min_tokens > 0 for p in params)
+        seen.append(plan)
+    assert seen[1] is seen[0]  # the same objects: reused
+    assert seen[2] is not seen[1] and seen[3] is not seen[2]  # another list or an equal copy: planned
+    assert memo.plan(_batch(pool[1:7]), 300)[0] is not seen[4]  # another vocabulary: planned
+    shared = [SamplingParams(temperature=0.0)] * 3
+    batch = _batch(shared)
+    assert memo.plan(batch, 259) == (plan_rows(batch, 259), False)
+    batch.params[1] = SamplingParams(temperature=1.0, min_tokens=1)  # the caller's list, edited in place
+    plan, may_edit = memo.plan(batch, 259)
+    assert (plan.greedy, plan.full, may_edit) == ([0, 2], [1], True)
+
+
+def _fields(p: SamplingParams) -> dict[str, object]:
+    import attrs
+
+    return {f.name: getattr(p, f.name) for f in attrs.fields(SamplingParams) if f.init}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_sampler_reusing_its_plans_draws_what_fresh_samplers_draw(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.2]), top_k=rng.choice([-1, 3, 100]),
+                           top_p=rng.choice([1.0, 0.8]), seed=rng.choice([None, 7]),
+                           repetition_penalty=rng.choice([1.0, 1.0, 1.3]), min_tokens=rng.choice([0, 0, 3]))
+            for _ in range(10)]
+    kept = VectorizedSampler(impl="ref")
+    params = pool[:6]
+    for step in range(6):
+        if step % 3 == 2:
+            params = rng.sample(pool, rng.randint(1, 8))
+        logits = torch.randn(len(params), 259, generator=torch.Generator().manual_seed(seed * 10 + step))
+        batch, fresh = _batch(params), _batch(params)
+        fresh.output_token_ids = batch.output_token_ids = [
+            tuple(rng.randrange(259) for _ in range(rng.randint(0, 4))) for _ in params]
+        fresh.eos_token_ids = batch.eos_token_ids = [int(row.argmax()) for row in logits]  # min_tokens bites
+        assert torch.equal(kept(logits, batch).token_ids, VectorizedSampler(impl="ref")(logits, fresh).token_ids)

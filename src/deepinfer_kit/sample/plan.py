@@ -6,6 +6,7 @@ Pure Python over the ``N`` rows' parameters; no tensor work.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import attrs
@@ -13,7 +14,7 @@ import attrs
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 
-__all__ = ["RowPlan", "plan_rows", "MIN_TOPK_WIDTH", "MAX_TOPK_WIDTH", "MAX_INV_TEMPERATURE"]
+__all__ = ["RowPlan", "PlanMemo", "plan_rows", "MIN_TOPK_WIDTH", "MAX_TOPK_WIDTH", "MAX_INV_TEMPERATURE"]
 
 MIN_TOPK_WIDTH = 64
 """Narrowest ``torch.topk`` candidate set (small k share one call)."""
@@ -110,3 +111,32 @@ def _all_greedy(every: Sequence[SamplingParams], vocab: int) -> RowPlan:
         top_p=[p.top_p for p in every],
         min_p=[p.min_p for p in every],
     )
+
+
+class PlanMemo:
+    """The :func:`plan_rows` of the last batch planned, reused for the next batch whose
+    ``params`` are the very same objects in the same order (a decode round after a decode
+    round of the same sequences): an identity check per row instead of planning each.
+    Also remembers whether a row of those params may edit its logits before the draw
+    (penalties, or a ``min_tokens``). The plan is shared between the calls: read only.
+
+    One memo per sampler; the sampler's calls do not overlap (one executing thread).
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[list[SamplingParams], int, RowPlan, bool] | None = None
+
+    def plan(self, batch: SamplingBatch, vocab: int) -> tuple[RowPlan, bool]:
+        """``(plan_rows(batch, vocab), may_edit)``: ``may_edit`` False when no row has
+        penalties or a ``min_tokens`` (so no row's logits need editing)."""
+        params = batch.params
+        last = self._last
+        if (last is not None and last[1] == vocab and len(last[0]) == len(params)
+                and all(map(operator.is_, last[0], params))):
+            return last[2], last[3]
+        plan = plan_rows(batch, vocab)
+        may_edit = any([p.has_penalties or p.min_tokens > 0 for p in params])
+        self._last = (list(params), vocab, plan, may_edit)
+        return plan, may_edit

@@ -31,7 +31,7 @@ from deepinfer_kit.sample.candidates import (
 )
 from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.penalties import apply_penalties, needs_edits
-from deepinfer_kit.sample.plan import RowPlan, plan_rows
+from deepinfer_kit.sample.plan import PlanMemo, RowPlan
 from deepinfer_kit.sample.protocols import DrawOps, Sampler
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 from deepinfer_kit.sample.rng import row_uniforms
@@ -106,14 +106,15 @@ def check_batch(logits: torch.Tensor, batch: SamplingBatch) -> None:
             raise InvariantError(f"batch.{name} has {len(values)} rows, logits have {n}")
 
 
-def working_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def working_logits(logits: torch.Tensor, batch: SamplingBatch, *, may_edit: bool = True) -> torch.Tensor:
     """``[N, V]`` contiguous float32 logits with penalties and ``min_tokens`` masks applied.
 
     ``logits`` itself is never mutated: it is copied whenever an edit is needed (or when it
-    is not contiguous float32).
+    is not contiguous float32). ``may_edit=False``: the caller knows no row has penalties
+    or a ``min_tokens`` (:class:`PlanMemo`), so the rows are not checked.
     """
     x = logits.to(torch.float32).contiguous()
-    if needs_edits(batch):
+    if may_edit and needs_edits(batch):
         if x.data_ptr() == logits.data_ptr():
             x = x.clone()
         apply_penalties(x, batch)
@@ -149,6 +150,7 @@ class VectorizedSampler:
 
     def __init__(self, impl: Impl = "auto") -> None:
         self._ops, self.impl = _select_ops(impl)
+        self._plans = PlanMemo()
 
     def ops_for(self, device: torch.device) -> DrawOps:
         """The draw ops this sampler runs on logits on ``device`` (warm-up calls them)."""
@@ -167,8 +169,8 @@ class VectorizedSampler:
         """
         check_batch(logits, batch)
         vocab = logits.shape[1]
-        plan = plan_rows(batch, vocab)
-        x = working_logits(logits, batch)
+        plan, may_edit = self._plans.plan(batch, vocab)
+        x = working_logits(logits, batch, may_edit=may_edit)
         if len(plan.greedy) == logits.shape[0]:  # all greedy: the argmax, no row gathers
             tokens = x.argmax(dim=-1)
         else:
