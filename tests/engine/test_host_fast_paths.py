@@ -269,3 +269,22 @@ def test_a_sampler_reusing_its_plans_draws_what_fresh_samplers_draw(seed: int) -
             tuple(rng.randrange(259) for _ in range(rng.randint(0, 4))) for _ in params]
         fresh.eos_token_ids = batch.eos_token_ids = [int(row.argmax()) for row in logits]  # min_tokens bites
         assert torch.equal(kept(logits, batch).token_ids, VectorizedSampler(impl="ref")(logits, fresh).token_ids)
+
+
+def test_the_mask_memo_edits_exactly_what_edit_logits_edits() -> None:
+    from deepinfer_kit.sample.logit_mask import MaskMemo, edit_logits
+
+    plain = [SamplingParams(temperature=0.0) for _ in range(4)]
+    biased = SamplingParams(temperature=0.0, logit_bias={3: 5.0}, logprobs=1)
+    memo = MaskMemo()
+    shared = _batch(plain)
+    batches = [shared, _batch(plain), shared, _batch([*plain[:3], biased]), shared, _batch(plain[:2])]
+    for step, batch in enumerate(batches):
+        if step == 4:
+            shared.params[2] = biased  # the list of an earlier round, edited in place
+        logits = torch.randn(len(batch.params), 11, generator=torch.Generator().manual_seed(step))
+        mine, reference = logits.clone(), logits.clone()
+        raw = memo.edit(mine, batch, pin_memory=False)
+        expected = edit_logits(reference, _batch(batch.params), pin_memory=False)
+        assert torch.equal(mine, reference) and torch.equal(raw, expected), step
+        assert (raw is mine) == (expected is reference)

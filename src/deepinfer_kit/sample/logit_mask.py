@@ -21,9 +21,10 @@ import torch
 
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.plan import same_objects
 from deepinfer_kit.sample.records import SamplingBatch
 
-__all__ = ["LogitMask", "banned_tokens", "build_logit_mask", "apply_logit_mask", "edit_logits"]
+__all__ = ["LogitMask", "MaskMemo", "banned_tokens", "build_logit_mask", "apply_logit_mask", "edit_logits"]
 
 
 @attrs.frozen(slots=True)
@@ -152,6 +153,28 @@ def apply_logit_mask(x: torch.Tensor, mask: LogitMask) -> None:
         keep[keep_keys] = True
         sub = x.index_select(0, rows).masked_fill_(~keep.view(a, vocab), float("-inf"))
         x.index_copy_(0, rows, sub)
+
+
+class MaskMemo:
+    """:func:`edit_logits` that remembers the last params with no logit edit in any row
+    (no ``logit_bias``, allowed ids or bad words), and skips even checking the rows while
+    a round's params are those very objects, in order (a decode round after a decode round
+    of the same sequences). One memo per runner; its calls do not overlap."""
+
+    __slots__ = ("_plain",)
+
+    def __init__(self) -> None:
+        self._plain: list[SamplingParams] = []
+
+    def edit(self, x: torch.Tensor, batch: SamplingBatch, *, pin_memory: bool) -> torch.Tensor:
+        """:func:`edit_logits` of ``x`` and ``batch`` (same contract, same result)."""
+        params = batch.params
+        if same_objects(self._plain, params):
+            return x
+        if not any([p.has_logit_mask for p in params]):
+            self._plain = list(params)
+            return x
+        return edit_logits(x, batch, pin_memory=pin_memory)
 
 
 def edit_logits(x: torch.Tensor, batch: SamplingBatch, *, pin_memory: bool) -> torch.Tensor:

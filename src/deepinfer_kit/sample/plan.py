@@ -14,7 +14,7 @@ import attrs
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 
-__all__ = ["RowPlan", "PlanMemo", "plan_rows", "MIN_TOPK_WIDTH", "MAX_TOPK_WIDTH", "MAX_INV_TEMPERATURE"]
+__all__ = ["RowPlan", "PlanMemo", "plan_rows", "same_objects", "MIN_TOPK_WIDTH", "MAX_TOPK_WIDTH", "MAX_INV_TEMPERATURE"]
 
 MIN_TOPK_WIDTH = 64
 """Narrowest ``torch.topk`` candidate set (small k share one call)."""
@@ -113,6 +113,12 @@ def _all_greedy(every: Sequence[SamplingParams], vocab: int) -> RowPlan:
     )
 
 
+def same_objects(a: Sequence[object], b: Sequence[object]) -> bool:
+    """True when ``a`` and ``b`` hold the very same objects in the same order (identity,
+    not equality: no ``__eq__`` runs). O(len), in C."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
 class PlanMemo:
     """The :func:`plan_rows` of the last batch planned, reused for the next batch whose
     ``params`` are the very same objects in the same order (a decode round after a decode
@@ -133,8 +139,7 @@ class PlanMemo:
         penalties or a ``min_tokens`` (so no row's logits need editing)."""
         params = batch.params
         last = self._last
-        if (last is not None and last[1] == vocab and len(last[0]) == len(params)
-                and all(map(operator.is_, last[0], params))):
+        if last is not None and last[1] == vocab and same_objects(last[0], params):
             return last[2], last[3]
         plan = plan_rows(batch, vocab)
         may_edit = any([p.has_penalties or p.min_tokens > 0 for p in params])

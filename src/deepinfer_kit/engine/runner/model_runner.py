@@ -15,7 +15,7 @@ from deepinfer_kit.engine.runner.step_outputs import chunk_results, finite_rows,
 from deepinfer_kit.engine.runner.token_slots import UNSAMPLED
 from deepinfer_kit.spec.verify.step import verify_round
 from deepinfer_kit.sample.logprobs import attach_logprobs
-from deepinfer_kit.sample.logit_mask import edit_logits
+from deepinfer_kit.sample.logit_mask import MaskMemo
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class ModelRunner:
         self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled,
         # for sequences whose penalties / min_tokens read their history only
         self._pin = device.type == "cuda"
+        self._masks = MaskMemo()  # skips the logit-edit check of a round with last round's params
         self.static = static_decode
         self.verifier = verifier
         self.balancer = balancer
@@ -228,7 +229,7 @@ class ModelRunner:
             if not step.sampling.params:
                 return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps, expert_counts=expert_counts, slot_counts=slot_counts)
             finite, clean = finite_rows(logits)
-            raw = edit_logits(clean, step.sampling, pin_memory=self._pin)
+            raw = self._masks.edit(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
             if step.verified:
                 assert self.verifier is not None  # prepare checked it
@@ -253,7 +254,7 @@ class ModelRunner:
             logprobs=logprobs,
             num_drafted=drafted,
             num_accepted=[max(len(t) - 1, 0) if d else 0 for t, d in zip(token_ids, drafted)],
-            errors=errors if any(e is not None for e in errors) else [],
+            errors=errors if errors.count(None) != len(errors) else [],
             expert_counts=expert_counts,
             slot_counts=slot_counts,
             prompt_logprobs=prompt_lps,
