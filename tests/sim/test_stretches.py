@@ -52,8 +52,8 @@ def _run(config: EngineConfig, requests: list[Any], stretches: bool) -> tuple[An
                             o.num_cached_tokens, m.first_token_time, m.finished_time))
         return outs
 
-    def counted_advance(tokens: Any, max_rounds: int) -> list[int]:
-        frees = advance(tokens, max_rounds)
+    def counted_advance(source: Any) -> list[int]:
+        frees = advance(source)
         applied[0] += len(frees)
         return frees
 

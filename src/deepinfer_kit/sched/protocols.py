@@ -109,6 +109,22 @@ class DraftRoom(Protocol):
         ...
 
 
+class StretchSource(Protocol):
+    """What a stretch of plain-decode rounds needs from its caller: how many rounds to
+    run, and the tokens each sequence samples in them (the caller's model)."""
+
+    def rounds(self, run: PlainDecodeRun) -> int:
+        """Rounds of ``run`` to apply at most (the caller's world may change after
+        them, e.g. a request arrives); ``<= 0`` applies none. Called once per
+        :meth:`DecodeStretches.advance_plain_decodes`, before :meth:`tokens`."""
+        ...
+
+    def tokens(self, request_id: str, first: int, count: int) -> Sequence[int]:
+        """The ``count`` tokens ``request_id`` samples at output positions ``first``,
+        ``first + 1``, ...; called once per running sequence of the stretch."""
+        ...
+
+
 @runtime_checkable
 class DecodeStretches(Protocol):
     """A scheduler that applies a stretch of plain-decode rounds at once when the caller
@@ -119,20 +135,21 @@ class DecodeStretches(Protocol):
         """The running sequences (ids, next starts, output positions, rounds before a
         length limit) when the next round would plan exactly one plain decode for each of
         them and nothing else; ``None`` when it would plan anything more or different.
-        Called between a commit and the next ``schedule()``; mutates no decision."""
+        Called between a commit and the next ``schedule()``; mutates no decision (only
+        per-sequence caches the next round would fill alike)."""
         ...
 
-    def advance_plain_decodes(self, tokens: Sequence[Sequence[int]], max_rounds: int) -> list[int]:
-        """Apply up to ``max_rounds`` such rounds, sequence ``i`` (running order) sampling
-        ``tokens[i][r]`` in round ``r``; stop before a round in which a token may end a
-        sequence or whose new blocks the cache lacks. Mutates the requests, the cache
-        and the step counter as those rounds would. Returns the cache's
-        ``num_free_blocks`` after each applied round's planning (its length is the
-        number of rounds applied, possibly 0).
+    def advance_plain_decodes(self, source: StretchSource) -> list[int]:
+        """When :meth:`plain_decode_run` is a run, apply up to ``source.rounds(run)`` of
+        its rounds, sequence ``i`` sampling ``source.tokens(...)[r]`` in round ``r``;
+        stop before a round in which a token may end a sequence or whose new blocks the
+        cache lacks. Mutates the requests, the cache and the step counter as those rounds
+        would. Returns the cache's ``num_free_blocks`` after each applied round's
+        planning: one entry per round applied, empty when none was (no run, or the
+        source asked for none), and then nothing changed.
 
         Raises:
-            InvariantError: :meth:`plain_decode_run` is ``None`` now, or ``tokens`` is not
-                one list per running sequence.
+            InvariantError: a token list shorter than the rounds asked for.
         """
         ...
 

@@ -32,7 +32,7 @@ from deepinfer_kit.sched.stretch import advance_plain_decodes, plain_decode_run
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sched.protocols import DecodeStretches, DraftTarget, Scheduler
+    from deepinfer_kit.sched.protocols import DecodeStretches, DraftTarget, Scheduler, StretchSource
 
 __all__ = ["BatchScheduler"]
 
@@ -239,17 +239,17 @@ class BatchScheduler:
         O(running)."""
         return plain_decode_run(self.state, self.batching)
 
-    def advance_plain_decodes(self, tokens: Sequence[Sequence[int]], max_rounds: int) -> list[int]:
-        """See :meth:`DecodeStretches.advance_plain_decodes`: apply up to ``max_rounds``
-        plain-decode rounds sampling ``tokens[i][r]`` (sequence ``i`` in running order,
-        round ``r``), stopping before a round where a token may end a sequence or blocks
-        run short; returns ``num_free_blocks`` after each applied round's planning.
+    def advance_plain_decodes(self, source: StretchSource) -> list[int]:
+        """See :meth:`DecodeStretches.advance_plain_decodes`: apply up to
+        ``source.rounds(run)`` plain-decode rounds of :meth:`plain_decode_run`, sampling
+        ``source.tokens``, stopping before a round where a token may end a sequence or
+        blocks run short; returns ``num_free_blocks`` after each applied round's planning
+        (empty: nothing applied, nothing changed).
 
         Raises:
-            InvariantError: :meth:`plain_decode_run` is ``None`` or ``tokens`` is not one
-                list per running sequence.
+            InvariantError: a token list shorter than the rounds asked for.
         """
-        return advance_plain_decodes(self.state, self.batching, tokens, max_rounds)
+        return advance_plain_decodes(self.state, self.batching, source)
 
     def pending_prefill_tokens(self) -> int:
         """See :meth:`DraftTarget.pending_prefill_tokens`: the running sequences'

@@ -23,7 +23,7 @@ from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.batching import ContinuousBatching, StaticBatching
 from deepinfer_kit.sched.decodes import stop_rule
-from deepinfer_kit.sched.protocols import BatchingPolicy
+from deepinfer_kit.sched.protocols import BatchingPolicy, StretchSource
 from deepinfer_kit.sched.records import PlainDecodeRun
 from deepinfer_kit.sched.state import SchedulerState
 
@@ -41,9 +41,11 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
     Required: nothing in flight, unreported or deferred; no waiting sequence, no draft
     room, drafts, fork seats or possibly shared block; a batching policy that admits
     nothing from an empty queue; at most ``max_num_batched_tokens`` running sequences,
-    each RUNNING with blocks, its last known token not yet fed, a plain sampling row (on
-    the fast path's record: no history, no fork, no prompt logprobs), no observer and
-    its first token already stamped. Mutates only the stop-rule cache. O(running).
+    each RUNNING with blocks, its last known token not yet fed, a sampling row the fast
+    path builds its own chunk for (no history, no fork, no prompt logprobs), no observer
+    and its first token already stamped. Mutates only the per-sequence caches the next
+    round's planning fills alike (``plain_rows``, ``stop_rules``). O(running); the
+    newest sequence (the likeliest not to qualify) is checked first.
     """
     if (
         state.inflight or state.unreported or state.deferred or state.draft_room
@@ -54,7 +56,10 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
     running = state.running
     if not running or len(running) > state.config.max_num_batched_tokens:
         return None
-    plain_rows, rules = state.plain_rows, state.stop_rules
+    last = running[-1]
+    if last.num_computed_tokens + 1 != len(last.all_token_ids):
+        return None  # e.g. admitted last round and still prefilling
+    plain_rows, rules, rows = state.plain_rows, state.stop_rules, state.rows
     max_len = state.config.max_model_len
     ids: list[str] = []
     starts: list[int] = []
@@ -63,17 +68,21 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
     for req in running:
         start = req.num_computed_tokens
         num_known = len(req.all_token_ids)
-        if (
-            start + 1 != num_known or req.status is not _RUNNING or req not in plain_rows
-            or not req.block_table or req.observer is not None
-        ):
+        if start + 1 != num_known or req.status is not _RUNNING or not req.block_table:
             return None
-        metrics = req.metrics
-        if metrics is not None and metrics.first_token_time is None:
-            return None
-        rule = rules.get(req)
+        rule = rules.get(req)  # held only once the first token is stamped (and rows built)
         if rule is None:
+            metrics = req.metrics
+            if metrics is not None and metrics.first_token_time is None:
+                return None
             rule = rules[req] = stop_rule(req, max_len)
+        if req not in plain_rows:
+            row = rows.get(req)
+            if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
+                return None
+            plain_rows[req] = row  # what the next plan_decodes would record
+        if req.observer is not None:
+            return None
         room = rule[1] - num_known - 1  # appended tokens keep the length under the limit
         if room < rounds:
             rounds = room
@@ -86,43 +95,47 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
 
 
 def advance_plain_decodes(
-    state: SchedulerState, batching: BatchingPolicy, tokens: Sequence[Sequence[int]],
-    max_rounds: int,
+    state: SchedulerState, batching: BatchingPolicy, source: StretchSource
 ) -> list[int]:
-    """Apply up to ``max_rounds`` rounds of the current :func:`plain_decode_run`, where
-    sequence ``i`` (running order) samples ``tokens[i][r]`` in round ``r``; returns the
-    cache's ``num_free_blocks`` after each applied round's planning (one entry per round).
+    """Apply up to ``source.rounds(run)`` rounds of the current :func:`plain_decode_run`
+    ``run``, where sequence ``i`` (running order) samples ``source.tokens(...)[r]`` in
+    round ``r``; returns the cache's ``num_free_blocks`` after each applied round's
+    planning (one entry per round; empty when there is no run or no round was asked for,
+    and then nothing changed but the caches :func:`plain_decode_run` fills).
 
     The stretch stops before the first round in which a sampled token may end a sequence
-    (a stop id or EOS, or the length limit), a round that needs more new blocks than the
-    cache has (the general path preempts then), or ``max_rounds`` / the shortest token
-    list; the rounds it leaves are the caller's to schedule as usual. Mutates what those
-    rounds' ``schedule`` / ``commit`` pairs would: each sequence's tokens and
+    (a stop id or EOS, or the length limit), before a round that needs more new blocks
+    than the cache has (the general path preempts then), or at the rounds asked for; the
+    rounds it leaves are the caller's to schedule as usual. Mutates what those rounds'
+    ``schedule`` / ``commit`` pairs would: each sequence's tokens and
     ``num_computed_tokens``, its blocks (the same ``allocate_next_blocks`` and
     ``cache_full_blocks`` calls, in the same order, with the request in the same state),
     the table snapshots and the step counter. O(sequences × rounds) token copies plus
     O(blocks crossed) cache calls.
 
     Raises:
-        InvariantError: no plain-decode run now, ``tokens`` not one list per running
-            sequence, or the cache gave fewer blocks than it reported free.
+        InvariantError: a token list shorter than the rounds asked for, or the cache gave
+            fewer blocks than it reported free.
     """
     run = plain_decode_run(state, batching)
     if run is None:
-        raise InvariantError("advance_plain_decodes: the next round is not a plain-decode run")
+        return []
+    rounds = min(source.rounds(run), run.max_rounds)
+    if rounds <= 0:
+        return []
     running = list(state.running)
-    if len(tokens) != len(running):
-        raise InvariantError(
-            f"advance_plain_decodes: {len(tokens)} token lists for {len(running)} running sequences"
-        )
-    rounds = min(max_rounds, run.max_rounds, min(len(t) for t in tokens))
     rules = state.stop_rules
-    for req, toks in zip(running, tokens):
+    tokens: list[Sequence[int]] = []
+    for req, rid, pos in zip(running, run.request_ids, run.output_positions):
+        toks = source.tokens(rid, pos, rounds)
+        if len(toks) < rounds:
+            raise InvariantError(f"{rid}: {len(toks)} tokens for a stretch of {rounds} rounds")
         ids = rules[req][0]
         if not ids.isdisjoint(toks[:rounds]):
             rounds = next(r for r, t in enumerate(toks) if t in ids)
-    if rounds <= 0:
-        return []
+            if not rounds:
+                return []
+        tokens.append(toks)
     return _apply(state, running, run.starts, tokens, rounds)
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler
-from deepinfer_kit.sched.records import SchedulePlan
+from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan
 from deepinfer_kit.sim.clock import VirtualClock
 from deepinfer_kit.sim.collector import quiet_collector
 from deepinfer_kit.sim.metrics import MetricsRecorder, SimReport
@@ -172,29 +173,20 @@ class Simulator:
 
     def _stretch(self, sched: DecodeStretches, until: float, metrics: MetricsRecorder,
                  total_blocks: int) -> bool:
-        """Run the stretch of plain-decode rounds that starts now, if there is one, up to
-        the round that would start at or after ``until`` (the next arrival); True when at
-        least one round ran (the clock, runner counters and metrics advanced as round by
-        round)."""
-        run = sched.plain_decode_run()
-        if run is None:
-            return False
-        runner, clock = self.runner, self.clock
-        n = len(run.request_ids)
-        times = runner.plain_decode_times(
-            n, sum(run.starts) + n, clock.now, until, min(run.max_rounds, _MAX_STRETCH)
-        )
-        k = len(times)
-        source = runner.tokens
-        tokens = [source.tokens(rid, pos, k) for rid, pos in zip(run.request_ids, run.output_positions)]
-        frees = sched.advance_plain_decodes(tokens, k)
+        """Run the stretch of plain-decode rounds that starts now, if there is one of at
+        least two rounds, up to the round that would start at or after ``until`` (the
+        next arrival); True when rounds ran (the clock, runner counters and metrics
+        advanced as round by round)."""
+        source = _StretchSource(self.runner, self.clock.now, until)
+        frees = sched.advance_plain_decodes(source)
         if not frees:
             return False
-        del times[len(frees):]
-        metrics.on_rounds(clock.now, times, [1.0 - f / total_blocks for f in frees])
-        runner.count_rounds(times)
+        times = source.times[:len(frees)]
+        metrics.on_rounds(self.clock.now, times, [1.0 - f / total_blocks for f in frees])
+        self.runner.count_rounds(times)
+        advance = self.clock.advance
         for d in times:
-            clock.advance(d)
+            advance(d)
         return True
 
     def _add(self, sim: SimRequest, when: float, history: list[int] | None,
@@ -215,6 +207,41 @@ class Simulator:
         self._priority[sim.request_id] = sim.priority
         metrics.on_arrival(when)
         self.scheduler.add(request)
+
+
+class _StretchSource:
+    """The simulator's :class:`~deepinfer_kit.sched.protocols.StretchSource`: a stretch
+    runs until the round that would start at or after ``until`` (each round priced as
+    :meth:`SimRunner.prepare` prices it), and samples the synthetic model's tokens. A
+    stretch shorter than two rounds is left to the round-by-round path, which costs no
+    more for one round."""
+
+    __slots__ = ("runner", "start", "until", "times")
+
+    def __init__(self, runner: SimRunner, start: float, until: float) -> None:
+        self.runner = runner
+        self.start = start
+        self.until = until
+        self.times: list[float] = []
+
+    def rounds(self, run: PlainDecodeRun) -> int:
+        """Prices the run's rounds into :attr:`times`; returns how many (0 if fewer than
+        two)."""
+        n = len(run.request_ids)
+        self.times = self.runner.plain_decode_times(
+            n, sum(run.starts) + n, self.start, self.until, min(run.max_rounds, _MAX_STRETCH)
+        )
+        return len(self.times) if len(self.times) >= 2 else 0
+
+    def tokens(self, request_id: str, first: int, count: int) -> list[int]:
+        """The synthetic model's tokens (:meth:`SyntheticTokens.tokens`)."""
+        return self.runner.tokens.tokens(request_id, first, count)
+
+
+if TYPE_CHECKING:
+    from deepinfer_kit.sched.protocols import StretchSource
+
+    _source: type[StretchSource] = _StretchSource
 
 
 def _split(requests: Sequence[SimRequest]) -> tuple[list[SimRequest], dict[str, list[SimRequest]]]:

@@ -19,7 +19,7 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler
-from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.sched.records import PlainDecodeRun, SchedulerConfig
 from deepinfer_kit.step import StepResult
 from deepinfer_kit.testing.sched_driver import EOS, make_request
 from deepinfer_kit.testing.suite import Suite, expect
@@ -45,6 +45,21 @@ def _token(request_id: str, position: int, eos_at: dict[str, int]) -> int:
     if eos_at.get(request_id) == position:
         return EOS
     return 1 + (sum(map(ord, request_id)) * 7 + position * 13) % 49
+
+
+@attrs.define
+class _Source:
+    """A StretchSource asking for ``max_rounds`` rounds of :func:`_token` tokens."""
+
+    max_rounds: int
+    eos_at: dict[str, int]
+    short: bool = False  # hand out one token too few
+
+    def rounds(self, run: PlainDecodeRun) -> int:
+        return self.max_rounds
+
+    def tokens(self, request_id: str, first: int, count: int) -> list[int]:
+        return [_token(request_id, first + r, self.eos_at) for r in range(count - self.short)]
 
 
 @attrs.define
@@ -85,14 +100,11 @@ class _World:
         return sched
 
     def advance(self, max_rounds: int) -> list[int]:
-        """``advance_plain_decodes`` with the tokens of the next ``max_rounds`` rounds."""
+        """``advance_plain_decodes`` asking for ``max_rounds`` rounds."""
         stretch = self.stretches()
-        run = stretch.plain_decode_run()
-        expect(run is not None, "expected a plain-decode run (every request decoding)")
-        assert run is not None
-        tokens = [[_token(rid, pos + r, self.eos_at) for r in range(max_rounds)]
-                  for rid, pos in zip(run.request_ids, run.output_positions)]
-        frees = stretch.advance_plain_decodes(tokens, max_rounds)
+        expect(stretch.plain_decode_run() is not None,
+               "expected a plain-decode run (every request decoding)")
+        frees = stretch.advance_plain_decodes(_Source(max_rounds, self.eos_at))
         self.frees.extend(frees)
         self.last_step += len(frees)  # each round applied takes a step id
         return frees
@@ -240,9 +252,72 @@ def check_no_run_while_anything_else_is_planned(factory: StretchFactory) -> None
     _admit(a, b, [("r1", 5, 30, "y")])  # no seat: it waits
     expect(a.stretches().plain_decode_run() is None,
            "a run while a request waits (its admission is the scheduler's to decide)")
+    b.round()
+    before = a.frees[:]
+    expect(a.stretches().advance_plain_decodes(_Source(4, {})) == [],
+           "advance_plain_decodes without a plain-decode run must apply nothing")
+    a.round()
+    b.round()
+    expect(a.frees[len(before):] == b.frees[len(before):], "an empty stretch changed the next round")
+    _expect_same(a, b, "after an empty stretch")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_a_source_decides_how_many_rounds(factory: StretchFactory) -> None:
+    a, b = _pair(factory, 64, {})
+    _admit(a, b, [("r0", 5, 30, "x"), ("r1", 7, 30, "y")])
+    _until_plain(a, b)
+    expect(a.stretches().advance_plain_decodes(_Source(0, {})) == [],
+           "a source asking for no round must get none")
     try:
-        a.stretches().advance_plain_decodes([[1] * 4], 4)
+        a.stretches().advance_plain_decodes(_Source(5, {}, short=True))
     except InvariantError:
         pass
     else:
-        expect(False, "advance_plain_decodes without a plain-decode run must raise InvariantError")
+        expect(False, "a token list shorter than the rounds asked for must raise InvariantError")
+    _expect_same(a, b, "after the refused stretches")
+    expect(len(a.advance(3)) == 3, "a source asking for 3 rounds of a long run must get 3")
+    for _ in range(3):
+        b.round()
+    _expect_same(a, b, "after 3 rounds")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_no_run_for_rows_the_fast_path_leaves(factory: StretchFactory) -> None:
+    """A request whose sampling reads its history (penalties, ``min_tokens``) or that
+    wants prompt logprobs never joins a run: its chunks carry more than a plain decode."""
+    for label, params in (("penalty", {"repetition_penalty": 1.2}), ("min_tokens", {"min_tokens": 3}),
+                          ("prompt logprobs", {"prompt_logprobs": 1})):
+        a, _ = _pair(factory, 64, {})
+        req = make_request("h", 6, max_tokens=30, **params)  # type: ignore[arg-type]
+        a.add(req)
+        for _ in range(6):
+            a.round()
+            expect(a.stretches().plain_decode_run() is None,
+                   f"a request with {label} joined a plain-decode run")
+
+
+@DECODE_STRETCHES_SUITE.check
+def check_a_one_token_last_prefill_chunk_is_not_a_run(factory: StretchFactory) -> None:
+    """A prompt whose last chunk is one token looks like a plain decode (its last known
+    token not yet fed) before its first sample: no run then, and its first token is
+    stamped when it is sampled."""
+    a, b = _pair(factory, 64, {}, max_num_batched_tokens=8, max_num_seqs=2)
+    _admit(a, b, [("p", 9, 20, "x")])
+    a.round()
+    b.round()
+    req = a.requests["p"]
+    expect(req.num_computed_tokens + 1 == len(req.all_token_ids),
+           f"setup: one prompt token left, got {req.num_computed_tokens} of {len(req.all_token_ids)}")
+    expect(a.stretches().plain_decode_run() is None,
+           "a one-token last prefill chunk (no token sampled yet) joined a plain-decode run")
+    _until_plain(a, b)
+    a.advance(4)
+    for _ in range(4):
+        b.round()
+    a.drain()
+    b.drain()
+    _expect_same(a, b, "after the one-token last chunk")
+    metrics = req.metrics
+    expect(metrics is not None and metrics.first_token_time is not None,
+           "the first token of a prompt finished by a one-token chunk was not stamped")
