@@ -8,7 +8,8 @@ step is split with :class:`phase_timer.PhaseTimer` into the forward (the model c
 the runner's layout and input packing, the sampler, the copy back and per-chunk
 results, the commit with its stop checks and detokenizing, the outputs). Prints per
 step, as the median over the timed steps: host µs, forward µs, host share = host /
-step, and the host µs of each phase; then a digest of every request's tokens (equal
+step (and the share with the sampler's call counted as device work instead: its row
+planning is host work, its argmax or draw device work), and the host µs of each phase; then a digest of every request's tokens (equal
 digests: identical decisions).
 
 The clock is the main thread's CPU time (``time.thread_time``) with one torch thread, so
@@ -34,7 +35,8 @@ from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.groups import OutputGroups
 
-#: (label, phase) rows printed per step; the host's phases, in round order.
+#: The host's phases, in round order (``execute``: the runner's part of it outside the
+#: forward and the sampler: the finite-row check, logit edits, copy back, per-chunk results).
 PHASES = ("schedule", "prepare", "execute", "sampler", "commit", "collect")
 
 
@@ -60,6 +62,7 @@ def _per_step(timer: PhaseTimer) -> dict[str, float]:
     row["other"] = row["step"] - row["forward"] - sum(row[k] for k in PHASES)
     row["host"] = row["step"] - row["forward"]
     row["share"] = row["host"] / row["step"]
+    row["share_ex_sampler"] = (row["host"] - row["sampler"]) / row["step"]
     return row
 
 
@@ -107,6 +110,7 @@ def main() -> None:
           f"({args.clock} clock, torch threads {torch.get_num_threads()}), median per step:")
     print(f"  step {med['step']:9.0f} us   forward {med['forward']:9.0f} us   "
           f"host {med['host']:9.0f} us   host share {med['share']:.3f}")
+    print(f"  host share with the sampler counted as device work: {med['share_ex_sampler']:.3f}")
     print(f"  host per request {med['host'] / args.requests:.2f} us; host median of each repeat: "
           + ", ".join(f"{h:.0f}" for h in per_repeat))
     print("  host phases (us): " + "  ".join(f"{k} {med[k]:.0f}" for k in (*PHASES, "other")))

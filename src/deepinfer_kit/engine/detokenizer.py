@@ -76,7 +76,7 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if self._bytes:
             try:  # ByteTokenizer.decode's own first step, without its call
-                return bytes(ids).decode("utf-8", errors="replace")
+                return bytes(ids).decode("utf-8", "replace")
             except ValueError:
                 pass  # a special id: the tokenizer's rules
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)

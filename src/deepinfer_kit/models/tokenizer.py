@@ -70,7 +70,7 @@ class ByteTokenizer:
         """
         if type(ids) in (list, tuple):  # not any buffer: bytes() would copy its raw memory
             try:  # plain bytes, the common case: one C call checks and converts them
-                return bytes(ids).decode("utf-8", errors="replace")
+                return bytes(ids).decode("utf-8", "replace")
             except ValueError:
                 pass  # a special id (or a bad one): the checks below
         for token in ids:
