@@ -132,8 +132,9 @@ def commit_decodes(
     """Commit the plain decode chunks ``[a, b)`` of ``entry`` in bulk: per chunk whose
     sequence is still running and was not preempted since, append its token, apply the
     stop rules (``check_stop`` runs only for a token that may end the sequence: a stop id
-    or EOS, the length limit, or an observer), publish the block its token filled, and
-    add the sequences that finished to ``finished``.
+    or EOS, the length limit, or any token under an observer; :func:`stop_rule`),
+    publish the block its token filled, and add the sequences that finished to
+    ``finished``.
 
     Returns the index of the first chunk left for the general path (a token count other
     than one: it raises there), or ``b``. ``entry.plain`` holds no fork's first sample
@@ -161,9 +162,7 @@ def commit_decodes(
             metrics = req.metrics
             if metrics is not None and metrics.first_token_time is None:
                 metrics.first_token_time = clock()
-        if (token in rule[0] or len(all_ids) >= rule[1] or req.observer is not None) and check_stop(
-            req, token, max_len
-        ):
+        if (token in rule[0] or len(all_ids) >= rule[1]) and check_stop(req, token, max_len):
             finished.append(req)
         end = chunk.start + 1
         if not end % block_size:
@@ -172,9 +171,12 @@ def commit_decodes(
 
 
 def stop_rule(req: Request, max_model_len: int) -> tuple[frozenset[int], int]:
-    """``(ids, limit)``: the tokens that may end ``req`` (its stop ids and its EOS, even
-    when ignored or masked by ``min_tokens``: a superset) and its length limit."""
+    """``(ids, check_from)``: the tokens that may end ``req`` (its stop ids and its EOS,
+    even when ignored or masked by ``min_tokens``: a superset) and the total length from
+    which every token may end it — its length limit, or 0 when an observer (stop strings)
+    reads every token; ``req.observer`` is set before the first token is committed and
+    never changes."""
     ids = set(req.params.stop_token_ids)
     if req.eos_token_id is not None:
         ids.add(req.eos_token_id)
-    return frozenset(ids), length_limit(req, max_model_len)
+    return frozenset(ids), 0 if req.observer is not None else length_limit(req, max_model_len)

@@ -73,8 +73,10 @@ class SchedulerState:
         rows: each live sequence's sampling row, built at its first sample.
         plain_rows: the rows of ``rows`` whose sequence's plain decodes take the fast
             path's own chunk (no history, no fork, no prompt logprobs: fixed per sequence).
-        stop_rules: each sequence's ``(stop ids, length limit)`` that the bulk commit
-            filters its tokens with (a superset of what ends it; ``check_stop`` decides).
+        stop_rules: each sequence's ``(stop ids, check_from)`` that the bulk commit
+            filters its tokens with (a superset of what ends it: the length limit, or 0
+            with an observer; ``check_stop`` decides; see
+            :func:`~deepinfer_kit.sched.decodes.stop_rule`).
             A sequence gets its rule once its first token is stamped (its first bulk
             commit stamps it when nothing did before), so a sequence with a rule needs
             no first-token check.
