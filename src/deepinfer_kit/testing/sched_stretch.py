@@ -142,6 +142,15 @@ def _until_plain(a: _World, b: _World, limit: int = 50) -> None:
     expect(False, f"no plain-decode run within {limit} rounds")
 
 
+def _decoding(factory: StretchFactory, num_blocks: int, specs: list[tuple[str, int, int, str]],
+              eos_at: dict[str, int] | None = None) -> tuple[_World, _World]:
+    """Two worlds given the requests ``specs``, run until every request decodes."""
+    a, b = _pair(factory, num_blocks, eos_at or {})
+    _admit(a, b, specs)
+    _until_plain(a, b)
+    return a, b
+
+
 def _expect_same(a: _World, b: _World, where: str) -> None:
     """Requests, cache (free blocks, and the prefix it holds of every request's tokens)
     and logs of the two worlds equal."""
@@ -165,9 +174,7 @@ def check_a_stretch_equals_its_rounds(factory: StretchFactory) -> None:
     """Block boundaries inside the stretch (allocations and publishes), then a second
     wave that hits and evicts what both published: identical throughout."""
     rng = random.Random(3)
-    a, b = _pair(factory, 48, {})
-    _admit(a, b, [(f"r{i}", rng.randrange(3, 11), 40, f"p{i % 2}") for i in range(4)])
-    _until_plain(a, b)
+    a, b = _decoding(factory, 48, [(f"r{i}", rng.randrange(3, 11), 40, f"p{i % 2}") for i in range(4)])
     frees = a.advance(23)
     expect(len(frees) == 23, f"expected 23 rounds applied, got {len(frees)}")
     for _ in range(23):
@@ -184,9 +191,7 @@ def check_a_stretch_equals_its_rounds(factory: StretchFactory) -> None:
 
 @DECODE_STRETCHES_SUITE.check
 def check_stops_before_a_token_that_may_end(factory: StretchFactory) -> None:
-    a, b = _pair(factory, 64, {"r1": 9})
-    _admit(a, b, [("r0", 5, 30, "x"), ("r1", 6, 30, "y")])
-    _until_plain(a, b)
+    a, b = _decoding(factory, 64, [("r0", 5, 30, "x"), ("r1", 6, 30, "y")], {"r1": 9})
     run = a.stretches().plain_decode_run()
     assert run is not None
     eos_round = 9 - run.output_positions[run.request_ids.index("r1")]
@@ -207,9 +212,7 @@ def check_stops_before_a_token_that_may_end(factory: StretchFactory) -> None:
 
 @DECODE_STRETCHES_SUITE.check
 def check_stops_at_the_length_limit(factory: StretchFactory) -> None:
-    a, b = _pair(factory, 64, {})
-    _admit(a, b, [("r0", 5, 7, "x"), ("r1", 3, 30, "y")])
-    _until_plain(a, b)
+    a, b = _decoding(factory, 64, [("r0", 5, 7, "x"), ("r1", 3, 30, "y")])
     run = a.stretches().plain_decode_run()
     assert run is not None
     left = 7 - run.output_positions[run.request_ids.index("r0")]  # outputs r0 may still sample
@@ -230,9 +233,7 @@ def check_stops_at_the_length_limit(factory: StretchFactory) -> None:
 def check_stops_before_blocks_run_short(factory: StretchFactory) -> None:
     """A pool that cannot hold both: the stretch ends before the round that would
     preempt, and the rounds after it decide as round by round."""
-    a, b = _pair(factory, 14, {})
-    _admit(a, b, [("r0", 6, 40, "x"), ("r1", 6, 40, "y")])
-    _until_plain(a, b)
+    a, b = _decoding(factory, 14, [("r0", 6, 40, "x"), ("r1", 6, 40, "y")])
     frees = a.advance(40)
     expect(0 < len(frees) < 40, f"a 14-block pool cannot grow two 46-token requests 40 rounds: {len(frees)}")
     for _ in range(len(frees)):
@@ -264,9 +265,7 @@ def check_no_run_while_anything_else_is_planned(factory: StretchFactory) -> None
 
 @DECODE_STRETCHES_SUITE.check
 def check_a_source_decides_how_many_rounds(factory: StretchFactory) -> None:
-    a, b = _pair(factory, 64, {})
-    _admit(a, b, [("r0", 5, 30, "x"), ("r1", 7, 30, "y")])
-    _until_plain(a, b)
+    a, b = _decoding(factory, 64, [("r0", 5, 30, "x"), ("r1", 7, 30, "y")])
     expect(a.stretches().advance_plain_decodes(_Source(0, {})) == [],
            "a source asking for no round must get none")
     try:
@@ -289,7 +288,7 @@ def check_no_run_for_rows_the_fast_path_leaves(factory: StretchFactory) -> None:
     for label, params in (("penalty", {"repetition_penalty": 1.2}), ("min_tokens", {"min_tokens": 3}),
                           ("prompt logprobs", {"prompt_logprobs": 1})):
         a, _ = _pair(factory, 64, {})
-        req = make_request("h", 6, max_tokens=30, **params)  # type: ignore[arg-type]
+        req = make_request("h", 6, max_tokens=30, **params)
         a.add(req)
         for _ in range(6):
             a.round()
