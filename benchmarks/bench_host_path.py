@@ -9,8 +9,11 @@ the runner's layout and input packing, the sampler, the copy back and per-chunk
 results, the commit with its stop checks and detokenizing, the outputs). Prints per
 step, as the median over the timed steps: host µs, forward µs, host share = host /
 step (and the share with the sampler's call counted as device work instead: its row
-planning is host work, its argmax or draw device work), and the host µs of each phase; then a digest of every request's tokens (equal
-digests: identical decisions).
+planning is host work, its argmax or draw device work), and the host µs of each phase;
+then the mean host µs and share over all the timed steps, whose last one finishes every
+request (work done once per request at its end, such as the text of a request nothing
+reads before, shows there and not in the median); then a digest of every request's
+tokens and text (equal digests: identical decisions and outputs).
 
 The clock is the main thread's CPU time (``time.thread_time``) with one torch thread, so
 a busy machine slows the figures less than wall time would. Before/after comparisons
@@ -102,7 +105,8 @@ def main() -> None:
     timer.unwrap()
     outputs += engine.run()
     engine.check_idle()
-    digest = hashlib.sha256(repr(sorted((o.request_id, o.outputs[0].token_ids) for o in outputs)).encode())
+    digest = hashlib.sha256(repr(sorted(
+        (o.request_id, o.outputs[0].token_ids, o.outputs[0].text) for o in outputs)).encode())
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     per_repeat = [statistics.median(r["host"] for r in rows[k::args.repeats]) for k in range(args.repeats)]
     print(f"deepinfer_kit from {deepinfer_kit.__file__}")
@@ -111,10 +115,13 @@ def main() -> None:
     print(f"  step {med['step']:9.0f} us   forward {med['forward']:9.0f} us   "
           f"host {med['host']:9.0f} us   host share {med['share']:.3f}")
     print(f"  host share with the sampler counted as device work: {med['share_ex_sampler']:.3f}")
+    mean_host, mean_step = (statistics.mean(r[k] for r in rows) for k in ("host", "step"))
+    print(f"  mean over the timed steps (the last one finishes every request): host {mean_host:.0f} us, "
+          f"share {mean_host / mean_step:.3f}")
     print(f"  host per request {med['host'] / args.requests:.2f} us; host median of each repeat: "
           + ", ".join(f"{h:.0f}" for h in per_repeat))
     print("  host phases (us): " + "  ".join(f"{k} {med[k]:.0f}" for k in (*PHASES, "other")))
-    print(f"  tokens digest {digest.hexdigest()[:16]} ({sum(len(o.outputs[0].token_ids) for o in outputs)} tokens)")
+    print(f"  tokens and text digest {digest.hexdigest()[:16]} ({sum(len(o.outputs[0].token_ids) for o in outputs)} tokens)")
 
 
 if __name__ == "__main__":

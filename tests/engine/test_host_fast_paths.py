@@ -15,6 +15,7 @@ from deepinfer_kit.engine.detokenizer import IncrementalDetokenizer
 from deepinfer_kit.engine.runner.layout import RoundLayout, lay_out, lay_out_chunks
 from deepinfer_kit.engine.runner.step_outputs import chunk_results, chunk_results_general, finite_rows
 from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, UNSAMPLED, TokenSlots
+from deepinfer_kit.engine.streams import SequenceStream
 from deepinfer_kit.models.attention.layout import slots_for, step_slots
 from deepinfer_kit.models.packing import append_tables, int64_host
 from deepinfer_kit.models.tokenizer import ByteTokenizer
@@ -288,3 +289,67 @@ def test_the_mask_memo_edits_exactly_what_edit_logits_edits() -> None:
         expected = edit_logits(reference, _batch(batch.params), pin_memory=False)
         assert torch.equal(mine, reference) and torch.equal(raw, expected), step
         assert (raw is mine) == (expected is reference)
+
+
+def _follow(tokens: list[int], params: SamplingParams, *, lazy: bool, peek: int | None) -> tuple[str, object]:
+    """Append ``tokens`` through the scheduler's append path to a request whose stream is
+    its observer (eager) or not (lazy); ``peek``: read the text once after that many."""
+    from deepinfer_kit.request import Request
+    from deepinfer_kit.sched.stops import append_token
+
+    tok = ByteTokenizer()
+    req = Request("r", [1, 200, 3], params)
+    stream = SequenceStream(req, IncrementalDetokenizer(tok, [1, 200, 3]), {}, lazy=lazy)
+    if not lazy:
+        req.observer = stream
+    for i, t in enumerate(tokens):
+        if i == peek:
+            stream.text()
+        if append_token(req, t, None, 10_000):
+            break
+    return stream.text(), (req.finish_reason, req.stop_reason, list(req.output_token_ids))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_lazily_followed_sequence_ends_with_the_eager_text(seed: int) -> None:
+    rng = random.Random(seed)
+    tokens = [rng.choice([rng.randrange(128), rng.randrange(259), ord("x"), 257]) for _ in range(rng.randint(1, 25))]
+    max_tokens = rng.randint(1, 25)
+    params = SamplingParams(
+        max_tokens=max_tokens, min_tokens=min(rng.choice([0, 0, 3]), max_tokens), ignore_eos=rng.random() < 0.3,
+        stop_token_ids=rng.choice([[], [ord("x")]]), include_stop_str_in_output=rng.random() < 0.5,
+        skip_special_tokens=rng.random() < 0.7,
+    )
+    assert SequenceStream.follows_lazily(params)
+    peek = rng.choice([None, rng.randrange(len(tokens))])
+    assert _follow(tokens, params, lazy=True, peek=peek) == _follow(tokens, params, lazy=False, peek=peek)
+
+
+def test_only_a_request_read_when_it_ends_is_followed_lazily() -> None:
+    from deepinfer_kit.sample.params import RequestOutputKind
+
+    assert SequenceStream.follows_lazily(SamplingParams())
+    assert SequenceStream.follows_lazily(SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY))
+    for eager in (SamplingParams(n=2, temperature=1.0), SamplingParams(stop=["a"]), SamplingParams(logprobs=0),
+                  SamplingParams(output_kind=RequestOutputKind.DELTA),
+                  SamplingParams(output_kind=RequestOutputKind.CUMULATIVE)):
+        assert not SequenceStream.follows_lazily(eager)
+
+
+def test_the_engine_reports_the_same_texts_whether_it_follows_lazily_or_not() -> None:
+    from deepinfer_kit import build_engine
+    from deepinfer_kit.sample.params import RequestOutputKind
+
+    texts = []
+    for kind in (RequestOutputKind.FINAL_ONLY, RequestOutputKind.CUMULATIVE):
+        engine = build_engine(num_blocks=64, max_model_len=256)
+        for i in range(6):
+            engine.add_request(f"r{i}", [(5 * i + j) % 250 + 1 for j in range(6)], SamplingParams(
+                max_tokens=40, output_kind=kind, stop_token_ids=[61, 138] if i % 2 else [],
+                include_stop_str_in_output=i % 3 == 0, temperature=0.0 if i < 3 else 0.9, seed=i))
+        outs = {o.request_id: o for o in engine.run() if o.finished}
+        engine.check_idle()
+        texts.append({k: (o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason)
+                      for k, o in outs.items()})
+    assert texts[0] == texts[1]
+    assert any(reason == "stop" for _, _, reason in texts[0].values())

@@ -98,9 +98,13 @@ class OutputGroups:
 
     def open(self, user_id: str, request: Request) -> None:
         """Register ``request`` (whose ``request_id`` is its scheduler id) for ``user_id``
-        and attach its :class:`SequenceStream` as ``request.observer``."""
+        with its :class:`SequenceStream`, attached as ``request.observer`` unless the
+        stream follows it lazily (:meth:`SequenceStream.follows_lazily`)."""
         group = _Group(user_id, request)
-        request.observer = SequenceStream(request, self._detokenizer(request), group.streams)
+        lazy = SequenceStream.follows_lazily(request.params)
+        stream = SequenceStream(request, self._detokenizer(request), group.streams, lazy=lazy)
+        if not lazy:  # a lazy stream catches up when its text is read
+            request.observer = stream
         self._groups[request.request_id] = group
         self._live[user_id] = request.request_id
         if request.params.output_kind not in (_FINAL_ONLY, None):  # None: FINAL_ONLY here
