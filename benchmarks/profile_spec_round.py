@@ -48,7 +48,7 @@ def main() -> None:
     _wrap(runner_module.ModelRunner, "_logits", "runner._logits (forward)")
     _wrap(runner_module, "verify_round", "verify_round")
     _wrap(RejectionVerifier, "verify", "verifier.verify")
-    _wrap(speculation_module.Speculation, "draft", "drafting phase")
+    _wrap(speculation_module.Speculation, "choose", "drafting phase (choose)")
     reference: list[Any] | None = None
     for rep in range(2):
         for name, config in (("plain", None), (args.drafter, spec)):
