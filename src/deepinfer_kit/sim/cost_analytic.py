@@ -129,8 +129,28 @@ class AnalyticCost:
         )
         return (memory if memory > compute else compute) + self._over
 
+    def decode_round_times(self, num_seqs: int, context: int, start: float, until: float,
+                           max_rounds: int) -> list[float]:
+        """See :meth:`DecodeRoundCost.decode_round_times`: :meth:`step_time`'s arithmetic,
+        in its order, for one plain-decode round after another. Pure; O(rounds)."""
+        weights, kv, over = self._weights_s, self._kv_s, self._over
+        per_row = self._tok_f * num_seqs + self._row_f * num_seqs  # tokens and LM-head rows
+        pair_f = self._pair_f
+        times: list[float] = []
+        append = times.append
+        now = start
+        while len(times) < max_rounds and (not times or now < until):
+            memory = weights + kv * (context + num_seqs)
+            compute = per_row + pair_f * context
+            d = (memory if memory > compute else compute) + over
+            append(d)
+            now += d
+            context += num_seqs
+        return times
+
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sim.protocols import CostModel
+    from deepinfer_kit.sim.protocols import CostModel, DecodeRoundCost
 
     _check: type[CostModel] = AnalyticCost
+    _rounds: type[DecodeRoundCost] = AnalyticCost

@@ -63,6 +63,21 @@ class ProfiledCost:
             t += (self.per_decode_row if per_spec is None else per_spec) * shape.num_spec_tokens
         return t
 
+    def decode_round_times(self, num_seqs: int, context: int, start: float, until: float,
+                           max_rounds: int) -> list[float]:
+        """See :meth:`DecodeRoundCost.decode_round_times`: :meth:`step_time`'s arithmetic,
+        in its order, for one plain-decode round after another. Pure; O(rounds)."""
+        head = self.constant + self.per_prefill_token * 0 + self.per_decode_row * num_seqs
+        per_context = self.per_context_token
+        times: list[float] = []
+        now = start
+        while len(times) < max_rounds and (not times or now < until):
+            d = head + per_context * context
+            times.append(d)
+            now += d
+            context += num_seqs
+        return times
+
     def to_dict(self) -> dict[str, float | str | None]:
         """The coefficients as a JSON-ready dict (``from_dict`` reads it back)."""
         return attrs.asdict(self)
@@ -170,6 +185,7 @@ def _dot(coef: Sequence[float], row: Sequence[float]) -> float:
 
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sim.protocols import CostModel
+    from deepinfer_kit.sim.protocols import CostModel, DecodeRoundCost
 
     _check: type[CostModel] = ProfiledCost
+    _rounds: type[DecodeRoundCost] = ProfiledCost

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.sched.records import SchedulePlan
-from deepinfer_kit.sim.protocols import CostModel
+from deepinfer_kit.sim.protocols import CostModel, DecodeRoundCost
 from deepinfer_kit.sim.records import SimStep, StepShape
 from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.tokens import SyntheticTokens
@@ -36,7 +36,7 @@ class SimRunner:
         num_steps: rounds executed; busy_time: their summed durations (seconds).
     """
 
-    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time")
+    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times")
 
     def __init__(self, cost: CostModel, tokens: SyntheticTokens,
                  experts: ExpertSim | None = None) -> None:
@@ -45,6 +45,7 @@ class SimRunner:
         self.experts = experts
         self.num_steps = 0
         self.busy_time = 0.0
+        self._round_times = cost.decode_round_times if isinstance(cost, DecodeRoundCost) else None
 
     def prepare(self, plan: SchedulePlan) -> SimStep:
         """The round's :class:`StepShape` and its duration from the cost model (stretched
@@ -81,7 +82,10 @@ class SimRunner:
         first reading ``context`` KV positions (each later round ``num_seqs`` more), as
         :meth:`prepare` prices each one; the first round starts at ``start`` (virtual
         seconds). Stops at ``max_rounds`` or before a round that would start at or after
-        ``until`` (the first is always priced). Pure; O(rounds)."""
+        ``until`` (the first is always priced); in one call when the cost model is a
+        :class:`~deepinfer_kit.sim.protocols.DecodeRoundCost`. Pure; O(rounds)."""
+        if self._round_times is not None:
+            return self._round_times(num_seqs, context, start, until, max_rounds)
         step_time = self.cost.step_time
         times: list[float] = []
         now = start
