@@ -131,7 +131,7 @@ def advance_plain_decodes(
         if len(toks) < rounds:
             raise InvariantError(f"{rid}: {len(toks)} tokens for a stretch of {rounds} rounds")
         ids = rules[req][0]
-        if not ids.isdisjoint(toks[:rounds]):
+        if not ids.isdisjoint(toks if len(toks) == rounds else toks[:rounds]):
             rounds = next(r for r, t in enumerate(toks) if t in ids)
             if not rounds:
                 return []
@@ -192,7 +192,11 @@ def _apply(state: SchedulerState, running: list[Request], starts: list[int],
             cache.cache_full_blocks(catch_up(i, r + 1, end), end)
             free = cache.num_free_blocks
     frees.extend(repeat(free, rounds - len(frees)))
-    for i in range(len(running)):
-        catch_up(i, rounds, starts[i] + rounds)
+    for i, req in enumerate(running):  # catch_up(i, rounds, starts[i] + rounds), inlined
+        if rounds > done[i]:
+            new = tokens[i][done[i]:rounds]
+            req.all_token_ids.extend(new)
+            req.output_token_ids.extend(new)
+        req.num_computed_tokens = starts[i] + rounds
     state.next_step += rounds
     return frees

@@ -36,6 +36,19 @@ class VirtualClock:
             raise InvariantError(f"a clock advances by >= 0 seconds, got {seconds}")
         self.now += seconds
 
+    def advance_each(self, seconds: list[float]) -> None:
+        """:meth:`advance` by each of ``seconds`` in turn (the same float sums).
+
+        Raises:
+            InvariantError: one of ``seconds`` is negative (nothing moved then).
+        """
+        if seconds and min(seconds) < 0:
+            raise InvariantError(f"a clock advances by >= 0 seconds, got {min(seconds)}")
+        now = self.now
+        for d in seconds:
+            now += d
+        self.now = now
+
     def advance_to(self, when: float) -> None:
         """Jump to ``when`` if it is later than now (an earlier time is a no-op)."""
         if when > self.now:

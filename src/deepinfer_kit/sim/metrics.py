@@ -234,15 +234,17 @@ class MetricsRecorder:
         ``durations[r]`` s with ``usages[r]`` of the pool held: what :meth:`on_step`
         records for each, without their plans. O(rounds)."""
         usage_t, usage_log = self._usage_t, self._usage
-        for d, u in zip(durations, usages):
-            self.num_steps += 1
-            self.busy_s += d
+        busy, area, peak = self.busy_s, self._usage_area, self._usage_max
+        for d, u in zip(durations, usages):  # the same sums, in the same order, as on_step
+            busy += d
             usage_t.append(start)
             usage_log.append(u)
-            self._usage_area += u * d
-            if u > self._usage_max:
-                self._usage_max = u
+            area += u * d
+            if u > peak:
+                peak = u
             start += d
+        self.num_steps += len(durations)
+        self.busy_s, self._usage_area, self._usage_max = busy, area, peak
 
     def on_finish(self, out: RequestOutput, priority: int = 0) -> None:
         """A request of level ``priority`` finished; reads its metrics (virtual times)

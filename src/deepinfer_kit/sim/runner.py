@@ -99,6 +99,8 @@ class SimRunner:
     def count_rounds(self, durations: list[float]) -> None:
         """Count rounds run outside :meth:`execute` (a stretch of plain decodes), as
         :meth:`execute` counts each: mutates :attr:`num_steps` and :attr:`busy_time`."""
-        for d in durations:
-            self.num_steps += 1
-            self.busy_time += d
+        busy = self.busy_time
+        for d in durations:  # summed one by one, as execute() does
+            busy += d
+        self.busy_time = busy
+        self.num_steps += len(durations)

@@ -184,9 +184,7 @@ class Simulator:
         times = source.times[:len(frees)]
         metrics.on_rounds(self.clock.now, times, [1.0 - f / total_blocks for f in frees])
         self.runner.count_rounds(times)
-        advance = self.clock.advance
-        for d in times:
-            advance(d)
+        self.clock.advance_each(times)
         return True
 
     def _add(self, sim: SimRequest, when: float, history: list[int] | None,
