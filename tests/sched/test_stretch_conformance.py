@@ -4,6 +4,7 @@ later decision as the rounds themselves do."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,11 +20,11 @@ from deepinfer_kit.testing.sched_stretch import DECODE_STRETCHES_SUITE
 @pytest.mark.parametrize("index", ["hash", "radix"])
 @pytest.mark.parametrize("check", list(DECODE_STRETCHES_SUITE), ids=DECODE_STRETCHES_SUITE.ids)
 def test_stretch_conformance(check: Any, index: str) -> None:
-    def factory(config: SchedulerConfig, num_blocks: int, block_size: int
-                ) -> tuple[BatchScheduler, BlockKVCacheManager]:
+    def factory(config: SchedulerConfig, num_blocks: int, block_size: int,
+                clock: Callable[[], float]) -> tuple[BatchScheduler, BlockKVCacheManager]:
         cache = BlockKVCacheManager.create(
             CacheConfig(block_size=block_size, num_blocks=num_blocks), index=index  # type: ignore[arg-type]
         )
-        return ContinuousBatchScheduler(config, cache), cache
+        return ContinuousBatchScheduler(config, cache, clock=clock), cache
 
     check(factory)

@@ -44,18 +44,22 @@ def _run(config: EngineConfig, requests: list[Any], stretches: bool) -> tuple[An
     commit, advance = sched.commit, sched.advance_plain_decodes  # type: ignore[attr-defined]
     applied = [0]
 
-    def logged_commit(plan: Any, result: Any) -> Any:
-        outs = commit(plan, result)
+    def log(outs: Any) -> None:
         for o in outs:
             m = o.metrics
             outputs.append((o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason,
                             o.num_cached_tokens, m.first_token_time, m.finished_time))
+
+    def logged_commit(plan: Any, result: Any) -> Any:
+        outs = commit(plan, result)
+        log(outs)
         return outs
 
-    def counted_advance(source: Any) -> list[int]:
-        frees = advance(source)
-        applied[0] += len(frees)
-        return frees
+    def counted_advance(source: Any) -> Any:
+        result = advance(source)
+        applied[0] += len(result.frees)
+        log(result.outputs)
+        return result
 
     sched.commit = logged_commit  # type: ignore[method-assign]
     sched.advance_plain_decodes = counted_advance  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import append_token, append_tokens, check_stop
 from deepinfer_kit.step import StepResult
 
-__all__ = ["oldest_inflight", "commit_round", "to_outputs"]
+__all__ = ["oldest_inflight", "commit_round", "report", "to_outputs"]
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
@@ -79,7 +79,7 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             pos = b
     if pos < len(chunks):
         _commit_chunks(state, entry, result, pos, len(chunks), finished)
-    return _report(state, finished, plan.step_id)
+    return report(state, finished, plan.step_id)
 
 
 def _commit_chunks(state: SchedulerState, entry: InflightPlan, result: StepResult, first: int,
@@ -159,9 +159,10 @@ def _extend_prompt_logprobs(req: Request, chunk: ScheduledChunk, lps: list[dict[
         done.extend(lps)
 
 
-def _report(state: SchedulerState, finished: list[Request], step_id: int) -> list[RequestOutput]:
-    """Retire this commit's finished sequences, run the frees deferred to ``step_id``,
-    and return the outputs of everything finished since the last report."""
+def report(state: SchedulerState, finished: list[Request], step_id: int) -> list[RequestOutput]:
+    """Retire this commit's finished sequences (finish time from ``state.clock``, running
+    list, blocks), run the frees deferred to ``step_id``, and return the outputs of
+    everything finished since the last report. The end of every commit."""
     if finished:
         _retire(state, finished)
     if state.deferred:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
-from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan, SchedulerConfig, StretchResult
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
@@ -111,7 +111,8 @@ class DraftRoom(Protocol):
 
 class StretchSource(Protocol):
     """What a stretch of plain-decode rounds needs from its caller: how many rounds to
-    run, and the tokens each sequence samples in them (the caller's model)."""
+    run, the tokens each sequence samples in them (the caller's model), and the clock
+    moved to the end of the rounds applied before their last commit reads it."""
 
     def rounds(self, run: PlainDecodeRun) -> int:
         """Rounds of ``run`` to apply at most (the caller's world may change after
@@ -122,6 +123,12 @@ class StretchSource(Protocol):
     def tokens(self, request_id: str, first: int, count: int) -> Sequence[int]:
         """The ``count`` tokens ``request_id`` samples at output positions ``first``,
         ``first + 1``, ...; called once per running sequence of the stretch."""
+        ...
+
+    def applied(self, rounds: int) -> None:
+        """``rounds`` (``>= 1``) rounds were applied: move the scheduler's clock to the
+        end of the last one now, before that round's stop checks retire sequences
+        (their finish times read it). Called at most once, after :meth:`tokens`."""
         ...
 
 
@@ -139,14 +146,16 @@ class DecodeStretches(Protocol):
         per-sequence caches the next round would fill alike)."""
         ...
 
-    def advance_plain_decodes(self, source: StretchSource) -> list[int]:
+    def advance_plain_decodes(self, source: StretchSource) -> StretchResult:
         """When :meth:`plain_decode_run` is a run, apply up to ``source.rounds(run)`` of
-        its rounds, sequence ``i`` sampling ``source.tokens(...)[r]`` in round ``r``;
-        stop before a round in which a token may end a sequence or whose new blocks the
-        cache lacks. Mutates the requests, the cache and the step counter as those rounds
-        would. Returns the cache's ``num_free_blocks`` after each applied round's
-        planning: one entry per round applied, empty when none was (no run, or the
-        source asked for none), and then nothing changed.
+        its rounds, sequence ``i`` sampling ``source.tokens(...)[r]`` in round ``r``,
+        through the first round in which a token may end a sequence (that round's commit
+        applies the stop rules and retires what they finish) and before a round whose
+        new blocks the cache lacks. Mutates the requests, the cache and the step counter
+        as those rounds would, and calls ``source.applied`` before the last round's
+        retirements. Returns the free blocks after each round's planning (empty: nothing
+        applied, and nothing changed) and the outputs of the sequences the last round
+        finished.
 
         Raises:
             InvariantError: a token list shorter than the rounds asked for.

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 import attrs
 
 from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
 __all__ = [
     "SchedulerConfig", "SamplingRow", "ScheduledChunk", "DecodeChunk", "SchedulePlan",
-    "PlainDecodeRun",
+    "PlainDecodeRun", "StretchResult",
 ]
 
 
@@ -228,10 +229,24 @@ class PlainDecodeRun:
         output_positions: the output index each sequence samples in the run's first
             round (``r``-th round: plus ``r``).
         max_rounds: rounds before the first sequence reaches its length limit (a token
-            sampled in a later round may end it by length): ``>= 1``.
+            sampled in the round after them may end it by length): ``>= 1``.
     """
 
     request_ids: list[str]
     starts: list[int]
     output_positions: list[int]
     max_rounds: int
+
+
+@attrs.frozen(slots=True)
+class StretchResult:
+    """What :meth:`BatchScheduler.advance_plain_decodes` applied.
+
+    Attributes:
+        frees: the cache's ``num_free_blocks`` after each applied round's planning (one
+            entry per round; empty: nothing applied).
+        outputs: the sequences the last round finished, as its ``commit`` reports them.
+    """
+
+    frees: list[int]
+    outputs: list[RequestOutput]

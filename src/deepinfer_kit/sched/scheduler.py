@@ -26,7 +26,7 @@ from deepinfer_kit.sched.planning import plan_running
 from deepinfer_kit.sched.policies import default_policies
 from deepinfer_kit.sched.protocols import AdmissionPolicy, BatchingPolicy, PreemptionPolicy
 from deepinfer_kit.sched.queues import make_waiting_queue
-from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan, SchedulerConfig
+from deepinfer_kit.sched.records import PlainDecodeRun, SchedulePlan, SchedulerConfig, StretchResult
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stretch import advance_plain_decodes, plain_decode_run
 from deepinfer_kit.step import StepResult
@@ -239,12 +239,13 @@ class BatchScheduler:
         O(running)."""
         return plain_decode_run(self.state, self.batching)
 
-    def advance_plain_decodes(self, source: StretchSource) -> list[int]:
+    def advance_plain_decodes(self, source: StretchSource) -> StretchResult:
         """See :meth:`DecodeStretches.advance_plain_decodes`: apply up to
         ``source.rounds(run)`` plain-decode rounds of :meth:`plain_decode_run`, sampling
-        ``source.tokens``, stopping before a round where a token may end a sequence or
-        blocks run short; returns ``num_free_blocks`` after each applied round's planning
-        (empty: nothing applied, nothing changed).
+        ``source.tokens``, through the first round in which a token may end a sequence
+        (its stop rules applied and finished sequences retired, as its commit would) and
+        before a round whose blocks run short; returns the free blocks after each round's
+        planning and the last round's outputs.
 
         Raises:
             InvariantError: a token list shorter than the rounds asked for.

@@ -24,7 +24,9 @@ from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.batching import ContinuousBatching, StaticBatching
 from deepinfer_kit.sched.decodes import stop_rule
 from deepinfer_kit.sched.protocols import BatchingPolicy, StretchSource
-from deepinfer_kit.sched.records import PlainDecodeRun
+from deepinfer_kit.sched.commit import report
+from deepinfer_kit.sched.records import PlainDecodeRun, StretchResult
+from deepinfer_kit.sched.stops import check_stop
 from deepinfer_kit.sched.state import SchedulerState
 
 __all__ = ["plain_decode_run", "advance_plain_decodes"]
@@ -96,22 +98,26 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
 
 def advance_plain_decodes(
     state: SchedulerState, batching: BatchingPolicy, source: StretchSource
-) -> list[int]:
+) -> StretchResult:
     """Apply up to ``source.rounds(run)`` rounds of the current :func:`plain_decode_run`
     ``run``, where sequence ``i`` (running order) samples ``source.tokens(...)[r]`` in
-    round ``r``; returns the cache's ``num_free_blocks`` after each applied round's
+    round ``r``. Returns the cache's ``num_free_blocks`` after each applied round's
     planning (one entry per round; empty when there is no run or no round was asked for,
-    and then nothing changed but the caches :func:`plain_decode_run` fills).
+    and then nothing changed but the caches :func:`plain_decode_run` fills) and the
+    outputs of the sequences the last round finished.
 
-    The stretch stops before the first round in which a sampled token may end a sequence
-    (a stop id or EOS, or the length limit), before a round that needs more new blocks
+    The stretch runs through the first round in which a sampled token may end a sequence
+    (a stop id or EOS, or the length limit): that round's commit applies the stop rules
+    to those tokens and retires the sequences they end, after ``source.applied(rounds)``
+    has moved the clock to its end. It stops before a round that needs more new blocks
     than the cache has (the general path preempts then), or at the rounds asked for; the
     rounds it leaves are the caller's to schedule as usual. Mutates what those rounds'
     ``schedule`` / ``commit`` pairs would: each sequence's tokens and
     ``num_computed_tokens``, its blocks (the same ``allocate_next_blocks`` and
     ``cache_full_blocks`` calls, in the same order, with the request in the same state),
-    the table snapshots and the step counter. O(sequences × rounds) token copies plus
-    O(blocks crossed) cache calls.
+    the table snapshots, the step counter, and the finished sequences' status, running
+    seat and blocks. O(sequences × rounds) token copies plus O(blocks crossed) cache
+    calls.
 
     Raises:
         InvariantError: a token list shorter than the rounds asked for, or the cache gave
@@ -119,10 +125,10 @@ def advance_plain_decodes(
     """
     run = plain_decode_run(state, batching)
     if run is None:
-        return []
-    rounds = min(source.rounds(run), run.max_rounds)
+        return StretchResult([], [])
+    rounds = min(source.rounds(run), run.max_rounds + 1)  # the last may end sequences
     if rounds <= 0:
-        return []
+        return StretchResult([], [])
     running = list(state.running)
     rules = state.stop_rules
     tokens: list[Sequence[int]] = []
@@ -132,11 +138,29 @@ def advance_plain_decodes(
             raise InvariantError(f"{rid}: {len(toks)} tokens for a stretch of {rounds} rounds")
         ids = rules[req][0]
         if not ids.isdisjoint(toks if len(toks) == rounds else toks[:rounds]):
-            rounds = next(r for r, t in enumerate(toks) if t in ids)
-            if not rounds:
-                return []
+            rounds = next(r for r, t in enumerate(toks) if t in ids) + 1  # through its round
         tokens.append(toks)
-    return _apply(state, running, run.starts, tokens, rounds)
+    frees = _apply(state, running, run.starts, tokens, rounds)
+    if not frees:
+        return StretchResult([], [])
+    source.applied(len(frees))
+    return StretchResult(frees, report(state, _stop_checks(state, running, tokens, len(frees)),
+                                       state.next_step - 1))
+
+
+def _stop_checks(state: SchedulerState, running: list[Request], tokens: Sequence[Sequence[int]],
+                 rounds: int) -> list[Request]:
+    """The commit's stop rules for the tokens of the last applied round (``rounds - 1``)
+    that may end their sequences (the bulk commit's filter); returns those finished, in
+    running order."""
+    rules, max_len = state.stop_rules, state.config.max_model_len
+    finished: list[Request] = []
+    for req, toks in zip(running, tokens):
+        token = toks[rounds - 1]
+        ids, check_from = rules[req]
+        if (token in ids or len(req.all_token_ids) >= check_from) and check_stop(req, token, max_len):
+            finished.append(req)
+    return finished
 
 
 def _apply(state: SchedulerState, running: list[Request], starts: list[int],

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler
@@ -135,27 +136,11 @@ class Simulator:
                     break
                 clock.advance_to(min(root_t, follow_t))
                 continue
-            if stretches is not None and self._stretch(
-                stretches, min(root_t, follow_t), metrics, total_blocks
-            ):
-                continue
-            plan = sched.schedule()
-            if plan.chunks:
-                step = runner.prepare(plan)
-                result = runner.execute(step)
-                duration = step.duration
-            else:
-                result, duration = StepResult(token_ids=[]), 0.0
-            metrics.on_step(plan, now, duration, 1.0 - cache.num_free_blocks / total_blocks)
-            clock.advance(duration)
-            outputs = sched.commit(plan, result)
-            if observer is not None:
-                observer(plan, result, now, clock.now)
-            if not plan.chunks and not outputs:
-                raise InvariantError(
-                    f"step {plan.step_id}: nothing scheduled and nothing finished with "
-                    f"requests unfinished; the scheduler is stuck"
-                )
+            outputs = None
+            if stretches is not None:
+                outputs = self._stretch(stretches, min(root_t, follow_t), metrics, total_blocks)
+            if outputs is None:
+                outputs = self._round(metrics, total_blocks, observer)
             for out in outputs:
                 rid = out.request_id
                 metrics.on_finish(out, self._priority.pop(rid, 0))
@@ -171,21 +156,51 @@ class Simulator:
         experts = runner.experts.report() if runner.experts is not None else None
         return metrics.report(time.perf_counter() - wall, experts)
 
+    def _round(self, metrics: MetricsRecorder, total_blocks: int,
+               observer: StepObserver | None) -> list[RequestOutput]:
+        """One round: schedule, price and run it, advance the clock, commit; returns what
+        the commit finished.
+
+        Raises:
+            InvariantError: nothing was scheduled and nothing finished (a stuck scheduler).
+        """
+        sched, runner, clock = self.scheduler, self.runner, self.clock
+        now = clock.now
+        plan = sched.schedule()
+        if plan.chunks:
+            step = runner.prepare(plan)
+            result = runner.execute(step)
+            duration = step.duration
+        else:
+            result, duration = StepResult(token_ids=[]), 0.0
+        metrics.on_step(plan, now, duration, 1.0 - self.cache.num_free_blocks / total_blocks)
+        clock.advance(duration)
+        outputs = sched.commit(plan, result)
+        if observer is not None:
+            observer(plan, result, now, clock.now)
+        if not plan.chunks and not outputs:
+            raise InvariantError(
+                f"step {plan.step_id}: nothing scheduled and nothing finished with "
+                f"requests unfinished; the scheduler is stuck"
+            )
+        return outputs
+
     def _stretch(self, sched: DecodeStretches, until: float, metrics: MetricsRecorder,
-                 total_blocks: int) -> bool:
+                 total_blocks: int) -> list[RequestOutput] | None:
         """Run the stretch of plain-decode rounds that starts now, if there is one of at
         least two rounds, up to the round that would start at or after ``until`` (the
-        next arrival); True when rounds ran (the clock, runner counters and metrics
-        advanced as round by round)."""
-        source = _StretchSource(self.runner, self.clock.now, until)
-        frees = sched.advance_plain_decodes(source)
+        next arrival); returns what its last round finished, or ``None`` when no round
+        ran. The clock, runner counters and metrics advance as round by round."""
+        start = self.clock.now
+        source = _StretchSource(self.runner, self.clock, until)
+        result = sched.advance_plain_decodes(source)
+        frees = result.frees
         if not frees:
-            return False
+            return None
         times = source.times[:len(frees)]
-        metrics.on_rounds(self.clock.now, times, [1.0 - f / total_blocks for f in frees])
+        metrics.on_rounds(start, times, [1.0 - f / total_blocks for f in frees])
         self.runner.count_rounds(times)
-        self.clock.advance_each(times)
-        return True
+        return result.outputs
 
     def _add(self, sim: SimRequest, when: float, history: list[int] | None,
              metrics: MetricsRecorder) -> None:
@@ -214,11 +229,11 @@ class _StretchSource:
     stretch shorter than two rounds is left to the round-by-round path, which costs no
     more for one round."""
 
-    __slots__ = ("runner", "start", "until", "times")
+    __slots__ = ("runner", "clock", "until", "times")
 
-    def __init__(self, runner: SimRunner, start: float, until: float) -> None:
+    def __init__(self, runner: SimRunner, clock: VirtualClock, until: float) -> None:
         self.runner = runner
-        self.start = start
+        self.clock = clock
         self.until = until
         self.times: list[float] = []
 
@@ -227,13 +242,18 @@ class _StretchSource:
         two)."""
         n = len(run.request_ids)
         self.times = self.runner.plain_decode_times(
-            n, sum(run.starts) + n, self.start, self.until, min(run.max_rounds, _MAX_STRETCH)
+            n, sum(run.starts) + n, self.clock.now, self.until, min(run.max_rounds + 1, _MAX_STRETCH)
         )
         return len(self.times) if len(self.times) >= 2 else 0
 
     def tokens(self, request_id: str, first: int, count: int) -> list[int]:
         """The synthetic model's tokens (:meth:`SyntheticTokens.tokens`)."""
         return self.runner.tokens.tokens(request_id, first, count)
+
+    def applied(self, rounds: int) -> None:
+        """The clock moves to the end of the ``rounds`` rounds applied (their durations
+        summed in order, as round by round)."""
+        self.clock.advance_each(self.times[:rounds])
 
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ import attrs
 
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler
 from deepinfer_kit.sched.records import PlainDecodeRun, SchedulerConfig
@@ -26,13 +27,16 @@ from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = ["DECODE_STRETCHES_SUITE", "StretchFactory"]
 
-StretchFactory = Callable[[SchedulerConfig, int, int], tuple[Scheduler, KVCacheManager]]
-"""``factory(config, num_blocks, block_size)``: a scheduler that also implements
-:class:`~deepinfer_kit.sched.protocols.DecodeStretches`, over a fresh prefix-caching
-KV cache manager of that size, and that cache manager."""
+StretchFactory = Callable[
+    [SchedulerConfig, int, int, Callable[[], float]], tuple[Scheduler, KVCacheManager]
+]
+"""``factory(config, num_blocks, block_size, clock)``: a scheduler that also implements
+:class:`~deepinfer_kit.sched.protocols.DecodeStretches`, stamping request metrics with
+``clock``, over a fresh prefix-caching KV cache manager of that size, and that cache
+manager."""
 
 DECODE_STRETCHES_SUITE: Suite[StretchFactory] = Suite(
-    "DecodeStretches", "factory(config, num_blocks, block_size) -> (Scheduler, KVCacheManager)"
+    "DecodeStretches", "factory(config, num_blocks, block_size, clock) -> (Scheduler, KVCacheManager)"
 )
 
 _BLOCK = 4
@@ -53,13 +57,20 @@ class _Source:
 
     max_rounds: int
     eos_at: dict[str, int]
+    world: _World | None = None  # whose clock moves by one per round applied
     short: bool = False  # hand out one token too few
+    applied_rounds: list[int] = attrs.field(factory=list)
 
     def rounds(self, run: PlainDecodeRun) -> int:
         return self.max_rounds
 
     def tokens(self, request_id: str, first: int, count: int) -> list[int]:
         return [_token(request_id, first + r, self.eos_at) for r in range(count - self.short)]
+
+    def applied(self, rounds: int) -> None:
+        self.applied_rounds.append(rounds)
+        if self.world is not None:
+            self.world.now += rounds
 
 
 @attrs.define
@@ -70,9 +81,13 @@ class _World:
     cache: KVCacheManager
     eos_at: dict[str, int]
     requests: dict[str, Request] = attrs.field(factory=dict)
-    outputs: dict[str, tuple[list[int], str | None, int]] = attrs.field(factory=dict)
+    outputs: dict[str, tuple[list[int], str | None, int, object]] = attrs.field(factory=dict)
     frees: list[int] = attrs.field(factory=list)
     last_step: int = -1
+    now: float = 0.0  # the scheduler's clock: one second per round
+
+    def clock(self) -> float:
+        return self.now
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -87,10 +102,15 @@ class _World:
             [_token(c.request_id, c.output_position, self.eos_at)] if c.sample else []
             for c in plan.chunks
         ]
-        for out in self.sched.commit(plan, StepResult(token_ids=tokens)):
-            comp = out.outputs[0]
+        self.now += 1.0
+        self._record(self.sched.commit(plan, StepResult(token_ids=tokens)))
+
+    def _record(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            comp, m = out.outputs[0], out.metrics
+            times = (m.first_token_time, m.finished_time) if m is not None else None
             self.outputs[out.request_id] = (list(comp.token_ids), comp.finish_reason,
-                                            out.num_cached_tokens)
+                                            out.num_cached_tokens, times)
 
     def stretches(self) -> DecodeStretches:
         sched = self.sched
@@ -104,9 +124,14 @@ class _World:
         stretch = self.stretches()
         expect(stretch.plain_decode_run() is not None,
                "expected a plain-decode run (every request decoding)")
-        frees = stretch.advance_plain_decodes(_Source(max_rounds, self.eos_at))
+        source = _Source(max_rounds, self.eos_at, self)
+        result = stretch.advance_plain_decodes(source)
+        frees = result.frees
+        expect(source.applied_rounds == ([len(frees)] if frees else []),
+               f"source.applied called with {source.applied_rounds} for {len(frees)} rounds")
         self.frees.extend(frees)
         self.last_step += len(frees)  # each round applied takes a step id
+        self._record(result.outputs)
         return frees
 
     def drain(self) -> None:
@@ -120,8 +145,9 @@ def _pair(factory: StretchFactory, num_blocks: int, eos_at: dict[str, int],
     config = SchedulerConfig(**cfg)  # type: ignore[arg-type]
     worlds = []
     for _ in range(2):
-        sched, cache = factory(config, num_blocks, _BLOCK)
-        worlds.append(_World(sched, cache, eos_at))
+        world = _World(None, None, eos_at)  # type: ignore[arg-type]  # filled below
+        world.sched, world.cache = factory(config, num_blocks, _BLOCK, world.clock)
+        worlds.append(world)
     return worlds[0], worlds[1]
 
 
@@ -190,28 +216,29 @@ def check_a_stretch_equals_its_rounds(factory: StretchFactory) -> None:
 
 
 @DECODE_STRETCHES_SUITE.check
-def check_stops_before_a_token_that_may_end(factory: StretchFactory) -> None:
+def check_ends_with_the_round_of_a_token_that_may_end(factory: StretchFactory) -> None:
+    """The stretch runs through the round that samples an EOS, whose commit finishes
+    the request (reported with the stretch, finish time at that round's end), and no
+    further; the rest decide as round by round."""
     a, b = _decoding(factory, 64, [("r0", 5, 30, "x"), ("r1", 6, 30, "y")], {"r1": 9})
     run = a.stretches().plain_decode_run()
     assert run is not None
     eos_round = 9 - run.output_positions[run.request_ids.index("r1")]
     frees = a.advance(20)
-    expect(len(frees) == eos_round,
+    expect(len(frees) == eos_round + 1,
            f"EOS sampled in round {eos_round} of the stretch: {len(frees)} rounds applied")
-    for _ in range(eos_round):
+    for _ in range(eos_round + 1):
         b.round()
-    _expect_same(a, b, "before the EOS")
-    a.round()
-    b.round()
-    expect(a.outputs.get("r1", ([], None, 0))[1] == "stop",
-           f"r1 must stop on EOS in the round after the stretch: {a.outputs}")
+    expect(a.outputs.get("r1", ([], None, 0, None))[1] == "stop",
+           f"r1 must stop on EOS in the stretch's last round: {a.outputs}")
+    _expect_same(a, b, "after the EOS")
     a.drain()
     b.drain()
-    _expect_same(a, b, "after the EOS")
+    _expect_same(a, b, "after the rest")
 
 
 @DECODE_STRETCHES_SUITE.check
-def check_stops_at_the_length_limit(factory: StretchFactory) -> None:
+def check_ends_with_the_round_that_reaches_the_length_limit(factory: StretchFactory) -> None:
     a, b = _decoding(factory, 64, [("r0", 5, 7, "x"), ("r1", 3, 30, "y")])
     run = a.stretches().plain_decode_run()
     assert run is not None
@@ -219,14 +246,15 @@ def check_stops_at_the_length_limit(factory: StretchFactory) -> None:
     expect(run.max_rounds == left - 1,
            f"max_rounds {run.max_rounds}: r0 may sample {left} more, the last ends it")
     frees = a.advance(30)
-    expect(len(frees) == left - 1, f"{len(frees)} rounds applied, expected {left - 1}")
-    for _ in range(left - 1):
+    expect(len(frees) == left, f"{len(frees)} rounds applied, expected {left}")
+    for _ in range(left):
         b.round()
+    expect(len(a.outputs["r0"][0]) == 7 and a.outputs["r0"][1] == "length",
+           f"r0 must end by length with 7 tokens in the stretch: {a.outputs.get('r0')}")
+    _expect_same(a, b, "at the length limit")
     a.drain()
     b.drain()
-    _expect_same(a, b, "after the length limit")
-    expect(len(a.outputs["r0"][0]) == 7 and a.outputs["r0"][1] == "length",
-           f"r0 must end by length with 7 tokens: {a.outputs['r0']}")
+    _expect_same(a, b, "after the rest")
 
 
 @DECODE_STRETCHES_SUITE.check
@@ -255,7 +283,7 @@ def check_no_run_while_anything_else_is_planned(factory: StretchFactory) -> None
            "a run while a request waits (its admission is the scheduler's to decide)")
     b.round()
     before = a.frees[:]
-    expect(a.stretches().advance_plain_decodes(_Source(4, {})) == [],
+    expect(a.stretches().advance_plain_decodes(_Source(4, {})).frees == [],
            "advance_plain_decodes without a plain-decode run must apply nothing")
     a.round()
     b.round()
@@ -266,7 +294,7 @@ def check_no_run_while_anything_else_is_planned(factory: StretchFactory) -> None
 @DECODE_STRETCHES_SUITE.check
 def check_a_source_decides_how_many_rounds(factory: StretchFactory) -> None:
     a, b = _decoding(factory, 64, [("r0", 5, 30, "x"), ("r1", 7, 30, "y")])
-    expect(a.stretches().advance_plain_decodes(_Source(0, {})) == [],
+    expect(a.stretches().advance_plain_decodes(_Source(0, {})).frees == [],
            "a source asking for no round must get none")
     try:
         a.stretches().advance_plain_decodes(_Source(5, {}, short=True))
