@@ -3,6 +3,7 @@ placeholders for evicted ancestors, context encoding, constructor validation."""
 
 from __future__ import annotations
 
+import random
 from array import array
 from collections.abc import Sequence
 
@@ -130,3 +131,25 @@ def test_radix_keys_carry_a_salt_only_when_the_dict_hash_is_predictable_or_a_key
     else:
         assert memo == raw
     assert index.match(t) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("salt", [b"", b"0123456789abcdef"], ids=["unsalted", "salted"])
+@pytest.mark.parametrize("kind", [list, tuple])
+def test_block_keys_one_at_a_time_equal_keys_made_together(salt: bytes, kind: type) -> None:
+    """The one-block path (a decode filling its block) gives the keys the split gives."""
+    from deepinfer_kit.cache.hashing import extend_block_bytes
+
+    rng = random.Random(4)
+    tokens = kind(rng.randrange(0, 2**32) for _ in range(16 * 70 + 5))
+    together: list[bytes] = []
+    extend_block_bytes(together, tokens, 70, 16, salt)
+    one_by_one: list[bytes] = []
+    for n in range(1, 71):
+        extend_block_bytes(one_by_one, tokens, n, 16, salt)
+    assert one_by_one == together and len(together) == 70
+    mixed: list[bytes] = []
+    for n in (1, 3, 4, 69, 70):
+        extend_block_bytes(mixed, tokens, n, 16, salt)
+    assert mixed == together
+    with pytest.raises(OverflowError):
+        extend_block_bytes([], kind([2**32] * 16), 1, 16, salt)
