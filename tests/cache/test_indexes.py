@@ -153,3 +153,22 @@ def test_block_keys_one_at_a_time_equal_keys_made_together(salt: bytes, kind: ty
     assert mixed == together
     with pytest.raises(OverflowError):
         extend_block_bytes([], kind([2**32] * 16), 1, 16, salt)
+
+
+@pytest.mark.parametrize("kind", [list, tuple])
+def test_chained_keys_one_at_a_time_equal_keys_made_together(kind: type) -> None:
+    """The hash chain's one-block path gives the keys a multi-block extension gives."""
+    from deepinfer_kit.cache.hashing import BlockHasher
+
+    rng = random.Random(5)
+    tokens = kind(rng.randrange(0, 2**32) for _ in range(16 * 40 + 3))
+    hasher = BlockHasher(b"k" * 16)
+    root = hasher.root("ctx")
+    together: list[bytes] = []
+    hasher.extend_chain(together, tokens, 40, 16, root)
+    one_by_one: list[bytes] = []
+    for n in range(1, 41):
+        hasher.extend_chain(one_by_one, tokens, n, 16, root)
+    assert one_by_one == together and len(set(together)) == 40
+    with pytest.raises(OverflowError):
+        hasher.extend_chain([], kind([2**32] * 16), 1, 16, root)

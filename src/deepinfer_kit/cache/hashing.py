@@ -187,6 +187,12 @@ class BlockHasher:
         have = len(keys)
         if have >= num_blocks:
             return
+        if have + 1 == num_blocks:  # one block (a decode filled it): no view, no slice
+            h = self._base.copy()
+            h.update(keys[-1] if have else root)
+            h.update(_block_array(tokens, have, num_blocks, block_size))
+            keys.append(h.digest())
+            return
         data = _block_bytes(tokens, have, num_blocks, block_size)
         stride = 4 * block_size
         prev = keys[-1] if have else root
