@@ -73,6 +73,26 @@ def test_rows_are_independent_of_their_neighbours(consecutive: bool) -> None:
         assert int(alone) == int(together[i])
 
 
+@pytest.mark.parametrize("slab", [1, 4, 7, 150])
+def test_the_slab_size_does_not_change_a_draw(slab: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows drawn 1, 4, 7 or all at a time (``slab_rows`` picks up to 64 for a small
+    vocabulary) draw the same tokens."""
+    from deepinfer_kit.sample import ref_nucleus
+
+    case = _case(11, 150, 300, False)
+    default = ref_ops.nucleus_draw(*case)
+    monkeypatch.setattr(ref_nucleus, "slab_rows", lambda vocab: slab)
+    assert torch.equal(ref_ops.nucleus_draw(*case), default)
+    assert ref_nucleus.slab_rows(300) == slab
+
+
+def test_slab_rows_shrink_with_the_vocabulary() -> None:
+    from deepinfer_kit.sample.ref_nucleus import slab_rows
+
+    assert slab_rows(48) == 64 and slab_rows(152_064) == 4
+    assert all(slab_rows(v) >= slab_rows(2 * v) for v in (100, 5_000, 30_000, 100_000))
+
+
 @pytest.mark.triton
 @pytest.mark.parametrize(("vocab", "ties"), [(7, True), (300, False), (700, True)])
 def test_triton_kernel_matches_the_reference(vocab: int, ties: bool) -> None:

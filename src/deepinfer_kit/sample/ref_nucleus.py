@@ -12,13 +12,24 @@ import torch
 
 from deepinfer_kit.sample.blocked import BLOCK, blocked_reduce
 
-__all__ = ["BINS_PER_NAT", "nucleus_draw"]
+__all__ = ["BINS_PER_NAT", "nucleus_draw", "slab_rows"]
 
 BINS_PER_NAT = 256
 """Resolution of the log-weight histogram of :func:`nucleus_draw` (bins per unit of
 ``log w``)."""
 _NBINS = 104 * BINS_PER_NAT + 1  # float32 weights below e^-104 are 0: the last bin is dead
-_NUCLEUS_ROWS = 4  # rows per slice: its [rows, V] temporaries stay in cache and are reused
+_NUCLEUS_ROWS = 4  # rows per slab at least: its [rows, V] temporaries stay in cache and are reused
+_SLAB_ROWS_MAX = 64
+_SLAB_BYTES = 16 << 20  # a slab's temporaries at most (4 rows of a 150k vocabulary)
+
+
+def slab_rows(vocab: int) -> int:
+    """Rows one slab of :func:`nucleus_draw` handles: 4 at a large vocabulary, up to 64
+    at a small one, where the per-slab calls, not the row, cost most (the ``[rows,
+    NBINS]`` histogram then dominates the temporaries). A row's token does not depend on
+    the slab it is drawn in. Pure."""
+    per_row = 24 * vocab + 8 * _NBINS  # d, key (f32), bins (i64), w64 (f64); hist (f64)
+    return max(_NUCLEUS_ROWS, min(_SLAB_ROWS_MAX, _SLAB_BYTES // per_row))
 _WIDEN = 1e-12  # relative: the draw's bin range allows for the cut's float rounding
 
 
@@ -206,8 +217,8 @@ def nucleus_draw(
     sorted (by logit, ties by id) and summed one by one, which settles both crossings.
     The work is a fixed number of passes over the row plus a sort of those bins' tokens
     (their number depends on how dense the logits are at the crossings, not on the
-    nucleus width). Rows are handled each on its own (a few at a time, reusing the
-    temporaries, which then stay in cache), so a row's token never depends on the others.
+    nucleus width). Rows are handled each on its own (:func:`slab_rows` at a time,
+    reusing the temporaries), so a row's token never depends on the others.
 
     Args:
         x: ``[N, V]`` float32 logits (after penalties), contiguous; read only.
@@ -224,10 +235,11 @@ def nucleus_draw(
     out = torch.zeros(n, dtype=torch.int64, device=x.device)
     if n == 0:
         return out
-    scratch = _Scratch.make(min(n, _NUCLEUS_ROWS), x.shape[1], x.device)
+    step = slab_rows(x.shape[1])
+    scratch = _Scratch.make(min(n, step), x.shape[1], x.device)
     row_ids = rows.tolist()
-    for lo in range(0, n, _NUCLEUS_ROWS):
-        part = slice(lo, min(n, lo + _NUCLEUS_ROWS))
+    for lo in range(0, n, step):
+        part = slice(lo, min(n, lo + step))
         out[part] = _slab_draw(
             x, rows[part], row_ids[part], inv_t[part], p[part], min_p[part], u[part], scratch
         )
