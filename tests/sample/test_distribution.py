@@ -46,10 +46,10 @@ def _frequencies(params: SamplingParams, row: torch.Tensor, seeded: bool, **hist
     return counts.double() / DRAWS
 
 
-# The reference top-p-only draw scans rows in slabs of a few (it is built for large
-# vocabularies): 2e5 rows of it take ~40 CPU-seconds. Its seeded case keeps the top-p
-# check in the default tier and the other settings keep the generator's; top-p drawn
-# from the generator runs with -m slow.
+# The reference top-p-only draw bins every row into a fixed 26k-bin histogram (it is
+# built for large vocabularies): 2e5 rows of it take ~10 CPU-seconds at this vocabulary.
+# Its seeded case keeps the top-p check in the default tier and the other settings keep
+# the generator's; top-p drawn from the generator runs with -m slow.
 CASES = [
     pytest.param(name, seeded, id=f"{name}-{'seeded' if seeded else 'generator'}",
                  marks=[pytest.mark.slow] if (name, seeded) == ("top_p", False) else [])
