@@ -15,6 +15,7 @@ import pytest
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.sim import H200, QWEN3_1_7B, AnalyticCost, LengthDist, WorkloadConfig, build_simulator, generate
 from deepinfer_kit.sim.simulator import Simulator
+from deepinfer_kit.testing.sim_cost import COST_MODEL_SUITE
 
 _CASES = {
     "roomy": dict(num_blocks=20000),
@@ -130,33 +131,15 @@ def test_an_arrival_exactly_at_a_round_start_comes_before_that_round() -> None:
 def _costs() -> list[Any]:
     from deepinfer_kit.sim.cost_analytic import TINY
     from deepinfer_kit.sim.cost_profiled import ProfiledCost
+    from deepinfer_kit.sim.cost_saturating import SaturatingCost
 
     return [AnalyticCost(QWEN3_1_7B, H200), AnalyticCost(TINY, H200),
-            ProfiledCost(1e-3, 2e-6, 3.5e-5, 1.25e-8)]
+            ProfiledCost(1e-3, 2e-6, 3.5e-5, 1.25e-8), SaturatingCost(2e-3, 1e-6, 5e-6, 3e-4)]
 
 
-@pytest.mark.parametrize("cost", _costs(), ids=["analytic-1.7b", "analytic-tiny", "profiled"])
-def test_a_cost_models_round_times_are_its_step_times(cost: Any) -> None:
-    """``decode_round_times`` returns the very floats ``step_time`` gives round by round,
-    cut at the same round before ``until``."""
-    from deepinfer_kit.sim.records import StepShape
-    from deepinfer_kit.sim.runner import SimRunner
-    from deepinfer_kit.sim.tokens import SyntheticTokens
-
-    plain = SimRunner(_StepTimeOnly(cost), SyntheticTokens(100, 99))
-    for n, context, until, cap in ((1, 17, 1e9, 300), (5, 2604, 0.05, 4096), (64, 90000, 1e9, 50),
-                                   (3, 9, 0.0, 10), (7, 700, 1.5e-3, 4096)):
-        got = cost.decode_round_times(n, context, 0.25, 0.25 + until, cap)
-        want = plain.plain_decode_times(n, context, 0.25, 0.25 + until, cap)
-        assert got == want and len(got) >= 1
-        assert got[0] == cost.step_time(StepShape(0, n, context, n, context, n, 0))
-
-
-class _StepTimeOnly:
-    """A cost model with ``step_time`` alone (the runner's per-round fallback)."""
-
-    def __init__(self, cost: Any) -> None:
-        self._cost = cost
-
-    def step_time(self, shape: Any) -> float:
-        return float(self._cost.step_time(shape))
+@pytest.mark.parametrize("check", list(COST_MODEL_SUITE), ids=COST_MODEL_SUITE.ids)
+@pytest.mark.parametrize("cost", _costs(), ids=["analytic-1.7b", "analytic-tiny", "profiled", "saturating"])
+def test_cost_model_conformance(check: Any, cost: Any) -> None:
+    """Every cost model passes the CostModel suite (its batch pricing, when it has one,
+    gives the very floats ``step_time`` gives)."""
+    check(lambda: cost)

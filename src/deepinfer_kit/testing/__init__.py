@@ -18,6 +18,7 @@ from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.sample import SAMPLER_SUITE
 from deepinfer_kit.testing.sched import SCHEDULER_SUITE
 from deepinfer_kit.testing.sched_stretch import DECODE_STRETCHES_SUITE
+from deepinfer_kit.testing.sim_cost import COST_MODEL_SUITE
 from deepinfer_kit.testing.replica_selector import REPLICA_SELECTOR_SUITE
 from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
 from deepinfer_kit.testing.spec_distribution import SPECULATIVE_DISTRIBUTION_SUITE
@@ -35,6 +36,7 @@ __all__ = [
     "LRU_POLICY_SUITE",
     "SCHEDULER_SUITE",
     "DECODE_STRETCHES_SUITE",
+    "COST_MODEL_SUITE",
     "SAMPLER_SUITE",
     "VERIFY_PLANNER_SUITE",
     "DRAFT_VERIFIER_SUITE",
