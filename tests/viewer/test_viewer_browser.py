@@ -124,7 +124,10 @@ def browser() -> Iterator[Any]:
     options = Options()
     options.binary_location = CHROMIUM  # type: ignore[assignment]
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1500"):
+                "--window-size=1400,1500",
+                # a test browser needs no updates, sync or first-run work at start
+                "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                "--no-default-browser-check", "--disable-extensions", "--disable-sync"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     try:
