@@ -7,10 +7,11 @@ nothing in flight or unreported), each round is planned the same way: every sequ
 its last token; a sequence whose token opens a new block gets one fresh block (one
 :meth:`~deepinfer_kit.cache.protocols.KVCacheManager.allocate_next_blocks` call per round,
 in running order); the commit appends each sampled token and publishes the block it
-filled. Until a token may end a sequence, the blocks run short, or the caller's world
-changes (a request arrives), consecutive rounds differ only in their positions. A caller
-that knows the sampled tokens ahead (the simulator's synthetic model) applies such a
-stretch here in one call: the requests, the cache and the scheduler's counters end as
+filled. Until the round in which a token may end a sequence (that round included: its
+commit applies the stop rules), the blocks run short, or the caller's world changes (a
+request arrives), consecutive rounds differ only in their positions. A caller that
+knows the sampled tokens ahead (the simulator's synthetic model) applies such a stretch
+here in one call: the requests, the cache and the scheduler's counters end as
 ``rounds`` schedule / commit pairs leave them, with no plan built per round.
 """
 
@@ -22,12 +23,12 @@ from itertools import repeat
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.batching import ContinuousBatching, StaticBatching
+from deepinfer_kit.sched.commit import report
 from deepinfer_kit.sched.decodes import stop_rule
 from deepinfer_kit.sched.protocols import BatchingPolicy, StretchSource
-from deepinfer_kit.sched.commit import report
 from deepinfer_kit.sched.records import PlainDecodeRun, StretchResult
-from deepinfer_kit.sched.stops import check_stop
 from deepinfer_kit.sched.state import SchedulerState
+from deepinfer_kit.sched.stops import check_stop
 
 __all__ = ["plain_decode_run", "advance_plain_decodes"]
 
