@@ -134,6 +134,11 @@ class _World:
         self._record(result.outputs)
         return frees
 
+    def rounds(self, n: int) -> None:
+        """``n`` schedule / commit pairs."""
+        for _ in range(n):
+            self.round()
+
     def drain(self) -> None:
         while self.sched.has_unfinished():
             self.round()
@@ -195,6 +200,13 @@ def _expect_same(a: _World, b: _World, where: str) -> None:
     expect(a.outputs == b.outputs, f"{where}: outputs differ: {a.outputs} vs {b.outputs}")
 
 
+def _drain_both(a: _World, b: _World, where: str) -> None:
+    """Both worlds round by round until nothing is left, then compared."""
+    a.drain()
+    b.drain()
+    _expect_same(a, b, where)
+
+
 @DECODE_STRETCHES_SUITE.check
 def check_a_stretch_equals_its_rounds(factory: StretchFactory) -> None:
     """Block boundaries inside the stretch (allocations and publishes), then a second
@@ -203,16 +215,11 @@ def check_a_stretch_equals_its_rounds(factory: StretchFactory) -> None:
     a, b = _decoding(factory, 48, [(f"r{i}", rng.randrange(3, 11), 40, f"p{i % 2}") for i in range(4)])
     frees = a.advance(23)
     expect(len(frees) == 23, f"expected 23 rounds applied, got {len(frees)}")
-    for _ in range(23):
-        b.round()
+    b.rounds(23)
     _expect_same(a, b, "after the stretch")
-    a.drain()
-    b.drain()
-    _expect_same(a, b, "after the first wave")
+    _drain_both(a, b, "after the first wave")
     _admit(a, b, [(f"s{i}", rng.randrange(8, 30), 12, f"p{i % 3}") for i in range(6)])
-    a.drain()
-    b.drain()
-    _expect_same(a, b, "after a second wave sharing and evicting their blocks")
+    _drain_both(a, b, "after a second wave sharing and evicting their blocks")
 
 
 @DECODE_STRETCHES_SUITE.check
@@ -227,14 +234,11 @@ def check_ends_with_the_round_of_a_token_that_may_end(factory: StretchFactory) -
     frees = a.advance(20)
     expect(len(frees) == eos_round + 1,
            f"EOS sampled in round {eos_round} of the stretch: {len(frees)} rounds applied")
-    for _ in range(eos_round + 1):
-        b.round()
+    b.rounds(eos_round + 1)
     expect(a.outputs.get("r1", ([], None, 0, None))[1] == "stop",
            f"r1 must stop on EOS in the stretch's last round: {a.outputs}")
     _expect_same(a, b, "after the EOS")
-    a.drain()
-    b.drain()
-    _expect_same(a, b, "after the rest")
+    _drain_both(a, b, "after the rest")
 
 
 @DECODE_STRETCHES_SUITE.check
@@ -247,14 +251,11 @@ def check_ends_with_the_round_that_reaches_the_length_limit(factory: StretchFact
            f"max_rounds {run.max_rounds}: r0 may sample {left} more, the last ends it")
     frees = a.advance(30)
     expect(len(frees) == left, f"{len(frees)} rounds applied, expected {left}")
-    for _ in range(left):
-        b.round()
+    b.rounds(left)
     expect(len(a.outputs["r0"][0]) == 7 and a.outputs["r0"][1] == "length",
            f"r0 must end by length with 7 tokens in the stretch: {a.outputs.get('r0')}")
     _expect_same(a, b, "at the length limit")
-    a.drain()
-    b.drain()
-    _expect_same(a, b, "after the rest")
+    _drain_both(a, b, "after the rest")
 
 
 @DECODE_STRETCHES_SUITE.check
@@ -264,12 +265,9 @@ def check_stops_before_blocks_run_short(factory: StretchFactory) -> None:
     a, b = _decoding(factory, 14, [("r0", 6, 40, "x"), ("r1", 6, 40, "y")])
     frees = a.advance(40)
     expect(0 < len(frees) < 40, f"a 14-block pool cannot grow two 46-token requests 40 rounds: {len(frees)}")
-    for _ in range(len(frees)):
-        b.round()
+    b.rounds(len(frees))
     _expect_same(a, b, "at the shortage")
-    a.drain()
-    b.drain()
-    _expect_same(a, b, "after the preemption")
+    _drain_both(a, b, "after the preemption")
 
 
 @DECODE_STRETCHES_SUITE.check
@@ -304,8 +302,7 @@ def check_a_source_decides_how_many_rounds(factory: StretchFactory) -> None:
         expect(False, "a token list shorter than the rounds asked for must raise InvariantError")
     _expect_same(a, b, "after the refused stretches")
     expect(len(a.advance(3)) == 3, "a source asking for 3 rounds of a long run must get 3")
-    for _ in range(3):
-        b.round()
+    b.rounds(3)
     _expect_same(a, b, "after 3 rounds")
 
 
@@ -340,11 +337,8 @@ def check_a_one_token_last_prefill_chunk_is_not_a_run(factory: StretchFactory) -
            "a one-token last prefill chunk (no token sampled yet) joined a plain-decode run")
     _until_plain(a, b)
     a.advance(4)
-    for _ in range(4):
-        b.round()
-    a.drain()
-    b.drain()
-    _expect_same(a, b, "after the one-token last chunk")
+    b.rounds(4)
+    _drain_both(a, b, "after the one-token last chunk")
     metrics = req.metrics
     expect(metrics is not None and metrics.first_token_time is not None,
            "the first token of a prompt finished by a one-token chunk was not stamped")
