@@ -4,14 +4,12 @@ LRU order, the same counters — and a pool that runs short serves a prefix of t
 
 from __future__ import annotations
 
-
 import pytest
 
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.request import Request
-from deepinfer_kit.testing.cache_slot_checks import next_blocks_world
-
+from deepinfer_kit.testing.cache_slot_checks import allocate_one_by_one, next_blocks_world
 
 
 def _world(seed: int, index: str) -> tuple[BlockKVCacheManager, list[Request]]:
@@ -37,13 +35,7 @@ def test_equals_one_allocate_per_request(index: str, seed: int) -> None:
     bulk, reqs_a = _world(seed, index)
     step, reqs_b = _world(seed, index)
     got = bulk.allocate_next_blocks(reqs_a)
-    taken = 0
-    for req in reqs_b:
-        if not step.can_allocate(req, 1):
-            break
-        step.allocate(req, 1)
-        taken += 1
-    assert got == taken
+    assert got == allocate_one_by_one(step, reqs_b)
     assert [r.block_table for r in reqs_a] == [r.block_table for r in reqs_b]
     assert bulk.num_free_blocks == step.num_free_blocks
     assert bulk.stats == step.stats

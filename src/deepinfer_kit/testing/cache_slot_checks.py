@@ -16,7 +16,7 @@ from deepinfer_kit.request import Request
 from deepinfer_kit.testing.cache_manager_checks import make_request
 from deepinfer_kit.testing.suite import ConformanceError, Suite, expect
 
-__all__ = ["next_blocks_world", "register_slot_checks"]
+__all__ = ["allocate_one_by_one", "next_blocks_world", "register_slot_checks"]
 
 P = 4
 ManagerFactory = Callable[[int, int], KVCacheManager]
@@ -110,6 +110,19 @@ def next_blocks_world(factory: ManagerFactory, seed: int) -> tuple[KVCacheManage
     return m, live
 
 
+def allocate_one_by_one(manager: KVCacheManager, requests: list[Request]) -> int:
+    """What :meth:`KVCacheManager.allocate_next_blocks` stands for: one
+    ``allocate(request, 1)`` per request, in order, while ``can_allocate`` holds; returns
+    how many got a block. Mutates ``manager`` and the requests' tables."""
+    taken = 0
+    for req in requests:
+        if not manager.can_allocate(req, 1):
+            break
+        manager.allocate(req, 1)
+        taken += 1
+    return taken
+
+
 def _check_next_blocks(factory: ManagerFactory) -> None:
     """``allocate_next_blocks`` equals one ``allocate(request, 1)`` per request in order
     while ``can_allocate`` holds: the count served, the tables, the free count, and the
@@ -118,12 +131,7 @@ def _check_next_blocks(factory: ManagerFactory) -> None:
         bulk, reqs_a = next_blocks_world(factory, seed)
         step, reqs_b = next_blocks_world(factory, seed)
         got = bulk.allocate_next_blocks(reqs_a)
-        taken = 0
-        for req in reqs_b:
-            if not step.can_allocate(req, 1):
-                break
-            step.allocate(req, 1)
-            taken += 1
+        taken = allocate_one_by_one(step, reqs_b)
         expect(got == taken, f"seed {seed}: allocate_next_blocks served {got} requests, one "
                              f"allocate per request {taken}")
         tables_a, tables_b = [r.block_table for r in reqs_a], [r.block_table for r in reqs_b]
