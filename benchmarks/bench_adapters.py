@@ -44,30 +44,6 @@ sys.path.insert(0, str(HERE.parent / "tests" / "adapters"))
 import bench_sampler as bs
 
 
-def _metadata(rows: int, temperature: float, top_p: float) -> Any:
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
-
-    return SamplingMetadata(
-        temperature=torch.full((rows,), temperature),
-        all_greedy=False,
-        all_random=True,
-        top_p=torch.full((rows,), top_p),
-        top_k=None,
-        generators={},
-        max_num_logprobs=None,
-        no_penalties=True,
-        prompt_token_ids=None,
-        frequency_penalties=torch.zeros(rows),
-        presence_penalties=torch.zeros(rows),
-        repetition_penalties=torch.ones(rows),
-        output_token_ids=[[] for _ in range(rows)],
-        allowed_token_ids_mask=None,
-        bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(),
-    )
-
-
 def transformers_section(reps: int) -> None:
     """Print FIFO against the kit's scheduler inside ``generate_batch`` (see the module
     docstring)."""
@@ -117,6 +93,7 @@ def transformers_section(reps: int) -> None:
 
 def sampler_sweep(quick: bool, reps: int) -> None:
     """Print the sampler table (see the module docstring)."""
+    from test_adapter_vllm_sampler import sampling_metadata
     from vllm.v1.sample.sampler import Sampler
 
     from deepinfer_kit.adapters.vllm import KitSampler
@@ -135,7 +112,7 @@ def sampler_sweep(quick: bool, reps: int) -> None:
     for temperature in bs.TEMPERATURES:
         for width in widths:
             logits = base * bs.spread_for_width(width, temperature, base[0])
-            md = _metadata(batch, temperature, bs.TOP_P)
+            md = sampling_metadata([temperature] * batch, top_p=[bs.TOP_P] * batch)
             fns = [lambda x=logits, m=md: kit(x.clone(), m), lambda x=logits, m=md: peer(x.clone(), m)]
             (t_kit, out), (t_vllm, _) = bs.time_together(fns, reps)
             inside = bs.in_nucleus(logits, temperature, out.sampled_token_ids[:, 0].long())

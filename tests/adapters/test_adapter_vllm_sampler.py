@@ -26,7 +26,7 @@ pytestmark = pytest.mark.peers
 V = 1000
 
 
-def _metadata(
+def sampling_metadata(
     temperature: list[float],
     top_k: list[int] | None = None,
     top_p: list[float] | None = None,
@@ -66,14 +66,14 @@ def test_greedy_rows_equal_vllm_sampler() -> None:
     kit, peer = KitSampler(), Sampler()
     for seed in range(5):
         logits = _logits(16, seed)
-        md = _metadata([0.0] * 16)
+        md = sampling_metadata([0.0] * 16)
         want = peer(logits.clone(), md).sampled_token_ids
         got = kit(logits, md).sampled_token_ids
         assert got.dtype == want.dtype and got.shape == want.shape == (16, 1)
         assert torch.equal(got, want)
     # a mixed batch: the greedy rows still match, whatever the sampled rows draw
     temps = [0.0, 0.7, 0.0, 1.3] * 4
-    md = _metadata(temps, top_k=[50] * 16, top_p=[0.9] * 16)
+    md = sampling_metadata(temps, top_k=[50] * 16, top_p=[0.9] * 16)
     logits = _logits(16, 9)
     got = kit(logits, md).sampled_token_ids[:, 0]
     want = peer(logits.clone(), md).sampled_token_ids[:, 0]
@@ -89,7 +89,7 @@ def test_sampled_tokens_lie_in_vllms_filtered_set(top_k: list[int] | None, top_p
     60 draws per row all fall inside it, through both interfaces."""
     kit, topk_topp = KitSampler(), KitTopKTopPSampler()
     temps = [0.5, 1.0, 1.5, 0.8] * 2
-    md = _metadata(temps, top_k=top_k, top_p=top_p)
+    md = sampling_metadata(temps, top_k=top_k, top_p=top_p)
     logits = _logits(8, 3)
     scaled = logits / torch.tensor(temps).unsqueeze(1)
     k = None if top_k is None else torch.tensor(top_k)
@@ -121,7 +121,7 @@ def test_seeded_rows_are_reproducible_and_seed_dependent() -> None:
 
     def draw(seed: int) -> list[int]:
         gens = {i: torch.Generator().manual_seed(seed + i) for i in range(4)}
-        md = _metadata([1.0] * 4, generators=gens)
+        md = sampling_metadata([1.0] * 4, generators=gens)
         return [int(t) for _ in range(3) for t in kit(logits, md).sampled_token_ids[:, 0]]
 
     assert draw(1) == draw(1)
@@ -131,9 +131,9 @@ def test_seeded_rows_are_reproducible_and_seed_dependent() -> None:
 def test_what_is_not_covered_is_refused_by_name() -> None:
     kit = KitSampler()
     with pytest.raises(ConfigError, match="logprobs"):
-        kit(_logits(2, 0), _metadata([1.0, 1.0], max_num_logprobs=1))
+        kit(_logits(2, 0), sampling_metadata([1.0, 1.0], max_num_logprobs=1))
     with pytest.raises(ConfigError, match="penalties"):
-        kit(_logits(2, 0), _metadata([1.0, 1.0], no_penalties=False))
+        kit(_logits(2, 0), sampling_metadata([1.0, 1.0], no_penalties=False))
 
 
 def test_untested_vllm_version_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
