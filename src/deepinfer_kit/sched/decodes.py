@@ -16,11 +16,11 @@ from itertools import islice
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.chunks import add_chunk
-from deepinfer_kit.sched.records import DecodeChunk
+from deepinfer_kit.sched.records import DecodeChunk, SamplingRow
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import check_stop, length_limit
 
-__all__ = ["plan_decodes", "commit_decodes", "stop_rule"]
+__all__ = ["plan_decodes", "commit_decodes", "fast_path_row", "stop_rule"]
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
@@ -51,7 +51,7 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     block_size = cache.block_size
     shared = state.drafts or state.may_share  # either may hold a sequence: test each one
     drafts, may_share = state.drafts, state.may_share
-    rows, plain_rows = state.rows, state.plain_rows
+    plain_rows = state.plain_rows
     tables = state.tables
     plain = entry.plain
     chunks = entry.plan.chunks
@@ -75,14 +75,13 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
             grow.append(len(chunks))
         row = plain_rows.get(req)
         if row is None:
-            row = rows.get(req)
-            if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
+            row = fast_path_row(state, req)
+            if row is None:
                 add_chunk(state, entry, req, start, 1)
                 if chunks[-1].num_samples != 1:  # a fork's first sample: the general commit
                     plain.append((begin, len(chunks) - 1))
                     begin = len(chunks)
                 continue
-            plain_rows[req] = row
         snapshot = tables.get(req)
         if snapshot is None:
             snapshot = tables[req] = list(table)
@@ -103,6 +102,19 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
         plain.append((begin, len(chunks)))
     done = len(chunks) - first
     return i + done, budget - done
+
+
+def fast_path_row(state: SchedulerState, req: Request) -> SamplingRow | None:
+    """``req``'s sampling row when its plain decodes take the fast path's own chunk (no
+    history, no fork, no prompt logprobs: fixed for the sequence), recorded in
+    ``state.plain_rows``; ``None`` while it has no row yet or never qualifies."""
+    row = state.plain_rows.get(req)
+    if row is None:
+        row = state.rows.get(req)
+        if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
+            return None
+        state.plain_rows[req] = row
+    return row
 
 
 def _grow_tables(state: SchedulerState, entry: InflightPlan, grow: list[int]) -> None:

@@ -24,7 +24,7 @@ from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.batching import ContinuousBatching, StaticBatching
 from deepinfer_kit.sched.commit import report
-from deepinfer_kit.sched.decodes import stop_rule
+from deepinfer_kit.sched.decodes import fast_path_row, stop_rule
 from deepinfer_kit.sched.protocols import BatchingPolicy, StretchSource
 from deepinfer_kit.sched.records import PlainDecodeRun, StretchResult
 from deepinfer_kit.sched.state import SchedulerState
@@ -62,7 +62,7 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
     last = running[-1]
     if last.num_computed_tokens + 1 != len(last.all_token_ids):
         return None  # e.g. admitted last round and still prefilling
-    plain_rows, rules, rows = state.plain_rows, state.stop_rules, state.rows
+    plain_rows, rules = state.plain_rows, state.stop_rules
     max_len = state.config.max_model_len
     ids: list[str] = []
     starts: list[int] = []
@@ -79,11 +79,8 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
             if metrics is not None and metrics.first_token_time is None:
                 return None
             rule = rules[req] = stop_rule(req, max_len)
-        if req not in plain_rows:
-            row = rows.get(req)
-            if row is None or row.needs_history or row.params.n > 1 or req.prompt_logprobs is not None:
-                return None
-            plain_rows[req] = row  # what the next plan_decodes would record
+        if req not in plain_rows and fast_path_row(state, req) is None:
+            return None
         if req.observer is not None:
             return None
         room = rule[1] - num_known - 1  # appended tokens keep the length under the limit
