@@ -219,23 +219,17 @@ class MetricsRecorder:
     def on_step(self, plan: SchedulePlan, start: float, duration: float, usage: float) -> None:
         """A round ran from ``start`` for ``duration`` s, with ``usage`` of the pool held
         after its scheduling. O(1)."""
-        self.num_steps += 1
-        self.busy_s += duration
         if plan.preempted_ids:
             self.preemptions += len(plan.preempted_ids)
-        self._usage_t.append(start)
-        self._usage.append(usage)
-        self._usage_area += usage * duration
-        if usage > self._usage_max:
-            self._usage_max = usage
+        self.on_rounds(start, [duration], [usage])
 
     def on_rounds(self, start: float, durations: list[float], usages: list[float]) -> None:
         """Rounds that preempted nothing ran back to back from ``start``, round ``r`` for
-        ``durations[r]`` s with ``usages[r]`` of the pool held: what :meth:`on_step`
-        records for each, without their plans. O(rounds)."""
+        ``durations[r]`` s with ``usages[r]`` of the pool held (a stretch, or the one
+        round of :meth:`on_step`). O(rounds)."""
         usage_t, usage_log = self._usage_t, self._usage
         busy, area, peak = self.busy_s, self._usage_area, self._usage_max
-        for d, u in zip(durations, usages):  # the same sums, in the same order, as on_step
+        for d, u in zip(durations, usages):  # summed round by round, in order
             busy += d
             usage_t.append(start)
             usage_log.append(u)
