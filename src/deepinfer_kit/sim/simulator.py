@@ -50,8 +50,8 @@ class Simulator:
         prompts: materializes prompt tokens on arrival.
         eos_token_id: stamped on every request (the synthetic EOS).
         stretches: apply each stretch of plain-decode rounds (every running sequence
-            decoding, nothing waiting; until a token may end one, its blocks run short
-            or a request arrives) in one scheduler call
+            decoding, nothing waiting; through the round in which a token may end one,
+            until its blocks run short or a request arrives) in one scheduler call
             (:class:`~deepinfer_kit.sched.protocols.DecodeStretches`) when the scheduler
             offers it, the runner is a plain :class:`SimRunner` and no observer is
             given: the requests, cache, clock and metrics end as round by round, without
