@@ -59,8 +59,13 @@ def test_a_wait_finishes_the_held_step_when_nothing_follows() -> None:
     worker must not hold 0 for a next step that is not coming."""
     log: list[str] = []
     executor = ThreadExecutor(pipeline=True)
-    assert executor.wait(executor.launch(0, two_phase_step(0, log))).token_ids == [[0]]
-    assert executor.wait(executor.launch(1, two_phase_step(1, log))).token_ids == [[1]]
+    for i in range(2):
+        pending = executor.launch(i, two_phase_step(i, log))
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(executor.wait(pending).token_ids), daemon=True)
+        waiter.start()
+        waiter.join(timeout=60)  # bounded: a worker that keeps the step would hang the wait
+        assert got == [[[i]]], f"wait for step {i} did not return: {log}"
     executor.close()
     assert log == ["L0", "F0", "L1", "F1"] and executor.num_pipelined == 0
 
