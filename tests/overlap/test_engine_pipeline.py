@@ -182,3 +182,20 @@ def test_speculative_rounds_are_never_pipelined_and_equal_sync() -> None:
     executor = engine.executor
     assert isinstance(executor, ThreadExecutor) and executor.num_pipelined == 0
     engine.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_pipelined_cuda_engine_equals_sync(graphs: bool) -> None:
+    """On a GPU the default overlapped executor (CudaStreamExecutor) pipelines: the same
+    tokens as the synchronous engine on the same device, and rounds really were launched
+    before the round before finished (pinned copies, events, the stream's order)."""
+    config = {**ROOMY, "device": "cuda", "cuda_graphs": graphs}
+    reqs = workload(0, 30)
+    want, _ = run_workload(reqs, False, **config)
+    engine = build_engine(overlap=True, **config)
+    order = _record(engine)
+    got, _ = run_workload(reqs, engine=engine)
+    assert got == want
+    assert _pipelined_pairs(order)
+    engine.close()
