@@ -19,7 +19,7 @@ def _fields(plan: SchedulePlan) -> tuple[object, ...]:
     chunks = tuple(
         tuple((f.name, _row(getattr(c, f.name)) if f.name == "sampling" else getattr(c, f.name))
               for f in attrs.fields(ScheduledChunk))
-        for c in plan.chunks
+        for c in plan.all_chunks()
     )
     return (plan.step_id, chunks, plan.block_copies, plan.preempted_ids, plan.finished_ids,
             plan.num_batched_tokens, plan.token_budget, plan.num_cached_tokens)

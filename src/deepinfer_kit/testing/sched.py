@@ -106,7 +106,7 @@ def check_decodes_not_starved_by_long_prefill(factory: SchedulerFactory) -> None
     while ("short", 0) not in drv.completions:
         plan = drv.schedule()
         expect(
-            any(c.request_id == "short" for c in plan.chunks),
+            any(c.request_id == "short" for c in plan.all_chunks()),
             f"decode starved in round {plan.step_id}",
         )
         drv.commit(plan)
@@ -243,7 +243,7 @@ def check_prefix_hit_leaves_a_token_to_compute(factory: SchedulerFactory) -> Non
     drv.run()
     drv.sched.add(make_request("again", 12, prompt_seed="same", max_tokens=2))
     plan = drv.schedule()
-    (chunk,) = plan.chunks
+    (chunk,) = plan.all_chunks()
     expect(
         chunk.start <= 11 and chunk.start + chunk.num_tokens == 12,
         f"prefix hit chunk {chunk.start}+{chunk.num_tokens}",
@@ -299,7 +299,7 @@ def _accept_every_draft(seed: int) -> Callable[[SchedulePlan], StepResult]:
     def step(plan: SchedulePlan) -> StepResult:
         tokens: list[list[int]] = []
         drafted: list[int] = []
-        for c in plan.chunks:
+        for c in plan.all_chunks():
             n = c.num_samples + len(c.spec_token_ids) + c.draft_room if c.sample else 0
             fresh = [rng.randrange(1, 100) for _ in range(n - len(c.spec_token_ids))]
             tokens.append([*c.spec_token_ids, *fresh])

@@ -139,6 +139,8 @@ class ModelRunner:
         if self.drafting is not None:
             slots = self.token_slots
             if slots is not None:  # leased here, on the host's thread, like a full layout
+                for sid in plan.decodes.request_ids:
+                    slots.lease(sid, plan.step_id)
                 for chunk in plan.chunks:
                     if chunk.sample:
                         slots.lease(chunk.request_id, plan.step_id)
@@ -162,7 +164,7 @@ class ModelRunner:
             static is not None
             and not record_expert_counts and self.balancer is None  # padded rows would count
             and not prompt.rows  # prompt-logprob rows are extra logits rows
-            and num_tokens == len(plan.chunks) > 0
+            and num_tokens == plan.num_chunks > 0
             and static.size_for(num_tokens) is not None
         ):
             staged = static.stage(input_ids, positions, seq_lens, tables, tail)
@@ -248,7 +250,7 @@ class ModelRunner:
         kept = dict(zip((v.chunk for v in step.verified), emitted))
         token_ids, errors, self._last = chunk_results(step.plan, tokens, step.row_counts, kept,
                                                       step.sampling.positions, logprobs)
-        drafted = [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
+        drafted = [0] * len(step.plan.decodes) + [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
         return StepResult(
             token_ids=token_ids,
             logprobs=logprobs,
