@@ -142,7 +142,8 @@ def make_request(
 
 
 def fake_step(plan: SchedulePlan) -> StepResult:
-    return StepResult([[7] if c.sample else [] for c in plan.all_chunks()])
+    """Token 7 for every sampling chunk, in batch order (decode rows first)."""
+    return StepResult([[7] for _ in plan.decodes.request_ids] + [[7] if c.sample else [] for c in plan.chunks])
 
 
 def measure(

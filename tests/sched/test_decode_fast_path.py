@@ -56,7 +56,8 @@ def _requests(seed: int, count: int) -> list[Request]:
             params["presence_penalty"] = 0.5
         req = make_request(
             f"r{i}", rng.randint(1, 30),
-            prompt_seed=f"s{rng.randrange(4)}" if rng.random() < 0.5 else None, **params,
+            prompt_seed=f"s{rng.randrange(4)}" if rng.random() < 0.5 else None, priority=rng.randrange(3),
+            **params,
         )
         if rng.random() < 0.1:
             req.observer = _StopAt(rng.randint(1, 8))  # type: ignore[assignment]
@@ -68,11 +69,13 @@ def _no_fast_path(state: SchedulerState, entry: InflightPlan, i: int, budget: in
     return i, budget
 
 
-def _run(seed: int, num_blocks: int) -> list[Any]:
-    """Everything observable of one run: per round the plan's fields and the outputs."""
+def _run(seed: int, num_blocks: int, policy: str = "fcfs") -> list[Any]:
+    """Everything observable of one run: per round the plan's fields and the outputs.
+    Under the priority policy a victim is often a sequence already planned this round
+    (its decode row or chunk leaves the plan)."""
     config = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=40, max_model_len=64,
-                             long_prefill_token_threshold=9)
-    cache = BlockKVCacheManager.create(_cache_config(num_blocks))
+                             long_prefill_token_threshold=9, policy=policy)
+    cache = _Logged.create(_cache_config(num_blocks))
     sched = ContinuousBatchScheduler(config, cache)
     rng = random.Random(seed + 1)
     pending = _requests(seed, 40)
@@ -92,7 +95,30 @@ def _run(seed: int, num_blocks: int) -> list[Any]:
     stats = cache.stats
     assert stats is not None
     seen.append(attrs.asdict(stats) if attrs.has(type(stats)) else repr(stats))
+    seen.append(cache.log)  # the commit's publishes and frees, in the order it made them
     return seen
+
+
+class _Logged(BlockKVCacheManager):
+    """The cache manager, logging the calls a commit makes (publishes and frees) in order:
+    the fast path must make them in the general path's order, not just end equal."""
+
+    log: list[tuple[str, str, int]]
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> Any:
+        made = super().create(*args, **kwargs)
+        made.__class__ = cls
+        made.log = []
+        return made
+
+    def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        self.log.append(("publish", request.request_id, num_tokens))
+        super().cache_full_blocks(request, num_tokens)
+
+    def free(self, request: Request) -> None:
+        self.log.append(("free", request.request_id, 0))
+        super().free(request)
 
 
 def _tokens(seed: int, chunk: ScheduledChunk) -> list[int]:
@@ -130,14 +156,15 @@ def _output_fields(out: RequestOutput) -> Any:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("num_blocks", [14, 40, 400])
+@pytest.mark.parametrize(("num_blocks", "policy"), [(14, "fcfs"), (40, "fcfs"), (400, "fcfs"), (14, "priority"),
+                                                    (24, "priority")])
 def test_fast_path_makes_the_general_paths_decisions(
-    seed: int, num_blocks: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, num_blocks: int, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as m:
         m.setattr(planning, "plan_decodes", _no_fast_path)
-        slow = _run(seed, num_blocks)
-    fast = _run(seed, num_blocks)
+        slow = _run(seed, num_blocks, policy)
+    fast = _run(seed, num_blocks, policy)
     assert len(fast) == len(slow)
     for step, (a, b) in enumerate(zip(fast, slow)):
         assert a == b, f"seed {seed}, {num_blocks} blocks: round {step} differs"
