@@ -360,10 +360,10 @@ def check_results_follow_the_batch_order(factory: SchedulerFactory) -> None:
                             for j in range(c.num_samples)]
     wants: dict[tuple[str, int], int] = {}
     for i in range(14):
-        extra: dict[str, object] = {"presence_penalty": 0.5} if i % 3 == 0 else {}
         n = 2 if i % 5 == 4 else 1
+        penalty = 0.5 if i % 3 == 0 else 0.0  # reads its history: a record, not a decode row
         drv.sched.add(make_request(f"b{i}", 3 + (i * 5) % 17, max_tokens=4 + i % 6, n=n, ignore_eos=True,
-                                   arrival=float(i), **extra))
+                                   arrival=float(i), presence_penalty=penalty))
         for j in range(n):
             wants[(f"b{i}", j)] = 4 + i % 6
         drv.step()
