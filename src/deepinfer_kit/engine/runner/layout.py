@@ -89,8 +89,10 @@ class RoundLayout:
 
 def lay_out(plan: SchedulePlan, *, step_id: int, slots: TokenSlots | None, can_verify: bool,
             draft_probs: DraftProbs | None) -> RoundLayout:
-    """The :class:`RoundLayout` of ``plan``'s chunks; leases token slots (``step_id``) for
-    placeholders and for every sequence that samples. O(T + R * max_blocks).
+    """The :class:`RoundLayout` of ``plan``'s batch: its decode rows column by column
+    (:func:`lay_out_rows`), then its chunk records (:func:`lay_out_chunks`); leases token
+    slots (``step_id``) for placeholders and for every sequence that samples.
+    O(T + R * max_blocks).
 
     Raises:
         InvariantError: a chunk with more than one placeholder, a placeholder together
