@@ -142,7 +142,8 @@ def make_request(
 
 
 def fake_step(plan: SchedulePlan) -> StepResult:
-    return StepResult([[7] if c.sample else [] for c in plan.chunks])
+    """Token 7 for every sampling chunk, in batch order (decode rows first)."""
+    return StepResult([[7] for _ in plan.decodes.request_ids] + [[7] if c.sample else [] for c in plan.chunks])
 
 
 def measure(
@@ -183,7 +184,7 @@ def measure(
         for _ in sched.commit(plan, fake_step(plan)):
             sched.add(make_request(rng, next_id, prompt, out))
             next_id += 1
-        if (i >= warm) if mixed else (plan.num_batched_tokens == len(plan.chunks) == num):
+        if (i >= warm) if mixed else (plan.num_batched_tokens == plan.num_chunks == num):
             break
     else:
         raise RuntimeError(f"{kind}/{workload}/{num}: no steady state after 10000 rounds")
@@ -200,7 +201,7 @@ def measure(
         outs = sched.commit(plan, result)
         t3 = clock()
         total += (t1 - t0) + (t3 - t2)
-        running += len(plan.chunks)
+        running += plan.num_chunks
         for _ in outs:  # keep the running set at `num`
             sched.add(make_request(rng, next_id, prompt, out))
             next_id += 1

@@ -60,7 +60,7 @@ class Tally:
 
     def __call__(self, plan: SchedulePlan, result: StepResult, start: float, end: float) -> None:
         emitted = 0
-        for chunk, toks in zip(plan.chunks, result.token_ids):
+        for chunk, toks in zip(plan.all_chunks(), result.token_ids):
             rid = chunk.request_id
             self.first.setdefault(rid, start)
             if toks:

@@ -75,10 +75,10 @@ def first_token_rounds(sched: Scheduler, seed: int) -> list[int]:
     rounds = 0
     while sched.has_unfinished():
         plan = sched.schedule()
-        tokens = [[rng.randrange(1, 1000)] * c.num_samples if c.sample else [] for c in plan.chunks]
+        tokens = [[rng.randrange(1, 1000)] * c.num_samples if c.sample else [] for c in plan.all_chunks()]
         sched.commit(plan, StepResult(tokens))
         rounds += 1
-        for chunk in plan.chunks:
+        for chunk in plan.all_chunks():
             if chunk.sample:
                 first.setdefault(chunk.request_id, rounds)
     return list(first.values())

@@ -35,7 +35,8 @@ class RankStats:
 
 @attrs.define(slots=True, eq=False)
 class StepResult:
-    """What one executed round produced, aligned with ``SchedulePlan.chunks``.
+    """What one executed round produced, aligned with the plan's batch
+    (``SchedulePlan.all_chunks()``: its decode rows, then its chunk records).
 
     Attributes:
         token_ids: per chunk, the tokens to append: ``[]`` for a chunk with

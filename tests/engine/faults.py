@@ -82,7 +82,7 @@ def rows_of(step: PreparedStep, request_ids: set[str]) -> list[int]:
     """The sampling rows of ``step`` that belong to ``request_ids``."""
     rows: list[int] = []
     row = 0
-    for chunk, count in zip(step.plan.chunks, step.row_counts):
+    for chunk, count in zip(step.plan.all_chunks(), step.row_counts):
         if chunk.request_id in request_ids:
             rows.extend(range(row, row + count))
         row += count
@@ -121,11 +121,11 @@ class RunnerFaults:
             if draw < p_forward:
                 model.raise_next = True
                 self.failed_steps.append(plan.step_id)
-            elif draw < p_forward + p_nan and plan.chunks:
-                victims = {c.request_id for c in plan.chunks if c.sample and rng.random() < 0.3}
+            elif draw < p_forward + p_nan and plan.all_chunks():
+                victims = {c.request_id for c in plan.all_chunks() if c.sample and rng.random() < 0.3}
                 model.rows = rows_of(step, victims)
                 if model.rows:
-                    self.poisoned |= {c.request_id for c in plan.chunks if c.request_id in victims}
+                    self.poisoned |= {c.request_id for c in plan.all_chunks() if c.request_id in victims}
             fail_sampler = rng.random() < p_sampler
             sampler.fail = lambda: fail_sampler
             if fail_sampler:

@@ -5,7 +5,6 @@ with multi-byte UTF-8 characters split over tokens."""
 from __future__ import annotations
 
 from pathlib import Path
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_kit import LLM, ConfigError, Engine, EngineConfig, SamplingParams, build_engine
+from deepinfer_kit import LLM, ConfigError, EngineConfig, SamplingParams, build_engine
 
 
 @pytest.fixture(scope="module")

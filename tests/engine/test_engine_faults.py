@@ -50,7 +50,7 @@ def test_non_finite_logits_end_only_that_request(value: float, temperature: floa
 
     def prepare(plan: SchedulePlan, **kw: Any) -> PreparedStep:
         step = inner_prepare(plan, **kw)
-        decoding = any(c.request_id == "bad" and not c.is_prefill for c in plan.chunks)
+        decoding = any(c.request_id == "bad" and not c.is_prefill for c in plan.all_chunks())
         model.rows = rows_of(step, {"bad"}) if decoding else []
         return step
 

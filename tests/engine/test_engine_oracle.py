@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_kit import Engine, SamplingParams, build_engine
+from deepinfer_kit import SamplingParams, build_engine
 
 from hf_models import hf_logits
 

@@ -4,7 +4,6 @@ single-process engine's."""
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 

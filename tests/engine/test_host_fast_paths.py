@@ -43,6 +43,20 @@ def _decode_chunk(rng: random.Random, i: int, *, history: bool) -> ScheduledChun
     )
 
 
+def _plan_of(step_id: int, chunks: Sequence[ScheduledChunk]) -> SchedulePlan:
+    """A plan whose plain decodes that read no history are decode rows (columns, laid out
+    first), the others records: the form the scheduler's fast path gives."""
+    plan = SchedulePlan(step_id=step_id)
+    for c in chunks:
+        row = c.sampling
+        if row is not None and not row.needs_history and c.num_tokens == 1 and len(c.token_ids) == 1:
+            plan.decodes.append(c.request_id, c.start, c.token_ids[0], c.block_table, c.preemption_epoch, row,
+                                c.output_position)
+        else:
+            plan.chunks.append(c)
+    return plan
+
+
 def _same_layout(a: RoundLayout, b: RoundLayout) -> None:
     for name in _LAYOUT_FIELDS:
         assert getattr(a, name) == getattr(b, name), name
@@ -56,9 +70,10 @@ def test_a_round_of_plain_decodes_lays_out_as_chunk_by_chunk(seed: int) -> None:
     chunks = [_decode_chunk(rng, i, history=rng.random() < 0.3) for i in range(rng.randint(1, 40))]
     with_slots = seed % 2 == 0
     slots = [TokenSlots(64, "cpu") if with_slots else None for _ in range(2)]
-    fast = lay_out(SchedulePlan(step_id=3, chunks=chunks), step_id=3, slots=slots[0], can_verify=False,
-                   draft_probs=None)
-    general = lay_out_chunks(chunks, 3, slots[1], False, None)
+    plan = _plan_of(3, chunks)
+    assert plan.decodes.request_ids and plan.num_chunks == len(chunks)
+    fast = lay_out(plan, step_id=3, slots=slots[0], can_verify=False, draft_probs=None)
+    general = lay_out_chunks(plan.all_chunks(), 3, slots[1], False, None)
     _same_layout(fast, general)
     if with_slots:  # the same slots leased, in the same order
         assert [slots[0].slot_of(c.request_id) for c in chunks] == [slots[1].slot_of(c.request_id) for c in chunks]
@@ -69,8 +84,9 @@ def test_a_chunk_that_is_not_a_plain_decode_takes_the_general_path() -> None:
     chunks = [_decode_chunk(rng, i, history=False) for i in range(4)]
     chunks.append(ScheduledChunk(request_id="p", start=0, num_tokens=3, token_ids=[4, 5, 6], block_table=[7],
                                  sampling=chunks[0].sampling))
-    out = lay_out(SchedulePlan(step_id=1, chunks=chunks), step_id=1, slots=None, can_verify=False,
-                  draft_probs=None)
+    plan = _plan_of(1, chunks)
+    assert len(plan.decodes) == 4 and len(plan.chunks) == 1
+    out = lay_out(plan, step_id=1, slots=None, can_verify=False, draft_probs=None)
     _same_layout(out, lay_out_chunks(chunks, 1, None, False, None))
     assert out.query_lens == [1, 1, 1, 1, 3]
 
@@ -83,10 +99,17 @@ def test_one_sampled_row_per_chunk_gives_the_general_results(seed: int) -> None:
     if seed % 3 == 1:  # a sentinel: the shortcut must step aside, and both agree
         tokens[rng.randrange(len(tokens))] = rng.choice([UNSAMPLED, CONTINUED_UNSAMPLED])
     counts = [1] * len(chunks)
-    positions = [c.output_position for c in chunks]
-    plan = SchedulePlan(step_id=0, chunks=chunks)
+    plan = _plan_of(0, chunks)
+    ordered = plan.all_chunks()  # the batch order: decode rows first
+    positions = [c.output_position for c in ordered]
     assert chunk_results(plan, tokens, counts, {}, positions, None) == chunk_results_general(
-        chunks, tokens, counts, {}, positions, None)
+        ordered, tokens, counts, {}, positions, None)
+    if seed % 3 == 2:  # a round where some chunk drew no row: the columns' general split
+        counts = [0 if c.sampling is not None and c.sampling.needs_history and i % 2 else 1
+                  for i, c in enumerate(ordered)]
+        drawn = tokens[: sum(counts)]
+        assert chunk_results(plan, drawn, counts, {}, positions, None) == chunk_results_general(
+            ordered, drawn, counts, {}, positions, None)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

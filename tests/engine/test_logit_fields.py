@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine.engine import Engine

@@ -12,14 +12,14 @@ import pytest
 
 from deepinfer_kit import SamplingParams
 from deepinfer_kit.engine.remote.plan_codec import PlanDecoder, PlanEncoder
-from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
+from deepinfer_kit.sched.records import DecodeRows, SamplingRow, ScheduledChunk, SchedulePlan
 
 
 def _fields(plan: SchedulePlan) -> tuple[object, ...]:
     chunks = tuple(
         tuple((f.name, _row(getattr(c, f.name)) if f.name == "sampling" else getattr(c, f.name))
               for f in attrs.fields(ScheduledChunk))
-        for c in plan.chunks
+        for c in plan.all_chunks()
     )
     return (plan.step_id, chunks, plan.block_copies, plan.preempted_ids, plan.finished_ids,
             plan.num_batched_tokens, plan.token_budget, plan.num_cached_tokens)
@@ -67,9 +67,23 @@ class Sequences:
         )
 
     def plan(self, step: int, live: list[str]) -> SchedulePlan:
-        chunks = [self.chunk(rid) for rid in live if self.rng.random() < 0.8]
-        return SchedulePlan(step, chunks, [(1, 2)] if self.rng.random() < 0.1 else [],
-                            ["p"] if self.rng.random() < 0.1 else [], [], sum(c.num_tokens for c in chunks), 64, 0)
+        """Some sequences as decode rows (columns), some as chunk records."""
+        rng = self.rng
+        chunks: list[ScheduledChunk] = []
+        rows = DecodeRows()
+        for rid in live:
+            if rng.random() < 0.2:
+                continue
+            chunk = self.chunk(rid)
+            row = chunk.sampling
+            if row is not None and not row.needs_history and rng.random() < 0.5:
+                rows.append(rid, chunk.start, chunk.token_ids[0], chunk.block_table, chunk.preemption_epoch, row,
+                            chunk.output_position)
+            else:
+                chunks.append(chunk)
+        return SchedulePlan(step, chunks, [(1, 2)] if rng.random() < 0.1 else [],
+                            ["p"] if rng.random() < 0.1 else [], [], sum(c.num_tokens for c in chunks) + len(rows),
+                            64, 0, rows)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -108,8 +122,10 @@ def test_a_decode_round_names_what_the_worker_holds() -> None:
     tables = {rid: list(range(12)) for rid in rows}
 
     def plan(step: int) -> SchedulePlan:
-        return SchedulePlan(step, [ScheduledChunk(rid, 100 + step, 1, [step], tables[rid], sampling=row)
-                                   for rid, row in rows.items()])
+        decodes = DecodeRows()
+        for i, (rid, row) in enumerate(rows.items()):
+            decodes.append(rid, 100 + step, step, tables[rid], i % 3, row, step + i)
+        return SchedulePlan(step, decodes=decodes)
 
     encoder, decoder = PlanEncoder(), PlanDecoder()
     first = encoder.encode(plan(0))
@@ -123,7 +139,8 @@ def test_a_decode_round_names_what_the_worker_holds() -> None:
     decoder.decode(second[1])
     encoder.confirm(second[0])
     _, got = decoder.decode(third[1])
-    assert got.chunks[5].sampling is not None and list(got.chunks[5].sampling.prompt_token_ids) == list(range(200))
+    assert _fields(got) == _fields(plan(2))
+    assert got.decodes.sampling[5] is not None and list(got.decodes.sampling[5].prompt_token_ids) == list(range(200))
 
 
 def test_sequences_a_plan_no_longer_uses_are_forgotten_on_both_sides() -> None:

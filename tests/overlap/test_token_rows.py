@@ -81,7 +81,7 @@ def test_the_forward_reads_the_placeholder_from_the_device_slot() -> None:
 
     def poke(step: PreparedStep) -> None:
         if step.plan.step_id == 2:
-            slot = slots.slot_of(step.plan.chunks[0].request_id)
+            slot = slots.slot_of(step.plan.all_chunks()[0].request_id)
             assert slot is not None
             slots.tokens[slot] = 7
 

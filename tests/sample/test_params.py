@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deepinfer_kit import ConfigError, RequestOutputKind, SamplingParams
+from deepinfer_kit import ConfigError, SamplingParams
 
 BAD = [
     ({"temperature": -0.1}, "temperature must be >= 0, got -0.1"),

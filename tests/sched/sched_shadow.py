@@ -77,7 +77,7 @@ class SlotModel:
         for src, dst in plan.block_copies:
             self.slots[dst * P : (dst + 1) * P] = self.slots[src * P : (src + 1) * P]
         out: list[list[int]] = []
-        for chunk in plan.chunks:
+        for chunk in plan.all_chunks():
             out.append(self._run(chunk))
         return StepResult(out)
 

@@ -36,12 +36,12 @@ def test_blocks_are_published_only_after_commit(make_cache: Any) -> None:
     drv.sched.add(make_request("A", 12, prompt_seed="p", max_tokens=3))
     drv.sched.add(make_request("B", 12, prompt_seed="p", max_tokens=3))
     plan = drv.schedule()
-    assert [c.start for c in plan.chunks] == [0, 0]
+    assert [c.start for c in plan.all_chunks()] == [0, 0]
     assert not any(e[0] == "cache_full_blocks" for e in cache.log)
     drv.commit(plan)
     drv.sched.add(make_request("C", 12, prompt_seed="p", max_tokens=3))
     plan = drv.schedule()
-    assert plan.chunks[-1].request_id == "C" and plan.chunks[-1].start == 8
+    assert plan.all_chunks()[-1].request_id == "C" and plan.all_chunks()[-1].start == 8
     assert plan.num_cached_tokens == 8
     drv.commit(plan)
     drv.run()
@@ -95,7 +95,7 @@ def _resume_stats(seed: int, make_cache: Any) -> tuple[int, int]:
     while drv.sched.has_unfinished():
         preempted = {id(r) for r in drv.sched.waiting if r.num_preemptions}
         plan = drv.schedule()
-        for c in plan.chunks:
+        for c in plan.all_chunks():
             req = drv.sched.get(c.request_id)
             assert req is not None
             if id(req) in preempted:
@@ -156,7 +156,7 @@ def test_priority_admission_and_victims(make_cache: Any) -> None:
     drv.sched.add(make_request("high", 3, max_tokens=12, ignore_eos=True, priority=0, arrival=1.0))
     drv.sched.add(make_request("mid", 3, max_tokens=12, ignore_eos=True, priority=2, arrival=2.0))
     plan = drv.schedule()
-    assert [c.request_id for c in plan.chunks] == ["high", "mid"]
+    assert [c.request_id for c in plan.all_chunks()] == ["high", "mid"]
     drv.commit(plan)
     preempted = []
     while drv.sched.has_unfinished():
@@ -182,7 +182,7 @@ def test_policy_hooks_are_called(make_cache: Any) -> None:
     drv = SchedulerDriver(sched, config)
     for i, n in enumerate([2, 9, 5]):
         sched.add(make_request(f"r{i}", n, max_tokens=10, ignore_eos=True))
-    assert [c.request_id for c in drv.schedule().chunks] == ["r1", "r2"]
+    assert [c.request_id for c in drv.schedule().all_chunks()] == ["r1", "r2"]
     drv.commit(drv.plans[-1])
     drv.run()
     assert seen and seen[0] == "r1"
@@ -260,7 +260,7 @@ def test_commit_order_and_alignment_are_enforced(make_cache: Any) -> None:
     drv.sched.add(make_request("a", 3, max_tokens=5))
     first, second = drv.sched.schedule(), drv.sched.schedule()
     with pytest.raises(InvariantError, match="schedule order"):
-        drv.sched.commit(second, StepResult([[1]] * len(second.chunks)))
+        drv.sched.commit(second, StepResult([[1]] * len(second.all_chunks())))
     with pytest.raises(InvariantError, match="token lists"):
         drv.sched.commit(first, StepResult([]))
 
@@ -279,9 +279,9 @@ def test_without_chunking_a_prompt_waits_for_room(make_cache: Any) -> None:
     drv.sched.add(make_request("a", 10, max_tokens=3, ignore_eos=True))
     drv.sched.add(make_request("b", 10, max_tokens=3, ignore_eos=True))
     plan = drv.step() and drv.plans[-1] or drv.plans[-1]
-    assert [(c.request_id, c.num_tokens) for c in plan.chunks] == [("a", 10)]
+    assert [(c.request_id, c.num_tokens) for c in plan.all_chunks()] == [("a", 10)]
     drv.run()
-    assert all(c.num_tokens in (1, 10) for p in drv.plans for c in p.chunks)
+    assert all(c.num_tokens in (1, 10) for p in drv.plans for c in p.all_chunks())
 
 
 def test_abort_of_a_preempted_request(make_cache: Any) -> None:
@@ -313,7 +313,7 @@ def test_logprobs_follow_their_completion(make_cache: Any) -> None:
     plan = drv.schedule()
     drv.commit(plan, StepResult([[3, 5]], logprobs=[[lp(3), lp(5)]]))
     plan = drv.schedule()
-    toks = [[4 + i] for i in range(len(plan.chunks))]
+    toks = [[4 + i] for i in range(len(plan.all_chunks()))]
     drv.commit(plan, StepResult(toks, logprobs=[[lp(t[0])] for t in toks]))
     comps = {i: drv.completions[("lp", i)] for i in range(2)}
     for comp in comps.values():

@@ -21,7 +21,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.request import Request
 from deepinfer_kit.sched import ContinuousBatchScheduler, SchedulePlan, StepResult
 from deepinfer_kit.sched import planning
-from deepinfer_kit.sched.records import SchedulerConfig
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulerConfig
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.testing.sched_driver import make_request
 
@@ -56,7 +56,8 @@ def _requests(seed: int, count: int) -> list[Request]:
             params["presence_penalty"] = 0.5
         req = make_request(
             f"r{i}", rng.randint(1, 30),
-            prompt_seed=f"s{rng.randrange(4)}" if rng.random() < 0.5 else None, **params,
+            prompt_seed=f"s{rng.randrange(4)}" if rng.random() < 0.5 else None, priority=rng.randrange(3),
+            **params,
         )
         if rng.random() < 0.1:
             req.observer = _StopAt(rng.randint(1, 8))  # type: ignore[assignment]
@@ -68,11 +69,13 @@ def _no_fast_path(state: SchedulerState, entry: InflightPlan, i: int, budget: in
     return i, budget
 
 
-def _run(seed: int, num_blocks: int) -> list[Any]:
-    """Everything observable of one run: per round the plan's fields and the outputs."""
+def _run(seed: int, num_blocks: int, policy: str = "fcfs") -> list[Any]:
+    """Everything observable of one run: per round the plan's fields and the outputs.
+    Under the priority policy a victim is often a sequence already planned this round
+    (its decode row or chunk leaves the plan)."""
     config = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=40, max_model_len=64,
-                             long_prefill_token_threshold=9)
-    cache = BlockKVCacheManager.create(_cache_config(num_blocks))
+                             long_prefill_token_threshold=9, policy=policy)
+    cache = _Logged.create(_cache_config(num_blocks))
     sched = ContinuousBatchScheduler(config, cache)
     rng = random.Random(seed + 1)
     pending = _requests(seed, 40)
@@ -84,11 +87,7 @@ def _run(seed: int, num_blocks: int) -> list[Any]:
         if rng.random() < 0.05 and sched.running:
             sched.abort(rng.choice(sched.running).request_id)
         plan = sched.schedule()
-        result = StepResult([
-            [rng.choice([0, 5, 7, 11]) if rng.random() < 0.08 else rng.randrange(12, 99)
-             for _ in range(c.num_samples)] if c.sample else []
-            for c in plan.chunks
-        ])
+        result = StepResult([_tokens(seed, c) for c in plan.all_chunks()])
         outs = sched.commit(plan, result)
         seen.append((_plan_fields(plan), [_output_fields(o) for o in outs]))
         cache.check_integrity([*sched.running])
@@ -96,7 +95,41 @@ def _run(seed: int, num_blocks: int) -> list[Any]:
     stats = cache.stats
     assert stats is not None
     seen.append(attrs.asdict(stats) if attrs.has(type(stats)) else repr(stats))
+    seen.append(cache.log)  # the commit's publishes and frees, in the order it made them
     return seen
+
+
+class _Logged(BlockKVCacheManager):
+    """The cache manager, logging the calls a commit makes (publishes and frees) in order:
+    the fast path must make them in the general path's order, not just end equal."""
+
+    log: list[tuple[str, str, int]]
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> Any:
+        made = super().create(*args, **kwargs)
+        made.__class__ = cls
+        made.log = []
+        return made
+
+    def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        self.log.append(("publish", request.request_id, num_tokens))
+        super().cache_full_blocks(request, num_tokens)
+
+    def free(self, request: Request) -> None:
+        self.log.append(("free", request.request_id, 0))
+        super().free(request)
+
+
+def _tokens(seed: int, chunk: ScheduledChunk) -> list[int]:
+    """The chunk's sampled tokens, a function of its sequence and position only: the
+    batch order (decode rows first on the fast path, planning order without it) does not
+    change what a sequence draws."""
+    if not chunk.sample:
+        return []
+    rng = random.Random(f"{seed}/{chunk.request_id}/{chunk.start}")
+    return [rng.choice([0, 5, 7, 11]) if rng.random() < 0.08 else rng.randrange(12, 99)
+            for _ in range(chunk.num_samples)]
 
 
 def _cache_config(num_blocks: int) -> Any:
@@ -106,11 +139,13 @@ def _cache_config(num_blocks: int) -> Any:
 
 
 def _plan_fields(plan: SchedulePlan) -> Any:
-    chunks = [
+    """The plan's chunks by sequence (the batch puts decode rows first: the order differs
+    with the fast path off; what each sequence gets must not)."""
+    chunks = sorted((
         {k: (list(v) if isinstance(v, (list, tuple)) else v)
          for k, v in attrs.asdict(c, recurse=False).items() if k != "sampling"}
-        for c in plan.chunks
-    ]
+        for c in plan.all_chunks()
+    ), key=lambda c: c["request_id"])
     return (chunks, list(plan.block_copies), list(plan.preempted_ids), list(plan.finished_ids),
             plan.num_batched_tokens, plan.num_cached_tokens)
 
@@ -121,14 +156,15 @@ def _output_fields(out: RequestOutput) -> Any:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("num_blocks", [14, 40, 400])
+@pytest.mark.parametrize(("num_blocks", "policy"), [(14, "fcfs"), (40, "fcfs"), (400, "fcfs"), (14, "priority"),
+                                                    (24, "priority")])
 def test_fast_path_makes_the_general_paths_decisions(
-    seed: int, num_blocks: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, num_blocks: int, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as m:
         m.setattr(planning, "plan_decodes", _no_fast_path)
-        slow = _run(seed, num_blocks)
-    fast = _run(seed, num_blocks)
+        slow = _run(seed, num_blocks, policy)
+    fast = _run(seed, num_blocks, policy)
     assert len(fast) == len(slow)
     for step, (a, b) in enumerate(zip(fast, slow)):
         assert a == b, f"seed {seed}, {num_blocks} blocks: round {step} differs"
@@ -157,7 +193,7 @@ def test_a_decode_given_two_tokens_raises_as_the_general_path() -> None:
     plan = sched.schedule()
     sched.commit(plan, StepResult([[20] for _ in plan.chunks]))
     plan = sched.schedule()
-    assert all(type(c).__name__ == "DecodeChunk" for c in plan.chunks)
+    assert plan.decodes.request_ids == ["d0", "d1", "d2"] and not plan.chunks  # the fast path's rows
     from deepinfer_kit.errors import InvariantError
 
     tokens = [[21], [22, 23], [24]]

@@ -17,7 +17,7 @@ def _frozen(plan: Any) -> list[tuple[Any, ...]]:
     return [
         (c.request_id, c.start, c.num_tokens, list(c.token_ids), list(c.block_table),
          c.num_placeholders, c.output_position, tuple(c.output_token_ids))
-        for c in plan.chunks
+        for c in plan.all_chunks()
     ]
 
 
@@ -31,12 +31,12 @@ def test_committing_a_round_leaves_the_next_planned_round_untouched(make_cache: 
     sched.commit(first, StepResult([[7] for _ in first.chunks]))
     k = sched.schedule()  # decodes with their tokens known
     k1 = sched.schedule()  # decodes whose token k is still sampling: placeholders
-    assert all(c.num_placeholders == 1 for c in k1.chunks)
+    assert all(c.num_placeholders == 1 for c in k1.all_chunks())
     before_k, before_k1 = copy.deepcopy(_frozen(k)), copy.deepcopy(_frozen(k1))
-    sched.commit(k, StepResult([[8] for _ in k.chunks]))  # appends, publishes, may free
+    sched.commit(k, StepResult([[8] for _ in k.all_chunks()]))  # appends, publishes, may free
     assert _frozen(k) == before_k and _frozen(k1) == before_k1
     assert all(req.output_token_ids == [7, 8] for req in reqs)
-    for chunk in k1.chunks:
+    for chunk in k1.all_chunks():
         assert not isinstance(getattr(chunk, "request", None), Request)
         assert chunk.output_token_ids == (7,)  # the in-flight 8 is the runner's to add
         assert chunk.output_position == 2
@@ -46,7 +46,7 @@ def _check_tables(sched: Any, plan: Any, last: dict[str, list[int]]) -> int:
     """Each chunk's table equals its sequence's live table when planned and is never the
     live list; returns how many chunks reuse the previous round's snapshot object."""
     shared = 0
-    for c in plan.chunks:
+    for c in plan.all_chunks():
         live = sched.get(c.request_id).block_table
         assert c.block_table == live and c.block_table is not live, (plan.step_id, c)
         shared += c.block_table is last.get(c.request_id)

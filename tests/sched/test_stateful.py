@@ -15,7 +15,6 @@ from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.records import CacheConfig
 from deepinfer_kit.sched import ContinuousBatchScheduler, StaticBatchScheduler
 from deepinfer_kit.sched.protocols import SchedulerFactory
-from deepinfer_kit.sched.scheduler import BatchScheduler
 from deepinfer_kit.sched.records import SchedulePlan, SchedulerConfig
 from deepinfer_kit.testing.sched_driver import SchedulerDriver, make_request, random_tokens
 

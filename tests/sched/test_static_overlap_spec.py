@@ -19,7 +19,7 @@ def test_static_batch_admits_only_when_drained(make_cache: Any) -> None:
     for rid, n in lengths.items():
         drv.sched.add(make_request(rid, 5, max_tokens=n, ignore_eos=True))
     drv.run()
-    rounds = [{c.request_id for c in p.chunks} for p in drv.plans]
+    rounds = [{c.request_id for c in p.all_chunks()} for p in drv.plans]
     first = [i for i, ids in enumerate(rounds) if ids & {"a", "b", "c"}]
     second = [i for i, ids in enumerate(rounds) if ids & {"d", "e"}]
     assert rounds[0] == {"a", "b", "c"} and first == list(range(6))  # b's 6 tokens
@@ -31,7 +31,7 @@ def test_static_batch_reserves_blocks_for_whole_lives(make_cache: Any) -> None:
     drv = SchedulerDriver(StaticBatchScheduler(config, make_cache(8, P)), config)
     for i in range(4):  # each needs 3 blocks over its life: only 2 fit at once
         drv.sched.add(make_request(f"r{i}", 6, max_tokens=6, ignore_eos=True))
-    assert len(drv.schedule().chunks) == 2
+    assert len(drv.schedule().all_chunks()) == 2
     drv.commit(drv.plans[-1])
     drv.run()
     assert all(not p.preempted_ids for p in drv.plans)
@@ -48,7 +48,7 @@ def test_placeholders_for_the_token_in_flight(make_cache: Any) -> None:
     sched.add(make_request("pre", 10, max_tokens=10, ignore_eos=True))
     k = sched.schedule()
     k1 = sched.schedule()  # before k is committed
-    by_id = {c.request_id: c for c in k1.chunks}
+    by_id = {c.request_id: c for c in k1.all_chunks()}
     assert by_id["dec"].num_placeholders == 1 and by_id["dec"].start == 3 and by_id["dec"].sample
     assert (
         by_id["pre"].num_placeholders == 0 and by_id["pre"].start == 4 and not by_id["pre"].sample
@@ -100,7 +100,7 @@ def test_spec_tokens_count_in_the_budget_and_roll_back(make_cache: Any) -> None:
     sched.commit(sched.schedule(), StepResult([[11]]))  # 8 tokens, 7 computed
     sched.set_spec_tokens("s", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     plan = sched.schedule()
-    (chunk,) = plan.chunks
+    (chunk,) = plan.all_chunks()
     assert chunk.spec_token_ids == [1, 2, 3, 4, 5, 6, 7] and chunk.num_tokens == 8
     assert plan.num_batched_tokens == 8
     req = sched.get(chunk.request_id)
@@ -111,5 +111,5 @@ def test_spec_tokens_count_in_the_budget_and_roll_back(make_cache: Any) -> None:
     assert req.num_computed_tokens == 10 and len(req.block_table) == 3
     cache.check_integrity([req])
     sched.set_spec_tokens("s", [99])
-    (chunk,) = sched.schedule().chunks
+    (chunk,) = sched.schedule().all_chunks()
     assert chunk.start == 10 and chunk.num_tokens == 2

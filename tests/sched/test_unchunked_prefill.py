@@ -24,8 +24,8 @@ def test_prompts_wait_for_a_round_with_room(kind: str) -> None:
     rounds = []
     while sched.has_unfinished():
         plan = sched.schedule()
-        rounds.append([(c.request_id, c.start, c.num_tokens) for c in plan.chunks])
-        sched.commit(plan, StepResult([[7] * c.num_samples if c.sample else [] for c in plan.chunks]))
+        rounds.append([(c.request_id, c.start, c.num_tokens) for c in plan.all_chunks()])
+        sched.commit(plan, StepResult([[7] * c.num_samples if c.sample else [] for c in plan.all_chunks()]))
     prefills = [chunk for r in rounds for chunk in r if chunk[2] > 1]
     assert prefills == [("a", 0, 10), ("b", 0, 10)], rounds
     assert all(sum(n for _, _, n in r) <= 16 for r in rounds)

@@ -30,7 +30,7 @@ def snapshot(plan: SchedulePlan) -> tuple[Any, ...]:
     return (
         plan.step_id,
         tuple((c.request_id, c.start, c.num_tokens, c.sample, c.num_cached_tokens,
-               tuple(c.block_table), c.output_position) for c in plan.chunks),
+               tuple(c.block_table), c.output_position) for c in plan.all_chunks()),
         tuple(plan.block_copies), tuple(plan.preempted_ids), tuple(plan.finished_ids),
         plan.num_batched_tokens, plan.num_cached_tokens,
     )
@@ -57,7 +57,7 @@ class ForcedTokens:
         assert not result.errors
         result.token_ids = [
             [self.tokens.token(c.request_id, c.output_position)] if toks else []
-            for c, toks in zip(step.plan.chunks, result.token_ids)
+            for c, toks in zip(step.plan.all_chunks(), result.token_ids)
         ]
         return result
 
@@ -123,7 +123,7 @@ def run_sim(config: EngineConfig, requests: list[SimRequest]) -> tuple[list[Any]
     original = sim.scheduler.commit
 
     def observe(plan: SchedulePlan, result: StepResult, start: float, end: float) -> None:
-        if plan.chunks:
+        if plan.all_chunks():
             plans.append(snapshot(plan))
 
     def commit(plan: SchedulePlan, result: StepResult) -> Any:

@@ -33,9 +33,9 @@ class Recorder:
 
     def __call__(self, plan: SchedulePlan, result: StepResult, start: float, end: float) -> None:
         assert end >= start
-        assert not any(c.spec_token_ids for c in plan.chunks)  # the runner drafts, into the room
-        drafts = result.drafts or [() for _ in plan.chunks]
-        for i, (chunk, toks, spec) in enumerate(zip(plan.chunks, result.token_ids, drafts)):
+        assert not any(c.spec_token_ids for c in plan.all_chunks())  # the runner drafts, into the room
+        drafts = result.drafts or [() for _ in plan.all_chunks()]
+        for i, (chunk, toks, spec) in enumerate(zip(plan.all_chunks(), result.token_ids, drafts)):
             self.tokens.setdefault(chunk.request_id, []).extend(toks)
             assert len(spec) <= chunk.draft_room
             if spec and chunk.sample:

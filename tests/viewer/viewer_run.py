@@ -10,7 +10,6 @@ import attrs
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
-from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.viewer import TraceRecorder, TraceDoc

@@ -353,7 +353,7 @@ class Engine:
         plan = entry.plan
         t1 = time.perf_counter()
         result, finished, t2 = commit_round(entry, self.executor, self.scheduler, self._failures)
-        if self.balancer is not None and plan.chunks:  # the rebalance clock: committed rounds
+        if self.balancer is not None and not plan.is_empty:  # the rebalance clock: committed rounds
             self.balancer.commit()
         if self._slots is not None:  # the step's device work is done: its leases may end
             self._slots.release_through(plan.step_id)

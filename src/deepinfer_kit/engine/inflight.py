@@ -36,7 +36,7 @@ class InFlight:
 
 def failed_result(plan: SchedulePlan, message: str) -> StepResult:
     """A result that fails every chunk of ``plan`` with ``message``."""
-    n = len(plan.chunks)
+    n = plan.num_chunks
     return StepResult(token_ids=[[] for _ in range(n)], errors=[message] * n)
 
 
@@ -53,7 +53,7 @@ def launch_round(
     Raises:
         EngineDeadError: the failure was the last one ``failures`` allows in a row.
     """
-    if not plan.chunks:
+    if plan.is_empty:
         return StepResult(token_ids=[])
     try:
         prepared = runner.prepare(plan, record_expert_counts=record_expert_counts)

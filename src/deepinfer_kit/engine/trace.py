@@ -161,7 +161,8 @@ def make_trace(
     ``committed_in`` the newest step scheduled at the commit (default: ``plan.step_id``)."""
     chunks = []
     logprobs = result.logprobs
-    for i, chunk in enumerate(plan.chunks):
+    planned = plan.all_chunks()  # batch order: the result's
+    for i, chunk in enumerate(planned):
         sampled = result.token_ids[i] if i < len(result.token_ids) else []
         maps = logprobs[i] if logprobs is not None and i < len(logprobs) else []
         drafted = result.num_drafted[i] if i < len(result.num_drafted) else 0
@@ -192,8 +193,8 @@ def make_trace(
         )
     counts = result.expert_counts
     t0, t1, t2, t3 = times
-    unused_room = sum(c.draft_room for c in plan.chunks) - sum(
-        c.num_drafted for c, p in zip(chunks, plan.chunks) if p.draft_room)
+    unused_room = sum(c.draft_room for c in planned) - sum(
+        c.num_drafted for c, p in zip(chunks, planned) if p.draft_room)
     return StepTrace(
         step_id=plan.step_id,
         chunks=tuple(chunks),

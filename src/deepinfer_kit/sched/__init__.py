@@ -17,6 +17,8 @@ from deepinfer_kit.sched.protocols import (
     SchedulerFactory,
 )
 from deepinfer_kit.sched.records import (
+    DecodeChunk,
+    DecodeRows,
     PlainDecodeRun,
     SamplingRow,
     ScheduledChunk,
@@ -37,6 +39,8 @@ __all__ = [
     "PlainDecodeRun",
     "SchedulerConfig",
     "ScheduledChunk",
+    "DecodeChunk",
+    "DecodeRows",
     "SamplingRow",
     "SchedulePlan",
     "StepResult",

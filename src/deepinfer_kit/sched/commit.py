@@ -4,6 +4,8 @@ sequences and report them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.outputs import Logprob, RequestOutput
 from deepinfer_kit.request import FinishReason, Request, RequestStatus
@@ -30,7 +32,7 @@ def oldest_inflight(state: SchedulerState, plan: SchedulePlan) -> InflightPlan:
         InvariantError: ``plan`` is not the oldest uncommitted plan; nothing changes.
     """
     inflight = state.inflight
-    while inflight and inflight[0].plan is not plan and not inflight[0].plan.chunks:
+    while inflight and inflight[0].plan is not plan and inflight[0].plan.is_empty:
         state.free_deferred(inflight.popleft().plan.step_id)
     if not inflight or inflight[0].plan is not plan:
         expected = inflight[0].plan.step_id if inflight else None
@@ -58,35 +60,49 @@ def commit_round(state: SchedulerState, entry: InflightPlan, result: StepResult)
             anything changes).
     """
     plan = entry.plan
-    chunks = plan.chunks
-    _check_aligned(result, len(chunks))
+    records = plan.chunks
+    rows = len(plan.decodes)
+    _check_aligned(result, rows + len(records))
     state.inflight.popleft()
     finished: list[Request] = []
-    pos = 0
-    if entry.plain and not (
+    bulk = not (
         result.errors or result.logprobs is not None or result.prompt_logprobs
         or result.num_drafted or entry.shifts
-    ):
-        token_ids = result.token_ids
-        for a, b in entry.plain:
-            if pos < a:
-                _commit_chunks(state, entry, result, pos, a, finished)
-            while a < b:  # a chunk the bulk loop leaves is committed on its own
-                a = commit_decodes(state, entry, token_ids, a, b, finished)
-                if a < b:
-                    _commit_chunks(state, entry, result, a, a + 1, finished)
-                    a += 1
-            pos = b
-    if pos < len(chunks):
-        _commit_chunks(state, entry, result, pos, len(chunks), finished)
+    )
+    pos = 0  # records committed so far
+    for a, b, at in entry.plain:  # the decode rows, in planning order among the records
+        if pos < at:
+            _commit_chunks(state, entry, result, records[pos:at], entry.requests[pos:at], rows + pos, finished)
+            pos = at
+        _commit_rows(state, entry, result, a, b, bulk, finished)
+    if pos < len(records):
+        _commit_chunks(state, entry, result, records[pos:], entry.requests[pos:], rows + pos, finished)
     return report(state, finished, plan.step_id)
 
 
-def _commit_chunks(state: SchedulerState, entry: InflightPlan, result: StepResult, first: int,
-                   stop: int, finished: list[Request]) -> None:
-    """The general path of :func:`commit_round` for chunks ``[first, stop)`` of ``entry``:
-    every kind of chunk, result errors, logprobs and shifts included."""
-    chunks = entry.plan.chunks
+def _commit_rows(state: SchedulerState, entry: InflightPlan, result: StepResult, a: int, b: int,
+                 bulk: bool, finished: list[Request]) -> None:
+    """Commit decode rows ``[a, b)`` of ``entry``: in bulk (:func:`commit_decodes`) when
+    ``bulk`` (nothing in the result needs the general path), a row the bulk loop leaves
+    and every row otherwise as its :class:`DecodeChunk` record on the general path."""
+    rows, requests = entry.plan.decodes, entry.decode_requests
+    if not bulk:
+        chunks = [rows.chunk(j) for j in range(a, b)]
+        _commit_chunks(state, entry, result, chunks, requests[a:b], a, finished)
+        return
+    while a < b:
+        a = commit_decodes(state, entry, result.token_ids, a, b, finished)
+        if a < b:
+            _commit_chunks(state, entry, result, [rows.chunk(a)], requests[a : a + 1], a, finished)
+            a += 1
+
+
+def _commit_chunks(state: SchedulerState, entry: InflightPlan, result: StepResult,
+                   chunks: Sequence[ScheduledChunk], requests: Sequence[Request], first: int,
+                   finished: list[Request]) -> None:
+    """The general path of :func:`commit_round` for ``chunks`` of ``entry`` (the records
+    of ``requests``), whose results start at index ``first`` of ``result``: every kind of
+    chunk, result errors, logprobs and shifts included."""
     token_ids = result.token_ids
     logprobs, errors, prompt_lps = result.logprobs, result.errors, result.prompt_logprobs
     drafted_by_runner = result.num_drafted
@@ -94,7 +110,7 @@ def _commit_chunks(state: SchedulerState, entry: InflightPlan, result: StepResul
     block_size = cache.block_size
     follows = _follows(state) if state.draft_room else None
     i = first - 1
-    for chunk, req, tokens in zip(chunks[first:stop], entry.requests[first:stop], token_ids[first:stop]):
+    for chunk, req, tokens in zip(chunks, requests, token_ids[first : first + len(chunks)]):
         i += 1
         if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
             continue  # aborted, finished by an earlier commit, or preempted since

@@ -16,7 +16,7 @@ from itertools import islice
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request, RequestStatus
 from deepinfer_kit.sched.chunks import add_chunk
-from deepinfer_kit.sched.records import DecodeChunk, SamplingRow
+from deepinfer_kit.sched.records import SamplingRow
 from deepinfer_kit.sched.state import InflightPlan, SchedulerState
 from deepinfer_kit.sched.stops import check_stop, length_limit
 
@@ -24,25 +24,24 @@ __all__ = ["plan_decodes", "commit_decodes", "fast_path_row", "stop_rule"]
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
-_new = object.__new__
 
 
 def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int) -> tuple[int, int]:
-    """Append the chunks of the plain decodes at ``running[i:]``, in order, to ``entry``,
-    up to the first sequence that is not one or until ``budget`` is spent; returns the
-    updated ``(i, budget)`` and records the run in ``entry.plain`` (split around a fork's
-    first sample, which the general commit applies).
+    """Plan the plain decodes at ``running[i:]``, in order, up to the first sequence that
+    is not one or until ``budget`` is spent; returns the updated ``(i, budget)``.
 
     A plain decode feeds the last known token (``start + 1 == len(all_token_ids)``),
     with no drafts and nothing shared. One whose token opens a new block is in the run
     too while the cache has a block for it (``num_free_blocks``, unchanged by the run):
     after the loop the run's new blocks come from one
     :meth:`~deepinfer_kit.cache.protocols.KVCacheManager.allocate_next_blocks` call — the
-    blocks per-sequence allocations in the same order would give — and their chunks
-    take the new tables. The first that finds no block ends the run (the general path
-    preempts for it). A chunk is the one :func:`add_chunk` would build; when the
-    sequence's row needs no history, no fork and no prompt logprobs it is built here,
-    as a :class:`DecodeChunk`, without the general path's tests.
+    blocks per-sequence allocations in the same order would give — and their rows take
+    the new tables. The first that finds no block ends the run (the general path
+    preempts for it). When the sequence's row needs no history, no fork and no prompt
+    logprobs (:func:`fast_path_row`) the decode is a row of ``entry.plan.decodes``
+    (columns, no chunk object; its sequence in ``entry.decode_requests`` and its place
+    in the planning order in ``entry.plain``); otherwise it is the record
+    :func:`add_chunk` builds.
     """
     if state.draft_room:  # every decode reserves draft room: the general path sizes it
         return i, budget
@@ -53,12 +52,16 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     drafts, may_share = state.drafts, state.may_share
     plain_rows = state.plain_rows
     tables = state.tables
-    plain = entry.plain
-    chunks = entry.plan.chunks
-    requests = entry.requests
-    first = begin = len(chunks)
-    grow: list[int] = []  # chunk indices whose sequence opens a new block
+    plain = entry.plan.decodes
+    ids, starts, tokens, snapshots = plain.request_ids, plain.starts, plain.token_ids, plain.block_tables
+    epochs, rows, outs = plain.preemption_epochs, plain.sampling, plain.output_positions
+    records = entry.plan.chunks
+    requests = entry.decode_requests
+    begin = len(ids)  # the first row of the current planning-order range
+    at = len(records)
+    grow: list[int] = []  # rows whose sequence opens a new block (``~k``: record k)
     spare = -1  # blocks the cache can give; read at the first sequence that needs one
+    done = 0
     for req in islice(running, i, i + budget):
         start = req.num_computed_tokens
         all_ids = req.all_token_ids
@@ -72,35 +75,36 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
                 spare = cache.num_free_blocks
             if len(grow) >= spare:
                 break
-            grow.append(len(chunks))
+            grow.append(len(ids))
+        done += 1
         row = plain_rows.get(req)
         if row is None:
             row = fast_path_row(state, req)
             if row is None:
+                if len(ids) > begin:
+                    entry.plain.append((begin, len(ids), at))
+                begin = len(ids)
+                if grow and grow[-1] == len(ids):
+                    grow[-1] = ~len(records)
                 add_chunk(state, entry, req, start, 1)
-                if chunks[-1].num_samples != 1:  # a fork's first sample: the general commit
-                    plain.append((begin, len(chunks) - 1))
-                    begin = len(chunks)
+                at = len(records)
                 continue
         snapshot = tables.get(req)
         if snapshot is None:
             snapshot = tables[req] = list(table)
-        chunk = _new(DecodeChunk)  # the seven fields a plain decode varies
-        chunk.request_id = req.request_id
-        chunk.start = start
-        chunk.token_ids = [all_ids[start]]
-        chunk.block_table = snapshot
-        chunk.preemption_epoch = req.num_preemptions
-        chunk.sampling = row
-        chunk.output_position = start + 1 - len(req.prompt_token_ids)
-        chunks.append(chunk)
+        ids.append(req.request_id)
+        starts.append(start)
+        tokens.append(all_ids[start])
+        snapshots.append(snapshot)
+        epochs.append(req.num_preemptions)
+        rows.append(row)
+        outs.append(start + 1 - len(req.prompt_token_ids))
         requests.append(req)
         req.num_computed_tokens = start + 1
     if grow:
         _grow_tables(state, entry, grow)
-    if len(chunks) > begin:
-        plain.append((begin, len(chunks)))
-    done = len(chunks) - first
+    if len(ids) > begin:
+        entry.plain.append((begin, len(ids), at))
     return i + done, budget - done
 
 
@@ -118,15 +122,16 @@ def fast_path_row(state: SchedulerState, req: Request) -> SamplingRow | None:
 
 
 def _grow_tables(state: SchedulerState, entry: InflightPlan, grow: list[int]) -> None:
-    """One new block for the sequence of each chunk ``entry.plan.chunks[j]``, ``j`` in
-    ``grow``, from one cache call; those chunks (and ``state.tables``) take a snapshot of
-    the grown table.
+    """One new block for the sequence of each decode row ``j`` in ``grow`` (``~k``: of the
+    record ``entry.plan.chunks[k]``), from one cache call in that order; those rows and
+    records (and ``state.tables``) take a snapshot of the grown table.
 
     Raises:
         InvariantError: the cache gave fewer blocks than it said it had.
     """
-    chunks, requests, tables = entry.plan.chunks, entry.requests, state.tables
-    growing: Sequence[Request] = [requests[j] for j in grow]
+    snapshots, requests, tables = entry.plan.decodes.block_tables, entry.decode_requests, state.tables
+    records, record_requests = entry.plan.chunks, entry.requests
+    growing: Sequence[Request] = [requests[j] if j >= 0 else record_requests[~j] for j in grow]
     got = state.cache.allocate_next_blocks(growing)
     if got != len(grow):
         raise InvariantError(
@@ -134,36 +139,42 @@ def _grow_tables(state: SchedulerState, entry: InflightPlan, grow: list[int]) ->
         )
     for j, req in zip(grow, growing):
         snapshot = tables[req] = list(req.block_table)
-        chunks[j].block_table = snapshot
+        if j >= 0:
+            snapshots[j] = snapshot
+        else:
+            records[~j].block_table = snapshot
 
 
 def commit_decodes(
     state: SchedulerState, entry: InflightPlan, token_ids: Sequence[list[int]], a: int, b: int,
     finished: list[Request],
 ) -> int:
-    """Commit the plain decode chunks ``[a, b)`` of ``entry`` in bulk: per chunk whose
-    sequence is still running and was not preempted since, append its token, apply the
-    stop rules (``check_stop`` runs only for a token that may end the sequence: a stop id
-    or EOS, the length limit, or any token under an observer; :func:`stop_rule`),
+    """Commit the decode rows ``[a, b)`` of ``entry`` (``entry.plan.decodes``; the row's
+    tokens are ``token_ids[row]``: the batch lays the rows out first) in bulk: per row
+    whose sequence is still running and was not preempted since, append its token, apply
+    the stop rules (``check_stop`` runs only for a token that may end the sequence: a stop
+    id or EOS, the length limit, or any token under an observer; :func:`stop_rule`),
     publish the block its token filled, and add the sequences that finished to
     ``finished``.
 
-    Returns the index of the first chunk left for the general path (a token count other
-    than one: it raises there), or ``b``. ``entry.plain`` holds no fork's first sample
-    (:func:`plan_decodes` ends a range before one). Call only without errors, logprobs,
-    prompt logprobs or shifts in the round's result. O(b - a).
+    Returns the first row left for the general path (a token count other than one: it
+    raises there), or ``b``. Call only without errors, logprobs, prompt logprobs or
+    shifts in the round's result. O(b - a).
     """
-    chunks, requests = entry.plan.chunks, entry.requests
+    rows = entry.plan.decodes
     cache = state.cache
     block_size = cache.block_size
     max_len = state.config.max_model_len
     rules = state.stop_rules
     clock = state.clock
-    for req, chunk, tokens in zip(requests[a:b], chunks[a:b], token_ids[a:b]):
-        if req.status is not _RUNNING or req.num_preemptions != chunk.preemption_epoch:
+    j = a - 1
+    for req, epoch, start, tokens in zip(entry.decode_requests[a:b], rows.preemption_epochs[a:b],
+                                         rows.starts[a:b], token_ids[a:b]):
+        j += 1
+        if req.status is not _RUNNING or req.num_preemptions != epoch:
             continue  # aborted, finished by an earlier commit, or preempted since
         if len(tokens) != 1:
-            return chunks.index(chunk, a, b)  # chunks compare by identity
+            return j
         token = tokens[0]
         all_ids = req.all_token_ids
         all_ids.append(token)
@@ -176,7 +187,7 @@ def commit_decodes(
                 metrics.first_token_time = clock()
         if (token in rule[0] or len(all_ids) >= rule[1]) and check_stop(req, token, max_len):
             finished.append(req)
-        end = chunk.start + 1
+        end = start + 1
         if not end % block_size:
             cache.cache_full_blocks(req, end)
     return b

@@ -194,18 +194,31 @@ def _make_room(
 
 
 def _unschedule(entry: InflightPlan, victim: Request) -> int:
-    """Take ``victim``'s chunk (and the block copies into its blocks) out of the plan;
-    returns the chunk's tokens."""
+    """Take ``victim``'s decode row or chunk (and the block copies into its blocks) out of
+    the plan, keeping the planning order of what stays (``entry.plain``); returns the
+    tokens it had taken."""
     plan = entry.plan
+    for j, req in enumerate(entry.decode_requests):
+        if req is victim:
+            plan.decodes.drop(j)
+            del entry.decode_requests[j]
+            entry.plain[:] = [(a - (a > j), b - (b > j), at) for a, b, at in entry.plain if (a, b) != (j, j + 1)]
+            _drop_copies(plan, victim)
+            return 1
     for k, req in enumerate(entry.requests):
         if req is victim:
-            entry.plain.clear()  # the chunks move: the commit takes its general path
             chunk = plan.chunks.pop(k)
             del entry.requests[k]
-            own = set(victim.block_table)
-            plan.block_copies[:] = [c for c in plan.block_copies if c[1] not in own]
+            entry.plain[:] = [(a, b, at - (at > k)) for a, b, at in entry.plain]
+            _drop_copies(plan, victim)
             return chunk.num_tokens
     return 0
+
+
+def _drop_copies(plan: SchedulePlan, victim: Request) -> None:
+    """Drop the plan's block copies into ``victim``'s blocks (it releases them)."""
+    own = set(victim.block_table)
+    plan.block_copies[:] = [c for c in plan.block_copies if c[1] not in own]
 
 
 def yield_seat(state: SchedulerState, entry: InflightPlan, victim: Request) -> int:

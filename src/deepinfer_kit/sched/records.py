@@ -16,7 +16,7 @@ from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
 __all__ = [
-    "SchedulerConfig", "SamplingRow", "ScheduledChunk", "DecodeChunk", "SchedulePlan",
+    "SchedulerConfig", "SamplingRow", "ScheduledChunk", "DecodeChunk", "DecodeRows", "SchedulePlan",
     "PlainDecodeRun", "StretchResult",
 ]
 
@@ -183,22 +183,99 @@ class DecodeChunk(ScheduledChunk):
     draft_room = 0
 
 
+_new = object.__new__
+
+
+@attrs.define(slots=True, eq=False)
+class DecodeRows:
+    """A round's plain decodes as columns: row ``i`` feeds the one known token
+    ``token_ids[i]`` at position ``starts[i]`` (its sequence's length is then
+    ``starts[i] + 1``), reads and writes KV through ``block_tables[i]`` and draws one token
+    with ``sampling[i]`` at output index ``output_positions[i]``. Nothing else: no
+    placeholder, draft, draft room, fork, prompt logprobs or history (a row whose
+    parameters read the generated tokens is a :class:`ScheduledChunk` record instead).
+
+    Each row is exactly the :class:`DecodeChunk` that :meth:`chunk` builds; the columns
+    are the form the scheduler writes and the runner, the plan codec and the simulator
+    read, one list per field instead of one object per sequence and round. Snapshots,
+    like a chunk: a block table is a copy (shared by the rounds it stays unchanged) and
+    read-only. All columns have the same length.
+    """
+
+    request_ids: list[str] = attrs.field(factory=list)
+    starts: list[int] = attrs.field(factory=list)
+    token_ids: list[int] = attrs.field(factory=list)
+    block_tables: list[list[int]] = attrs.field(factory=list)
+    preemption_epochs: list[int] = attrs.field(factory=list)
+    sampling: list[SamplingRow] = attrs.field(factory=list)
+    output_positions: list[int] = attrs.field(factory=list)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def append(self, request_id: str, start: int, token_id: int, block_table: list[int], preemption_epoch: int,
+               sampling: SamplingRow, output_position: int) -> None:
+        """Add one row at the end (the scheduler's fast path appends to the columns
+        directly; this is the spelling for everyone else)."""
+        self.request_ids.append(request_id)
+        self.starts.append(start)
+        self.token_ids.append(token_id)
+        self.block_tables.append(block_table)
+        self.preemption_epochs.append(preemption_epoch)
+        self.sampling.append(sampling)
+        self.output_positions.append(output_position)
+
+    def chunk(self, i: int) -> DecodeChunk:
+        """Row ``i`` as a :class:`DecodeChunk` record (a new object; the table and the
+        sampling row shared, not copied). Raises ``IndexError`` past the end."""
+        chunk = _new(DecodeChunk)
+        chunk.request_id = self.request_ids[i]
+        chunk.start = self.starts[i]
+        chunk.token_ids = [self.token_ids[i]]
+        chunk.block_table = self.block_tables[i]
+        chunk.preemption_epoch = self.preemption_epochs[i]
+        chunk.sampling = self.sampling[i]
+        chunk.output_position = self.output_positions[i]
+        return chunk
+
+    def to_chunks(self) -> list[ScheduledChunk]:
+        """Every row as a record, in order (O(rows))."""
+        return [self.chunk(i) for i in range(len(self.request_ids))]
+
+    def drop(self, i: int) -> None:
+        """Remove row ``i`` from every column (a sequence preempted after it was planned
+        this round). Raises ``IndexError`` past the end."""
+        for column in (self.request_ids, self.starts, self.token_ids, self.block_tables,
+                       self.preemption_epochs, self.sampling, self.output_positions):
+            del column[i]
+
+
 @attrs.define(slots=True, eq=False)
 class SchedulePlan:
     """One round: who runs, how many tokens each, and what the runner must do first.
 
+    The round's batch is ``decodes`` (its plain decodes, as columns) followed by
+    ``chunks`` (every other chunk, as records): chunk ``i`` of the batch is decode row
+    ``i`` for ``i < len(decodes)``, else ``chunks[i - len(decodes)]``. A
+    :class:`~deepinfer_kit.step.StepResult` is aligned with that order
+    (:meth:`all_chunks`); :attr:`num_chunks` counts both.
+
     Attributes:
         step_id: increasing round number.
-        chunks: scheduled work, in the order the runner lays out the batch.
+        chunks: the scheduled work that is not a plain decode (prefills, verified drafts,
+            placeholders, forks, rows that read history or want prompt logprobs), in
+            the order the runner lays it out after the decode rows.
         block_copies: ``(src, dst)`` block copies (copy-on-write) to perform on the device
             before the forward.
         preempted_ids: sequences preempted this round (their blocks were released).
         finished_ids: sequences that ended without running since the last plan (aborted,
             or rejected because they can never fit); reported by the next commit.
-        num_batched_tokens: ``sum q_i`` over ``chunks``.
+        num_batched_tokens: ``sum q_i`` over the batch (decode rows and chunks).
         token_budget: ``B_t`` of this round.
         num_cached_tokens: prompt tokens served from the prefix cache for the requests
             admitted (or resumed) this round; counted at this round's match, for traces.
+        decodes: the plain decodes of the round (:class:`DecodeRows`), laid out first.
+            A plan built by hand may leave them empty and hold plain decodes as records.
     """
 
     step_id: int
@@ -209,11 +286,36 @@ class SchedulePlan:
     num_batched_tokens: int = 0
     token_budget: int = 0
     num_cached_tokens: int = 0
+    decodes: DecodeRows = attrs.field(factory=DecodeRows)
 
     @property
     def is_empty(self) -> bool:
         """True when nothing runs on the device this round."""
-        return not self.chunks
+        return not self.chunks and not self.decodes.request_ids
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks in the batch: decode rows plus records."""
+        return len(self.decodes.request_ids) + len(self.chunks)
+
+    def all_chunks(self) -> list[ScheduledChunk]:
+        """The whole batch as records, in batch order (decode rows first, each as a new
+        :class:`DecodeChunk`; then ``chunks``, the same objects). O(chunks)."""
+        if not self.decodes.request_ids:
+            return list(self.chunks)
+        return self.decodes.to_chunks() + self.chunks
+
+    def request_ids(self) -> list[str]:
+        """Each chunk's sequence id, in batch order."""
+        return self.decodes.request_ids + [c.request_id for c in self.chunks]
+
+    def as_records(self) -> SchedulePlan:
+        """This plan with its decode rows as records (``decodes`` empty, the batch
+        unchanged): for a reader that handles records only. ``self`` when it has no
+        decode rows."""
+        if not self.decodes.request_ids:
+            return self
+        return attrs.evolve(self, chunks=self.all_chunks(), decodes=DecodeRows())
 
 
 @attrs.frozen(slots=True)

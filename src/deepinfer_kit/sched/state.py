@@ -31,7 +31,8 @@ class InflightPlan:
     """A plan scheduled and not yet committed, with the live sequences of its chunks.
 
     The plan itself holds snapshots only; ``requests[i]`` is the sequence of
-    ``plan.chunks[i]``, kept here (never in the plan) so a commit finds the very object
+    ``plan.chunks[i]`` and ``decode_requests[j]`` that of decode row ``j``
+    (``plan.decodes``), kept here (never in the plan) so a commit finds the very object
     it scheduled even if the id was aborted and reused in between.
     """
 
@@ -40,10 +41,17 @@ class InflightPlan:
     shifts: dict[Request, int] = attrs.field(factory=dict)
     """Sequences whose chunk here continues from a step that rejected some of its drafts:
     the positions to move that chunk down (set by the commit of that step)."""
-    plain: list[tuple[int, int]] = attrs.field(factory=list)
-    """Index ranges ``[a, b)`` of ``plan.chunks`` built by the plain-decode fast path
-    (one known token, sampled, no drafts), which the commit applies in bulk; emptied
-    when a chunk leaves the plan (preemption), so the commit takes its general path."""
+    plain: list[tuple[int, int, int]] = attrs.field(factory=list)
+    """The planning order of the decode rows: ``(a, b, at)`` says rows ``[a, b)`` of
+    ``plan.decodes`` were planned, one after the other, after the first ``at`` records of
+    ``plan.chunks`` and before the rest. Every row is in exactly one range; the commit
+    walks them to apply the round in the order it was planned (the batch lays the rows
+    out first)."""
+    decode_requests: list[Request] = attrs.field(factory=list)
+
+    def requests_all(self) -> list[Request]:
+        """Every sequence of the plan, decode rows' first (batch order)."""
+        return self.decode_requests + self.requests
 
 
 @attrs.define(slots=True, eq=False)
@@ -180,7 +188,7 @@ class SchedulerState:
             for req in requests:
                 self.free(req)
             return
-        held = {id(r) for entry in self.inflight for r in entry.requests}
+        held = {id(r) for entry in self.inflight for r in entry.requests_all()}
         last = self.inflight[-1].plan.step_id
         for req in requests:
             if id(req) in held:

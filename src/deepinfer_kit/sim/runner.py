@@ -61,7 +61,7 @@ class SimRunner:
         """Per chunk: no token for a non-final prefill chunk, else ``num_samples`` tokens
         from the synthetic source (a verified chunk gets one token: every draft is
         rejected). Counts the step and its duration; mutates nothing else. O(chunks)."""
-        out = self.tokens.round_tokens(step.plan.chunks)
+        out = self.tokens.plan_tokens(step.plan)
         self.num_steps += 1
         self.busy_time += step.duration
         return StepResult(token_ids=out)

@@ -28,7 +28,10 @@ def shape_of(rows: Sequence[tuple[bool, int, int, bool]]) -> StepShape:
 
 def plan_shape(plan: SchedulePlan) -> StepShape:
     """The :class:`StepShape` of ``plan`` (see :func:`shape_of`). Pure; O(chunks)."""
-    prefill = decode = context = sampled = pairs = spec = 0
+    rows = plan.decodes
+    decode = sampled = len(rows.request_ids)
+    context = pairs = sum(rows.starts) + decode  # a row feeds one token at its start
+    prefill = spec = 0
     for chunk in plan.chunks:
         n = chunk.num_tokens
         start = chunk.start
@@ -50,4 +53,4 @@ def plan_shape(plan: SchedulePlan) -> StepShape:
         pairs += n * start + n * (n + 1) // 2
         if chunk.sample:
             sampled += 1
-    return StepShape(prefill, decode, context, sampled, pairs, len(plan.chunks), spec)
+    return StepShape(prefill, decode, context, sampled, pairs, plan.num_chunks, spec)

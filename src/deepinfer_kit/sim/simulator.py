@@ -167,7 +167,7 @@ class Simulator:
         sched, runner, clock = self.scheduler, self.runner, self.clock
         now = clock.now
         plan = sched.schedule()
-        if plan.chunks:
+        if not plan.is_empty:
             step = runner.prepare(plan)
             result = runner.execute(step)
             duration = step.duration
@@ -178,7 +178,7 @@ class Simulator:
         outputs = sched.commit(plan, result)
         if observer is not None:
             observer(plan, result, now, clock.now)
-        if not plan.chunks and not outputs:
+        if plan.is_empty and not outputs:
             raise InvariantError(
                 f"step {plan.step_id}: nothing scheduled and nothing finished with "
                 f"requests unfinished; the scheduler is stuck"

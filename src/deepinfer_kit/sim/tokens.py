@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Sequence
 
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.sched.records import ScheduledChunk
+from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 
 __all__ = ["SyntheticTokens", "token_stream", "request_base"]
 
@@ -105,6 +105,17 @@ class SyntheticTokens:
                 out = [t + 1 if t >= eos else t for t in out]
             if first <= eos_at < first + count:
                 out[eos_at - first] = eos
+        return out
+
+    def plan_tokens(self, plan: SchedulePlan) -> list[list[int]]:
+        """A round's sampled tokens in batch order: one :meth:`token` per decode row
+        (``plan.decodes``), then :meth:`round_tokens` of ``plan.chunks``. Registers
+        unknown ids as :meth:`token` does; O(chunks)."""
+        rows = plan.decodes
+        token = self.token
+        out = [[token(rid, pos)] for rid, pos in zip(rows.request_ids, rows.output_positions)]
+        if plan.chunks:
+            out += self.round_tokens(plan.chunks)
         return out
 
     def round_tokens(self, chunks: Sequence[ScheduledChunk]) -> list[list[int]]:

@@ -9,13 +9,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from deepinfer_kit.spec.verify.greedy import GreedyVerifier
-    from deepinfer_kit.spec.drafters.ngram import NgramDrafter
-    from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
-    from deepinfer_kit.spec.protocols import DraftVerifier, Drafter, VerifyPlanner
-    from deepinfer_kit.spec.records import DraftProposal, SpecConfig, SpsCurve, VerifyResult
-    from deepinfer_kit.spec.verify.rejection import RejectionVerifier
+if TYPE_CHECKING:  # the names mypy sees (``X as X``: re-exported)
+    from deepinfer_kit.spec.drafters.ngram import NgramDrafter as NgramDrafter
+    from deepinfer_kit.spec.planners import DSparkPlanner as DSparkPlanner
+    from deepinfer_kit.spec.planners import FixedPlanner as FixedPlanner
+    from deepinfer_kit.spec.planners import ThresholdPlanner as ThresholdPlanner
+    from deepinfer_kit.spec.protocols import DraftVerifier as DraftVerifier
+    from deepinfer_kit.spec.protocols import Drafter as Drafter
+    from deepinfer_kit.spec.protocols import VerifyPlanner as VerifyPlanner
+    from deepinfer_kit.spec.records import DraftProposal as DraftProposal
+    from deepinfer_kit.spec.records import SpecConfig as SpecConfig
+    from deepinfer_kit.spec.records import SpsCurve as SpsCurve
+    from deepinfer_kit.spec.records import VerifyResult as VerifyResult
+    from deepinfer_kit.spec.verify.greedy import GreedyVerifier as GreedyVerifier
+    from deepinfer_kit.spec.verify.rejection import RejectionVerifier as RejectionVerifier
 
 _LAZY = {
     "Drafter": "deepinfer_kit.spec.protocols",

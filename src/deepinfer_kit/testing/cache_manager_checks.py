@@ -11,7 +11,7 @@ from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.testing.lru_reference import ExactLRUPrefixCache
-from deepinfer_kit.testing.suite import ConformanceError, Suite, expect
+from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = ["ManagerShadowDriver", "register_manager_checks", "make_request", "admit"]
 

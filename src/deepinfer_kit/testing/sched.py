@@ -106,7 +106,7 @@ def check_decodes_not_starved_by_long_prefill(factory: SchedulerFactory) -> None
     while ("short", 0) not in drv.completions:
         plan = drv.schedule()
         expect(
-            any(c.request_id == "short" for c in plan.chunks),
+            any(c.request_id == "short" for c in plan.all_chunks()),
             f"decode starved in round {plan.step_id}",
         )
         drv.commit(plan)
@@ -243,7 +243,7 @@ def check_prefix_hit_leaves_a_token_to_compute(factory: SchedulerFactory) -> Non
     drv.run()
     drv.sched.add(make_request("again", 12, prompt_seed="same", max_tokens=2))
     plan = drv.schedule()
-    (chunk,) = plan.chunks
+    (chunk,) = plan.all_chunks()
     expect(
         chunk.start <= 11 and chunk.start + chunk.num_tokens == 12,
         f"prefix hit chunk {chunk.start}+{chunk.num_tokens}",
@@ -299,7 +299,7 @@ def _accept_every_draft(seed: int) -> Callable[[SchedulePlan], StepResult]:
     def step(plan: SchedulePlan) -> StepResult:
         tokens: list[list[int]] = []
         drafted: list[int] = []
-        for c in plan.chunks:
+        for c in plan.all_chunks():
             n = c.num_samples + len(c.spec_token_ids) + c.draft_room if c.sample else 0
             fresh = [rng.randrange(1, 100) for _ in range(n - len(c.spec_token_ids))]
             tokens.append([*c.spec_token_ids, *fresh])
@@ -343,3 +343,35 @@ def check_no_chunk_reaches_past_the_length_limit(factory: SchedulerFactory) -> N
                 comp.finish_reason == "length" and len(comp.token_ids) == n,
                 f"{mode} drafts: {rid} ended {comp.finish_reason} with {len(comp.token_ids)} of {n} tokens",
             )
+
+
+@SCHEDULER_SUITE.check
+def check_results_follow_the_batch_order(factory: SchedulerFactory) -> None:
+    """A step's ``token_ids[i]`` belongs to chunk ``i`` of the batch
+    (``plan.all_chunks()``: decode rows first, then records) and reaches that chunk's
+    sequence: with rounds that mix decode rows, records that read their history
+    (penalties), prefills and forks, each token is a function of its sequence and output
+    position, and every completion must be exactly its own tokens."""
+    def token(sid: str, position: int) -> int:
+        return 1 + (sum(map(ord, sid)) * 7 + position * 13) % 97
+
+    drv = _setup(factory, 96, 4, max_num_seqs=8, max_num_batched_tokens=24, max_model_len=64)
+    drv.tokens = lambda c: [token(c.request_id if j == 0 else f"{c.request_id}#{j}", c.output_position)
+                            for j in range(c.num_samples)]
+    wants: dict[tuple[str, int], int] = {}
+    for i in range(14):
+        n = 2 if i % 5 == 4 else 1
+        penalty = 0.5 if i % 3 == 0 else 0.0  # reads its history: a record, not a decode row
+        drv.sched.add(make_request(f"b{i}", 3 + (i * 5) % 17, max_tokens=4 + i % 6, n=n, ignore_eos=True,
+                                   arrival=float(i), presence_penalty=penalty))
+        for j in range(n):
+            wants[(f"b{i}", j)] = 4 + i % 6
+        drv.step()
+    drv.run()
+    for (rid, index), count in wants.items():
+        got = drv.completions.get((rid, index))
+        expect(got is not None, f"{rid}[{index}] never reported")
+        assert got is not None
+        sid = rid if index == 0 else f"{rid}#{index}"
+        expect(list(got.token_ids) == [token(sid, p) for p in range(count)],
+               f"{rid}[{index}]: tokens {list(got.token_ids)} are not its own")

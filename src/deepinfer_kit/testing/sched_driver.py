@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 from deepinfer_kit.outputs import CompletionOutput, RequestOutput
 from deepinfer_kit.request import Request
@@ -16,7 +17,9 @@ from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan, SchedulerC
 from deepinfer_kit.step import StepResult
 from deepinfer_kit.testing.suite import expect
 
-__all__ = ["SchedulerDriver", "TokenSource", "random_tokens", "make_request", "length_limit_of", "EOS"]
+__all__ = [
+    "SchedulerDriver", "TokenSource", "random_tokens", "make_request", "length_limit_of", "check_decode_rows", "EOS",
+]
 
 EOS = 0
 """The EOS id of :func:`make_request`; :class:`SchedulerDriver`'s random tokens avoid it."""
@@ -46,6 +49,33 @@ def length_limit_of(chunk: ScheduledChunk, max_model_len: int) -> int:
     max_tokens = chunk.sampling.params.max_tokens
     prompt = len(chunk.sampling.prompt_token_ids)
     return max_model_len if max_tokens is None else min(prompt + max_tokens, max_model_len)
+
+
+def check_decode_rows(plan: SchedulePlan) -> None:
+    """The contract of a plan's decode rows (:class:`~deepinfer_kit.sched.records.DecodeRows`):
+    every column as long as the others; each row one plain decode — a sampling row that
+    reads no history and does not fork, a block table that holds its position, an output
+    position at or past 0; the rows' sequences distinct from the records'. Raises
+    :class:`ConformanceError` naming the row."""
+    rows = plan.decodes
+    n = len(rows.request_ids)
+    columns: dict[str, list[Any]] = {
+        "starts": rows.starts, "token_ids": rows.token_ids, "block_tables": rows.block_tables,
+        "preemption_epochs": rows.preemption_epochs, "sampling": rows.sampling,
+        "output_positions": rows.output_positions,
+    }
+    for name, column in columns.items():
+        expect(len(column) == n, f"step {plan.step_id}: decodes.{name} has {len(column)} rows, request_ids {n}")
+    for i in range(n):
+        sid, row = rows.request_ids[i], rows.sampling[i]
+        expect(not row.needs_history, f"{sid}: decode row {i} reads its history (must be a record)")
+        expect(row.params.n == 1 or "#" in sid or rows.output_positions[i] > 0,
+               f"{sid}: decode row {i} is a fork's first sample (must be a record)")
+        expect(rows.output_positions[i] >= 0, f"{sid}: decode row {i} at output position {rows.output_positions[i]}")
+        expect(rows.starts[i] >= 0, f"{sid}: decode row {i} starts at {rows.starts[i]}")
+    records = {c.request_id for c in plan.chunks}
+    both = records.intersection(rows.request_ids)
+    expect(not both, f"step {plan.step_id}: {sorted(both)} both a decode row and a record")
 
 
 def make_request(
@@ -120,7 +150,9 @@ class SchedulerDriver:
     def schedule(self) -> SchedulePlan:
         """``sched.schedule()`` plus the per-plan checks."""
         plan = self.sched.schedule()
-        total = sum(c.num_tokens for c in plan.chunks)
+        check_decode_rows(plan)
+        chunks = plan.all_chunks()
+        total = sum(c.num_tokens for c in chunks)
         cfg = self.config
         expect(
             total <= cfg.max_num_batched_tokens, f"round {plan.step_id}: {total} tokens > budget"
@@ -129,10 +161,10 @@ class SchedulerDriver:
             plan.num_batched_tokens == total,
             f"num_batched_tokens {plan.num_batched_tokens} != {total}",
         )
-        expect(len(plan.chunks) <= cfg.max_num_seqs, f"{len(plan.chunks)} chunks > max_num_seqs")
-        ids = [c.request_id for c in plan.chunks]
+        expect(len(chunks) <= cfg.max_num_seqs, f"{len(chunks)} chunks > max_num_seqs")
+        ids = [c.request_id for c in chunks]
         expect(len(set(ids)) == len(ids), f"a request scheduled twice in one round: {ids}")
-        for c in plan.chunks:
+        for c in chunks:
             self._check_chunk(c)
         self.plans.append(plan)
         return plan
@@ -179,7 +211,7 @@ class SchedulerDriver:
         ``tokens(chunk)`` for the others."""
         if self.model is not None:
             return self.model(plan)
-        return StepResult([self.tokens(c) if c.sample else [] for c in plan.chunks])
+        return StepResult([self.tokens(c) if c.sample else [] for c in plan.all_chunks()])
 
     def commit(self, plan: SchedulePlan, result: StepResult | None = None) -> list[RequestOutput]:
         """``sched.commit`` plus output bookkeeping: sampled tokens that the commit keeps
@@ -187,7 +219,7 @@ class SchedulerDriver:
         result = result if result is not None else self.result(plan)
         outs = self.sched.commit(plan, result)
         later = {rid for p in self.plans if p.step_id > plan.step_id for rid in p.preempted_ids}
-        for c, toks in zip(plan.chunks, result.token_ids):
+        for c, toks in zip(plan.all_chunks(), result.token_ids):
             if not c.sample or c.spec_token_ids or c.draft_room or not toks or c.request_id in later:
                 continue
             pos = c.start + len(c.token_ids) + c.num_placeholders

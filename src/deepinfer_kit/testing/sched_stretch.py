@@ -100,7 +100,7 @@ class _World:
         self.frees.append(self.cache.num_free_blocks)
         tokens = [
             [_token(c.request_id, c.output_position, self.eos_at)] if c.sample else []
-            for c in plan.chunks
+            for c in plan.all_chunks()
         ]
         self.now += 1.0
         self._record(self.sched.commit(plan, StepResult(token_ids=tokens)))

@@ -253,11 +253,11 @@ class KitScheduler(Scheduler):
             for rid in plan.preempted_ids:
                 self._blocks.unbind(rid)
             self._blocks.copy(plan.block_copies)
-            if not plan.chunks:
+            if plan.is_empty:
                 self.kit.commit(plan, StepResult(token_ids=[]))
                 return [], False, 0, 0
             self._inflight = plan
-            self._queue = list(reversed(plan.chunks))
+            self._queue = list(reversed(plan.all_chunks()))
         return self._hand_over(cache_budget)
 
     def _hand_over(self, cache_budget: int) -> tuple[list[FutureRequestState], bool, int, int]:
@@ -310,7 +310,7 @@ class KitScheduler(Scheduler):
         done = self._done
         if plan is not None:
             tokens: list[list[int]] = []
-            for chunk in plan.chunks:
+            for chunk in plan.all_chunks():
                 rid = chunk.request_id
                 out = self._states[rid].generated_tokens
                 pos = chunk.output_position

@@ -5,7 +5,9 @@ A plan is mostly the same from one round to the next: a decoding sequence keeps 
 sampling row (parameters, prompt) for its whole life and its block table for ``P``
 tokens at a time. Pickling every chunk in full costs about 1 ms each way for 64 chunks
 with their prompts; here a row or a table the worker already holds travels as a marker,
-so a decode round costs a few microseconds per chunk.
+and the plan's decode rows travel as their columns (seven lists, not a tuple per row), so
+a round of 256 plain decodes crosses in under a microsecond per row
+(``benchmarks/bench_plan_codec.py``).
 
 What the worker holds is decided by the host alone, and only from what the worker
 confirmed: a value is sent in full until a reply says the message carrying it was decoded
@@ -20,7 +22,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from deepinfer_kit.sched.records import SamplingRow, ScheduledChunk, SchedulePlan
+from deepinfer_kit.sched.records import DecodeRows, SamplingRow, ScheduledChunk, SchedulePlan
 
 __all__ = ["PlanEncoder", "PlanDecoder"]
 
@@ -107,33 +109,39 @@ class PlanEncoder:
         rows, tables = self._rows.confirmed, self._tables.confirmed
         full_rows: dict[str, object] = {}
         full_tables: dict[str, object] = {}
+
+        def row_of(rid: str, row: SamplingRow) -> Any:
+            if rows.get(rid) is row:
+                return _HELD
+            full_rows[rid] = row
+            return (row.params, row.seed, row.prompt_token_ids, row.eos_token_id, row.needs_history)
+
+        def table_of(rid: str, table: object) -> Any:
+            if tables.get(rid) is table:
+                return _HELD
+            full_tables[rid] = table
+            return table
+
+        d = plan.decodes
+        decodes = (
+            d.request_ids, d.starts, d.token_ids, [table_of(r, t) for r, t in zip(d.request_ids, d.block_tables)],
+            d.preemption_epochs, [row_of(r, w) for r, w in zip(d.request_ids, d.sampling)], d.output_positions,
+        )  # fmt: skip
         chunks = []
         for c in plan.chunks:
-            rid, row, table = c.request_id, c.sampling, c.block_table
-            if row is None:
-                row_code: Any = None
-            elif rows.get(rid) is row:
-                row_code = _HELD
-            else:
-                full_rows[rid] = row
-                row_code = (row.params, row.seed, row.prompt_token_ids, row.eos_token_id, row.needs_history)
-            if tables.get(rid) is table:
-                table_code: Any = _HELD
-            else:
-                full_tables[rid] = table
-                table_code = table
+            rid, row = c.request_id, c.sampling
             chunks.append((
-                rid, c.start, c.num_tokens, c.token_ids, table_code, c.sample, c.num_samples,
-                c.spec_token_ids, c.num_placeholders, c.preemption_epoch, row_code,
+                rid, c.start, c.num_tokens, c.token_ids, table_of(rid, c.block_table), c.sample, c.num_samples,
+                c.spec_token_ids, c.num_placeholders, c.preemption_epoch, None if row is None else row_of(rid, row),
                 c.num_cached_tokens, c.output_position, c.output_token_ids, c.prompt_targets,
                 c.prompt_first, c.prompt_top, c.pending_drafts, c.draft_room,
             ))  # fmt: skip
-        used = {c.request_id for c in plan.chunks}
+        used = set(d.request_ids).union(c.request_id for c in plan.chunks)
         message = self._next
         forget_rows = self._rows.forgettable(used)
         forget_tables = self._tables.forgettable(used)
         body = (
-            message, forget_rows, forget_tables, plan.step_id, chunks, plan.block_copies,
+            message, forget_rows, forget_tables, plan.step_id, decodes, chunks, plan.block_copies,
             plan.preempted_ids, plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
             plan.num_cached_tokens,
         )  # fmt: skip
@@ -177,11 +185,16 @@ class PlanDecoder:
                 skipped or decoded out of order).
             pickle.UnpicklingError, AttributeError, ImportError: undecodable bytes.
         """
-        (message, forget_rows, forget_tables, step_id, encoded, block_copies, preempted,
-         finished, num_batched, budget, num_cached) = pickle.loads(data)  # fmt: skip
+        (message, forget_rows, forget_tables, step_id, (ids, starts, tokens, table_codes, epochs, row_codes, outs),
+         encoded, block_copies, preempted, finished, num_batched, budget, num_cached) = pickle.loads(data)  # fmt: skip
         rows, tables = self._rows, self._tables
         new_rows: dict[str, SamplingRow] = {}
         new_tables: dict[str, list[int]] = {}
+        decode_rows = [rows[rid] if code == _HELD else new_rows.setdefault(rid, SamplingRow(*code))
+                       for rid, code in zip(ids, row_codes)]
+        decode_tables = [tables[rid] if code == _HELD else new_tables.setdefault(rid, code)
+                         for rid, code in zip(ids, table_codes)]
+        decodes = DecodeRows(ids, starts, tokens, decode_tables, epochs, decode_rows, outs)
         chunks: list[ScheduledChunk] = []
         for (rid, start, num_tokens, token_ids, table_code, sample, num_samples, spec,
              holes, epoch, row_code, cached, out_pos, out_ids, targets, first, top, pending,
@@ -206,7 +219,8 @@ class PlanDecoder:
             tables.pop(rid, None)
         rows.update(new_rows)
         tables.update(new_tables)
-        plan = SchedulePlan(step_id, chunks, block_copies, preempted, finished, num_batched, budget, num_cached)
+        plan = SchedulePlan(step_id, chunks, block_copies, preempted, finished, num_batched, budget, num_cached,
+                            decodes)
         return message, plan
 
     @property

@@ -93,7 +93,9 @@ class RunnerDrafting:
         """``(resolved plan, index in plan of each resolved chunk, error per chunk of
         plan)``: chunks that could not be resolved are left out and named in the errors.
         Reads what :meth:`record` kept of the round before; mutates the drafter's state
-        (a draft model's KV). O(chunks + drafter + planner)."""
+        (a draft model's KV). O(chunks + drafter + planner). A plan's decode rows are
+        read as records (:meth:`SchedulePlan.as_records`: the batch order is kept)."""
+        plan = plan.as_records()
         if not self._follows_slots and self._stateful:
             present = {c.request_id for c in plan.chunks}
             self._released.extend(sid for sid in self._views if sid not in present)
@@ -184,6 +186,7 @@ class RunnerDrafting:
         """Resolve ``plan`` (:meth:`resolve`), ``execute`` the resolved plan (lay it out and
         run it), :meth:`record` what it emitted and return its result on ``plan``'s
         chunks. A round that raises is forgotten (the next one's placeholders fail)."""
+        plan = plan.as_records()
         resolved, kept, errors = self.resolve(plan)
         try:
             result = execute(resolved)

@@ -28,11 +28,11 @@ from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import fork_seed
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
+from deepinfer_kit.sched.records import DecodeRows, ScheduledChunk, SchedulePlan
 from deepinfer_kit.spec.verify.rows import row_histories
 from deepinfer_kit.spec.verify.step import VerifiedChunk
 
-__all__ = ["DraftProbs", "RoundLayout", "lay_out", "lay_out_chunks"]
+__all__ = ["DraftProbs", "RoundLayout", "lay_out", "lay_out_chunks", "lay_out_rows"]
 
 #: ``(sequence id, drafts) -> [len(drafts), V]`` the distributions a model drafter drew the
 #: drafts from, or ``None`` (one-hot drafts).
@@ -89,25 +89,34 @@ class RoundLayout:
 
 def lay_out(plan: SchedulePlan, *, step_id: int, slots: TokenSlots | None, can_verify: bool,
             draft_probs: DraftProbs | None) -> RoundLayout:
-    """The :class:`RoundLayout` of ``plan``'s chunks; leases token slots (``step_id``) for
-    placeholders and for every sequence that samples. O(T + R * max_blocks).
+    """The :class:`RoundLayout` of ``plan``'s batch: its decode rows column by column
+    (:func:`lay_out_rows`), then its chunk records (:func:`lay_out_chunks`); leases token
+    slots (``step_id``) for placeholders and for every sequence that samples.
+    O(T + R * max_blocks).
 
     Raises:
         InvariantError: a chunk with more than one placeholder, a placeholder together
             with drafts, a placeholder without token slots, drafts on a fork or without a
             verifier (``can_verify``), or no token slot free.
     """
-    if _plain_decodes(plan.chunks):
-        return _lay_out_decodes(plan.chunks, step_id, slots)
-    return lay_out_chunks(plan.chunks, step_id, slots, can_verify, draft_probs)
+    rows = plan.decodes
+    if not rows.request_ids:
+        return lay_out_chunks(plan.chunks, step_id, slots, can_verify, draft_probs)
+    out = lay_out_rows(rows, step_id, slots)
+    if plan.chunks:
+        lay_out_chunks(plan.chunks, step_id, slots, can_verify, draft_probs, out=out, first=len(rows))
+    return out
 
 
 def lay_out_chunks(chunks: Sequence[ScheduledChunk], step_id: int, slots: TokenSlots | None,
-                   can_verify: bool, draft_probs: DraftProbs | None) -> RoundLayout:
+                   can_verify: bool, draft_probs: DraftProbs | None, *, out: RoundLayout | None = None,
+                   first: int = 0) -> RoundLayout:
     """:func:`lay_out`'s general path, chunk by chunk (any chunks; the reference of its
-    column-wise path for a round of plain decodes). Raises as :func:`lay_out`."""
-    out = RoundLayout()
-    for index, chunk in enumerate(chunks):
+    column-wise path for decode rows), appended to ``out`` (a new layout when ``None``)
+    whose batch already holds ``first`` chunks. Returns the layout. Raises as
+    :func:`lay_out`."""
+    out = RoundLayout() if out is None else out
+    for index, chunk in enumerate(chunks, first):
         _add_tokens(out, chunk, step_id, slots)
         out.prompt.add(index, chunk, out.num_tokens - chunk.num_tokens)
         if chunk.sampling is None:
@@ -184,40 +193,32 @@ def _add_sampled(out: RoundLayout, chunk: ScheduledChunk, step_id: int, slots: T
                     chunk.output_position, chunk.output_token_ids)
 
 
-def _plain_decodes(chunks: Sequence[ScheduledChunk]) -> bool:
-    """True when every chunk is a plain decode: one known token, one sampled row, no
-    placeholder, draft or prompt logprobs (the round :func:`_lay_out_decodes` lays out)."""
-    return bool(chunks) and all([  # a list first: all() over a generator costs more per chunk
-        c.num_tokens == 1 and len(c.token_ids) == 1 and c.num_samples == 1 and c.sampling is not None
-        and not c.spec_token_ids and not c.prompt_targets
-        for c in chunks
-    ])
-
-
-def _lay_out_decodes(chunks: Sequence[ScheduledChunk], step_id: int, slots: TokenSlots | None) -> RoundLayout:
-    """:func:`lay_out` of a round of plain decodes (:func:`_plain_decodes`), column by column
-    instead of chunk by chunk: the same lists, and the same token-slot leases in the same
-    order. O(R) comprehensions."""
-    n = len(chunks)
-    rows = [c.sampling for c in chunks if c.sampling is not None]  # all of them (_plain_decodes)
-    starts = [c.start for c in chunks]
+def lay_out_rows(rows: DecodeRows, step_id: int, slots: TokenSlots | None) -> RoundLayout:
+    """The :class:`RoundLayout` of a plan's decode rows (:class:`DecodeRows`), column by
+    column: what :func:`lay_out_chunks` gives for the same rows as records
+    (:meth:`DecodeRows.to_chunks`), and the same token-slot leases in the same order,
+    without a chunk object per row. O(R) comprehensions."""
+    n = len(rows.request_ids)
+    samplers = rows.sampling
+    starts = rows.starts
     out = RoundLayout(
-        input_ids=[c.token_ids[0] for c in chunks],
-        positions=starts,
+        input_ids=list(rows.token_ids),
+        positions=list(starts),
         query_lens=[1] * n,
         seq_lens=[s + 1 for s in starts],
-        tables=[c.block_table for c in chunks],
+        tables=list(rows.block_tables),
         logits_rows=list(range(n)),
         row_counts=[1] * n,
-        params=[r.params for r in rows],
-        seeds=[r.seed for r in rows],
-        out_pos=[c.output_position for c in chunks],
-        prompts=[r.prompt_token_ids for r in rows],
-        outputs=[c.output_token_ids for c in chunks],
-        eos=[r.eos_token_id for r in rows],
+        params=[r.params for r in samplers],
+        seeds=[r.seed for r in samplers],
+        out_pos=list(rows.output_positions),
+        prompts=[r.prompt_token_ids for r in samplers],
+        outputs=[()] * n,
+        eos=[r.eos_token_id for r in samplers],
     )
     if slots is not None:
         routes = out.routes
-        routes.write_slots = [slots.lease(c.request_id, step_id) for c in chunks]
+        lease = slots.lease
+        routes.write_slots = [lease(sid, step_id) for sid in rows.request_ids]
         routes.write_rows = list(range(n))
     return out

@@ -141,6 +141,8 @@ class ModelRunner:
         if self.drafting is not None:
             slots = self.token_slots
             if slots is not None:  # leased here, on the host's thread, like a full layout
+                for sid in plan.decodes.request_ids:
+                    slots.lease(sid, plan.step_id)
                 for chunk in plan.chunks:
                     if chunk.sample:
                         slots.lease(chunk.request_id, plan.step_id)
@@ -164,7 +166,7 @@ class ModelRunner:
             static is not None
             and not record_expert_counts and self.balancer is None  # padded rows would count
             and not prompt.rows  # prompt-logprob rows are extra logits rows
-            and num_tokens == len(plan.chunks) > 0
+            and num_tokens == plan.num_chunks > 0
             and static.size_for(num_tokens) is not None
         ):
             staged = static.stage(input_ids, positions, seq_lens, tables, tail)
@@ -292,7 +294,7 @@ class ModelRunner:
                                                 step.sampling.positions, logprobs)
         if launched.ordinal == self._launches:  # no later launch has begun: the next one reads these
             self._last = last
-        drafted = [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
+        drafted = [0] * len(step.plan.decodes) + [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
         return StepResult(
             token_ids=token_ids,
             logprobs=logprobs,

@@ -180,24 +180,34 @@ def chunk_results(
     output position, from ``positions``). ``last`` maps each sequence whose penalties or
     ``min_tokens`` read its history to the token it sampled last (the next step's
     placeholder history). Trims a verified chunk's ``logprobs`` to its tokens (mutated in
-    place). Host only; O(N)."""
+    place). The plan's decode rows (first in the batch, one row each, no history) are
+    read as columns. Host only; O(N)."""
     chunks = plan.chunks
-    if not kept and len(tokens) == len(chunks) == row_counts.count(1) and (not tokens or min(tokens) >= 0):
-        return _one_row_each(chunks, tokens)
-    return chunk_results_general(chunks, tokens, row_counts, kept, positions, logprobs)
+    rows = len(plan.decodes)
+    if not kept and len(tokens) == rows + len(chunks) == row_counts.count(1) and (not tokens or min(tokens) >= 0):
+        return _one_row_each(chunks, rows, tokens)
+    if not rows:
+        return chunk_results_general(chunks, tokens, row_counts, kept, positions, logprobs)
+    token_ids, errors = _decode_rows(tokens[:rows], positions)
+    more, more_errors, last = chunk_results_general(
+        chunks, tokens, row_counts, kept, positions, logprobs, first=rows, first_row=rows)
+    return token_ids + more, errors + more_errors, last
 
 
 def chunk_results_general(
     chunks: Sequence[ScheduledChunk], tokens: list[int], row_counts: Sequence[int], kept: dict[int, int],
-    positions: Sequence[int], logprobs: list[list[dict[int, Logprob]]] | None,
+    positions: Sequence[int], logprobs: list[list[dict[int, Logprob]]] | None, *, first: int = 0,
+    first_row: int = 0,
 ) -> tuple[list[list[int]], list[str | None], dict[str, int]]:
     """:func:`chunk_results` chunk by chunk, for any round (the reference of its shortcut
-    for a round where every chunk drew one sampled row)."""
+    for a round where every chunk drew one sampled row); ``chunks`` are the batch's from
+    index ``first`` on (``row_counts``, ``kept`` and ``logprobs`` indexed by batch index),
+    their rows from ``first_row`` on."""
     token_ids: list[list[int]] = []
     errors: list[str | None] = []
     last: dict[str, int] = {}
-    row = 0
-    for i, (chunk, count) in enumerate(zip(chunks, row_counts)):
+    row = first_row
+    for i, (chunk, count) in enumerate(zip(chunks, row_counts[first:]), first):
         drawn = tokens[row : row + kept.get(i, count)]
         if CONTINUED_UNSAMPLED in drawn:
             errors.append(NEVER_SAMPLED)
@@ -216,12 +226,29 @@ def chunk_results_general(
     return token_ids, errors, last
 
 
-def _one_row_each(chunks: Sequence[ScheduledChunk], tokens: list[int]) -> tuple[
+def _one_row_each(chunks: Sequence[ScheduledChunk], rows: int, tokens: list[int]) -> tuple[
         list[list[int]], list[str | None], dict[str, int]]:
     """:func:`chunk_results` of a round where every chunk drew one row and every row was
-    sampled (no sentinel, nothing verified): the same lists, without the per-chunk checks."""
+    sampled (no sentinel, nothing verified): the same lists, without the per-chunk checks.
+    The first ``rows`` tokens are the decode rows' (which read no history)."""
     last = {
-        chunk.request_id: token for chunk, token in zip(chunks, tokens)
+        chunk.request_id: token for chunk, token in zip(chunks, tokens[rows:])
         if chunk.sampling is not None and chunk.sampling.needs_history
     }
     return [[t] for t in tokens], [None] * len(tokens), last
+
+
+def _decode_rows(tokens: list[int], positions: Sequence[int]) -> tuple[list[list[int]], list[str | None]]:
+    """The token lists and errors of the decode rows (one row each, batch rows
+    ``0..len(tokens)``), with :func:`chunk_results_general`'s sentinel rules."""
+    token_ids: list[list[int]] = []
+    errors: list[str | None] = []
+    for row, token in enumerate(tokens):
+        if token >= 0:
+            token_ids.append([token])
+            errors.append(None)
+        else:
+            token_ids.append([])
+            errors.append(NEVER_SAMPLED if token == CONTINUED_UNSAMPLED else
+                          f"non-finite logits (NaN or inf) at output position {positions[row]}")
+    return token_ids, errors
