@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from differential import run_workload, workload
 
 from deepinfer_kit import Engine, SamplingParams, build_engine
 from deepinfer_kit.engine.runner.launched import LaunchedStep
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.overlap import ThreadExecutor
 from deepinfer_kit.step import StepResult
-from differential import run_workload, workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from faults import PoisonModel  # noqa: E402
+from faults import PoisonModel
 
 ROOMY = {"num_blocks": 200, "block_size": 8, "max_model_len": 96, "max_num_seqs": 16,
          "max_num_batched_tokens": 96}

@@ -62,7 +62,8 @@ def test_a_wait_finishes_the_held_step_when_nothing_follows() -> None:
     for i in range(2):
         pending = executor.launch(i, two_phase_step(i, log))
         got: list[Any] = []
-        waiter = threading.Thread(target=lambda: got.append(executor.wait(pending).token_ids), daemon=True)
+        waiter = threading.Thread(target=lambda p=pending, out=got: out.append(executor.wait(p).token_ids),
+                                  daemon=True)
         waiter.start()
         waiter.join(timeout=60)  # bounded: a worker that keeps the step would hang the wait
         assert got == [[[i]]], f"wait for step {i} did not return: {log}"
