@@ -13,7 +13,7 @@ from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
-from deepinfer_kit.engine.protocols import Balancer, StepRunner
+from deepinfer_kit.engine.protocols import Balancer, StepRunner, TwoPhaseRunner
 from deepinfer_kit.engine.trace import StepTrace, make_trace
 from deepinfer_kit.engine.groups import OutputGroups
 from deepinfer_kit.engine.requests import RequestBuilder
@@ -125,6 +125,8 @@ class Engine:
                 "inputs are gathered from them); build the runner with TokenSlots"
             )
         self._slots = runner.token_slots  # released as steps commit (see TokenSlots)
+        # overlapped: steps go to the executor in two phases, so it may pipeline them
+        self._two_phase = runner if self.executor.depth and isinstance(runner, TwoPhaseRunner) else None
         self.balancer = balancer
         self.num_draft = num_draft
         if num_draft:
@@ -269,7 +271,8 @@ class Engine:
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._failures.die("the scheduler failed to plan a round", exc) from exc
-            launched = launch_round(self.runner, self.executor, self._failures, plan, self.trace is not None)
+            launched = launch_round(self.runner, self.executor, self._failures, plan, self.trace is not None,
+                                    self._two_phase)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
             )

@@ -4,22 +4,22 @@ whole round when its layout, launch, execution or commit raises."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.overlap.protocols import OverlapExecutor
-from deepinfer_kit.overlap.records import PendingStep
+from deepinfer_kit.overlap.records import Finish, PendingStep, TwoPhaseRun
 from deepinfer_kit.sched.protocols import Scheduler
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.failures import StepFailures
-    from deepinfer_kit.engine.protocols import StepRunner
+    from deepinfer_kit.engine.protocols import StepRunner, TwoPhaseRunner
 
-__all__ = ["InFlight", "failed_result", "launch_round", "commit_round"]
+__all__ = ["InFlight", "failed_result", "launch_round", "commit_round", "two_phase_run"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -42,11 +42,13 @@ def failed_result(plan: SchedulePlan, message: str) -> StepResult:
 
 def launch_round(
     runner: StepRunner, executor: OverlapExecutor, failures: StepFailures, plan: SchedulePlan,
-    record_expert_counts: bool = False,
+    record_expert_counts: bool = False, two_phase: TwoPhaseRunner | None = None,
 ) -> PendingStep | StepResult:
     """Lay ``plan`` out and start its device part on ``executor``; an empty plan, or one
     whose layout or launch raised (counted in ``failures``), is already its result.
     ``record_expert_counts``: the round returns its MoE routing counts (traces).
+    ``two_phase`` (the runner itself, when overlapped and it can): the step goes to the
+    executor as a :class:`TwoPhaseRun` (launch, then finish), else as one ``execute``.
 
     Raises:
         EngineDeadError: the failure was the last one ``failures`` allows in a row.
@@ -55,10 +57,25 @@ def launch_round(
         return StepResult(token_ids=[])
     try:
         prepared = runner.prepare(plan, record_expert_counts=record_expert_counts)
+        if two_phase is not None:
+            run = two_phase_run(two_phase, prepared)
+            return executor.launch(plan.step_id, run)
         return executor.launch(plan.step_id, lambda: runner.execute(prepared))
     except Exception as exc:
         failures.count(exc)
         return failed_result(plan, f"step {plan.step_id} failed: {exc!r}")
+
+
+def two_phase_run(runner: TwoPhaseRunner, prepared: Any) -> TwoPhaseRun:
+    """``prepared`` as a :class:`TwoPhaseRun`: ``runner.launch`` then ``runner.finish``,
+    pipelined only where ``runner.pipelines`` allows; ``runner.execute`` when the
+    executor runs it in one go."""
+
+    def launch() -> Finish:
+        launched = runner.launch(prepared)
+        return lambda: runner.finish(launched)
+
+    return TwoPhaseRun(lambda: runner.execute(prepared), launch, pipelines=runner.pipelines(prepared))
 
 
 def commit_round(

@@ -1,9 +1,10 @@
-"""Contracts of the engine package: the runner the Engine drives, the token-slot leases it
-releases as rounds commit, and the live expert balancer it asks between rounds."""
+"""Contracts of the engine package: the runner the Engine drives (and its optional
+two-phase steps), the token-slot leases it releases as rounds commit, and the live expert
+balancer it asks between rounds."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 
 from deepinfer_kit.sched.records import SchedulePlan
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.eplb.config import EplbConfig
     from deepinfer_kit.eplb.records import Placement, Topology
 
-__all__ = ["Balancer", "SlotLeases", "StepRunner"]
+__all__ = ["Balancer", "SlotLeases", "StepRunner", "TwoPhaseRunner"]
 
 
 class SlotLeases(Protocol):
@@ -84,6 +85,42 @@ class StepRunner(Protocol):
 
     def close(self) -> None:
         """Release what the runner holds beyond memory (a worker process). Idempotent."""
+        ...
+
+
+@runtime_checkable  # checked once, when the Engine is built
+class TwoPhaseRunner(Protocol):
+    """A :class:`StepRunner` that can split ``execute`` in two, so that an overlapped
+    executor may queue step ``k + 1``'s device work before it waits for step ``k``'s
+    tokens (:class:`~deepinfer_kit.overlap.records.TwoPhaseRun`).
+    ``execute(p)`` must equal ``finish(launch(p))``. Implementation:
+    :class:`~deepinfer_kit.engine.runner.model_runner.ModelRunner`."""
+
+    def execute(self, prepared: Any) -> StepResult:
+        """The whole step in one go (see :meth:`StepRunner.execute`)."""
+        ...
+
+    def pipelines(self, prepared: Any) -> bool:
+        """Whether ``prepared`` may be launched while the step before it is launched and
+        not finished (``False``: it reads that step's host results). Host only."""
+        ...
+
+    def launch(self, prepared: Any) -> Any:
+        """Queue the step's device work, up to the copy of its tokens to the host; return
+        without waiting for them. Launches happen in step order.
+
+        Raises:
+            Exception: the step failed (only this step; the one before still finishes).
+        """
+        ...
+
+    def finish(self, launched: Any) -> StepResult:
+        """Wait for ``launched``'s tokens and return its result (as ``execute`` does).
+        Finishes happen in launch order, each launched step once.
+
+        Raises:
+            Exception: the step failed.
+        """
         ...
 
 

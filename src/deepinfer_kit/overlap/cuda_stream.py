@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from deepinfer_kit.errors import DeviceUnavailableError
-from deepinfer_kit.overlap.records import PendingStep
+from deepinfer_kit.overlap.records import Finish, PendingStep, TwoPhaseRun
 from deepinfer_kit.overlap.threaded import ThreadExecutor
 from deepinfer_kit.step import StepResult
 
@@ -77,20 +77,26 @@ class CudaStreamExecutor:
     it its input buffers) lives until the stream has passed its kernels
     (:class:`StreamKeepAlive`), whether it returned or raised.
 
+    With ``pipeline`` (the default), a :class:`TwoPhaseRun` is launched and its finish
+    (the wait for its tokens) is put off until the caller launches the next step or waits
+    for this one; a next step that may pipeline is launched first, so its kernels are
+    queued behind this step's before the worker blocks (see :class:`ThreadExecutor`).
+
     Args:
         device: the CUDA device of the model.
         depth: steps in flight while the host schedules (the engine takes 1).
+        pipeline: launch a two-phase step before finishing the one before it.
 
     Raises:
         DeviceUnavailableError: ``device`` is not a CUDA device, or CUDA is missing.
         ConfigError: ``depth < 1``.
     """
 
-    def __init__(self, device: torch.device | str = "cuda", depth: int = 1) -> None:
+    def __init__(self, device: torch.device | str = "cuda", depth: int = 1, *, pipeline: bool = True) -> None:
         dev = torch.device(device)
         if dev.type != "cuda" or not torch.cuda.is_available():
             raise DeviceUnavailableError(f"CudaStreamExecutor needs a CUDA device, got {str(dev)!r}")
-        self._threads = ThreadExecutor(depth)
+        self._threads = ThreadExecutor(depth, pipeline=pipeline)
         self.device = dev
         self.stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
         self.alive = StreamKeepAlive(torch.cuda.Event)  # touched by the worker thread only
@@ -100,9 +106,14 @@ class CudaStreamExecutor:
         """Steps allowed in flight while the host schedules."""
         return self._threads.depth
 
+    @property
+    def num_pipelined(self) -> int:
+        """Steps launched while the step before them was launched and not yet finished."""
+        return self._threads.num_pipelined
+
     def launch(self, step_id: int, run: Callable[[], StepResult]) -> PendingStep:
-        """Queue ``run`` on the worker, its kernels ordered after the caller's queued
-        work; returns at once.
+        """Queue ``run`` (a plain callable or a :class:`TwoPhaseRun`) on the worker, its
+        kernels ordered after the caller's queued work; returns at once.
 
         Raises:
             InvariantError: the executor was closed.
@@ -110,27 +121,45 @@ class CudaStreamExecutor:
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record(torch.cuda.current_stream(self.device))
         stream, alive = self.stream, self.alive
+        two = run if isinstance(run, TwoPhaseRun) and self._threads.pipeline else None
 
-        def on_stream() -> StepResult:
+        def launch_on_stream() -> Finish:
             alive.release_passed()
             with torch.cuda.stream(stream):
                 stream.wait_event(ready)
                 try:
-                    return run()
+                    finish = two.launch() if two is not None else _finished(run())
                 finally:
                     alive.hold(run, stream)
 
-        return self._threads.launch(step_id, on_stream)
+            def finish_on_stream() -> StepResult:
+                with torch.cuda.stream(stream):
+                    return finish()
+
+            return finish_on_stream
+
+        def whole() -> StepResult:
+            return launch_on_stream()()
+
+        if two is not None:
+            return self._threads.launch(step_id, TwoPhaseRun(whole, launch_on_stream, pipelines=two.pipelines))
+        return self._threads.launch(step_id, whole)
 
     def wait(self, pending: PendingStep) -> StepResult:
         """Block until the step finished; re-raise its exception."""
         return self._threads.wait(pending)
 
     def close(self) -> None:
-        """Wait for queued steps, then for the stream; stop the worker. Idempotent."""
+        """Finish every queued and launched step, then wait for the stream; stop the
+        worker. Idempotent."""
         self._threads.close()
         self.stream.synchronize()
         self.alive.clear()
+
+
+def _finished(result: StepResult) -> Finish:
+    """A finish that returns ``result`` (a plain callable's, run in its launch)."""
+    return lambda: result
 
 
 if TYPE_CHECKING:

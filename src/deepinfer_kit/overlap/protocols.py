@@ -23,7 +23,9 @@ class OverlapExecutor(Protocol):
         """Start ``run`` (forward plus sampling of one plan).
 
         Returns at once when ``depth > 0``; a synchronous executor runs it before
-        returning. Steps complete in launch order.
+        returning. Steps complete in launch order. ``run`` may be a
+        :class:`~deepinfer_kit.overlap.records.TwoPhaseRun`: an executor that pipelines
+        may launch it before it finishes the step before (see there); any other calls it.
         """
         ...
 

@@ -1,6 +1,7 @@
 """The worker process of a :class:`~deepinfer_kit.engine.remote.process_runner.ProcessRunner`:
 builds the runner from a :class:`WorkerSpec`, then prepares and executes the plans it
-receives, one at a time, in order, replying to each.
+receives, in order, replying to each (on a single CUDA rank a step already received is
+launched before the one before it is finished, see :func:`_loop`).
 
 Messages in (pickled tuples): ``("step", message, released, record_expert_counts, plan
 bytes)``, ``("check", released)``, ``("rebalance", released, after_step)``, ``("close",)``. Replies
@@ -20,9 +21,12 @@ import os
 import pickle
 import signal
 import time
+from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
+import attrs
 import torch
 
 from deepinfer_kit.engine.remote.plan_codec import PlanDecoder
@@ -32,6 +36,7 @@ from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.engine.runner.build import build_device
 from deepinfer_kit.engine.runner.pool import engine_device
 from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.step import StepResult
 
 __all__ = ["main", "serve"]
 
@@ -69,15 +74,32 @@ def serve(conn: Connection) -> None:
     _loop(conn, parts.runner, RankMeter(groups, parts) if groups is not None else None)
 
 
-def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None) -> None:
+def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None, *,
+          pipeline: bool | None = None) -> None:
+    """Answer the host's messages in order until ``close`` or its end closes.
+
+    With ``pipeline`` (default: a single rank on CUDA, where a launch only queues
+    kernels), a step's reply waits while a next step already received is launched: after
+    launching step ``k`` the worker looks (``conn.poll(0)``, not waiting) for the next
+    message; a step that may pipeline (:meth:`ModelRunner.pipelines`) is launched before
+    ``k`` is finished and answered. Anything else, or nothing yet, finishes ``k`` first.
+    Replies go out in the order the steps came; tokens do not depend on which happened.
+    """
+    if pipeline is None:
+        pipeline = meter is None and runner.device.type == "cuda"
     decoder = PlanDecoder()
     slots = runner.token_slots
+    held: _Held | None = None  # a launched step not yet finished and answered
     while True:
+        if held is not None and not conn.poll(0):
+            held = _answer(conn, held)  # nothing queued behind it: answer it now
         try:
             message = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
         kind = message[0]
+        if kind != "step" and held is not None:
+            held = _answer(conn, held)
         if kind == "close":
             return
         released = message[2] if kind == "step" else message[1]
@@ -93,17 +115,55 @@ def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None)
         try:
             _, plan = decoder.decode(data)
         except Exception as exc:  # noqa: BLE001 - the host fails this step and resends
+            held = _answer(conn, held)
             _reply(conn, "undecoded", number, exc)
             continue
         start = time.perf_counter()
         try:
-            result: Any = runner.execute(runner.prepare(plan, record_expert_counts=record))
+            step = runner.prepare(plan, record_expert_counts=record)
+            if held is not None and not (pipeline and runner.pipelines(step)):
+                held = _answer(conn, held)
+            finish = partial(runner.finish, runner.launch(step)) if pipeline else _done(runner.execute(step))
         except Exception as exc:  # noqa: BLE001 - the step fails on the host, as in-process
+            held = _answer(conn, held)
             _reply(conn, "error", number, exc)
             continue
-        if meter is not None:  # a multi-rank model: this rank's time and bytes, for traces
-            result = meter.stamp(result, time.perf_counter() - start)
-        _reply(conn, "ok", number, result)
+        _answer(conn, held)  # the step before, after this one was launched
+        held = _Held(number, finish, start, meter)
+        if not pipeline:
+            held = _answer(conn, held)
+
+
+@attrs.define(slots=True, eq=False)
+class _Held:
+    """A step launched and not yet answered: its reply number, what finishes it, when it
+    began and the rank's meter."""
+
+    number: int
+    finish: Callable[[], StepResult]
+    start: float
+    meter: RankMeter | None
+
+
+def _done(result: StepResult) -> Callable[[], StepResult]:
+    """The finish of a step already run to the end."""
+    return lambda: result
+
+
+def _answer(conn: Connection, held: _Held | None) -> _Held | None:
+    """Finish ``held`` (if any) and send its reply; returns ``None``: nothing is held
+    any more (assigned back by the caller)."""
+    if held is None:
+        return None
+    try:
+        result: Any = held.finish()
+    except Exception as exc:  # noqa: BLE001 - the step fails on the host, as in-process
+        _reply(conn, "error", held.number, exc)
+        return None
+    if held.meter is not None:  # a multi-rank model: this rank's time and bytes, for traces
+        result = held.meter.stamp(result, time.perf_counter() - held.start)
+    _reply(conn, "ok", held.number, result)
+    return None
 
 
 def _rebalance(runner: ModelRunner, after_step: int) -> object:

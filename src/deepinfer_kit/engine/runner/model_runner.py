@@ -11,7 +11,8 @@ from deepinfer_kit.engine.runner.prepared import PreparedStep
 from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
 from deepinfer_kit.engine.runner.layout import lay_out
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
-from deepinfer_kit.engine.runner.step_outputs import chunk_results, finite_rows, logprob_maps, to_host
+from deepinfer_kit.engine.runner.launched import LaunchedStep
+from deepinfer_kit.engine.runner.step_outputs import chunk_results, copy_back, finite_rows, logprob_maps
 from deepinfer_kit.engine.runner.token_slots import UNSAMPLED
 from deepinfer_kit.spec.verify.step import verify_round
 from deepinfer_kit.sample.logprobs import attach_logprobs
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.engine.runner.balance import ExpertBalancer
     from deepinfer_kit.engine.protocols import StepRunner
 
-__all__ = ["PreparedStep", "ModelRunner"]  # PreparedStep re-exported from engine.prepared
+__all__ = ["LaunchedStep", "PreparedStep", "ModelRunner"]  # PreparedStep re-exported from engine.prepared
 
 
 class ModelRunner:
@@ -85,8 +86,9 @@ class ModelRunner:
         self.device = device
         self.generator = generator
         self.block_size = kv_cache.block_size
-        self._last: dict[str, int] = {}  # sequence id -> token the previous execute sampled,
+        self._last: dict[str, int] = {}  # sequence id -> token the previous step sampled,
         # for sequences whose penalties / min_tokens read their history only
+        self._launches = 0  # steps launched so far (LaunchedStep.ordinal)
         self._pin = device.type == "cuda"
         self._masks = MaskMemo()  # skips the logit-edit check of a round with last round's params
         self.static = static_decode
@@ -184,32 +186,52 @@ class ModelRunner:
         )
 
     def execute(self, step: PreparedStep | LateStep) -> StepResult:
-        """Fill the placeholders, copy-on-write block copies, the forward, and the draw;
-        returns tokens per chunk.
+        """Run ``step`` to the end: ``finish(launch(step))`` (see both); returns tokens
+        per chunk. Mutates the KV cache and the token slots this step writes. Blocks until
+        the tokens are on the host."""
+        return self.finish(self.launch(step))
 
-        Steps must execute in schedule order (one at a time, on one thread or stream): a
-        placeholder of this step is gathered on the device from its sequence's token
-        slot, which the previous execute wrote after sampling (no host sync between the
-        two). One that the previous step did not sample (it failed, or its row was not
-        finite: the slot holds ``-1``) is never fed as a token: its chunk is reported in
-        ``errors``. Rows whose penalties or ``min_tokens`` read the in-flight token get
-        it on the host, from the previous execute's copy back.
+    def pipelines(self, step: PreparedStep | LateStep) -> bool:
+        """Whether ``step`` may be launched while the step before it is launched but not
+        finished: not when rows of it read the in-flight token's value on the host
+        (penalties, ``min_tokens``: :attr:`PreparedStep.placeholder_rows`, filled from
+        the previous step's finish), nor for a speculative round (:class:`LateStep`,
+        which resolves against the round before on the host). Host only, O(1)."""
+        return isinstance(step, PreparedStep) and not step.placeholder_rows
 
-        ``logit_bias`` / allowed ids / bad words edit the rows' logits first (:func:`edit_logits`).
+    def launch(self, step: PreparedStep | LateStep) -> LaunchedStep:
+        """Queue ``step``'s device work and return without waiting for its tokens: fill
+        the placeholders, copy-on-write block copies, the forward, the draw, the token
+        slots' publish and the copy of the sampled rows to the host (pinned,
+        non-blocking, an event after it on CUDA; see :func:`copy_back`). A speculative
+        round (:class:`LateStep`) runs to the end here.
 
-        A sampled row whose logits hold a NaN or an infinity is detected on the device
-        and reported in ``StepResult.errors`` (its chunk gets no token); the check rides
-        on the one device-to-host copy of the sampled tokens. With
-        ``record_expert_counts`` given to :meth:`prepare`, the MoE layers' routing counts of the round
-        are returned too (one more copy, for traces).
+        Steps launch in schedule order (one thread or stream): a placeholder of this step
+        is gathered on the device from its sequence's token slot, which the step before
+        wrote after sampling (no host sync between the two), so step ``k + 1`` may launch
+        before step ``k`` finished when :meth:`pipelines` allows. One that the previous
+        step did not sample (it failed, or its row was not finite: the slot holds ``-1``)
+        is never fed as a token: its chunk is reported in ``errors``. Rows whose
+        penalties or ``min_tokens`` read the in-flight token get it on the host, from the
+        previous step's finish (so that step must have finished).
 
-        Mutates the KV cache (the scheduled tokens' K/V) and the token slots this step
-        writes. Blocks until the tokens are on the host.
+        ``logit_bias`` / allowed ids / bad words edit the rows' logits first
+        (:func:`edit_logits`). A sampled row whose logits hold a NaN or an infinity is
+        flagged on the device (its chunk gets no token); the flag rides on the copy back.
+        With ``record_expert_counts`` given to :meth:`prepare`, the MoE layers' routing
+        counts of the round are copied too (blocking; for traces).
+
+        Mutates the KV cache (the scheduled tokens' K/V), the token slots this step
+        writes and the runner's launch count. Raises what the forward or the sampler
+        raises (the step failed; its slots read ``-1``).
         """
         if isinstance(step, LateStep):
             assert self.drafting is not None
             late = step.record_expert_counts
-            return self.drafting.run(step.plan, lambda plan: self.execute(self._layout(plan, late)))
+            done = self.drafting.run(step.plan, lambda plan: self.execute(self._layout(plan, late)))
+            return LaunchedStep(ordinal=self._launches, done=done)
+        self._launches += 1
+        ordinal = self._launches
         last, self._last = self._last, {}
         forward, tail = step.forward, step.slot_tail
         if step.staged is not None:
@@ -229,7 +251,9 @@ class ModelRunner:
             expert_counts, slot_counts = self._expert_counts(step.record_expert_counts)
             logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
-                return StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps, expert_counts=expert_counts, slot_counts=slot_counts)
+                done = StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps,
+                                  expert_counts=expert_counts, slot_counts=slot_counts)
+                return LaunchedStep(ordinal=ordinal, done=done)
             finite, clean = finite_rows(logits)
             raw = self._masks.edit(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
@@ -245,11 +269,31 @@ class ModelRunner:
             flagged = torch.where(finite, sampled.token_ids, UNSAMPLED)
             if gathered is not None and slots is not None and tail is not None:
                 flagged = slots.publish(routes, tail, gathered, flagged)
-        tokens, logprobs_host = to_host(flagged, sampled, step.sampling.params)
+            copy = copy_back(flagged, sampled, step.sampling.params)
+        return LaunchedStep(ordinal=ordinal, step=step, copy=copy, emitted=emitted, expert_counts=expert_counts,
+                            slot_counts=slot_counts, prompt_logprobs=prompt_lps)
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """Wait for ``launched``'s copy back (its event on CUDA) and build its result:
+        tokens per chunk (a chunk whose row was not finite, or that continued from a
+        token never sampled, gets none and an ``errors`` entry), logprob maps, drafts
+        accepted. Finish steps in launch order, each once.
+
+        Mutates the runner's host copy of the step's history tokens (read by the next
+        launch's placeholder rows), unless a later step was launched already (that one's
+        finish provides them). Blocks until the tokens are on the host.
+        """
+        if launched.done is not None:
+            return launched.done
+        step, copy = launched.step, launched.copy
+        assert step is not None and copy is not None
+        tokens, logprobs_host = copy.read()
         logprobs = logprob_maps(tokens, logprobs_host, step.row_counts, step.sampling) if logprobs_host is not None else None
-        kept = dict(zip((v.chunk for v in step.verified), emitted))
-        token_ids, errors, self._last = chunk_results(step.plan, tokens, step.row_counts, kept,
-                                                      step.sampling.positions, logprobs)
+        kept = dict(zip((v.chunk for v in step.verified), launched.emitted))
+        token_ids, errors, last = chunk_results(step.plan, tokens, step.row_counts, kept,
+                                                step.sampling.positions, logprobs)
+        if launched.ordinal == self._launches:  # no later launch has begun: the next one reads these
+            self._last = last
         drafted = [0] * len(step.plan.decodes) + [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
         return StepResult(
             token_ids=token_ids,
@@ -257,9 +301,9 @@ class ModelRunner:
             num_drafted=drafted,
             num_accepted=[max(len(t) - 1, 0) if d else 0 for t, d in zip(token_ids, drafted)],
             errors=errors if errors.count(None) != len(errors) else [],
-            expert_counts=expert_counts,
-            slot_counts=slot_counts,
-            prompt_logprobs=prompt_lps,
+            expert_counts=launched.expert_counts,
+            slot_counts=launched.slot_counts,
+            prompt_logprobs=launched.prompt_logprobs,
         )
 
     def _expert_counts(self, record: bool) -> tuple[list[list[int]] | None, list[list[int]] | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import torch
 
 from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, NEVER_SAMPLED, UNSAMPLED
@@ -13,8 +14,8 @@ from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 
 __all__ = [
-    "HostLogprobs", "asked_top", "chunk_results", "chunk_results_general", "finite_rows", "logprob_maps",
-    "to_host",
+    "HostCopy", "HostLogprobs", "asked_top", "chunk_results", "chunk_results_general", "copy_back", "finite_rows",
+    "logprob_maps", "to_host",
 ]
 
 HostLogprobs = tuple[list[float], list[int], list[list[int]], list[list[float]]]
@@ -56,31 +57,92 @@ def finite_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return finite, kept.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).to(torch.float32)
 
 
+@attrs.define(slots=True, eq=False)
+class HostCopy:
+    """The copy back of one step's sampled rows, queued by :func:`copy_back` and read by
+    :meth:`read` (``N`` sampling rows; ``A`` top alternatives asked for, all rows together).
+
+    Attributes:
+        ints: ``[N]`` int64 tokens (``-1`` / ``-2`` sentinels), or ``[2N + A]`` with
+            each row's rank and its top ids after them; on the host (pinned on CUDA).
+        floats: ``[N + A]`` float32, each row's logprob then the top logprobs, on the
+            host; ``None`` when no row asked for logprobs.
+        starts: ``[N + 1]`` offsets of each row's top alternatives within the ``A``.
+        event: recorded on the device's stream after the copies (CUDA), or ``None``
+            (elsewhere the copies are done when :func:`copy_back` returns).
+    """
+
+    ints: torch.Tensor
+    floats: torch.Tensor | None = None
+    starts: list[int] = attrs.field(factory=list)
+    event: torch.cuda.Event | None = None
+
+    def read(self) -> tuple[list[int], HostLogprobs | None]:
+        """Wait for the copies (the event, on CUDA), then ``(tokens, logprobs)`` as
+        :func:`to_host` returns them. Blocks the calling thread only; mutates nothing."""
+        if self.event is not None:
+            self.event.synchronize()
+        ints: list[int] = self.ints.tolist()
+        if self.floats is None:
+            return ints, None
+        floats: list[float] = self.floats.tolist()
+        n, starts = len(self.starts) - 1, self.starts
+        tops = [ints[2 * n + starts[r] : 2 * n + starts[r + 1]] for r in range(n)]
+        top_floats = [floats[n + starts[r] : n + starts[r + 1]] for r in range(n)]
+        return ints[:n], (floats[:n], ints[n : 2 * n], tops, top_floats)
+
+
+def copy_back(
+    flagged: torch.Tensor, sampled: SampleResult, params: Sequence[SamplingParams] | None = None
+) -> HostCopy:
+    """Queue the step's one copy back and return without waiting for it: the tokens
+    (``flagged``, ``[N]`` int64, ``-1`` for a non-finite row) and, when a row asked for
+    logprobs, their ranks and top ids in the same int64 copy, the float logprobs in one
+    more. ``params[r]``: row ``r``'s parameters; only the top alternatives its
+    ``logprobs`` asks for come back (``None``: all ``K`` of every row).
+
+    On CUDA each copy goes into fresh pinned memory with ``non_blocking=True`` on the
+    current stream and an event is recorded after them (the host is not blocked, except
+    by the masked gather of :func:`asked_top` when rows ask for fewer alternatives than
+    ``K``); elsewhere the returned tensors are new host tensors. Mutates nothing."""
+    n = flagged.shape[0]
+    if sampled.logprobs is None or sampled.ranks is None:
+        ints, floats, starts = flagged, None, [0] * (n + 1)
+    else:
+        top_ids = sampled.top_token_ids
+        top_lp = sampled.top_logprobs
+        if top_ids is not None and top_lp is not None:
+            k = top_ids.shape[1]
+            wants = [p.logprobs or 0 for p in params] if params is not None else [k] * n
+            flat_ids, flat_lp, starts = asked_top(top_ids, top_lp, wants)
+            extra_ints, extra_floats = [flat_ids], [flat_lp]
+        else:
+            extra_ints, extra_floats, starts = [], [], [0] * (n + 1)
+        ints = torch.cat([flagged, sampled.ranks, *extra_ints])
+        floats = torch.cat([sampled.logprobs, *extra_floats])
+    if flagged.device.type != "cuda":
+        return HostCopy(ints.clone() if ints is flagged else ints, floats, starts)
+    host_ints = _pinned_copy(ints)
+    host_floats = _pinned_copy(floats) if floats is not None else None
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record()
+    return HostCopy(host_ints, host_floats, starts, event)
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A pinned host tensor that ``t`` (CUDA) is copied into, queued without blocking."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
 def to_host(
     flagged: torch.Tensor, sampled: SampleResult, params: Sequence[SamplingParams] | None = None
 ) -> tuple[list[int], HostLogprobs | None]:
-    """The step's one copy back: the tokens (``-1`` for a non-finite row) and, when a row
-    asked for logprobs, their ranks and top ids in the same int64 copy, the float
-    logprobs in one more. ``params[r]``: row ``r``'s parameters; only the top
-    alternatives its ``logprobs`` asks for come back (``None``: all ``K`` of every row)."""
-    if sampled.logprobs is None or sampled.ranks is None:
-        tokens: list[int] = flagged.tolist()
-        return tokens, None
-    n = flagged.shape[0]
-    top_ids = sampled.top_token_ids
-    top_lp = sampled.top_logprobs
-    if top_ids is not None and top_lp is not None:
-        k = top_ids.shape[1]
-        wants = [p.logprobs or 0 for p in params] if params is not None else [k] * n
-        flat_ids, flat_lp, starts = asked_top(top_ids, top_lp, wants)
-        extra_ints, extra_floats = [flat_ids], [flat_lp]
-    else:
-        extra_ints, extra_floats, starts = [], [], [0] * (n + 1)
-    ints: list[int] = torch.cat([flagged, sampled.ranks, *extra_ints]).tolist()
-    floats: list[float] = torch.cat([sampled.logprobs, *extra_floats]).tolist()
-    tops = [ints[2 * n + starts[r] : 2 * n + starts[r + 1]] for r in range(n)]
-    top_floats = [floats[n + starts[r] : n + starts[r + 1]] for r in range(n)]
-    return ints[:n], (floats[:n], ints[n : 2 * n], tops, top_floats)
+    """The step's one copy back, waited for: :func:`copy_back` then :meth:`HostCopy.read`
+    — the tokens (``-1`` for a non-finite row) and, when a row asked for logprobs, the
+    chosen logprobs, ranks and asked top alternatives per row."""
+    return copy_back(flagged, sampled, params).read()
 
 
 def logprob_maps(
