@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["to_device"]
+__all__ = ["to_device", "host_to_device"]
 
 
 def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype,
@@ -26,3 +26,14 @@ def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype,
         return torch.tensor(values, dtype=dtype, device=device)
     host = torch.tensor(values, dtype=dtype, pin_memory=True)
     return host.to(device, non_blocking=True)
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without making the host wait for the device: on CUDA
+    a pinned copy of it (``pin_memory``, host work only) copied with ``non_blocking``,
+    like :func:`to_device`; anywhere else ``tensor.to(device)`` (the same tensor when it
+    is there already). ``tensor`` must be on the CPU for the CUDA path. Mutates nothing.
+    """
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

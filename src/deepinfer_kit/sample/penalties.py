@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from deepinfer_kit._staging import to_device
+from deepinfer_kit._staging import host_to_device, to_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample.records import SamplingBatch
 
@@ -63,9 +63,9 @@ def apply_penalties(x: torch.Tensor, batch: SamplingBatch) -> None:
     rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
     if rep_rows:
         seen = [list(batch.prompt_token_ids[i]) + list(batch.output_token_ids[i]) for i in rep_rows]
-        keys = torch.unique(_flat_keys(rep_rows, seen, vocab, "prompt/output_token_ids")).to(device)
-        factor = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)
-        row_factor = factor.to(device)[keys // vocab]
+        keys = host_to_device(torch.unique(_flat_keys(rep_rows, seen, vocab, "prompt/output_token_ids")), device)
+        factor = to_device([p.repetition_penalty for p in params], torch.float32, device)
+        row_factor = factor[keys // vocab]
         vals = flat[keys]
         flat[keys] = torch.where(vals > 0, vals / row_factor, vals * row_factor)
 
@@ -81,8 +81,8 @@ def apply_penalties(x: torch.Tensor, batch: SamplingBatch) -> None:
         pres = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32)
         row = keys // vocab
         delta = freq[row] * counts.to(torch.float32) + pres[row]
-        keys = keys.to(device)
-        flat[keys] = flat[keys] - delta.to(device)
+        keys = host_to_device(keys, device)
+        flat[keys] = flat[keys] - host_to_device(delta, device)
 
     masked: list[int] = []
     for i, p in enumerate(params):

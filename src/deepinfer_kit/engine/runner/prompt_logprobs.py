@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.engine.runner.step_outputs import asked_top
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sched.records import ScheduledChunk
@@ -63,7 +64,7 @@ class PromptRows:
         x = logits.to(torch.float32)
         lse = torch.logsumexp(x, dim=-1, keepdim=True)
         lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-        target = torch.tensor(self.targets, dtype=torch.int64).to(x.device)
+        target = to_device(self.targets, torch.int64, x.device)
         chosen = x.gather(1, target[:, None])
         ranks = (x > chosen).sum(dim=-1) + 1
         top = min(max(k for _, _, k in self.chunks), x.shape[1])

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, NEVER_SAMPLED, UNSAMPLED
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sample.params import SamplingParams
@@ -37,7 +38,7 @@ def asked_top(
         starts.append(starts[-1] + c)
     if all(c == k for c in counts):
         return top_ids.reshape(-1), top_lp.reshape(-1), starts
-    want = torch.tensor(counts, dtype=torch.int64).to(top_ids.device)
+    want = to_device(counts, torch.int64, top_ids.device)
     keep = torch.arange(k, device=top_ids.device)[None, :] < want[:, None]
     return top_ids[keep], top_lp[keep], starts
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer_kit._staging import host_to_device, to_device
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import working_logits
@@ -58,9 +59,9 @@ class GreedyVerifier:
         dev = x.device
         num_acc, token = self._ops.greedy_verify(
             x,
-            torch.tensor(rows.offsets[:-1], dtype=torch.int64, device=dev),
-            proposal.token_ids.to(dev, torch.int64),
-            torch.tensor([len(d) for d in rows.drafts], dtype=torch.int64, device=dev),
+            to_device(rows.offsets[:-1], torch.int64, dev),
+            host_to_device(proposal.token_ids, dev).to(torch.int64),
+            to_device([len(d) for d in rows.drafts], torch.int64, dev),
         )
         accepted, final = torch.stack((num_acc, token)).tolist()
         out = [d[:a] + [t] for d, a, t in zip(rows.drafts, accepted, final)]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.sample.distribution import target_probs
 from deepinfer_kit.sample.protocols import Sampler
@@ -82,10 +83,8 @@ class RejectionVerifier:
         num_req, vocab = len(rows.drafts), rows.logits.shape[1]
         dev = rows.logits.device
         flat_p = target_probs(rows.logits, rows.batch)
-        where = torch.tensor(
-            [r * depth + j for r, d in enumerate(rows.drafts) for j in range(len(d) + 1)],
-            dtype=torch.int64, device=dev,
-        )
+        where = to_device([r * depth + j for r, d in enumerate(rows.drafts) for j in range(len(d) + 1)],
+                          torch.int64, dev)
         target = torch.zeros(num_req * depth, vocab, dtype=torch.float64, device=dev)
         target[where] = flat_p
         target = target.view(num_req, depth, vocab)
@@ -96,8 +95,8 @@ class RejectionVerifier:
         u_acc[where] = accept_uniforms(fb.seeds, fb.positions, fb.generator, dev)
         width = depth - 1
         padded = [t for d in rows.drafts for t in d + [0] * (width - len(d))]
-        ids = torch.tensor(padded, dtype=torch.int64, device=dev).view(num_req, width)
-        lengths = torch.tensor([len(d) for d in rows.drafts], dtype=torch.int64, device=dev)
+        ids = to_device(padded, torch.int64, dev).view(num_req, width)
+        lengths = to_device([len(d) for d in rows.drafts], torch.int64, dev)
         num_acc, token = self._ops.rejection_sample(
             target, draft_probs.to(dev, torch.float64), ids, lengths,
             u_acc.view(num_req, depth)[:, :width], u_draw.view(num_req, depth),

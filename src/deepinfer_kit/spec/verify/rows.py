@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
@@ -101,10 +102,8 @@ def flatten_verify(
     offsets = [0]
     for n in lengths:
         offsets.append(offsets[-1] + n + 1)
-    rows = torch.tensor(
-        [r * (width + 1) + j for r, n in enumerate(lengths) for j in range(n + 1)],
-        dtype=torch.int64, device=target_logits.device,
-    )
+    rows = to_device([r * (width + 1) + j for r, n in enumerate(lengths) for j in range(n + 1)],
+                     torch.int64, target_logits.device)
     flat = target_logits.reshape(num_req * (width + 1), target_logits.shape[2]).index_select(0, rows)
     return VerifyRows(flat, expand_rows(batch, drafts), drafts, offsets)
 

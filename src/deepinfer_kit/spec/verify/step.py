@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from deepinfer_kit._staging import to_device
 from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
@@ -71,11 +72,11 @@ def verify_round(
             in_verify[v.first_row + j] = True
     plain = [i for i, used in enumerate(in_verify) if not used]
     if plain:
-        index = torch.tensor(plain, dtype=torch.int64, device=dev)
+        index = to_device(plain, torch.int64, dev)
         tokens[index] = sampler(logits.index_select(0, index), batch.select(plain)).token_ids
     width = max(len(v.drafts) for v in verified)
     rows = [v.first_row + min(j, len(v.drafts)) for v in verified for j in range(width + 1)]
-    target = logits.index_select(0, torch.tensor(rows, dtype=torch.int64, device=dev))
+    target = logits.index_select(0, to_device(rows, torch.int64, dev))
     padded = [t for v in verified for t in (*v.drafts, *([0] * (width - len(v.drafts))))]
     lengths = [len(v.drafts) for v in verified]
     proposal = DraftProposal(
@@ -89,8 +90,7 @@ def verify_round(
     )
     where = [v.first_row + j for v, toks in zip(verified, result.token_ids) for j in range(len(toks))]
     values = [t for toks in result.token_ids for t in toks]
-    tokens[torch.tensor(where, dtype=torch.int64, device=dev)] = torch.tensor(
-        values, dtype=torch.int64).to(dev)
+    tokens[to_device(where, torch.int64, dev)] = to_device(values, torch.int64, dev)
     sampled = SampleResult(token_ids=tokens)
     if batch.max_logprobs >= 0:
         attach_logprobs(sampled, logits.to(torch.float32), batch.max_logprobs)
@@ -112,6 +112,6 @@ def _stack_probs(verified: list[VerifiedChunk], width: int, vocab: int,
         if v.draft_probs is not None:
             out[r, :n] = v.draft_probs.to(device, torch.float64)
         else:
-            ids = torch.tensor(v.drafts, dtype=torch.int64, device=device)
+            ids = to_device(v.drafts, torch.int64, device)
             out[r, :n].scatter_(1, ids.unsqueeze(1), 1.0)
     return out
