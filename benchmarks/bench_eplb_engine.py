@@ -17,6 +17,7 @@ share of the engine's step. The greedy tokens of the three runs are compared.
 
     .venv/bin/python benchmarks/bench_eplb_engine.py              # W=4, skew 0.7
     .venv/bin/python benchmarks/bench_eplb_engine.py --ranks 2 --requests 4 --tokens 8
+    .venv/bin/python benchmarks/bench_eplb_engine.py --ranks 2 --expert-size 4096 --repeats 4   # experts that weigh
     .venv/bin/python benchmarks/bench_eplb_engine.py --selector-cost    # one process, W virtual GPUs
 """
 
@@ -43,7 +44,7 @@ def run(dispatch: str, args: argparse.Namespace) -> tuple[list[list[int]], dict[
     with tempfile.TemporaryDirectory() as out:
         eplb = {"window": 8, "interval": args.interval, "num_redundant": args.ranks, "num_gpus": args.ranks,
                 "policy": "deepseek", "dispatch": dispatch}
-        engine = build_engine(worker="process", expert_parallel=args.ranks, eplb=eplb,
+        engine = build_engine(model=args.model, worker="process", expert_parallel=args.ranks, eplb=eplb,
                               max_num_batched_tokens=args.batch_tokens, worker_setup=Probe(out, args.skew, args.threads_per_rank))
         params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
         prompts = [list(range(3 * i, 3 * i + 24)) for i in range(args.requests)]
@@ -79,7 +80,13 @@ def main() -> None:
                         help="time the selectors inside decode steps of one process (W virtual GPUs) instead")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (--selector-cost)")
     parser.add_argument("--threads-per-rank", type=int, default=1, help="torch threads in each rank's process")
+    parser.add_argument("--expert-size", type=int, default=0,
+                        help="> 0: a random Mixtral-style checkpoint (hidden 512, 8 experts of this "
+                             "intermediate size, top-2, 2 layers) instead of the tiny model, so the experts weigh")
     args = parser.parse_args()
+    args.model = "tiny"
+    if args.expert_size > 0:
+        args.model = big_expert_checkpoint(args.expert_size, tempfile.mkdtemp(prefix="eplb_big_"))
     if args.selector_cost:
         eplb_selector_cost.main(args)
         return
@@ -116,6 +123,23 @@ def main() -> None:
               f"copies per rank mean/max {runs[name][0]['balance']:.4f} (static {runs['static'][0]['balance']:.4f})")
     print(f"rebalances per run: {[m['rebalances'] for n in order for m in runs[n]]}; "
           f"greedy tokens identical: {same}")
+
+
+def big_expert_checkpoint(expert_size: int, folder: str) -> str:
+    """A random Mixtral-style checkpoint saved to ``folder`` (hidden 512, 2 layers, 8
+    experts of ``expert_size``, top-2, vocabulary 512), whose experts dominate a step's
+    work; returns ``folder``. Seeded: the same weights every run."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        vocab_size=512, hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+        intermediate_size=expert_size, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
+        eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
 
 
 def copies_balancedness(calls: list[tuple[int, ...]]) -> float:
