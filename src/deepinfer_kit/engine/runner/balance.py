@@ -118,14 +118,14 @@ class ExpertBalancer:
         (:attr:`num_steps`) by one. Called on the host, in commit order."""
         self.num_steps += 1
 
-    def slot_counts(self) -> list[list[int]] | None:
-        """``[L][P]`` copies each physical slot served in the last forward (a host read;
-        for traces), or None before any forward."""
+    def slot_counts(self) -> torch.Tensor | None:
+        """``[L, P]`` int64 copies each physical slot served in the last forward, a new
+        tensor on the layers' device (no host read: a trace reads it once the step's
+        tokens are back), or None before any forward."""
         counts = [layer.last_slot_counts for layer in self.layers]
         if any(c is None for c in counts):
             return None
-        rows: list[list[int]] = torch.stack([c.cpu() for c in counts if c is not None]).tolist()
-        return rows
+        return torch.stack([c for c in counts if c is not None])
 
     def state(self) -> BalancerState:
         """A snapshot for a host in another process (placements are not copied: do not

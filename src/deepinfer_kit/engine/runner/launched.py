@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import attrs
+import torch
 
 from deepinfer_kit.engine.runner.prepared import PreparedStep
 from deepinfer_kit.engine.runner.step_outputs import HostCopy
@@ -25,8 +26,10 @@ class LaunchedStep:
         step: the prepared step (``None`` when ``done``).
         copy: the queued copy back of the sampled rows (``None`` when ``done``).
         emitted: per verified chunk, tokens it emitted (in ``step.verified`` order).
-        expert_counts: ``[L][E]`` routing counts of the round when traced, else ``None``.
-        slot_counts: ``[L][P]`` per physical expert slot when traced with EPLB, else ``None``.
+        expert_counts: ``[L, E]`` routing counts of the round when traced (on the device,
+            read by ``finish``), else ``None``.
+        slot_counts: ``[L, P]`` per physical expert slot when traced with EPLB (on the
+            device), else ``None``.
         prompt_logprobs: per chunk, the prompt-logprob maps, or ``None``.
     """
 
@@ -35,6 +38,6 @@ class LaunchedStep:
     step: PreparedStep | None = None
     copy: HostCopy | None = None
     emitted: list[int] = attrs.field(factory=list)
-    expert_counts: list[list[int]] | None = None
-    slot_counts: list[list[int]] | None = None
+    expert_counts: torch.Tensor | None = None
+    slot_counts: torch.Tensor | None = None
     prompt_logprobs: list[list[dict[int, Logprob]]] | None = None

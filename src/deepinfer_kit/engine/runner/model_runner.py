@@ -12,7 +12,7 @@ from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
 from deepinfer_kit.engine.runner.layout import lay_out
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.runner.launched import LaunchedStep
-from deepinfer_kit.engine.runner.step_outputs import chunk_results, copy_back, finite_rows, logprob_maps
+from deepinfer_kit.engine.runner.step_outputs import chunk_results, copy_back, finite_rows, host_rows, logprob_maps
 from deepinfer_kit.engine.runner.token_slots import UNSAMPLED
 from deepinfer_kit.spec.verify.step import verify_round
 from deepinfer_kit.sample.logprobs import attach_logprobs
@@ -252,7 +252,7 @@ class ModelRunner:
             logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
                 done = StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps,
-                                  expert_counts=expert_counts, slot_counts=slot_counts)
+                                  expert_counts=host_rows(expert_counts), slot_counts=host_rows(slot_counts))
                 return LaunchedStep(ordinal=ordinal, done=done)
             finite, clean = finite_rows(logits)
             raw = self._masks.edit(clean, step.sampling, pin_memory=self._pin)
@@ -301,21 +301,21 @@ class ModelRunner:
             num_drafted=drafted,
             num_accepted=[max(len(t) - 1, 0) if d else 0 for t, d in zip(token_ids, drafted)],
             errors=errors if errors.count(None) != len(errors) else [],
-            expert_counts=launched.expert_counts,
-            slot_counts=launched.slot_counts,
+            expert_counts=host_rows(launched.expert_counts),
+            slot_counts=host_rows(launched.slot_counts),
             prompt_logprobs=launched.prompt_logprobs,
         )
 
-    def _expert_counts(self, record: bool) -> tuple[list[list[int]] | None, list[list[int]] | None]:
-        """Feed the balancer's window; when tracing, the round's per-expert and per-slot
-        counts on the host."""
+    def _expert_counts(self, record: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Feed the balancer's window; when tracing, the round's ``[L, E]`` per-expert and
+        ``[L, P]`` per-slot counts as new device tensors (read on the host by
+        :meth:`finish`, so a traced round launches without a sync)."""
         if self.balancer is not None:
             self.balancer.record(self.model)
         if not record:
             return None, None
-        counts = self.model.expert_counts()
         slots = self.balancer.slot_counts() if self.balancer is not None else None
-        return (counts.tolist() if counts is not None else None), slots
+        return self.model.expert_counts(), slots
 
     def _logits(self, step: PreparedStep, forward: ForwardBatch) -> torch.Tensor:
         """``[rows, V]`` float32 logits of the sampling rows: an eager forward, or the

@@ -15,7 +15,7 @@ from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 from deepinfer_kit.sched.records import ScheduledChunk, SchedulePlan
 
 __all__ = [
-    "HostCopy", "HostLogprobs", "asked_top", "chunk_results", "chunk_results_general", "copy_back", "finite_rows",
+    "HostCopy", "host_rows", "HostLogprobs", "asked_top", "chunk_results", "chunk_results_general", "copy_back", "finite_rows",
     "logprob_maps", "to_host",
 ]
 
@@ -253,3 +253,12 @@ def _decode_rows(tokens: list[int], positions: Sequence[int]) -> tuple[list[list
             errors.append(NEVER_SAMPLED if token == CONTINUED_UNSAMPLED else
                           f"non-finite logits (NaN or inf) at output position {positions[row]}")
     return token_ids, errors
+
+
+def host_rows(counts: torch.Tensor | None) -> list[list[int]] | None:
+    """``counts`` (``[L, X]`` on any device) as host lists, or ``None`` (a host read: the
+    trace's routing counts, taken when the step finishes)."""
+    if counts is None:
+        return None
+    rows: list[list[int]] = counts.tolist()
+    return rows
