@@ -1,5 +1,6 @@
 """The plain-decode fast path of both phases of a round: planning a run of plain decodes
-(their new blocks in one cache call) and committing them in bulk.
+as rows of the plan's columns (``SchedulePlan.decodes``; their new blocks in one cache
+call) and committing those rows in bulk.
 
 A plain decode feeds a sequence's last known token, with no drafts, nothing shared and
 no draft room: the common round of a sequence. Both loops here run once per decoding
@@ -52,9 +53,9 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     drafts, may_share = state.drafts, state.may_share
     plain_rows = state.plain_rows
     tables = state.tables
-    plain = entry.plan.decodes
-    ids, starts, tokens, snapshots = plain.request_ids, plain.starts, plain.token_ids, plain.block_tables
-    epochs, rows, outs = plain.preemption_epochs, plain.sampling, plain.output_positions
+    cols = entry.plan.decodes
+    ids, starts, tokens, snapshots = cols.request_ids, cols.starts, cols.token_ids, cols.block_tables
+    epochs, rows, outs = cols.preemption_epochs, cols.sampling, cols.output_positions
     records = entry.plan.chunks
     requests = entry.decode_requests
     begin = len(ids)  # the first row of the current planning-order range
@@ -109,8 +110,8 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
 
 
 def fast_path_row(state: SchedulerState, req: Request) -> SamplingRow | None:
-    """``req``'s sampling row when its plain decodes take the fast path's own chunk (no
-    history, no fork, no prompt logprobs: fixed for the sequence), recorded in
+    """``req``'s sampling row when its plain decodes are decode rows (no history, no
+    fork, no prompt logprobs: fixed for the sequence), recorded in
     ``state.plain_rows``; ``None`` while it has no row yet or never qualifies."""
     row = state.plain_rows.get(req)
     if row is None:
