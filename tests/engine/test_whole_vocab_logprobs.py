@@ -85,3 +85,18 @@ def test_asked_top_keeps_each_rows_prefix(seed: int) -> None:
         got = flat_ids[starts[r]:starts[r + 1]].tolist()
         assert got == ids[r, :wants[r]].tolist()
         assert flat_lp[starts[r]:starts[r + 1]].tolist() == lps[r, :wants[r]].tolist()
+
+
+@pytest.mark.cuda
+def test_asked_top_never_makes_the_host_wait_on_cuda() -> None:
+    ids = torch.randint(0, 100, (4, 7), device="cuda")
+    lps = torch.randn(4, 7, device="cuda")
+    wants = [0, 7, 3, 5]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        flat_ids, flat_lp, starts = asked_top(ids, lps, wants)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for r in range(4):
+        assert flat_ids[starts[r]:starts[r + 1]].tolist() == ids[r, :wants[r]].tolist()
+        assert flat_lp[starts[r]:starts[r + 1]].tolist() == lps[r, :wants[r]].tolist()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from deepinfer_kit._staging import to_device
+from deepinfer_kit._staging import host_to_device
 from deepinfer_kit.engine.runner.token_slots import CONTINUED_UNSAMPLED, NEVER_SAMPLED, UNSAMPLED
 from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.sample.params import SamplingParams
@@ -28,9 +28,11 @@ def asked_top(
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The first ``wants[r]`` entries of each row of ``top_ids`` / ``top_lp`` (``[N, K]``,
     ``wants[r] <= K``), flattened row after row, and each row's start in them (``N + 1``
-    offsets). When every row wants all ``K`` this is a reshape; otherwise one masked
-    gather on the device, so a whole-vocabulary row (``K = V``) does not make the other
-    rows of its batch copy ``V`` entries back to the host."""
+    offsets). When every row wants all ``K`` this is a reshape; otherwise one gather on
+    the device, so a whole-vocabulary row (``K = V``) does not make the other rows of its
+    batch copy ``V`` entries back to the host. The gather's positions are computed on the
+    host (their count is known there) and staged like every input, so it never makes the
+    host wait for the device (a boolean mask would: its result size lives on the device)."""
     n, k = top_ids.shape
     counts = [min(w, k) for w in wants]
     starts = [0]
@@ -38,9 +40,14 @@ def asked_top(
         starts.append(starts[-1] + c)
     if all(c == k for c in counts):
         return top_ids.reshape(-1), top_lp.reshape(-1), starts
-    want = to_device(counts, torch.int64, top_ids.device)
-    keep = torch.arange(k, device=top_ids.device)[None, :] < want[:, None]
-    return top_ids[keep], top_lp[keep], starts
+    per_row = torch.tensor(counts, dtype=torch.int64)
+    total = starts[-1]
+    # position j of row r's prefix is r * K + j: each row's base, plus the rank within its run
+    rows = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), per_row)
+    begins = torch.tensor(starts[:-1], dtype=torch.int64)
+    where = rows * k + (torch.arange(total, dtype=torch.int64) - begins[rows])
+    index = host_to_device(where, top_ids.device)
+    return top_ids.reshape(-1).index_select(0, index), top_lp.reshape(-1).index_select(0, index), starts
 
 
 def finite_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,9 +110,9 @@ def copy_back(
     ``logprobs`` asks for come back (``None``: all ``K`` of every row).
 
     On CUDA each copy goes into fresh pinned memory with ``non_blocking=True`` on the
-    current stream and an event is recorded after them (the host is not blocked, except
-    by the masked gather of :func:`asked_top` when rows ask for fewer alternatives than
-    ``K``); elsewhere the returned tensors are new host tensors. Mutates nothing."""
+    current stream and an event is recorded after them (the host is not blocked; the
+    gather of :func:`asked_top` is staged too); elsewhere the returned tensors are new
+    host tensors. Mutates nothing."""
     n = flagged.shape[0]
     if sampled.logprobs is None or sampled.ranks is None:
         ints, floats, starts = flagged, None, [0] * (n + 1)
