@@ -7,8 +7,8 @@ import attrs
 import torch
 
 from deepinfer_kit.engine.runner.prepared import PreparedStep
+from deepinfer_kit.engine.runner.prompt_logprobs import PromptMaps
 from deepinfer_kit.engine.runner.step_outputs import HostCopy
-from deepinfer_kit.outputs import Logprob
 from deepinfer_kit.step import StepResult
 
 __all__ = ["LaunchedStep"]
@@ -30,7 +30,7 @@ class LaunchedStep:
             read by ``finish``), else ``None``.
         slot_counts: ``[L, P]`` per physical expert slot when traced with EPLB (on the
             device), else ``None``.
-        prompt_logprobs: per chunk, the prompt-logprob maps, or ``None``.
+        prompt_maps: the queued prompt-logprob maps (built by ``finish``), or ``None``.
     """
 
     ordinal: int
@@ -40,4 +40,4 @@ class LaunchedStep:
     emitted: list[int] = attrs.field(factory=list)
     expert_counts: torch.Tensor | None = None
     slot_counts: torch.Tensor | None = None
-    prompt_logprobs: list[list[dict[int, Logprob]]] | None = None
+    prompt_maps: PromptMaps | None = None

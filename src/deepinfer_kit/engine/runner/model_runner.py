@@ -249,11 +249,11 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self._logits(step, forward)
             expert_counts, slot_counts = self._expert_counts(step.record_expert_counts)
-            logits, prompt_lps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
+            logits, prompt_maps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
-                done = StepResult(token_ids=[[] for _ in step.row_counts], prompt_logprobs=prompt_lps,
-                                  expert_counts=host_rows(expert_counts), slot_counts=host_rows(slot_counts))
-                return LaunchedStep(ordinal=ordinal, done=done)
+                done = StepResult(token_ids=[[] for _ in step.row_counts], expert_counts=host_rows(expert_counts),
+                                  slot_counts=host_rows(slot_counts))
+                return LaunchedStep(ordinal=ordinal, done=done, prompt_maps=prompt_maps)
             finite, clean = finite_rows(logits)
             raw = self._masks.edit(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
@@ -271,7 +271,7 @@ class ModelRunner:
                 flagged = slots.publish(routes, tail, gathered, flagged)
             copy = copy_back(flagged, sampled, step.sampling.params)
         return LaunchedStep(ordinal=ordinal, step=step, copy=copy, emitted=emitted, expert_counts=expert_counts,
-                            slot_counts=slot_counts, prompt_logprobs=prompt_lps)
+                            slot_counts=slot_counts, prompt_maps=prompt_maps)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Wait for ``launched``'s copy back (its event on CUDA) and build its result:
@@ -284,6 +284,9 @@ class ModelRunner:
         finish provides them). Blocks until the tokens are on the host.
         """
         if launched.done is not None:
+            if launched.prompt_maps is not None:  # a round of prompt-logprob rows that draws nothing
+                launched.done.prompt_logprobs = launched.prompt_maps.build()
+                launched.prompt_maps = None
             return launched.done
         step, copy = launched.step, launched.copy
         assert step is not None and copy is not None
@@ -303,7 +306,7 @@ class ModelRunner:
             errors=errors if errors.count(None) != len(errors) else [],
             expert_counts=host_rows(launched.expert_counts),
             slot_counts=host_rows(launched.slot_counts),
-            prompt_logprobs=launched.prompt_logprobs,
+            prompt_logprobs=launched.prompt_maps.build() if launched.prompt_maps is not None else None,
         )
 
     def _expert_counts(self, record: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
