@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from launch_order import record_launches
+
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine.remote.plan_codec import PlanEncoder
 from deepinfer_kit.engine.remote.worker_main import _loop
-from deepinfer_kit.engine.runner.launched import LaunchedStep
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
@@ -66,22 +67,7 @@ def _serve_in_loop(steps: list[tuple[SchedulePlan, int | None, StepResult]], pip
     runner until it returns; its replies and the order of its launches and finishes."""
     runner = build_engine(overlap=True, **CONFIG).runner
     assert isinstance(runner, ModelRunner)
-    order: list[tuple[str, int]] = []
-    launch, finish = runner.launch, runner.finish
-    ids: dict[int, int] = {}
-
-    def recorded_launch(step: Any) -> LaunchedStep:
-        order.append(("L", step.plan.step_id))
-        launched = launch(step)
-        ids[id(launched)] = step.plan.step_id
-        return launched
-
-    def recorded_finish(launched: LaunchedStep) -> StepResult:
-        order.append(("F", ids.pop(id(launched))))
-        return finish(launched)
-
-    runner.launch = recorded_launch  # type: ignore[method-assign]
-    runner.finish = recorded_finish  # type: ignore[method-assign]
+    order = record_launches(runner)
     host, worker = Pipe()
     encoder = PlanEncoder()
     for plan, stamp, _ in steps:

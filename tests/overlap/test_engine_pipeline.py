@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from differential import run_workload, workload
 
+from launch_order import record_launches
+
 from deepinfer_kit import Engine, SamplingParams, build_engine
 from deepinfer_kit.engine.runner.launched import LaunchedStep
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
@@ -37,23 +39,7 @@ def _record(engine: Engine) -> list[tuple[str, int]]:
     order they ran (on the worker thread)."""
     runner = engine.runner
     assert isinstance(runner, ModelRunner)
-    order: list[tuple[str, int]] = []
-    launch, finish = runner.launch, runner.finish
-    ids: dict[int, int] = {}
-
-    def recorded_launch(step: Any) -> LaunchedStep:
-        order.append(("L", step.plan.step_id))
-        launched = launch(step)
-        ids[id(launched)] = step.plan.step_id
-        return launched
-
-    def recorded_finish(launched: LaunchedStep) -> StepResult:
-        order.append(("F", ids.pop(id(launched))))
-        return finish(launched)
-
-    runner.launch = recorded_launch  # type: ignore[method-assign]
-    runner.finish = recorded_finish  # type: ignore[method-assign]
-    return order
+    return record_launches(runner)
 
 
 def _pipelined_pairs(order: list[tuple[str, int]]) -> list[int]:
