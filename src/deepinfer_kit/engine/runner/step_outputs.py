@@ -217,16 +217,12 @@ def chunk_results_general(
     row = first_row
     for i, (chunk, count) in enumerate(zip(chunks, row_counts[first:]), first):
         drawn = tokens[row : row + kept.get(i, count)]
-        if CONTINUED_UNSAMPLED in drawn:
-            errors.append(NEVER_SAMPLED)
+        error = _sentinel_error(drawn, positions[row]) if drawn else None
+        errors.append(error)
+        if error is not None:
             drawn = []
-        elif UNSAMPLED in drawn:
-            errors.append(f"non-finite logits (NaN or inf) at output position {positions[row]}")
-            drawn = []
-        else:
-            errors.append(None)
-            if drawn and chunk.sampling is not None and chunk.sampling.needs_history:
-                last[chunk.request_id] = drawn[-1] if i in kept else drawn[0]
+        elif drawn and chunk.sampling is not None and chunk.sampling.needs_history:
+            last[chunk.request_id] = drawn[-1] if i in kept else drawn[0]
         if logprobs is not None and i in kept:
             logprobs[i] = logprobs[i][: len(drawn)]
         token_ids.append(drawn)
@@ -257,9 +253,20 @@ def _decode_rows(tokens: list[int], positions: Sequence[int]) -> tuple[list[list
             errors.append(None)
         else:
             token_ids.append([])
-            errors.append(NEVER_SAMPLED if token == CONTINUED_UNSAMPLED else
-                          f"non-finite logits (NaN or inf) at output position {positions[row]}")
+            errors.append(_sentinel_error([token], positions[row]))
     return token_ids, errors
+
+
+def _sentinel_error(drawn: Sequence[int], position: int) -> str | None:
+    """The error of a chunk whose drawn tokens hold a token slots' sentinel, the first
+    row's output ``position`` named: it continued from a token never sampled
+    (:data:`CONTINUED_UNSAMPLED`), or a row's logits were not finite (:data:`UNSAMPLED`);
+    ``None`` when there is neither."""
+    if CONTINUED_UNSAMPLED in drawn:
+        return NEVER_SAMPLED
+    if UNSAMPLED in drawn:
+        return f"non-finite logits (NaN or inf) at output position {position}"
+    return None
 
 
 def host_rows(counts: torch.Tensor | None) -> list[list[int]] | None:
