@@ -1,17 +1,15 @@
-"""Seeded random MoE layers for the moe tests, and a guard against host reads."""
+"""Seeded random MoE layers for the moe tests (and the strict host-read guard they use)."""
 
 from __future__ import annotations
 
 import random
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from deepinfer_kit.moe import MoEConfig, MoELayer
+from host_reads import no_host_reads
+
+__all__ = ["make_layer", "no_host_reads", "randomize_moe_layer"]
 
 
 def randomize_moe_layer(layer: MoELayer, seed: int, experts: int, deepseek: bool) -> MoELayer:
@@ -24,46 +22,6 @@ def randomize_moe_layer(layer: MoELayer, seed: int, experts: int, deepseek: bool
         if deepseek:
             layer.gate.get_buffer("e_score_correction_bias").copy_(torch.randn(experts, generator=gen) * 0.1)
     return layer
-
-
-HOST_READS = {
-    torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.cpu, torch.Tensor.numpy,
-    torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
-    torch.nonzero, torch.Tensor.nonzero, torch.bincount, torch.Tensor.bincount,
-    torch.masked_select, torch.Tensor.masked_select, torch.unique, torch.Tensor.unique,
-}  # fmt: skip
-
-
-class _NoHostReads(TorchFunctionMode):
-    """Fails on any op that must read device memory on the host (a sync on CUDA), outside
-    Triton's own interpreter (which runs kernels on the host by design)."""
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if self._reads_host(func, args, kwargs) and not any(
-            "/triton/" in frame.filename for frame in traceback.extract_stack()
-        ):
-            raise AssertionError(f"host read on the sync-free path: {getattr(func, '__name__', func)}")
-        return func(*args, **kwargs)
-
-    @staticmethod
-    def _reads_host(func: Callable[..., Any], args: Any, kwargs: Any) -> bool:
-        if func in HOST_READS:
-            return True
-        if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave):
-            return "output_size" not in kwargs
-        if func is torch.Tensor.__getitem__:  # boolean-mask indexing sizes its output on the host
-            index = args[1] if isinstance(args[1], tuple) else (args[1],)
-            return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
-        if func is torch.Tensor.to:
-            return any(isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu" for a in args[1:])
-        return False
-
-
-@contextmanager
-def no_host_reads() -> Iterator[None]:
-    with _NoHostReads():
-        yield
 
 
 def make_layer(seed: int, *, shared: bool, impl: str, dtype: torch.dtype = torch.float32,

@@ -50,7 +50,7 @@ def test_align_reads_nothing_back() -> None:
 def test_guard_catches_host_reads() -> None:
     ids = torch.arange(6).view(3, 2)
     for read in (lambda: ids.tolist(), lambda: torch.bincount(ids.flatten()), lambda: ids[ids > 2],
-                 lambda: bool(ids.any()), lambda: ids.flatten().repeat_interleave(2)):  # fmt: skip
+                 lambda: bool(ids.any()), lambda: ids.flatten().repeat_interleave(ids.flatten())):  # fmt: skip
         with pytest.raises(AssertionError, match="host read"), no_host_reads():
             read()
 

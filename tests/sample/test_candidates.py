@@ -10,6 +10,7 @@ from deepinfer_kit.sample.candidates import (
     SUBSAMPLE_STRIDE,
     TOPK_BLOCK,
     block_maxima,
+    settle_ties,
     sorted_candidates,
     threshold_candidates,
     topk_candidates,
@@ -47,6 +48,7 @@ def test_block_preselection_gives_the_exact_top_values(vocab: int, ties: bool, w
     assert _is_canonical(vals, idx)
     strictly_above = vals > vals[:, -1:]
     assert torch.equal(idx[strictly_above], full_idx[:, :width][strictly_above])
+    assert torch.equal(settle_ties(x, rows, vals, idx), full_idx[:, :width])  # ties too
 
 
 def test_block_maxima_reads_few_rows_or_all_rows_alike() -> None:
@@ -88,3 +90,13 @@ def test_threshold_set_misjudged_by_its_subsample_is_flagged_not_short() -> None
     members = int(torch.isfinite(vals[0]).sum())
     assert not bool(ok[0]) or members >= 800, (bool(ok[0]), members)
     assert not bool(ok[0])  # the gathered set fell short: the caller retries wider
+
+
+def test_settled_ties_give_the_lowest_ids_of_the_row() -> None:
+    x = torch.tensor([[0.0, 5.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0]])
+    rows = torch.tensor([0])
+    vals = torch.tensor([[9.0, 5.0, 1.0, 1.0]])
+    idx = torch.tensor([[4, 1, 6, 7]])  # a topk that kept the last two of five tied ones
+    assert settle_ties(x, rows, vals, idx).tolist() == [[4, 1, 2, 3]]
+    none = torch.zeros(0, 4)
+    assert settle_ties(x, rows[:0], none, none.long()).shape == (0, 4)

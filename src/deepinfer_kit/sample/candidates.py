@@ -25,6 +25,7 @@ __all__ = [
     "topk_candidates",
     "threshold_candidates",
     "sorted_candidates",
+    "settle_ties",
 ]
 
 SUBSAMPLE_STRIDE = 8
@@ -90,6 +91,36 @@ def topk_candidates(
     pool = x[rows.unsqueeze(1), cols].masked_fill_(~inside, float("-inf"))
     vals, pick = torch.topk(pool, width, dim=-1, sorted=False)
     return _canonical(vals, cols.gather(1, pick))
+
+
+def settle_ties(x: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The ids of :func:`topk_candidates`' ``W`` candidates in exact canonical order.
+
+    Every token above the last candidate value ``c = vals[:, -1]`` is a candidate, but
+    ``torch.topk`` keeps an arbitrary subset of the tokens equal to ``c``, while canonical
+    order ranks ties by token id: the run of candidates equal to ``c`` (the last ones,
+    ``vals`` being sorted) gets the lowest ids of the whole row that hold ``c``. Fixed
+    shapes, no host read (the draw can be queued behind a forward without waiting for
+    it, and captured): one comparison and one prefix count over the selected rows.
+
+    Args:
+        x: ``[N, V]`` float32, the logits the candidates were taken from; read only.
+        rows: ``[n]`` int64 row indices.
+        vals, idx: ``[n, W]`` canonical candidates of those rows (:func:`topk_candidates`).
+
+    Returns:
+        ``[n, W]`` int64 ids (``idx`` outside the tied run).
+    """
+    n, width = vals.shape
+    if n == 0:
+        return idx
+    last = vals[:, -1:]
+    tied = vals == last  # a run at the end: vals descend
+    run_start = width - tied.sum(dim=1, keepdim=True)
+    holders = torch.cumsum((x[rows] == last).to(torch.int32), dim=1, dtype=torch.int32)  # [n, V]
+    nth = (torch.arange(width, device=vals.device) - run_start).clamp_(min=0) + 1
+    lowest = torch.searchsorted(holders, nth.to(torch.int32))  # the position of the nth holder
+    return torch.where(tied, lowest, idx)
 
 
 def sorted_candidates(x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,9 +6,12 @@ argmax; the other rows get one uniform each (``rng.py``) and are drawn by invers
 over the whole vocabulary in token order when they have no top-k / top-p (no sort); by
 ``nucleus_draw`` (a fixed number of passes over the row, whatever the nucleus width) when
 they have top-p without top-k; over a candidate set sorted by logit when they have top-k
-(``candidates.py``): a ``torch.topk`` of a small width first, a histogram threshold when
-that width proved too small, a full sort only as the last resort. Logprobs come from the
-raw logits (``logprobs.py``).
+(``candidates.py``): a ``torch.topk`` wider than k (its ties at the last value settled
+by token id on the device), a histogram threshold for a k above 2047, a full sort when
+the width would reach V. Apart from the penalties' histories (host lists, staged) and
+the threshold sets (sized on the host), a draw reads nothing back from the device, so
+it queues behind the forward without waiting for it. Logprobs come from the raw logits
+(``logprobs.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample import ref_ops
 from deepinfer_kit.sample.candidates import (
     block_maxima,
+    settle_ties,
     sorted_candidates,
     threshold_candidates,
     topk_candidates,
@@ -214,7 +218,8 @@ class VectorizedSampler:
             tokens[rows] = self._ops.nucleus_draw(
                 x, rows, t.inv_t[rows], t.p[rows], t.min_p[rows], t.u[rows]
             )
-        retry = [self._threshold_stage(x, _index(plan.threshold, dev), t, tokens)]
+        # rows a threshold set could not settle (large k only: it sizes sets on the host)
+        unsettled = self._threshold_stage(x, _index(plan.threshold, dev), t, tokens)
         topk_rows = _index([i for group in plan.topk.values() for i in group], dev)
         maxima = block_maxima(x, topk_rows) if topk_rows.numel() else x[:0]
         start = 0
@@ -223,15 +228,30 @@ class VectorizedSampler:
             rows = topk_rows[start:end]
             vals, idx = topk_candidates(x, rows, width, maxima[start:end])
             start = end
-            tok, kept = self._candidate_draw(vals, idx, rows, t)
-            at_cut = vals.gather(1, (kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-            exact = (kept == 0) | ((kept > 0) & (at_cut > vals[:, -1]))
-            tokens[rows[exact]] = tok[exact]
-            retry.append(self._threshold_stage(x, rows[~exact], t, tokens))
-        rows = torch.cat([_index(plan.sort, dev), *retry])
+            tokens[rows] = self._topk_draw(x, rows, vals, idx, t)
+        rows = torch.cat([_index(plan.sort, dev), unsettled])
         if rows.numel():
             vals, idx = sorted_candidates(x, rows)
             tokens[rows] = self._candidate_draw(vals, idx, rows, t)[0]
+
+    def _topk_draw(
+        self, x: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor, t: _RowTensors
+    ) -> torch.Tensor:
+        """The tokens of top-k ``rows`` from their ``torch.topk`` candidates (wider than k,
+        so top-p's mass is always reached inside): exact once the run tied at the last
+        value is settled by token id (:func:`settle_ties`). On the Triton ops (the device
+        path) every row is settled, fixed shapes, nothing read back; on the torch
+        reference (the host path, where a read is free) only the rows whose kept set
+        reaches the last value, usually none. The same tokens either way."""
+        if self.ops_for(x.device) is not ref_ops:
+            return self._candidate_draw(vals, settle_ties(x, rows, vals, idx), rows, t)[0]
+        tok, kept = self._candidate_draw(vals, idx, rows, t)
+        at_cut = vals.gather(1, (kept - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        tied = ((kept > 0) & (at_cut == vals[:, -1])).nonzero().squeeze(1)
+        if tied.numel():
+            some, vals, idx = rows[tied], vals[tied], idx[tied]
+            tok[tied] = self._candidate_draw(vals, settle_ties(x, some, vals, idx), some, t)[0]
+        return tok
 
     def _threshold_stage(
         self, x: torch.Tensor, rows: torch.Tensor, t: _RowTensors, tokens: torch.Tensor
