@@ -2,7 +2,7 @@
 bf16, and a real-shape bf16 head_dim-128 model), no Triton compilation after warm-up
 (counted by ``engine.kernel_keys.compiled_variants``), the graphs share one logits buffer,
 a second engine sizes its KV pool in the same process, no host synchronisation inside a
-captured round. Skipped without CUDA."""
+captured round, traced captured rounds count what eager ones count. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -71,6 +71,24 @@ def test_captured_decode_equals_eager_decode(kind: str, dtype: str, tmp_path: Pa
     assert static.captured_sizes == static.sizes
     assert eager.runner.static is not None and not eager.runner.static.captured_sizes
     assert got == want
+
+
+def test_traced_captured_rounds_count_what_eager_rounds_count() -> None:
+    """A traced engine replays captured decode rounds, and each step's routed counts (real
+    rows only, read from the layers' count tensors that every replay rewrites) equal the
+    eager engine's, step for step."""
+    reqs = workload(3, 11)
+    traces: dict[str, list[Any]] = {"eager": [], "captured": []}
+    eager = build_engine(cuda_graphs=False, static_decode=False, **CONFIG)
+    eager.trace = traces["eager"].append
+    want, _ = run_workload(reqs, engine=eager)
+    engine = build_engine(**CONFIG)
+    assert engine.runner.static is not None and engine.runner.static.captured_sizes
+    engine.trace = traces["captured"].append
+    got, _ = run_workload(reqs, engine=engine)
+    assert got == want
+    counts = [(t.step_id, t.expert_counts) for t in traces["captured"]]
+    assert counts == [(t.step_id, t.expert_counts) for t in traces["eager"]]
 
 
 @pytest.mark.parametrize("kind", ["tiny", "dense"])

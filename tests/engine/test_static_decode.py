@@ -110,3 +110,30 @@ def test_config_fields_are_validated() -> None:
     with pytest.raises((ConfigError, TypeError), match="static_decode"):
         EngineConfig(static_decode=1)  # type: ignore[arg-type]
     assert build_engine(cuda_graphs=True).runner.static is None  # CPU: eager by default
+
+
+def test_traced_rounds_run_padded_and_count_only_real_rows() -> None:
+    """A traced engine's decode rounds take the static path, and each step's routed
+    counts equal the unpadded engine's (padded rows are computed but not counted)."""
+    reqs = workload(3, 11)  # 11 at once: rounds pad to 13 and to the rungs below
+    traces: dict[str, list[Any]] = {"plain": [], "static": []}
+    plain = build_engine(static_decode=False, **ROOMY)
+    plain.trace = traces["plain"].append
+    want, _ = run_workload(reqs, engine=plain)
+    engine = build_engine(static_decode=True, **ROOMY)
+    engine.trace = traces["static"].append
+    static: StaticDecode = engine.runner.static
+    rounds: list[tuple[int, int]] = []  # (ladder size, real rows)
+    forward = static.forward
+
+    def spy(batch: Any, size: int) -> torch.Tensor:
+        rounds.append((size, int(batch.real_rows.sum())))
+        return forward(batch, size)
+
+    static.forward = spy  # type: ignore[method-assign]
+    got, _ = run_workload(reqs, engine=engine)
+    assert got == want
+    assert any(size > real for size, real in rounds), f"no padded round ran: {rounds}"
+    counts = [(t.step_id, t.expert_counts) for t in traces["static"]]
+    assert counts == [(t.step_id, t.expert_counts) for t in traces["plain"]]
+    assert all(c is not None for _, c in counts)

@@ -201,8 +201,9 @@ class EngineConfig:
     def __attrs_post_init__(self) -> None:
         if self.eplb is not None and self.static_decode:
             raise ConfigError(
-                "eplb and static_decode=True cannot be combined yet (padded static rows would "
-                "count as routed tokens); leave static_decode unset or set eplb=None"
+                "eplb and static_decode=True cannot be combined yet (a captured round would keep "
+                "the replica tables of the placement it was captured under); leave "
+                "static_decode unset or set eplb=None"
             )
         self._check_parallel()
         if self.expert_parallel > 1:

@@ -83,7 +83,8 @@ class DecoderLayer(nn.Module):
             attn_in, residual = self.input_layernorm.forward_add(hidden, residual)
         attn_out = self.self_attn.forward(attn_in, cos, sin, kv_cache, batch.attn)
         mlp_in, residual = self.post_attention_layernorm.forward_add(attn_out, residual)
-        out: torch.Tensor = self.mlp(mlp_in)
+        real = batch.real_rows
+        out: torch.Tensor = self.mlp(mlp_in) if real is None or not self.is_sparse else self.mlp(mlp_in, real)
         return out, residual
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:

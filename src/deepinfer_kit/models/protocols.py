@@ -122,10 +122,14 @@ class SparseMLP(Protocol):
         forward, by ``CausalLM.expert_counts`` (traces)."""
         ...
 
-    def __call__(self, hidden: torch.Tensor, /) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, real_rows: torch.Tensor | None = None, /) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` in the dtype and on the device of ``hidden``.
 
-        Updates :attr:`last_expert_counts`. O(T * k * expert FLOPs).
+        ``real_rows``: ``[T]`` bool on that device (:attr:`ForwardBatch.real_rows`): the
+        rows marked False are padding, computed like any row but left out of
+        :attr:`last_expert_counts` (without reading the mask on the host, so a captured
+        forward can take it); ``None``: every row counts. Updates
+        :attr:`last_expert_counts`. O(T * k * expert FLOPs).
         """
         ...
 

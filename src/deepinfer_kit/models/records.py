@@ -62,9 +62,14 @@ class ForwardBatch:
         positions: ``[T]`` int64 position of each token in its sequence.
         attn: the attention layout.
         logits_indices: ``[N]`` int64, rows of ``T`` whose logits the forward returns.
+        real_rows: ``[T]`` bool on the batch's device, False for a padded row of a static
+            decode round (computed and dropped: its routed MoE copies are not counted in
+            the layers' expert counts, nor balanced by a replica selector); ``None``: every
+            row is real.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn: AttentionMetadata
     logits_indices: torch.Tensor
+    real_rows: torch.Tensor | None = None

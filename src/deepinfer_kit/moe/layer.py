@@ -82,7 +82,8 @@ class MoELayer(nn.Module):
             every rank's copies together); on the host, except with a
             :class:`LocalDispatcher` and ``impl="triton"``, where it stays on the device
             (read it after the forward, outside any captured graph); None before the
-            first forward.
+            first forward. One tensor from the first forward on, overwritten in place by
+            each (a captured forward's replay included): copy it to keep it.
         replicas: with physical slots (:meth:`use_replicas`), the logical -> physical
             table; ``None`` while each expert has exactly its own slot.
         last_slot_counts: with ``replicas``, ``[P]`` int64 copies each physical slot
@@ -133,9 +134,17 @@ class MoELayer(nn.Module):
         self.replicas: ReplicaTable | None = None
         self._all_local = isinstance(self.dispatcher, LocalDispatcher)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, real_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Apply the layer to ``hidden`` (``[..., H]``: any leading shape, each of its
         ``T`` rows a token; ``[T, H]`` in the engine).
+
+        ``real_rows``: ``[T]`` bool on the device of ``hidden``, False for a padded row
+        (a static decode round's): such a row is routed and computed like any other (a
+        replica selector balances the compute it costs) but left out of
+        :attr:`last_expert_counts` and :attr:`last_slot_counts`, which EPLB's load
+        window and traces read; counted on the device, without a host read. ``None``:
+        every row counts. Not for an expert-parallel dispatcher (its padded rows would
+        cross ranks).
 
         Sets :attr:`last_expert_counts`. With an expert-parallel dispatcher this is a
         collective call (every rank calls it, ``T`` may differ or be 0). With a
@@ -146,31 +155,49 @@ class MoELayer(nn.Module):
             The shape of ``hidden`` (``[..., H]``), in its dtype.
 
         Raises:
-            ConfigError: ``hidden`` has no dimension or its last is not ``config.hidden_size``.
+            ConfigError: ``hidden`` has no dimension or its last is not ``config.hidden_size``;
+                ``real_rows`` is not ``[T]`` bool, or is given to an expert-parallel layer.
         """
         size = self.config.hidden_size
         if hidden.dim() == 0 or hidden.shape[-1] != size:
             raise ConfigError(f"hidden must be [..., {size}], got {list(hidden.shape)}")
         if hidden.dim() != 2:
-            return self.forward(hidden.reshape(-1, size)).reshape(hidden.shape)
+            return self.forward(hidden.reshape(-1, size), real_rows).reshape(hidden.shape)
+        real = self._real_copies(real_rows, hidden.shape[0])
         routing = self.gate(hidden)
         table = self.replicas
         if table is not None:
             slots = Routing(table.physical(routing.expert_ids), routing.weights)
-            out, self.last_slot_counts = self.experts.routed(hidden, slots)
-            self.last_expert_counts = table.logical_counts(self.last_slot_counts)
+            out, served = self.experts.routed(hidden, slots)
+            served = served if real is None else _count(slots.expert_ids, real, table.num_slots)
+            self.last_slot_counts = _kept(self.last_slot_counts, served)
+            self.last_expert_counts = _kept(self.last_expert_counts, table.logical_counts(served))
         elif self._all_local:
-            out, self.last_expert_counts = self.experts.routed(hidden, routing)
+            out, counts = self.experts.routed(hidden, routing)
+            counts = counts if real is None else _count(routing.expert_ids, real, self.config.num_experts)
+            self.last_expert_counts = _kept(self.last_expert_counts, counts)
         else:
             out = self._routed(hidden, routing)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
         return out.to(hidden.dtype)
 
+    def _real_copies(self, real_rows: torch.Tensor | None, tokens: int) -> torch.Tensor | None:
+        """``[T * k]`` int64, 1 for each routed copy of a real row and 0 for a padded
+        one (flat routing order); ``None`` when every row is real. Shape checks only."""
+        if real_rows is None:
+            return None
+        if real_rows.shape != (tokens,) or real_rows.dtype != torch.bool:
+            raise ConfigError(f"real_rows must be [{tokens}] bool, got {list(real_rows.shape)} {real_rows.dtype}")
+        if not (self._all_local or self.replicas is not None):
+            raise ConfigError("real_rows (padded rows) cannot go through an expert-parallel dispatcher")
+        k = self.config.top_k
+        return real_rows.to(torch.int64)[:, None].expand(tokens, k).reshape(-1)
+
     def _routed(self, hidden: torch.Tensor, routing: Routing) -> torch.Tensor:
         dispatched = self.dispatcher.dispatch(hidden, routing)
         whole = dispatched.load_counts  # every rank's copies under expert parallelism
-        self.last_expert_counts = whole if whole is not None else dispatched.routed_counts
+        self.last_expert_counts = _kept(self.last_expert_counts, whole if whole is not None else dispatched.routed_counts)
         # expert_counts is on the host by the Dispatcher contract: no device read here.
         expert_out = self.experts(dispatched.hidden, dispatched.expert_counts.tolist())
         return self.dispatcher.combine(expert_out, dispatched)
@@ -289,3 +316,22 @@ class MoELayer(nn.Module):
             f"E={c.num_experts}, k={c.top_k}, H={c.hidden_size}, I={c.intermediate_size}, "
             f"routing={c.routing}, shared={c.shared_intermediate_size}, impl={self.experts.impl}"
         )
+
+
+def _count(ids: torch.Tensor, real: torch.Tensor, size: int) -> torch.Tensor:
+    """``[size]`` int64: the routed copies of real rows per id (``ids`` ``[T, k]``,
+    ``real`` ``[T * k]`` 0/1), on their device, no host read (``bincount`` would read
+    its size back)."""
+    out = torch.zeros(size, dtype=torch.int64, device=ids.device)
+    return out.index_add_(0, ids.reshape(-1), real)
+
+
+def _kept(buffer: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor:
+    """``counts`` copied into ``buffer``, the tensor the previous forward left (so a CUDA
+    graph, whose capture wrote it, writes it again at every replay, and a reader after
+    the replay finds this forward's counts); a new copy at the first forward or when the
+    shape, dtype or device differs."""
+    if (buffer is None or buffer.shape != counts.shape or buffer.dtype != counts.dtype
+            or buffer.device != counts.device):
+        return counts.clone()
+    return buffer.copy_(counts)

@@ -121,8 +121,8 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
 def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,
                  device: torch.device, sampler: Sampler | None, depth: int, *, static: bool) -> ModelRunner:
     """A runner with neither drafting nor a balancer, warmed up (and its decode graphs
-    captured) on CUDA. ``static``: static decode buffers may apply (no balancer: its
-    window would count the padded rows)."""
+    captured) on CUDA. ``static``: static decode buffers may apply (no balancer: a
+    rebalance replaces the replica tables a captured round would keep)."""
     from deepinfer_kit.sample.vectorized import VectorizedSampler
 
     on_cuda = device.type == "cuda"

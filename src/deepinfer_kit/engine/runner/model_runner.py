@@ -50,8 +50,11 @@ class ModelRunner:
         verifier: checks the drafts of chunks with ``spec_token_ids``; ``None`` when the
             engine does not speculate (such a chunk is then an error).
         balancer: live EPLB; after every forward it records the routed counts into its
-            window (on the device). Rounds then run eagerly (padded static rows would
-            count as routed).
+            window (on the device). Rounds then run eagerly: a captured graph would keep
+            the replica selector's tables of the placement it was captured under, and a
+            rebalance builds new ones. (Padded static rows are not the obstacle: MoE
+            layers leave them out of their counts, so traced rounds do run on the static
+            path.)
         token_slots: the device slots that carry each sequence's newest sampled token to
             the next step (needed by an overlapped engine, whose plans have
             placeholders); ``None``: a plan with a placeholder is an error, and no step
@@ -164,7 +167,7 @@ class ModelRunner:
         tail = out.routes.tail()
         if (
             static is not None
-            and not record_expert_counts and self.balancer is None  # padded rows would count
+            and self.balancer is None  # its selector's tables change at a rebalance
             and not prompt.rows  # prompt-logprob rows are extra logits rows
             and num_tokens == plan.num_chunks > 0
             and static.size_for(num_tokens) is not None
@@ -219,7 +222,8 @@ class ModelRunner:
         (:func:`edit_logits`). A sampled row whose logits hold a NaN or an infinity is
         flagged on the device (its chunk gets no token); the flag rides on the copy back.
         With ``record_expert_counts`` given to :meth:`prepare`, the MoE layers' routing
-        counts of the round are copied too (blocking; for traces).
+        counts of the round (real rows only, on the static path too) are copied on the
+        device and read at :meth:`finish` (for traces).
 
         Mutates the KV cache (the scheduled tokens' K/V), the token slots this step
         writes and the runner's launch count. Raises what the forward or the sampler

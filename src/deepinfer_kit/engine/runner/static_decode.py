@@ -7,7 +7,10 @@ that never move, so the forward of each size can be captured once as a CUDA grap
 launch instead of hundreds) and replayed with new contents. A padded row is a request
 of one token at position 0 with context 1, block table of block 0 (read, never
 written) and slot :attr:`PagedKVCache.pad_slot` (its K/V write goes to the scratch block);
-its logits row is dropped. Prefill and mixed rounds run eagerly elsewhere. On CPU the
+its logits row is dropped, and the batch marks it (``ForwardBatch.real_rows``, computed on the
+device from the slots) so that MoE layers leave its routed copies out of their expert
+counts: a traced round's counts are those of the real rows, captured or not. Prefill and
+mixed rounds run eagerly elsewhere. On CPU the
 same buffers run eagerly, so CPU tests pin this path to the unpadded one token for token.
 """
 
@@ -91,6 +94,7 @@ class StaticDecode:
         self._flat = torch.zeros(4, aligned_len(top), dtype=torch.int64, device=dev)
         self._tables = torch.zeros(top, self.width, dtype=torch.int64, device=dev)
         self._starts = torch.arange(top + 1, dtype=torch.int64, device=dev)
+        self._real = torch.zeros(aligned_len(top), dtype=torch.bool, device=dev)  # slot != pad_slot
         self._pin = dev.type == "cuda"
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: torch.Tensor | None = None  # [top, V], the captured graphs' output
@@ -156,6 +160,7 @@ class StaticDecode:
         b, w = staged.size, staged.width
         device = staged.host.to(self._flat.device, non_blocking=True)
         self._flat[:, :b].copy_(device[: 4 * b].view(4, b))
+        torch.ne(self._flat[2, :b], self.kv_cache.pad_slot, out=self._real[:b])
         self._tables[:b, :w].copy_(device[4 * b : 4 * b + b * w].view(b, w))
         return self._batch(b, staged.seq_lens), device[4 * b + b * w :]
 
@@ -243,6 +248,7 @@ class StaticDecode:
         batch.attn.slot_mapping.fill_(self.kv_cache.pad_slot)
         batch.attn.seq_lens.fill_(1)
         batch.attn.block_tables.zero_()
+        self._real[:size].fill_(False)
         return batch
 
     def _batch(self, size: int, seq_lens: list[int]) -> ForwardBatch:
@@ -260,5 +266,6 @@ class StaticDecode:
             seq_lens_host=seq_lens,
         )
         return ForwardBatch(
-            input_ids=ids, positions=positions, attn=attn, logits_indices=self._starts[:b]
+            input_ids=ids, positions=positions, attn=attn, logits_indices=self._starts[:b],
+            real_rows=self._real[:b],
         )
