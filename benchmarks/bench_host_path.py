@@ -20,7 +20,12 @@ a busy machine slows the figures less than wall time would. Before/after compari
 run this same script with ``PYTHONPATH`` pointing at another checkout's ``src``::
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_host_path.py [--requests 256]
-        [--steps 20] [--repeats 5] [--temperature 0.0] [--clock cpu|wall]
+        [--steps 20] [--repeats 5] [--temperature 0.0] [--clock cpu|wall] [--static]
+        [--prompt-len 8]
+
+``--static`` decodes on the static padded buffers (``static_decode=True``: what CUDA
+replays as graphs, run eagerly here), whose staging copies every row's block table each
+step: with ``--prompt-len 500`` the tables are 32 blocks wide.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling")
     ap.add_argument("--clock", default="cpu", choices=("cpu", "wall"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--static", action="store_true",
+                    help="decode on the static padded buffers (CUDA's default path; eager on CPU)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     timed_steps = args.steps * args.repeats
@@ -86,6 +93,7 @@ def main() -> None:
     engine = build_engine(
         max_num_seqs=args.requests, max_num_batched_tokens=max(2048, args.requests * args.prompt_len),
         num_blocks=args.requests * ((args.prompt_len + max_tokens) // 16 + 2), max_model_len=2048,
+        static_decode=args.static or None,
     )
     for i in range(args.requests):
         prompt = [(7 * i + 3 * j) % 250 + 1 for j in range(args.prompt_len)]

@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.models.packing import aligned_len, append_tables
+from deepinfer_kit.models.packing import aligned_len, append_tables, int64_host
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.protocols import CausalLM
@@ -145,7 +145,7 @@ class StaticDecode:
         append_tables(values, tables, width)
         values += [0] * (width * pad)
         values += tail
-        host = torch.tensor(values, dtype=torch.int64, pin_memory=self._pin)
+        host = int64_host(values, pin_memory=self._pin)
         return StagedDecode(host=host, size=size, num_requests=n, width=width, seq_lens=padded_lens)
 
     def load(self, staged: StagedDecode) -> tuple[ForwardBatch, torch.Tensor]:
