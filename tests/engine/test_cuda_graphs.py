@@ -2,7 +2,8 @@
 bf16, and a real-shape bf16 head_dim-128 model), no Triton compilation after warm-up
 (counted by ``engine.kernel_keys.compiled_variants``), the graphs share one logits buffer,
 a second engine sizes its KV pool in the same process, no host synchronisation inside a
-captured round, traced captured rounds count what eager ones count. Skipped without CUDA."""
+captured round, traced captured rounds count what eager ones count, captured EPLB rounds
+across rebalances equal eager ones. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -89,6 +90,25 @@ def test_traced_captured_rounds_count_what_eager_rounds_count() -> None:
     assert got == want
     counts = [(t.step_id, t.expert_counts) for t in traces["captured"]]
     assert counts == [(t.step_id, t.expert_counts) for t in traces["eager"]]
+
+
+@pytest.mark.parametrize("dispatch", ["static", "balanced"])
+def test_captured_eplb_rounds_equal_eager_ones_across_rebalances(dispatch: str) -> None:
+    """EPLB with captured decode rounds: a rebalance rewrites the slot maps and selector
+    tables in place, so the graphs keep serving; tokens, windows and plans equal the
+    eager EPLB engine's."""
+    eplb = {"window": 3, "interval": 2, "num_redundant": 4, "num_gpus": 4, "dispatch": dispatch}
+    reqs = workload(4, 12)
+    want, eager = run_workload(reqs, eplb=eplb, cuda_graphs=False, static_decode=False, **CONFIG)
+    got, engine = run_workload(reqs, eplb=eplb, **CONFIG)
+    static = engine.runner.static
+    assert static is not None and static.capture_error is None and static.captured_sizes
+    assert got == want
+    here, there = eager.balancer, engine.balancer
+    assert here is not None and there is not None and len(there.history) >= 2
+    assert [r.after_step for r in there.history] == [r.after_step for r in here.history]
+    for a, b in zip(here.history, there.history):
+        assert torch.equal(a.window.cpu(), b.window.cpu()) and torch.equal(a.phy2log, b.phy2log)
 
 
 @pytest.mark.parametrize("kind", ["tiny", "dense"])

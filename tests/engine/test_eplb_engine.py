@@ -180,9 +180,45 @@ def test_bad_eplb_config_names_the_field(eplb: Any, message: str) -> None:
         build_engine(eplb=eplb)
 
 
-def test_static_decode_is_refused_with_eplb() -> None:
-    with pytest.raises(ConfigError, match="eplb and static_decode=True cannot be combined yet"):
-        build_engine(eplb={}, static_decode=True)
+@pytest.mark.parametrize("dispatch", ["static", "balanced"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_padded_static_rounds_rebalance_like_the_unpadded_engine(overlap: bool, dispatch: str) -> None:
+    """EPLB on the static decode path (what CUDA graphs replay; eager here): padded rows
+    are computed but never enter the window, so the windows, plans, rebalance points
+    and tokens are the unpadded engine's, and the slot maps and selector tables a graph
+    would read are the same tensors before and after every rebalance."""
+    prompts = _prompts(17) + _prompts(18)  # 10 requests: rounds pad to 13 and below
+    common = {"block_size": 4, "max_num_batched_tokens": 64, "max_num_seqs": 13, "overlap": overlap,
+              "eplb": REBALANCING | {"dispatch": dispatch, "policy": "refine"}}
+    plain = build_engine(static_decode=False, **common)
+    want = _run(plain, prompts)
+    engine = build_engine(static_decode=True, **common)
+    static = engine.runner.static
+    assert static is not None
+    rounds: list[tuple[int, int]] = []
+    forward = static.forward
+
+    def spy(batch: Any, size: int) -> torch.Tensor:
+        rounds.append((size, int(batch.real_rows.sum())))
+        return forward(batch, size)
+
+    static.forward = spy  # type: ignore[method-assign]
+    layers = moe_layers(engine.runner.model)
+    live = [(t.layout, {k: v.data_ptr() for k, v in vars(t.layout.selector_tables()).items()
+                        if isinstance(v, torch.Tensor)}) for t in (layer.replicas for layer in layers) if t]
+    assert _run(engine, prompts) == want
+    assert any(size > real for size, real in rounds), f"no padded round ran: {rounds}"
+    here, there = plain.balancer, engine.balancer
+    assert here is not None and there is not None and len(here.history) >= 3
+    assert [r.after_step for r in there.history] == [r.after_step for r in here.history]
+    for a, b in zip(here.history, there.history):
+        assert torch.equal(a.window, b.window) and torch.equal(a.phy2log, b.phy2log)
+    assert any(r.moved_slots for r in there.history)
+    for (layout, ptrs), layer in zip(live, layers):
+        assert layer.replicas is not None and layer.replicas.layout is layout
+        tables = layout.selector_tables()
+        assert {k: v.data_ptr() for k, v in vars(tables).items() if isinstance(v, torch.Tensor)} == ptrs
+        assert torch.equal(layout.phy2log, layer.replicas.phy2log)
 
 
 @pytest.mark.parametrize("worker", ["inline", "process"])

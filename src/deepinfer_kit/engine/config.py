@@ -155,9 +155,9 @@ class EngineConfig:
         eplb: live expert load balancing (an :class:`~deepinfer_kit.eplb.EplbConfig` or a
             dict with its keys, e.g. ``{"window": 32, "interval": 32, "num_redundant": 8,
             "num_gpus": 4}``); ``None``: each expert in its own slot, no rebalancing. A
-            model without MoE layers is a ConfigError at build. Decode rounds then run
-            eagerly (no static buffers or CUDA graphs yet; ``static_decode=True`` with it is
-            a ConfigError).
+            model without MoE layers is a ConfigError at build. Decode rounds keep the
+            static buffers and CUDA graphs: padded rows are not counted into the windows,
+            and a rebalance rewrites the slot maps and selector tables in place.
     """
 
     model: str = "tiny"
@@ -199,12 +199,6 @@ class EngineConfig:
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
 
     def __attrs_post_init__(self) -> None:
-        if self.eplb is not None and self.static_decode:
-            raise ConfigError(
-                "eplb and static_decode=True cannot be combined yet (a captured round would keep "
-                "the replica tables of the placement it was captured under); leave "
-                "static_decode unset or set eplb=None"
-            )
         self._check_parallel()
         if self.expert_parallel > 1:
             if self.eplb is not None and self.eplb.num_gpus != self.expert_parallel:

@@ -9,11 +9,15 @@ ones), ``W`` ranks, ``N`` routed copies on this rank.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
 from deepinfer_kit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from deepinfer_kit.moe.selector_tables import SelectorTables
 
 __all__ = ["ReplicaLayout", "Selection"]
 
@@ -49,6 +53,10 @@ class ReplicaLayout:
         num_gpus: ``G``, dividing ``P`` (virtual GPUs on one device; ranks in expert
             parallelism).
         device: where the tensors live.
+        fixed: the :class:`SelectorTables` built from it keep their shapes whatever the
+            slot map (the replicated experts padded to ``X`` rows, the water level by
+            subsets exactly when ``R <= SUBSET_REACH``), so :meth:`update` rewrites them
+            in place and a captured graph stays valid across rebalances.
 
     Raises:
         ConfigError: an id outside ``[0, E)``, an expert without a slot, or ``G`` not
@@ -70,9 +78,32 @@ class ReplicaLayout:
     """
 
     def __init__(self, phy2log: Sequence[int], num_experts: int, num_gpus: int,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, *, fixed: bool = False) -> None:
+        self.num_experts, self.num_slots, self.num_gpus = num_experts, len(phy2log), num_gpus
+        self.fixed = fixed
+        self.version = 0
+        self._tables: SelectorTables | None = None
+        host = self._host_rows(phy2log)
+        self.width = self.num_slots - num_experts + 1
+        self.max_spread = max(min(num_experts, self.num_slots - num_experts), 1)
+
+        def t(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        self.phy2log, self.slot_gpu, self.log2phy = t(host["phy2log"]), t(host["slot_gpu"]), t(host["log2phy"])
+        self.logcnt, self.spread, self.spread_gpu = t(host["logcnt"]), t(host["spread"]), t(host["spread_gpu"])
+        self.single_gpu = t(host["single_gpu"])
+        self.valid = torch.arange(self.width, device=device)[None, :] < self.logcnt[:, None]
+        self.spread_valid = torch.tensor(host["spread_valid"], dtype=torch.bool, device=device)
+
+    def _host_rows(self, phy2log: Sequence[int]) -> dict[str, Any]:
+        """The tables of ``phy2log`` as host lists (and :attr:`num_spread`,
+        :attr:`spread_reach` set). Raises ConfigError as the constructor."""
+        num_experts, num_gpus = self.num_experts, self.num_gpus
         slots = [int(e) for e in phy2log]
         count = len(slots)
+        if count != self.num_slots:
+            raise ConfigError(f"phy2log must hold {self.num_slots} slots, got {count}")
         if num_gpus < 1 or count % num_gpus:
             raise ConfigError(f"num_gpus must divide the {count} slots, got {num_gpus}")
         if any(not 0 <= e < num_experts for e in slots):
@@ -83,37 +114,61 @@ class ReplicaLayout:
         missing = [e for e, r in enumerate(replicas) if not r]
         if missing:
             raise ConfigError(f"phy2log must give every expert a slot, got none for {missing}")
-        self.num_experts, self.num_slots, self.num_gpus = num_experts, count, num_gpus
-        self.width = count - num_experts + 1
+        width = count - num_experts + 1
+        max_spread = max(min(num_experts, count - num_experts), 1)
         per_gpu = count // num_gpus
-        rows = [r + [r[0]] * (self.width - len(r)) for r in replicas]
         hot = [e for e, r in enumerate(replicas) if len(r) > 1]
-        self.max_spread = max(min(num_experts, count - num_experts), 1)
         spread_gpu = []
         for e in hot:
             seen: list[int] = []
             for s in replicas[e]:
                 g = s // per_gpu
                 seen.append(g if g not in seen else num_gpus)
-            spread_gpu.append(seen + [num_gpus] * (self.width - len(seen)))
+            spread_gpu.append(seen + [num_gpus] * (width - len(seen)))
         self.spread_reach = max((1 + max(r for r, g in enumerate(row) if g < num_gpus) for row in spread_gpu),
                                 default=0)
-        pad = self.max_spread - len(hot)
-        spread_gpu += [[0] + [num_gpus] * (self.width - 1)] * pad
-
-        def t(values: list[int] | list[list[int]]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        self.phy2log = t(slots)
-        self.slot_gpu = t([s // per_gpu for s in range(count)])
-        self.log2phy = t(rows)
-        self.logcnt = t([len(r) for r in replicas])
-        self.valid = torch.arange(self.width, device=device)[None, :] < self.logcnt[:, None]
-        self.spread = t(hot + [num_experts] * pad)
-        self.spread_valid = torch.tensor([True] * len(hot) + [False] * pad, device=device)
         self.num_spread = len(hot)
-        self.spread_gpu = t(spread_gpu)
-        self.single_gpu = t([r[0] // per_gpu for r in replicas])
+        pad = max_spread - len(hot)
+        return {
+            "phy2log": slots, "slot_gpu": [s // per_gpu for s in range(count)],
+            "log2phy": [r + [r[0]] * (width - len(r)) for r in replicas], "logcnt": [len(r) for r in replicas],
+            "spread": hot + [num_experts] * pad, "spread_valid": [True] * len(hot) + [False] * pad,
+            "spread_gpu": spread_gpu + [[0] + [num_gpus] * (width - 1)] * pad,
+            "single_gpu": [r[0] // per_gpu for r in replicas],
+        }
+
+    def update(self, phy2log: Sequence[int]) -> None:
+        """Take the slot map ``phy2log`` (same ``E``, ``P``, ``G``) by writing every tensor
+        in place, and the :class:`SelectorTables` built from this layout too when it is
+        :attr:`fixed` (else they are rebuilt at their next use): a CUDA graph captured
+        over this layout keeps reading live tables. Call between forwards; host work and
+        a few small copies. Raises ConfigError as the constructor (nothing changed)."""
+        host = self._host_rows(phy2log)
+        with torch.inference_mode():  # tensors a forward made (inference tensors) are written too
+            self._write(host)
+
+    def _write(self, host: dict[str, Any]) -> None:
+        """:meth:`update`'s in-place writes (see there)."""
+        for name in ("phy2log", "slot_gpu", "log2phy", "logcnt", "spread", "spread_gpu", "single_gpu",
+                     "spread_valid"):
+            target: torch.Tensor = getattr(self, name)
+            target.copy_(torch.tensor(host[name], dtype=target.dtype))
+        torch.lt(torch.arange(self.width, device=self.device)[None, :], self.logcnt[:, None], out=self.valid)
+        self.version += 1
+        if self._tables is not None:
+            if self.fixed:
+                self._tables.refresh()
+            else:
+                self._tables = None
+
+    def selector_tables(self) -> SelectorTables:
+        """The count-based selectors' index tables of this layout (built at the first
+        call; kept current by :meth:`update`)."""
+        if self._tables is None:
+            from deepinfer_kit.moe.selector_tables import SelectorTables
+
+            self._tables = SelectorTables(self)
+        return self._tables
 
     @property
     def device(self) -> torch.device:

@@ -63,7 +63,7 @@ class ReplicaTable(nn.Module):
         self.register_buffer("logcnt", logcnt.to(device))
         self.selector: ReplicaSelector = StaticSelector()
         self.num_gpus = 1
-        self.layout = ReplicaLayout(self._host, num_experts, 1, device)
+        self.layout = ReplicaLayout(self._host, num_experts, 1, device, fixed=True)
 
     def use_selector(self, selector: ReplicaSelector, num_gpus: int) -> None:
         """Choose replicas with ``selector`` from now on, balancing over ``num_gpus``
@@ -72,7 +72,7 @@ class ReplicaTable(nn.Module):
         Raises:
             ConfigError: ``num_gpus`` does not divide the slots.
         """
-        self.layout = ReplicaLayout(self._host, self.num_experts, num_gpus, self.phy2log.device)
+        self.layout = ReplicaLayout(self._host, self.num_experts, num_gpus, self.phy2log.device, fixed=True)
         self.selector, self.num_gpus = selector, num_gpus
 
     def _check(self, phy2log: Sequence[int]) -> list[int]:
@@ -120,8 +120,10 @@ class ReplicaTable(nn.Module):
         return [s if self._host[s] == e else first[e] for s, e in enumerate(new)]
 
     def assign(self, phy2log: Sequence[int]) -> None:
-        """Swap in the map ``phy2log`` (the weights must already be in place): three
-        in-place copies into the existing buffers.
+        """Swap in the map ``phy2log`` (the weights must already be in place): in-place
+        copies into the existing buffers, the selector's layout and its tables included
+        (:meth:`ReplicaLayout.update` of a fixed layout), so a captured forward keeps
+        reading the live map.
 
         Raises:
             ConfigError: as the constructor.
@@ -132,7 +134,7 @@ class ReplicaTable(nn.Module):
         self.phy2log.copy_(torch.tensor(self._host, dtype=torch.int64).to(device))
         self.log2phy.copy_(log2phy.to(device))
         self.logcnt.copy_(logcnt.to(device))
-        self.layout = ReplicaLayout(self._host, self.num_experts, self.num_gpus, device)
+        self.layout.update(self._host)
 
 
 @torch.no_grad()

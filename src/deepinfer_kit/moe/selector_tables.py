@@ -36,7 +36,10 @@ class SelectorTables:
     """Index tables of one :class:`ReplicaLayout` for count-based selection.
 
     Built by device ops from the layout's tensors (same device; nothing read back); the
-    layout's host ints size the loops. Immutable once built.
+    layout's host ints size the loops, or, for a :attr:`ReplicaLayout.fixed` layout, its
+    shape alone: ``H = X`` rows (padding rows: expert 0 with ``hot_weight`` 0, so no
+    demand and no shares) and subsets exactly when ``R <= SUBSET_REACH``. Changed only by
+    :meth:`refresh` (in place).
 
     Attributes:
         layout: the layout these tables describe (a selector rebuilds when it changes).
@@ -46,6 +49,8 @@ class SelectorTables:
         experts: ``[E]`` int64, ``0 .. E-1``.
         replica: ``[R]`` int64, ``0 .. R-1``.
         hot: ``[H]`` int64, the replicated experts (``layout.spread``'s real rows).
+        hot_weight: ``[H]`` float64, 1 for a real row and 0 for padding (fixed layouts
+            only; ``None`` otherwise).
         hot_gpu: ``[H, R]`` int64, their replicas' GPUs (``G``, an always-full sentinel, for
             padding and for a second replica on one GPU).
         hot_rows: the ``H`` rows of ``hot_gpu``.
@@ -63,8 +68,22 @@ class SelectorTables:
     """
 
     def __init__(self, layout: ReplicaLayout) -> None:
+        self._build(layout)
+
+    def refresh(self) -> None:
+        """Rewrite every table in place from the layout's current tensors (a
+        :attr:`ReplicaLayout.fixed` layout after :meth:`ReplicaLayout.update`: the shapes
+        are the same, so a captured graph keeps reading these tensors)."""
+        with torch.inference_mode():  # tables first built inside a forward are inference tensors
+            fresh = SelectorTables(self.layout)
+            for name, value in vars(fresh).items():
+                if isinstance(value, torch.Tensor):
+                    getattr(self, name).copy_(value)
+
+    def _build(self, layout: ReplicaLayout) -> None:
         experts, slots, width, gpus = layout.num_experts, layout.num_slots, layout.width, layout.num_gpus
-        device, hot = layout.device, layout.num_spread
+        device = layout.device
+        hot = layout.max_spread if layout.fixed else layout.num_spread
         self.layout = layout
         self.experts = torch.arange(experts, device=device)
         self.replica = torch.arange(width, device=device)
@@ -73,7 +92,13 @@ class SelectorTables:
         single = layout.logcnt == 1
         self.single_slot = torch.where(single, layout.log2phy[:, 0], slots + 1)
         self.first_slot = layout.log2phy[:, 0].contiguous()
-        self.hot = layout.spread[:hot]
+        self.hot_weight: torch.Tensor | None = None
+        if layout.fixed:  # padding rows: expert 0 with no demand, replicas on GPU 0 and the sentinel
+            real = layout.spread_valid[:hot]
+            self.hot = torch.where(real, layout.spread[:hot], 0)
+            self.hot_weight = real.to(torch.float64)
+        else:
+            self.hot = layout.spread[:hot]
         self.hot_gpu = layout.spread_gpu[:hot]
         self.hot_rows = self.hot_gpu.unbind(0)
         hot_slot = slot_or_pad.index_select(0, self.hot)
@@ -84,7 +109,7 @@ class SelectorTables:
         self.sentinel = torch.zeros(gpus + 1, dtype=torch.float64, device=device)
         self.sentinel[gpus] = FULL
         self.ranks = torch.arange(1, width + 1, dtype=torch.float64, device=device)
-        reach = layout.spread_reach
+        reach = (width if width <= SUBSET_REACH else 0) if layout.fixed else layout.spread_reach
         self.subsets: torch.Tensor | None = None
         self.sizes = torch.ones(1, dtype=torch.float64, device=device)
         if 0 < reach <= SUBSET_REACH:
@@ -113,6 +138,8 @@ def water_fill(total: torch.Tensor, tables: SelectorTables, sweeps: int) -> torc
     real = total.to(torch.float64)
     load = torch.addmv(tables.sentinel, tables.fixed, real)
     demand = real.index_select(0, tables.hot)
+    if tables.hot_weight is not None:  # a fixed layout's padding rows demand nothing
+        demand = demand * tables.hot_weight
     rows, subsets, order = tables.hot_rows, tables.subsets, None
     if hot > 1:
         order = torch.argsort(demand, descending=True, stable=True)

@@ -90,15 +90,11 @@ class StaticSelector:
 
 
 class _Tabled:
-    """The layout's :class:`SelectorTables`, rebuilt when a new layout comes (a rebalance)."""
-
-    _tables: SelectorTables | None = None
+    """Reads the layout's :class:`SelectorTables` (the layout keeps them current)."""
 
     def tables(self, layout: ReplicaLayout) -> SelectorTables:
         """The tables of ``layout`` (built on first use; device ops only)."""
-        if self._tables is None or self._tables.layout is not layout:
-            self._tables = SelectorTables(layout)
-        return self._tables
+        return layout.selector_tables()
 
 
 class EvenSelector(_Tabled):

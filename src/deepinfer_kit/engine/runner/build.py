@@ -98,7 +98,7 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
     balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
                 if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
     bare = _bare_runner(config, loaded, kv_cache, max_model_len, device, sampler, depth,
-                        static=balancer is None and config.expert_parallel == 1)
+                        static=config.expert_parallel == 1)
     if config.expert_parallel > 1:
         balancer = shard_experts(loaded.model, config.expert_parallel, config.eplb, device,
                                  group=groups.ep_group if groups is not None else None)
@@ -121,8 +121,8 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
 def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,
                  device: torch.device, sampler: Sampler | None, depth: int, *, static: bool) -> ModelRunner:
     """A runner with neither drafting nor a balancer, warmed up (and its decode graphs
-    captured) on CUDA. ``static``: static decode buffers may apply (no balancer: a
-    rebalance replaces the replica tables a captured round would keep)."""
+    captured) on CUDA. ``static``: static decode buffers may apply (not under expert
+    parallelism, whose dispatch would carry the padded rows across ranks)."""
     from deepinfer_kit.sample.vectorized import VectorizedSampler
 
     on_cuda = device.type == "cuda"

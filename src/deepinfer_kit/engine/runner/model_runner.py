@@ -50,11 +50,9 @@ class ModelRunner:
         verifier: checks the drafts of chunks with ``spec_token_ids``; ``None`` when the
             engine does not speculate (such a chunk is then an error).
         balancer: live EPLB; after every forward it records the routed counts into its
-            window (on the device). Rounds then run eagerly: a captured graph would keep
-            the replica selector's tables of the placement it was captured under, and a
-            rebalance builds new ones. (Padded static rows are not the obstacle: MoE
-            layers leave them out of their counts, so traced rounds do run on the static
-            path.)
+            window (on the device). Decode rounds still take the static path: MoE layers
+            leave padded rows out of their counts, and a rebalance rewrites the slot maps
+            and the selector tables in place (fixed shapes), so captured graphs stay valid.
         token_slots: the device slots that carry each sequence's newest sampled token to
             the next step (needed by an overlapped engine, whose plans have
             placeholders); ``None``: a plan with a placeholder is an error, and no step
@@ -167,7 +165,6 @@ class ModelRunner:
         tail = out.routes.tail()
         if (
             static is not None
-            and self.balancer is None  # its selector's tables change at a rebalance
             and not prompt.rows  # prompt-logprob rows are extra logits rows
             and num_tokens == plan.num_chunks > 0
             and static.size_for(num_tokens) is not None
