@@ -63,16 +63,18 @@ class ReplicaTable(nn.Module):
         self.register_buffer("logcnt", logcnt.to(device))
         self.selector: ReplicaSelector = StaticSelector()
         self.num_gpus = 1
-        self.layout = ReplicaLayout(self._host, num_experts, 1, device, fixed=True)
+        self.layout = ReplicaLayout(self._host, num_experts, 1, device)
 
-    def use_selector(self, selector: ReplicaSelector, num_gpus: int) -> None:
+    def use_selector(self, selector: ReplicaSelector, num_gpus: int, *, fixed: bool = False) -> None:
         """Choose replicas with ``selector`` from now on, balancing over ``num_gpus``
         (virtual) GPUs of ``P / num_gpus`` consecutive slots. Call between forwards.
+        ``fixed``: a fixed-shape layout (:attr:`ReplicaLayout.fixed`), whose selector
+        tables :meth:`assign` rewrites in place, for forwards captured as CUDA graphs.
 
         Raises:
             ConfigError: ``num_gpus`` does not divide the slots.
         """
-        self.layout = ReplicaLayout(self._host, self.num_experts, num_gpus, self.phy2log.device, fixed=True)
+        self.layout = ReplicaLayout(self._host, self.num_experts, num_gpus, self.phy2log.device, fixed=fixed)
         self.selector, self.num_gpus = selector, num_gpus
 
     def _check(self, phy2log: Sequence[int]) -> list[int]:
@@ -122,8 +124,8 @@ class ReplicaTable(nn.Module):
     def assign(self, phy2log: Sequence[int]) -> None:
         """Swap in the map ``phy2log`` (the weights must already be in place): in-place
         copies into the existing buffers, the selector's layout and its tables included
-        (:meth:`ReplicaLayout.update` of a fixed layout), so a captured forward keeps
-        reading the live map.
+        (:meth:`ReplicaLayout.update`; a fixed layout's tables in place too), so a
+        captured forward keeps reading the live map.
 
         Raises:
             ConfigError: as the constructor.

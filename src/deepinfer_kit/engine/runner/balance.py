@@ -65,6 +65,10 @@ class ExpertBalancer:
         config: the window, interval, policy and topology.
         layers: the model's MoE layers (all with the same ``E``), weights loaded.
         device: where the window lives (the model's device).
+        capturable: the layers' replica tables are fixed-shape and a rebalance rewrites
+            them in place (:attr:`ReplicaLayout.fixed`), so forwards captured as CUDA
+            graphs (the static decode path) stay valid; the selectors then run over
+            padded tables, a little dearer on a CPU, where nothing is captured.
 
     Raises:
         ConfigError: no MoE layers, expert-parallel layers not sharded under
@@ -72,7 +76,8 @@ class ExpertBalancer:
             ``E``, or a topology the slots do not divide over (the message names the field).
     """
 
-    def __init__(self, config: EplbConfig, layers: list[MoELayer], device: torch.device) -> None:
+    def __init__(self, config: EplbConfig, layers: list[MoELayer], device: torch.device, *,
+                 capturable: bool = False) -> None:
         if not layers:
             raise ConfigError("eplb needs a model with MoE layers; this model has none")
         experts = {layer.config.num_experts for layer in layers}
@@ -99,7 +104,7 @@ class ExpertBalancer:
             else:
                 layer.use_replicas(row)
                 assert layer.replicas is not None
-                layer.replicas.use_selector(selector, self.topology.num_gpus)
+                layer.replicas.use_selector(selector, self.topology.num_gpus, fixed=capturable)
         self.placement: Placement = first
         self.num_steps = 0
         self._last_plan = 0

@@ -95,10 +95,10 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
     dtype = model_dtype(config)
     loaded = load_shard(config, dtype, device, groups)
     kv_cache, num_blocks, max_model_len = kv_pool(config, loaded.config, dtype, device, groups)
-    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device)
+    static = _static_decode(config, device)
+    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device, capturable=static)
                 if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
-    bare = _bare_runner(config, loaded, kv_cache, max_model_len, device, sampler, depth,
-                        static=config.expert_parallel == 1)
+    bare = _bare_runner(config, loaded, kv_cache, max_model_len, device, sampler, depth, static=static)
     if config.expert_parallel > 1:
         balancer = shard_experts(loaded.model, config.expert_parallel, config.eplb, device,
                                  group=groups.ep_group if groups is not None else None)
@@ -118,16 +118,24 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
 
 
 
+def _static_decode(config: EngineConfig, device: torch.device) -> bool:
+    """Whether decode rounds run on static buffers: ``config.static_decode``, or by default
+    exactly when graphs are captured (CUDA with ``cuda_graphs``); never under expert
+    parallelism, whose dispatch would carry the padded rows across ranks."""
+    if config.expert_parallel > 1:
+        return False
+    if config.static_decode is not None:
+        return config.static_decode
+    return device.type == "cuda" and config.cuda_graphs
+
+
 def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,
                  device: torch.device, sampler: Sampler | None, depth: int, *, static: bool) -> ModelRunner:
     """A runner with neither drafting nor a balancer, warmed up (and its decode graphs
-    captured) on CUDA. ``static``: static decode buffers may apply (not under expert
-    parallelism, whose dispatch would carry the padded rows across ranks)."""
+    captured) on CUDA. ``static``: decode rounds on static buffers (:func:`_static_decode`)."""
     from deepinfer_kit.sample.vectorized import VectorizedSampler
 
     on_cuda = device.type == "cuda"
-    static = static and (config.static_decode if config.static_decode is not None else (
-        on_cuda and config.cuda_graphs))
     sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
     runner = ModelRunner(
         loaded.model, kv_cache, sampler, device=device,
