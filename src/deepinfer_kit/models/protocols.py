@@ -119,7 +119,9 @@ class SparseMLP(Protocol):
         """``[E]`` int64 tokens routed to each expert in the last call; ``None`` before any
         call. ``MoELayer`` leaves it where it was computed — on the device on its Triton
         path, so the forward never waits for the host — and it is read only after the
-        forward, by ``CausalLM.expert_counts`` (traces)."""
+        forward, by ``CausalLM.expert_counts`` (traces). The same tensor from the first
+        call on, rewritten in place by each call (a CUDA graph's replay then leaves its
+        counts where a reader finds them); copy it to keep it."""
         ...
 
     def __call__(self, hidden: torch.Tensor, real_rows: torch.Tensor | None = None, /) -> torch.Tensor:

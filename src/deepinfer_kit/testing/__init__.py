@@ -16,6 +16,7 @@ from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
 from deepinfer_kit.testing.overlap import OVERLAP_EXECUTOR_SUITE
 from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.sample import SAMPLER_SUITE
+from deepinfer_kit.testing.sparse_mlp import SPARSE_MLP_SUITE
 from deepinfer_kit.testing.sched import SCHEDULER_SUITE
 from deepinfer_kit.testing.sched_stretch import DECODE_STRETCHES_SUITE
 from deepinfer_kit.testing.sim_cost import COST_MODEL_SUITE
@@ -38,6 +39,7 @@ __all__ = [
     "DECODE_STRETCHES_SUITE",
     "COST_MODEL_SUITE",
     "SAMPLER_SUITE",
+    "SPARSE_MLP_SUITE",
     "VERIFY_PLANNER_SUITE",
     "DRAFT_VERIFIER_SUITE",
     "SPECULATIVE_DISTRIBUTION_SUITE",
