@@ -15,6 +15,7 @@ from deepinfer_kit import ConfigError, Engine, SamplingParams, build_engine
 from deepinfer_kit.engine.runner.balance import moe_layers
 from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.moe.records import Routing
+from deepinfer_kit.moe.selector_tables import tables_of
 
 from hf_models import make_checkpoint
 
@@ -204,7 +205,7 @@ def test_padded_static_rounds_rebalance_like_the_unpadded_engine(overlap: bool, 
 
     static.forward = spy  # type: ignore[method-assign]
     layers = moe_layers(engine.runner.model)
-    live = [(t.layout, {k: v.data_ptr() for k, v in vars(t.layout.selector_tables()).items()
+    live = [(t.layout, {k: v.data_ptr() for k, v in vars(tables_of(t.layout)).items()
                         if isinstance(v, torch.Tensor)}) for t in (layer.replicas for layer in layers) if t]
     assert _run(engine, prompts) == want
     assert any(size > real for size, real in rounds), f"no padded round ran: {rounds}"
@@ -216,7 +217,7 @@ def test_padded_static_rounds_rebalance_like_the_unpadded_engine(overlap: bool, 
     assert any(r.moved_slots for r in there.history)
     for (layout, ptrs), layer in zip(live, layers):
         assert layer.replicas is not None and layer.replicas.layout is layout
-        tables = layout.selector_tables()
+        tables = tables_of(layout)
         assert {k: v.data_ptr() for k, v in vars(tables).items() if isinstance(v, torch.Tensor)} == ptrs
         assert torch.equal(layout.phy2log, layer.replicas.phy2log)
 

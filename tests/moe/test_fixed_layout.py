@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from deepinfer_kit.moe.replica_layout import ReplicaLayout
+from deepinfer_kit.moe.selector_tables import tables_of
 from deepinfer_kit.moe.selectors import BalancedSelector, EvenSelector, StaticSelector
 
 
@@ -29,7 +30,7 @@ def _maps(seed: int) -> tuple[int, int, list[list[int]]]:
 
 
 def _tensors(layout: ReplicaLayout) -> dict[str, torch.Tensor]:
-    tables = layout.selector_tables()
+    tables = tables_of(layout)
     found = {f"layout.{k}": v for k, v in vars(layout).items() if isinstance(v, torch.Tensor)}
     found.update({f"tables.{k}": v for k, v in vars(tables).items() if isinstance(v, torch.Tensor)})
     return found

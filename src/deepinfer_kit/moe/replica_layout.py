@@ -72,6 +72,9 @@ class ReplicaLayout:
         num_spread: how many rows of ``spread`` are real (a host int, fixed by the slot map).
         spread_gpu: ``[X, R]`` int64, the GPU of each replica of each ``spread`` expert;
             ``G`` (a sentinel) for padding and for a second replica on a GPU already listed.
+        tables: the count-based selectors' :class:`SelectorTables` of this layout, once
+            :func:`~deepinfer_kit.moe.selector_tables.tables_of` built them (kept current
+            by :meth:`update`); ``None`` before.
         spread_reach: host int, 1 + the last position of ``spread_gpu``'s real rows that
             holds a GPU other than the sentinel (0 without replicated experts).
         single_gpu: ``[E]`` int64, the GPU of each expert's first replica.
@@ -82,7 +85,7 @@ class ReplicaLayout:
         self.num_experts, self.num_slots, self.num_gpus = num_experts, len(phy2log), num_gpus
         self.fixed = fixed
         self.version = 0
-        self._tables: SelectorTables | None = None
+        self.tables: SelectorTables | None = None  # set by selector_tables.tables_of
         host = self._host_rows(phy2log)
         self.width = self.num_slots - num_experts + 1
         self.max_spread = max(min(num_experts, self.num_slots - num_experts), 1)
@@ -155,20 +158,11 @@ class ReplicaLayout:
             target.copy_(torch.tensor(host[name], dtype=target.dtype))
         torch.lt(torch.arange(self.width, device=self.device)[None, :], self.logcnt[:, None], out=self.valid)
         self.version += 1
-        if self._tables is not None:
+        if self.tables is not None:
             if self.fixed:
-                self._tables.refresh()
+                self.tables.refresh()
             else:
-                self._tables = None
-
-    def selector_tables(self) -> SelectorTables:
-        """The count-based selectors' index tables of this layout (built at the first
-        call; kept current by :meth:`update`)."""
-        if self._tables is None:
-            from deepinfer_kit.moe.selector_tables import SelectorTables
-
-            self._tables = SelectorTables(self)
-        return self._tables
+                self.tables = None
 
     @property
     def device(self) -> torch.device:

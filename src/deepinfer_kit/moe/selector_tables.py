@@ -26,7 +26,7 @@ import torch
 
 from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
 
-__all__ = ["SelectorTables", "assign", "water_fill", "round_shares", "SUBSET_REACH"]
+__all__ = ["SelectorTables", "assign", "tables_of", "water_fill", "round_shares", "SUBSET_REACH"]
 
 SUBSET_REACH = 6  # replica positions up to which the water level is taken over subsets (63)
 FULL = 1e300  # the sentinel GPU's load: finite, so a 0 weight on it stays 0 in a product
@@ -119,6 +119,15 @@ class SelectorTables:
             onehot.scatter_(2, self.hot_gpu[:, :reach, None], 1.0)
             self.subsets = torch.matmul(member, onehot)  # [H, M, G + 1]
             self.sizes = member.sum(1)
+
+
+def tables_of(layout: ReplicaLayout) -> SelectorTables:
+    """The :class:`SelectorTables` of ``layout``, built at the first call and kept on it
+    (:attr:`ReplicaLayout.tables`; :meth:`ReplicaLayout.update` keeps them current).
+    Device ops only."""
+    if layout.tables is None:
+        layout.tables = SelectorTables(layout)
+    return layout.tables
 
 
 def water_fill(total: torch.Tensor, tables: SelectorTables, sweeps: int) -> torch.Tensor:

@@ -50,7 +50,7 @@ import torch
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
-from deepinfer_kit.moe.selector_tables import SelectorTables, assign, round_shares, water_fill
+from deepinfer_kit.moe.selector_tables import SelectorTables, assign, round_shares, tables_of, water_fill
 
 if TYPE_CHECKING:
     from deepinfer_kit.moe.protocols import ReplicaSelector
@@ -94,7 +94,7 @@ class _Tabled:
 
     def tables(self, layout: ReplicaLayout) -> SelectorTables:
         """The tables of ``layout`` (built on first use; device ops only)."""
-        return layout.selector_tables()
+        return tables_of(layout)
 
 
 class EvenSelector(_Tabled):
