@@ -181,8 +181,8 @@ def test_bad_eplb_config_names_the_field(eplb: Any, message: str) -> None:
         build_engine(eplb=eplb)
 
 
-@pytest.mark.parametrize("dispatch", ["static", "balanced"])
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize(("overlap", "dispatch"), [(False, "balanced"), (True, "static")],
+                         ids=["sync-balanced", "overlap-static"])
 def test_padded_static_rounds_rebalance_like_the_unpadded_engine(overlap: bool, dispatch: str) -> None:
     """EPLB on the static decode path (what CUDA graphs replay; eager here): padded rows
     are computed but never enter the window, so the windows, plans, rebalance points

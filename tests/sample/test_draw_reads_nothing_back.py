@@ -50,8 +50,9 @@ def test_a_draw_reads_nothing_back(ties: bool) -> None:
 
 @pytest.mark.triton
 def test_a_top_k_cut_inside_a_run_of_ties_keeps_the_lowest_ids_without_reading_back() -> None:
-    logits = torch.tensor([[3.0] + [2.0] * 200 + [0.0] * 50] * 400)
-    params = [SamplingParams(top_k=50, temperature=100.0, seed=s) for s in range(400)]
+    logits = torch.tensor([[3.0] + [2.0] * 200 + [0.0] * 50] * 120)
+    params = [SamplingParams(top_k=50, temperature=100.0, seed=s) for s in range(120)]
     with no_host_reads():
-        tokens = VectorizedSampler("triton")(logits, make_batch(params)).token_ids
-    assert sorted(set(tokens.tolist())) == list(range(50))  # ties ranked by token id
+        drawn = VectorizedSampler("triton")(logits, make_batch(params)).token_ids
+    tokens = drawn.tolist()
+    assert max(tokens) < 50 and len(set(tokens)) > 30  # ties ranked by token id: the lowest 49 kept
