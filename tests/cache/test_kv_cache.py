@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import re
 
+import os
+
 import pytest
 import torch
 
@@ -255,3 +257,22 @@ def test_writes_to_the_pad_slot_touch_no_addressable_block(impl: str) -> None:
     others = torch.arange(keys.shape[0]) != 5
     torch.testing.assert_close(keys[others], keys0[others])
     torch.testing.assert_close(values[others], values0[others])
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_pool_is_zero_and_takes_memory_only_where_written(dtype: torch.dtype) -> None:
+    before = _resident_mib()
+    cache = PagedKVCache(4, 8191, 16, 8, 64, dtype=dtype)  # 2 GiB (fp32) of K and V
+    assert _resident_mib() - before < 64  # nothing touched yet
+    assert cache.num_blocks == 8191 and cache.key_cache(3).dtype == dtype
+    k = torch.ones(2, 8, 64, dtype=dtype)
+    cache.write(3, k, k * 2, torch.tensor([16 * 8000, 16 * 8000 + 1]))
+    assert torch.equal(cache.key_cache(3)[8000, :2], k) and torch.equal(cache.value_cache(3)[8000, :2], k * 2)
+    assert not bool(cache.key_cache(3)[7999].any()) and not bool(cache.value_cache(0)[8000].any())
+    assert _resident_mib() - before < 128
