@@ -84,7 +84,6 @@ class ReplicaLayout:
                  device: torch.device | str | None = None, *, fixed: bool = False) -> None:
         self.num_experts, self.num_slots, self.num_gpus = num_experts, len(phy2log), num_gpus
         self.fixed = fixed
-        self.version = 0
         self.tables: SelectorTables | None = None  # set by selector_tables.tables_of
         host = self._host_rows(phy2log)
         self.width = self.num_slots - num_experts + 1
@@ -157,7 +156,6 @@ class ReplicaLayout:
             target: torch.Tensor = getattr(self, name)
             target.copy_(torch.tensor(host[name], dtype=target.dtype))
         torch.lt(torch.arange(self.width, device=self.device)[None, :], self.logcnt[:, None], out=self.valid)
-        self.version += 1
         if self.tables is not None:
             if self.fixed:
                 self.tables.refresh()
