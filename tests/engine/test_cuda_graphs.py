@@ -188,3 +188,40 @@ def test_a_captured_round_never_synchronises_the_host() -> None:
     engine.run()
     engine.check_idle()
     assert rounds
+
+
+def test_a_pipelined_launch_never_synchronises_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU twin of tests/engine/test_launch_reads_nothing_back.py: every launch that
+    may pipeline runs under ``sync_debug_mode("error")`` — top-k, top-p, min-p, logprobs
+    and greedy rows on the captured path of an overlapped EPLB engine whose rounds are
+    traced, across rebalances."""
+    from deepinfer_kit.engine.runner.model_runner import ModelRunner
+
+    launch = ModelRunner.launch
+    strict: list[int] = []
+
+    def checked(self: ModelRunner, step: Any) -> Any:
+        if not self.pipelines(step):
+            return launch(self, step)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            strict.append(1)
+            return launch(self, step)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(ModelRunner, "launch", checked)
+    eplb = {"window": 3, "interval": 2, "num_redundant": 4, "num_gpus": 4, "dispatch": "balanced"}
+    engine = build_engine(overlap=True, eplb=eplb, **CONFIG)
+    engine.trace = lambda trace: None
+    kinds = [SamplingParams(temperature=0.0, max_tokens=8),
+             SamplingParams(temperature=0.8, top_k=20, seed=1, max_tokens=8),
+             SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, seed=2, max_tokens=8),
+             SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=3, seed=3, max_tokens=8)]
+    for i in range(8):
+        engine.add_request(f"r{i}", [1, 2, 3, 4 + i], kinds[i % len(kinds)])
+    outs = engine.run()
+    engine.check_idle()
+    assert len(outs) == 8 and strict
+    assert engine.balancer is not None and engine.balancer.history
+
