@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.counts import copies_per_id
 from deepinfer_kit.moe.local_dispatcher import check_routing, count_experts, unpermute_and_sum
 from deepinfer_kit.moe.protocols import Dispatcher, ReplicaSelector
 from deepinfer_kit.moe.records import Dispatched, Routing
@@ -141,9 +142,7 @@ class ExpertParallelDispatcher:
     def physical_slots(self, expert_ids: torch.Tensor) -> torch.Tensor:
         """``[N]`` physical slot chosen by :attr:`selector` for each copy of the flat ids
         ``expert_ids`` (``[N]``). Collective (the counts are all-gathered): every rank calls it."""
-        counts = torch.zeros(self._num_experts, dtype=torch.int64, device=expert_ids.device)
-        counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
-        return self._select(expert_ids, counts)[0]
+        return self._select(expert_ids, copies_per_id(expert_ids, self._num_experts))[0]
 
     def _select(self, flat_ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``([N] slots, [E] copies of every rank per expert)`` from this rank's ``[E]`` counts."""

@@ -10,6 +10,7 @@ from torch import nn
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
+from deepinfer_kit.moe.counts import copies_per_id
 from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
@@ -169,12 +170,12 @@ class MoELayer(nn.Module):
         if table is not None:
             slots = Routing(table.physical(routing.expert_ids), routing.weights)
             out, served = self.experts.routed(hidden, slots)
-            served = served if real is None else _count(slots.expert_ids, real, table.num_slots)
+            served = served if real is None else copies_per_id(slots.expert_ids, table.num_slots, real)
             self.last_slot_counts = _kept(self.last_slot_counts, served)
             self.last_expert_counts = _kept(self.last_expert_counts, table.logical_counts(served))
         elif self._all_local:
             out, counts = self.experts.routed(hidden, routing)
-            counts = counts if real is None else _count(routing.expert_ids, real, self.config.num_experts)
+            counts = counts if real is None else copies_per_id(routing.expert_ids, self.config.num_experts, real)
             self.last_expert_counts = _kept(self.last_expert_counts, counts)
         else:
             out = self._routed(hidden, routing)
@@ -316,14 +317,6 @@ class MoELayer(nn.Module):
             f"E={c.num_experts}, k={c.top_k}, H={c.hidden_size}, I={c.intermediate_size}, "
             f"routing={c.routing}, shared={c.shared_intermediate_size}, impl={self.experts.impl}"
         )
-
-
-def _count(ids: torch.Tensor, real: torch.Tensor, size: int) -> torch.Tensor:
-    """``[size]`` int64: the routed copies of real rows per id (``ids`` ``[T, k]``,
-    ``real`` ``[T * k]`` 0/1), on their device, no host read (``bincount`` would read
-    its size back)."""
-    out = torch.zeros(size, dtype=torch.int64, device=ids.device)
-    return out.index_add_(0, ids.reshape(-1), real)
 
 
 def _kept(buffer: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.counts import copies_per_id
 from deepinfer_kit.moe.protocols import ReplicaSelector
 from deepinfer_kit.moe.replica_layout import ReplicaLayout
 from deepinfer_kit.moe.selectors import StaticSelector
@@ -98,8 +99,7 @@ class ReplicaTable(nn.Module):
         buffers' device), chosen by :attr:`selector` from this batch's counts. No host
         sync; mutates nothing."""
         flat = expert_ids.reshape(-1)
-        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
-        counts.index_add_(0, flat, torch.ones_like(flat))
+        counts = copies_per_id(flat, self.num_experts)
         return self.selector.select(flat, counts[None], 0, self.layout).slots.view_as(expert_ids)
 
     def logical_counts(self, slot_counts: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_kit.moe.counts import copies_per_id
 from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
 
 __all__ = ["SelectorTables", "assign", "tables_of", "water_fill", "round_shares", "SUBSET_REACH"]
@@ -220,6 +221,4 @@ def assign(ids: torch.Tensor, counts: torch.Tensor, rank: int, tables: SelectorT
         slots = torch.empty_like(ids).scatter_(0, order, chosen)
     if counts.shape[0] == 1:  # the one rank sends the whole batch
         return Selection(slots=slots, sent=quotas[: layout.num_slots], quotas=quotas[: layout.num_slots])
-    sent = torch.zeros(layout.num_slots, dtype=torch.int64, device=ids.device)
-    sent.index_add_(0, slots, torch.ones_like(slots))
-    return Selection(slots=slots, sent=sent, quotas=quotas[: layout.num_slots])
+    return Selection(slots=slots, sent=copies_per_id(slots, layout.num_slots), quotas=quotas[: layout.num_slots])

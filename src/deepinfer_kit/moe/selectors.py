@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.moe.counts import copies_per_id
 from deepinfer_kit.moe.replica_layout import ReplicaLayout, Selection
 from deepinfer_kit.moe.selector_tables import SelectorTables, assign, round_shares, tables_of, water_fill
 
@@ -84,9 +85,7 @@ class StaticSelector:
         _check(expert_ids, counts, rank, layout)
         position = torch.arange(expert_ids.numel(), device=expert_ids.device) + rank
         slots = layout.log2phy[expert_ids, position % layout.logcnt[expert_ids]]
-        sent = torch.zeros(layout.num_slots, dtype=torch.int64, device=slots.device)
-        sent.index_add_(0, slots, torch.ones_like(slots))  # bincount would read its size back
-        return Selection(slots=slots, sent=sent, quotas=None)
+        return Selection(slots=slots, sent=copies_per_id(slots, layout.num_slots), quotas=None)
 
 
 class _Tabled:
