@@ -18,6 +18,7 @@ from deepinfer_kit.moe.records import Routing
 from deepinfer_kit.moe.selector_tables import tables_of
 
 from hf_models import make_checkpoint
+from static_rounds import record_static_rounds
 
 NEW_TOKENS = 8
 REBALANCING = {"window": 3, "interval": 2, "num_redundant": 4, "num_gpus": 4}
@@ -194,21 +195,12 @@ def test_padded_static_rounds_rebalance_like_the_unpadded_engine(overlap: bool, 
     plain = build_engine(static_decode=False, **common)
     want = _run(plain, prompts)
     engine = build_engine(static_decode=True, **common)
-    static = engine.runner.static
-    assert static is not None
-    rounds: list[tuple[int, int]] = []
-    forward = static.forward
-
-    def spy(batch: Any, size: int) -> torch.Tensor:
-        rounds.append((size, int(batch.real_rows.sum())))
-        return forward(batch, size)
-
-    static.forward = spy  # type: ignore[method-assign]
+    rounds = record_static_rounds(engine)
     layers = moe_layers(engine.runner.model)
     live = [(t.layout, {k: v.data_ptr() for k, v in vars(tables_of(t.layout)).items()
                         if isinstance(v, torch.Tensor)}) for t in (layer.replicas for layer in layers) if t]
     assert _run(engine, prompts) == want
-    assert any(size > real for size, real in rounds), f"no padded round ran: {rounds}"
+    assert any(r.size > r.real for r in rounds), f"no padded round ran: {rounds}"
     here, there = plain.balancer, engine.balancer
     assert here is not None and there is not None and len(here.history) >= 3
     assert [r.after_step for r in there.history] == [r.after_step for r in here.history]

@@ -14,6 +14,7 @@ import pytest
 
 from differential import run_workload
 from host_reads import DeviceReads
+from static_rounds import record_static_rounds
 
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
@@ -55,16 +56,7 @@ def test_layout_and_launch_read_nothing_back(monkeypatch: pytest.MonkeyPatch) ->
 
         monkeypatch.setattr(ModelRunner, name, guarded)
     engine = build_engine(**TRITON, **config)
-    static = engine.runner.static
-    assert static is not None
-    static_rounds: list[int] = []
-    forward = static.forward
-
-    def spy(batch: Any, size: int) -> Any:
-        static_rounds.append(size)
-        return forward(batch, size)
-
-    static.forward = spy  # type: ignore[method-assign]
+    static_rounds = record_static_rounds(engine)
     traces: list[StepTrace] = []
     engine.trace = traces.append
     got, _ = run_workload(REQUESTS, engine=engine)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.runner.static_decode import StaticDecode, batch_ladder
+from deepinfer_kit.engine.runner.static_decode import batch_ladder
 from deepinfer_kit.engine.runner.warmup import warm_up
 from differential import run_workload, workload
+from static_rounds import record_static_rounds
 
 ROOMY = {"num_blocks": 200, "block_size": 8, "max_model_len": 96, "max_num_seqs": 13,
          "max_num_batched_tokens": 96}
@@ -28,20 +29,6 @@ def test_batch_ladder() -> None:
     assert batch_ladder(32) == [1, 2, 4, 8, 16, 24, 32]
 
 
-def _count_static_rounds(engine: Any) -> list[int]:
-    """Wrap the engine's static path; the list receives each replayed ladder size."""
-    static: StaticDecode = engine.runner.static
-    sizes: list[int] = []
-    forward = static.forward
-
-    def spy(batch: Any, size: int) -> torch.Tensor:
-        sizes.append(size)
-        return forward(batch, size)
-
-    static.forward = spy  # type: ignore[method-assign]
-    return sizes
-
-
 @pytest.mark.parametrize("config", [ROOMY, PREEMPTING], ids=["roomy", "preempting"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -52,10 +39,10 @@ def test_static_decode_equals_the_unpadded_path(seed: int, overlap: bool, config
     want, plain = run_workload(reqs, overlap, static_decode=False, **config)
     assert plain.runner.static is None
     engine = build_engine(static_decode=True, overlap=overlap, **config)
-    sizes = _count_static_rounds(engine)
+    rounds = record_static_rounds(engine)
     got, _ = run_workload(reqs, overlap, engine=engine)
     assert got == want
-    assert sizes and any(s > 1 for s in sizes), "the static path never ran"
+    assert any(r.size > 1 for r in rounds), "the static path never ran"
 
 
 def test_padded_rows_are_dropped_and_touch_no_live_block() -> None:
@@ -69,12 +56,12 @@ def test_padded_rows_are_dropped_and_touch_no_live_block() -> None:
         for i in range(3):
             engine.add_request(f"r{i}", [5 + i, 6, 7, 8, 9], params)
         if static:
-            sizes = _count_static_rounds(engine)
+            rounds = record_static_rounds(engine)
         engine.run()
         cache = engine.runner.kv_cache
         pools.append(torch.stack([cache.key_cache(i) for i in range(cache.num_layers)]))
         engine.check_idle()
-    assert sizes and set(sizes) == {4}
+    assert rounds and {r.size for r in rounds} == {4}
     torch.testing.assert_close(pools[1], pools[0])
 
 
@@ -122,18 +109,10 @@ def test_traced_rounds_run_padded_and_count_only_real_rows() -> None:
     want, _ = run_workload(reqs, engine=plain)
     engine = build_engine(static_decode=True, **ROOMY)
     engine.trace = traces["static"].append
-    static: StaticDecode = engine.runner.static
-    rounds: list[tuple[int, int]] = []  # (ladder size, real rows)
-    forward = static.forward
-
-    def spy(batch: Any, size: int) -> torch.Tensor:
-        rounds.append((size, int(batch.real_rows.sum())))
-        return forward(batch, size)
-
-    static.forward = spy  # type: ignore[method-assign]
+    rounds = record_static_rounds(engine)
     got, _ = run_workload(reqs, engine=engine)
     assert got == want
-    assert any(size > real for size, real in rounds), f"no padded round ran: {rounds}"
+    assert any(r.size > r.real for r in rounds), f"no padded round ran: {rounds}"
     counts = [(t.step_id, t.expert_counts) for t in traces["static"]]
     assert counts == [(t.step_id, t.expert_counts) for t in traces["plain"]]
     assert all(c is not None for _, c in counts)
