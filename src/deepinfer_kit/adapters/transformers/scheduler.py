@@ -27,7 +27,7 @@ from deepinfer_kit.step import StepResult
 
 __all__ = ["KitScheduler", "TESTED_TRANSFORMERS"]
 
-TESTED_TRANSFORMERS: tuple[str, ...] = ("5.24",)
+TESTED_TRANSFORMERS: tuple[str, ...] = ("5.24", "5.25")
 """transformers releases (version prefixes) this adapter was tested with."""
 
 Batching = Literal["continuous", "static"]
