@@ -13,7 +13,7 @@ from deepinfer_kit.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPE_NAMES", "DTYPE_ALIASES", "torch_dtype", "dtype_name"]
+__all__ = ["DTYPE_NAMES", "DTYPE_ALIASES", "auto_dtype", "torch_dtype", "dtype_name"]
 
 #: Names accepted wherever a dtype is given as a string (configs, ``--dtype``).
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16")
@@ -21,6 +21,33 @@ DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 #: vLLM's other dtype spellings and the names they mean (``"auto"`` is resolved per model).
 DTYPE_ALIASES: dict[str, str] = {"half": "float16", "float": "float32", "bf16": "bfloat16",
                                  "fp16": "float16", "fp32": "float32"}
+
+
+def auto_dtype(checkpoint_dtype: str | None, device_type: str) -> str:
+    """What ``dtype="auto"`` means for a checkpoint (the one rule, read by ``EngineConfig``,
+    ``LLM`` and the command line).
+
+    On CUDA, vLLM's rule: a float32 checkpoint (or one naming no dtype) runs in bfloat16,
+    a float16 or bfloat16 one in its own dtype. On any other device the checkpoint's own
+    dtype, float32 when it names none (the CPU paths are written and tested in float32; vLLM
+    would downcast float32 to bfloat16 there). The embedded models are not checkpoints in
+    this sense: their builder passes float32 itself.
+
+    Args:
+        checkpoint_dtype: the checkpoint's ``torch_dtype`` (transformers 5: ``dtype``) as
+            written in its config, aliases allowed, or ``None``.
+        device_type: ``torch.device(...).type`` of the engine (``"cuda"``, ``"cpu"``).
+
+    Raises:
+        ConfigError: the checkpoint names a dtype that is not supported (names it).
+    """
+    raw = "float32" if checkpoint_dtype is None else DTYPE_ALIASES.get(checkpoint_dtype, checkpoint_dtype)
+    if raw not in DTYPE_NAMES:
+        raise ConfigError(
+            f"dtype='auto' found the checkpoint's torch_dtype {checkpoint_dtype!r}, which is not "
+            f"one of {list(DTYPE_NAMES)}; pass dtype explicitly"
+        )
+    return "bfloat16" if device_type == "cuda" and raw == "float32" else raw
 
 
 def torch_dtype(name: str, field: str = "dtype") -> torch.dtype:

@@ -4,7 +4,6 @@ the :class:`EngineConfig` they describe."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
@@ -26,9 +25,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:1, ... (default: cuda when a GPU is present and --model is "
                         "a checkpoint folder, else cpu)")
-    p.add_argument("--dtype", default=None, choices=(*DTYPE_NAMES, "auto", *DTYPE_ALIASES),
-                   help="default 'auto': on CUDA the checkpoint's torch_dtype (float32 ones in "
-                        "bfloat16), on CPU float32")
+    p.add_argument("--dtype", default="auto", choices=(*DTYPE_NAMES, "auto", *DTYPE_ALIASES),
+                   help="default 'auto': the checkpoint's torch_dtype, float32 ones in bfloat16 "
+                        "on CUDA; the embedded models in float32")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="sequences in one round at most (default 128)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -108,21 +107,18 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     import torch
 
     from deepinfer_kit.engine.config import EngineConfig
-    from deepinfer_kit.models.generation_defaults import default_device, default_dtype
+    from deepinfer_kit.models.generation_defaults import default_device
     from deepinfer_kit.models.embedded import is_embedded
 
     threads = args.threads if args.threads is not None else (1 if is_embedded(args.model) else 0)
     if threads > 0:
         torch.set_num_threads(threads)
     device = args.device if args.device is not None else default_device(args.model)
-    dtype = args.dtype
-    if dtype is None or (dtype == "auto" and Path(args.model).is_dir()):
-        dtype = default_dtype(args.model, device)
     fields: dict[str, Any] = dict(
         model=args.model,
         tokenizer=args.tokenizer,
         device=device,
-        dtype=dtype,
+        dtype=args.dtype,
         num_blocks=args.num_blocks,
         kv_cache_memory_mb=args.kv_cache_memory_mb,
         gpu_memory_utilization=args.gpu_memory_utilization,

@@ -4,6 +4,7 @@ dtype aliases, tokenizer=."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,6 +213,32 @@ def test_dtype_auto_and_aliases() -> None:
     assert engine.runner.kv_cache.dtype == torch.float16
     with pytest.raises(ConfigError, match="dtype"):
         EngineConfig(dtype="float64")
+
+
+def test_dtype_auto_is_bfloat16_on_cuda_for_a_float32_checkpoint_and_its_own_on_cpu(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from deepinfer_kit.engine.runner.pool import model_dtype
+    from deepinfer_kit.models.embedded import embedded_checkpoint
+
+    assert resolve_dtype("auto", {"torch_dtype": "float32"}, "cuda") == "bfloat16"
+    assert resolve_dtype("auto", {}, "cuda") == "bfloat16"
+    assert resolve_dtype("auto", {"torch_dtype": "float16"}, "cuda") == "float16"
+    assert resolve_dtype("auto", {"torch_dtype": "float32"}, "cpu") == "float32"
+    assert resolve_dtype("float32", {"torch_dtype": "float32"}, "cuda") == "float32"  # explicit wins
+    assert resolve_dtype("auto", None, "cuda") == "float32"  # the embedded models
+    shutil.copy(Path(embedded_checkpoint("tiny-words")) / "config.json", tmp_path / "config.json")
+    for written, cpu, cuda in (("float32", torch.float32, torch.bfloat16),
+                               ("bfloat16", torch.bfloat16, torch.bfloat16),
+                               ("float16", torch.float16, torch.float16)):
+        raw = json.loads((tmp_path / "config.json").read_text())
+        raw["torch_dtype"] = written
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+        config = EngineConfig(model=str(tmp_path))
+        assert config.dtype == "auto"
+        assert model_dtype(config, torch.device("cpu")) == cpu
+        assert model_dtype(config, torch.device("cuda")) == cuda
 
 
 def test_tokenizer_folder_must_hold_a_tokenizer(tmp_path: object) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from deepinfer_kit import LLM, ConfigError, DeepInferError, EngineConfig, SamplingParams
 from deepinfer_kit.engine.llm import tensor_parallel_options
-from deepinfer_kit.models.generation_defaults import default_device, default_dtype, generation_defaults
+from deepinfer_kit.models.generation_defaults import default_device, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind
 
 LETTERS = list(range(97, 123))  # byte tokens a..z: readable greedy text from the tiny model
@@ -234,15 +234,23 @@ def test_row_get_default_sampling_params_and_generation_config(tmp_path: Path) -
 def test_row_dtype_and_device_defaults(tmp_path: Path) -> None:
     import torch
 
+    from deepinfer_kit._dtypes import auto_dtype
+    from deepinfer_kit.engine.runner.pool import model_dtype
+
+    assert auto_dtype("float32", "cuda") == "bfloat16" and auto_dtype(None, "cuda") == "bfloat16"
+    assert auto_dtype("float16", "cuda") == "float16" and auto_dtype("bf16", "cuda") == "bfloat16"
+    assert auto_dtype("float16", "cpu") == "float16" and auto_dtype("float32", "cpu") == "float32"
+    assert auto_dtype(None, "cpu") == "float32"
+    with pytest.raises(ConfigError, match="'int8'"):
+        auto_dtype("int8", "cuda")
+    # The bare config, LLM and the command line share one default and one rule.
+    assert attrs.fields(EngineConfig).dtype.default == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for model in ("tiny", "tiny-words"):  # the embedded models: float32 everywhere
+        assert model_dtype(EngineConfig(model=model), cuda) == torch.float32
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
-    assert default_dtype(str(tmp_path), "cuda") == "bfloat16"
-    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
-    assert default_dtype(str(tmp_path), "cuda:0") == "float16"
-    assert default_dtype(str(tmp_path), "cpu") == "float32"
-    assert default_dtype("tiny", "cuda") == "float32"
     assert default_device("tiny") == "cpu"
     assert default_device(str(tmp_path)) == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert attrs.fields(EngineConfig).dtype.default == "float32"  # the bare config's
 
 
 def test_row_engine_args_enforce_eager_and_tensor_parallel_size() -> None:

@@ -76,7 +76,10 @@ class EngineConfig:
             random weights, the default, which tests rely on) or ``"tiny-words"`` (trained on
             the project's docs; writes English-looking words).
         dtype: weights and KV dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``;
-            ``"auto"`` takes the checkpoint's ``torch_dtype``; ``"half"``, ``"float"``,
+            ``"auto"`` (the default, as ``LLM`` and the command line) reads the
+            checkpoint's ``torch_dtype``: on CUDA a float32 checkpoint runs in bfloat16 (as
+            vLLM's ``auto``), on CPU in its own dtype; the embedded models run in float32
+            everywhere (:func:`~deepinfer_kit._dtypes.auto_dtype`). ``"half"``, ``"float"``,
             ``"bf16"`` are vLLM's aliases.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, … (a torch device string of type cpu
             or cuda; anything else, ``"meta"`` included, is a ConfigError).
@@ -161,7 +164,7 @@ class EngineConfig:
     """
 
     model: str = "tiny"
-    dtype: str = attrs.field(default="float32", validator=one_of((*DTYPE_NAMES, "auto", *DTYPE_ALIASES)))
+    dtype: str = attrs.field(default="auto", validator=one_of((*DTYPE_NAMES, "auto", *DTYPE_ALIASES)))
     device: str = attrs.field(default="cpu", validator=_check_device)
     seed: int = attrs.field(default=0, validator=int_at_least(0))
     block_size: int = attrs.field(default=16, validator=int_at_least(1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import reprlib
-from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict, Union
 
@@ -17,7 +16,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.chat_template import ChatTemplate
 from deepinfer_kit.models.tokenizer import Tokenizer
 from deepinfer_kit.outputs import RequestOutput
-from deepinfer_kit.models.generation_defaults import default_device, default_dtype, generation_defaults
+from deepinfer_kit.models.generation_defaults import default_device, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
 __all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "check_text", "one_prompt",
@@ -211,8 +210,8 @@ class LLM:
             ``gpu_memory_utilization``, ``tokenizer``…); ``enforce_eager=True`` is vLLM's
             name for ``cuda_graphs=False``; ``tensor_parallel_size`` must be 1. Unlike a
             bare :class:`EngineConfig`, ``device`` defaults to ``"cuda"`` when a GPU is
-            present and ``model`` is a checkpoint folder, and ``dtype`` to vLLM's
-            ``"auto"`` (:func:`~deepinfer_kit.models.generation_defaults.default_dtype`).
+            present and ``model`` is a checkpoint folder; ``dtype`` defaults to ``"auto"``
+            as in :class:`EngineConfig` (:func:`~deepinfer_kit._dtypes.auto_dtype`).
 
     Raises:
         ConfigError: an option that is not an :class:`EngineConfig` field (named, with the
@@ -224,9 +223,6 @@ class LLM:
         _vllm_options(config)
         if engine is None:
             config.setdefault("device", default_device(model))
-            dtype = config.get("dtype", "auto")
-            if dtype == "auto" and ("dtype" not in config or Path(model).is_dir()):
-                config["dtype"] = default_dtype(model, str(config["device"]))
         self._sampling_defaults = generation_defaults(
             model if engine is None else None, generation_config)
         SamplingParams(**self._sampling_defaults)  # a bad file fails here, not per request

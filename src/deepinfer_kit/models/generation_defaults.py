@@ -1,5 +1,6 @@
-"""vLLM's defaults for ``LLM`` and ``serve``: the device and dtype a checkpoint runs in when
-none is given, and the sampling defaults of its ``generation_config.json``."""
+"""vLLM's defaults for ``LLM`` and ``serve``: the device a checkpoint runs on when none is
+given, and the sampling defaults of its ``generation_config.json`` (the dtype's ``"auto"`` is
+:func:`~deepinfer_kit._dtypes.auto_dtype`, read by the engine's builder)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from deepinfer_kit._dtypes import DTYPE_ALIASES
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["GENERATION_FIELDS", "default_device", "default_dtype", "generation_defaults"]
+__all__ = ["GENERATION_FIELDS", "default_device", "generation_defaults"]
 
 #: ``generation_config.json`` keys vLLM takes as sampling defaults -> SamplingParams fields.
 GENERATION_FIELDS = {
@@ -34,28 +34,6 @@ def default_device(model: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _config_dtype(model: str) -> str | None:
-    try:
-        raw = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(raw, dict):
-        return None
-    value = raw.get("torch_dtype") or raw.get("dtype")
-    return DTYPE_ALIASES.get(str(value), str(value)) if value is not None else None
-
-
-def default_dtype(model: str, device: str) -> str:
-    """What ``dtype="auto"`` means for ``LLM`` and ``serve`` (vLLM's rule, close to it):
-    on CUDA the checkpoint's ``torch_dtype``, a float32 (or unnamed) one run in bfloat16;
-    on CPU float32 (the CPU paths here are written and tested in float32), and the
-    embedded models float32 everywhere."""
-    if not device.startswith("cuda") or not _is_checkpoint(model):
-        return "float32"
-    found = _config_dtype(model)
-    return "bfloat16" if found in (None, "float32") else found
 
 
 def generation_defaults(model: str | None, generation_config: str) -> dict[str, Any]:

@@ -92,7 +92,7 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
         CheckpointError: a checkpoint folder that cannot be loaded.
     """
     device = engine_device(config)
-    dtype = model_dtype(config)
+    dtype = model_dtype(config, device)
     loaded = load_shard(config, dtype, device, groups)
     kv_cache, num_blocks, max_model_len = kv_pool(config, loaded.config, dtype, device, groups)
     static = _static_decode(config, device)

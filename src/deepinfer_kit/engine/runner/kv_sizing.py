@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES, torch_dtype
+from deepinfer_kit._dtypes import DTYPE_ALIASES, auto_dtype, torch_dtype
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB
 from deepinfer_kit.errors import ConfigError
@@ -21,25 +21,22 @@ MemGetInfo = Callable[[torch.device], "tuple[int, int]"]
 EmptyCache = Callable[[], None]
 
 
-def resolve_dtype(name: str, checkpoint: Mapping[str, Any] | None) -> str:
-    """The dtype name (one of ``DTYPE_NAMES``) that ``name`` means for a model.
+def resolve_dtype(name: str, checkpoint: Mapping[str, Any] | None, device_type: str = "cpu") -> str:
+    """The dtype name (one of ``DTYPE_NAMES``) that ``name`` means for a model on a device.
 
-    ``"auto"`` takes the checkpoint's ``torch_dtype`` (transformers 5: ``dtype``) and
-    ``float32`` when the checkpoint names none or has no config (the embedded model);
-    ``"half"``, ``"float"``, ``"bf16"`` … are aliases.
+    ``"auto"`` follows :func:`~deepinfer_kit._dtypes.auto_dtype` on the checkpoint's
+    ``torch_dtype`` (transformers 5: ``dtype``): bfloat16 on CUDA for a float32 checkpoint,
+    the checkpoint's own dtype otherwise; ``None`` (the embedded models) is float32 on
+    every device. ``"half"``, ``"float"``, ``"bf16"`` … are aliases.
 
     Raises:
         ConfigError: an unknown name, or a checkpoint dtype that is not supported.
     """
     if name == "auto":
-        raw = (checkpoint or {}).get("torch_dtype") or (checkpoint or {}).get("dtype") or "float32"
-        resolved = DTYPE_ALIASES.get(str(raw), str(raw))
-        if resolved not in DTYPE_NAMES:
-            raise ConfigError(
-                f"dtype='auto' found the checkpoint's torch_dtype {raw!r}, which is not one of "
-                f"{list(DTYPE_NAMES)}; pass dtype explicitly"
-            )
-        return resolved
+        if checkpoint is None:
+            return "float32"
+        raw = checkpoint.get("torch_dtype") or checkpoint.get("dtype")
+        return auto_dtype(None if raw is None else str(raw), device_type)
     resolved = DTYPE_ALIASES.get(name, name)
     torch_dtype(resolved)  # raises ConfigError naming dtype
     return resolved

@@ -43,11 +43,12 @@ def engine_device(config: EngineConfig) -> torch.device:
     return device
 
 
-def model_dtype(config: EngineConfig) -> torch.dtype:
-    """The weights' dtype: ``config.dtype``, or with ``"auto"`` the checkpoint's."""
-    raw = None if config.model == TINY or config.dtype != "auto" else ModelConfig.from_pretrained(
-        embedded_checkpoint(config.model) if is_embedded(config.model) else config.model).raw
-    return torch_dtype(resolve_dtype(config.dtype, raw))
+def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    """The weights' dtype on ``device``: ``config.dtype``, or with ``"auto"`` what the
+    checkpoint's dtype means there (:func:`resolve_dtype`; the embedded models float32)."""
+    embedded = config.model == TINY or is_embedded(config.model)
+    raw = None if embedded or config.dtype != "auto" else ModelConfig.from_pretrained(config.model).raw
+    return torch_dtype(resolve_dtype(config.dtype, raw, device.type))
 
 
 def load_shard(config: EngineConfig, dtype: torch.dtype, device: torch.device,
