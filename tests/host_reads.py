@@ -11,7 +11,10 @@ is taken to name the compute device, which on a CPU run is the host too).
 - :func:`no_host_reads` (strict): every such op fails. For code whose inputs are all
   device tensors (the MoE layer).
 - :class:`DeviceReads`: a whole step, where some tensors are built on the host on
-  purpose (from lists, to be staged). It tags every tensor a factory makes *without* a
+  purpose (from lists, to be staged). It also records a tensor made from Python data
+  straight on a device (``torch.tensor(values, device=dev)``): on CUDA that is a copy from
+  pageable memory, which makes the host wait for the stream (stage through
+  ``deepinfer_kit._staging.to_device``, whose CPU branch is this very call, instead). It tags every tensor a factory makes *without* a
   ``device`` argument (``torch.tensor(values)``, ``torch.arange(n)``) as host-born,
   propagates the tag through ops whose tensor inputs are all host-born, and drops it at
   a copy to a device (``.to(device)``). A read counts only when the tensor read is not
@@ -125,6 +128,9 @@ class DeviceReads(TorchFunctionMode):
         read = read_operand(func, args, kwargs)
         if read is not None and not self.is_host(read) and not _in_interpreter():
             self.reads[(getattr(func, "__name__", str(func)), self._site())] += 1
+        if (func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None
+                and not isinstance(args[0], torch.Tensor) and not self._staging()):
+            self.reads[("tensor(values, device=...): a pageable copy", self._site())] += 1
         out = func(*args, **kwargs)
         if func in FACTORIES:
             self._tag(out, kwargs.get("device") is None)
@@ -137,6 +143,11 @@ class DeviceReads(TorchFunctionMode):
             inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
             self._tag(out, bool(inputs) and all(self.is_host(a) for a in inputs))
         return out
+
+    @staticmethod
+    def _staging() -> bool:
+        """True inside ``_staging.py`` (its non-CUDA branch builds on the device directly)."""
+        return any(f.filename.endswith("deepinfer_kit/_staging.py") for f in traceback.extract_stack()[-4:])
 
     def _site(self) -> str:
         frames = [f for f in traceback.extract_stack() if f"/{self.package}/" in f.filename]

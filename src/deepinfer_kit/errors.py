@@ -10,6 +10,7 @@ __all__ = [
     "OutOfBlocksError",
     "InvariantError",
     "DeviceUnavailableError",
+    "GraphCaptureError",
     "EngineDeadError",
     "CollectiveError",
 ]
@@ -45,6 +46,13 @@ class InvariantError(DeepInferError, RuntimeError):
 
 class DeviceUnavailableError(DeepInferError, RuntimeError):
     """A kernel or device was asked for on a machine that does not have it."""
+
+
+class GraphCaptureError(DeepInferError, RuntimeError):
+    """A decode round could not be captured as a CUDA graph while the engine was built (the
+    model synchronised with the host, used a foreign stream, or a kernel refused capture).
+    The message names the batch size and the cause; ``EngineConfig(cuda_graphs=False)`` is
+    the way to run every round eagerly."""
 
 
 class EngineDeadError(DeepInferError, RuntimeError):

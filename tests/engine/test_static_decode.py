@@ -116,3 +116,26 @@ def test_traced_rounds_run_padded_and_count_only_real_rows() -> None:
     counts = [(t.step_id, t.expert_counts) for t in traces["static"]]
     assert counts == [(t.step_id, t.expert_counts) for t in traces["plain"]]
     assert all(c is not None for _, c in counts)
+
+
+def test_a_capture_failure_raises_naming_the_batch_size_and_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture itself needs CUDA; what it does when a size fails is checked here by making
+    the capture of size 4 raise as torch does for a host sync inside a captured region."""
+    from deepinfer_kit.errors import GraphCaptureError
+
+    engine = build_engine(static_decode=True, max_num_seqs=8, num_blocks=16, max_model_len=64)
+    static = engine.runner.static
+    assert static is not None
+    seen: list[int] = []
+
+    def capture_one(size: int, pool: object) -> object:
+        seen.append(size)
+        if size == 4:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        static._graphs[size] = object()  # type: ignore[assignment]
+        return pool
+
+    monkeypatch.setattr(static, "_capture_one", capture_one)
+    with pytest.raises(GraphCaptureError, match=r"batch size 4 .*operation not permitted.*cuda_graphs=False"):
+        static.capture()
+    assert seen == [8, 4] and static.captured_sizes == []  # nothing left half-captured

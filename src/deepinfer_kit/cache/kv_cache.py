@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from deepinfer_kit._kernels import Impl, resolve_impl
+from deepinfer_kit._staging import to_device
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import CapacityError, ConfigError, DeviceUnavailableError, InvariantError
 
@@ -194,12 +195,10 @@ class PagedKVCache:
             raise InvariantError(
                 f"copy_blocks: destinations must be distinct and not sources, got {list(pairs)}"
             )
-        dev = self._kv.device
-        self._copy_op(
-            self._kv,
-            torch.tensor(src, dtype=torch.int64, device=dev),
-            torch.tensor(dst, dtype=torch.int64, device=dev),
-        )
+        # One pinned, non-blocking copy on CUDA: called inside a step's launch, where a copy
+        # from pageable memory would make the host wait for the forward in flight.
+        ids = to_device(src + dst, torch.int64, self._kv.device)
+        self._copy_op(self._kv, ids[: len(src)], ids[len(src) :])
 
     def copy_scratch(self) -> None:
         """Run :meth:`copy_blocks`' op on one pair that copies the scratch block of

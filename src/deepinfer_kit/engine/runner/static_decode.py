@@ -16,7 +16,6 @@ same buffers run eagerly, so CPU tests pin this path to the unpadded one token f
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,7 @@ import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.models.packing import aligned_len, append_tables, int64_host
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.errors import ConfigError, GraphCaptureError
 from deepinfer_kit.models.attention.layout import step_slots
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
@@ -34,8 +33,6 @@ if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
 __all__ = ["StaticDecode", "StagedDecode", "batch_ladder"]
-
-_log = logging.getLogger(__name__)
 
 
 def batch_ladder(max_num_seqs: int) -> list[int]:
@@ -98,7 +95,6 @@ class StaticDecode:
         self._pin = dev.type == "cuda"
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: torch.Tensor | None = None  # [top, V], the captured graphs' output
-        self.capture_error: str | None = None
 
     @property
     def captured_sizes(self) -> list[int]:
@@ -180,23 +176,26 @@ class StaticDecode:
 
         Each graph copies its logits into rows ``[:size]`` of one shared ``[top, V]``
         buffer and keeps no output of its own, so the pool holds one set of logits, not
-        one per size. A model whose forward cannot be captured (it synchronises with the
-        host, or allocates outside the graph pool) leaves every round eager: the reason is
-        kept in :attr:`capture_error` and logged once. Mutates the scratch block only
-        (every warm-up row writes :attr:`PagedKVCache.pad_slot`).
+        one per size. Mutates the scratch block only (every warm-up row writes
+        :attr:`PagedKVCache.pad_slot`). A failure leaves nothing captured and raises: an
+        engine asked for graphs never falls back to eager rounds unseen
+        (``cuda_graphs=False`` is the way to run eagerly).
 
         Raises:
             ConfigError: the device ran out of memory while capturing (the KV pool or
-                the ladder is too large for what is left; nothing is captured).
+                the ladder is too large for what is left).
+            GraphCaptureError: the forward of a size could not be captured (it
+                synchronises with the host, or allocates outside the graph pool); the
+                message names the batch size and the cause.
         """
         pool = None
+        size = self.sizes[-1]
         try:
             for size in reversed(self.sizes):
                 pool = self._capture_one(size, pool)
         except torch.cuda.OutOfMemoryError as exc:
             self._graphs.clear()
             self._logits = None
-            _log.error("CUDA graph capture ran out of device memory: %s", exc)
             raise ConfigError(
                 f"capturing the decode graphs (batch sizes up to {self.sizes[-1]}) ran out of "
                 f"device memory; lower gpu_memory_utilization or max_num_seqs, or set "
@@ -205,8 +204,11 @@ class StaticDecode:
         except RuntimeError as exc:  # capture refuses host syncs and foreign streams
             self._graphs.clear()
             self._logits = None
-            self.capture_error = str(exc).splitlines()[0] if str(exc) else repr(exc)
-            _log.warning("decode rounds run eagerly: CUDA graph capture failed: %s", self.capture_error)
+            cause = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            raise GraphCaptureError(
+                f"capturing the decode round of batch size {size} as a CUDA graph failed: "
+                f"{cause}; build with cuda_graphs=False to run decode rounds eagerly"
+            ) from exc
         torch.cuda.synchronize(self.kv_cache.device)
 
     def run_padded(self, size: int) -> torch.Tensor:
