@@ -95,3 +95,18 @@ def test_a_cpu_engine_on_a_real_gpu_machine_serves_sampling_and_speculation() ->
     outputs = engine.run()
     assert sorted(len(o.outputs[0].token_ids) for o in outputs) == [5, 5, 5]
     engine.check_idle()
+
+
+@pytest.mark.parametrize("field", ["sampler_impl", "attention_impl", "moe_impl"])
+def test_a_triton_impl_on_a_cpu_engine_without_the_interpreter_is_a_config_error(
+    field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off the interpreter, "triton" on a CPU engine would hand CPU tensors to compiled
+    kernels on a machine with a GPU; it is refused when the engine is built, naming it."""
+    from deepinfer_kit import build_engine
+    from deepinfer_kit.errors import ConfigError
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ConfigError, match=rf"{field}='triton' with device 'cpu'"):
+        build_engine(device="cpu", num_blocks=16, max_model_len=64, **{field: "triton"})
+    build_engine(device="cpu", num_blocks=16, max_model_len=64, **{field: "auto"})

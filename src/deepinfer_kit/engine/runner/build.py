@@ -32,7 +32,7 @@ from deepinfer_kit.engine.runner.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.engine.runner.expert_shards import shard_experts
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
-from deepinfer_kit.engine.runner.pool import engine_device, kv_pool, load_shard, model_dtype
+from deepinfer_kit.engine.runner.pool import check_kernel_impls, engine_device, kv_pool, load_shard, model_dtype
 from deepinfer_kit.engine.runner.speculation import device_speculation
 from deepinfer_kit.engine.runner.static_decode import StaticDecode
 from deepinfer_kit.engine.runner.token_slots import TokenSlots
@@ -92,6 +92,7 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
         CheckpointError: a checkpoint folder that cannot be loaded.
     """
     device = engine_device(config)
+    check_kernel_impls(config, device)
     dtype = model_dtype(config, device)
     loaded = load_shard(config, dtype, device, groups)
     kv_cache, num_blocks, max_model_len = kv_pool(config, loaded.config, dtype, device, groups)

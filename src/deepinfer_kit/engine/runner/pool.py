@@ -5,6 +5,7 @@ budget (:mod:`~deepinfer_kit.engine.runner.kv_sizing`). Called by
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, cast
 
 import attrs
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.comm.world import ParallelGroups
     from deepinfer_kit.models.loader import LoadedModel
 
-__all__ = ["engine_device", "model_dtype", "load_shard", "kv_pool"]
+__all__ = ["engine_device", "check_kernel_impls", "model_dtype", "load_shard", "kv_pool"]
 
 
 def engine_device(config: EngineConfig) -> torch.device:
@@ -41,6 +42,27 @@ def engine_device(config: EngineConfig) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but CUDA is not available")
     return device
+
+
+def check_kernel_impls(config: EngineConfig, device: torch.device) -> None:
+    """Refuse, at build time, a Triton implementation asked for an engine off CUDA unless
+    the kernels run under the interpreter (``TRITON_INTERPRET=1``, as the CPU tests do).
+
+    A compiled kernel cannot read CPU tensors; left to the components, ``"triton"`` would
+    resolve by whether the machine has a GPU, not by where the engine's tensors live.
+
+    Raises:
+        ConfigError: names the field, its value and the device.
+    """
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    for field in ("attention_impl", "sampler_impl", "moe_impl"):
+        if getattr(config, field) == "triton":
+            raise ConfigError(
+                f"{field}='triton' with device {config.device!r}: compiled Triton kernels "
+                f"cannot read {device.type} tensors; use 'auto' or 'ref' (or set "
+                f"TRITON_INTERPRET=1 before triton is imported to run them interpreted)"
+            )
 
 
 def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
