@@ -150,7 +150,8 @@ def test_graphs_share_one_logits_buffer_and_a_second_engine_sizes_its_pool() -> 
     first = build_engine(**sized)
     static = first.runner.static
     assert static is not None and len(static.captured_sizes) > 1
-    outs = {size: static.forward(static._padded_batch(size), size) for size in static.sizes}
+    outs = {size: static.forward(static._padded_batch(size, static.max_model_len), size)
+            for size in static.sizes}
     base = outs[static.sizes[-1]].data_ptr()
     assert all(out.data_ptr() == base for out in outs.values())
     del first, static, outs
@@ -225,3 +226,33 @@ def test_a_pipelined_launch_never_synchronises_the_host(monkeypatch: pytest.Monk
     assert len(outs) == 8 and strict
     assert engine.balancer is not None and engine.balancer.history
 
+
+
+def test_captured_decode_per_context_bucket_equals_eager_at_short_and_long_contexts() -> None:
+    """With a long ``max_model_len`` a batch of one gets a graph per context bucket (its
+    split count follows its context, not ``max_model_len``); captured rounds at short and
+    long contexts equal eager ones, and nothing compiles after warm-up."""
+    config = {**CONFIG, "num_blocks": 1200, "max_model_len": 4096, "max_num_batched_tokens": 4096,
+              "max_num_seqs": 4}
+    reqs = [(f"r{i}", [(11 * i + j) % 250 + 3 for j in range(n)],
+             SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+            for i, n in enumerate((6, 200, 700, 1500, 3000))]
+    want, _ = run_workload(reqs, cuda_graphs=False, static_decode=True, **config)
+    engine = build_engine(**config)
+    static = engine.runner.static
+    assert static is not None and len(static.buckets[1]) > 2
+    assert static.captured_graphs == sorted((s, b) for s, bounds in static.buckets.items() for b in bounds)
+    replayed: list[tuple[int, int]] = []
+    forward = static.forward
+
+    def recording(batch: Any, size: int) -> Any:
+        replayed.append(static.graph_key(size, batch.attn.max_seq_len))
+        return forward(batch, size)
+
+    static.forward = recording  # type: ignore[method-assign]
+    before = compiled_variants()
+    for rid, prompt, params in reqs:  # one at a time: batch-of-one rounds at each length
+        got, _ = run_workload([(rid, prompt, params)], engine=engine)
+        assert got[rid] == want[rid]
+    assert compiled_variants() == before
+    assert len({b for s, b in replayed if s == 1}) >= 3  # short and long buckets both replayed

@@ -128,11 +128,11 @@ def test_a_capture_failure_raises_naming_the_batch_size_and_the_cause(monkeypatc
     assert static is not None
     seen: list[int] = []
 
-    def capture_one(size: int, pool: object) -> object:
+    def capture_one(size: int, bound: int, pool: object) -> object:
         seen.append(size)
         if size == 4:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
-        static._graphs[size] = object()  # type: ignore[assignment]
+        static._graphs[(size, bound)] = object()  # type: ignore[assignment]
         return pool
 
     monkeypatch.setattr(static, "_capture_one", capture_one)

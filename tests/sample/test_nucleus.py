@@ -100,3 +100,32 @@ def test_triton_kernel_matches_the_reference(vocab: int, ties: bool) -> None:
 
     case = _case(vocab + ties, 10, vocab, ties)
     assert torch.equal(triton_ops.nucleus_draw(*case), ref_ops.nucleus_draw(*case))
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(("width", "ties"), [(16, False), (16, True), (64, True)])
+def test_triton_candidate_path_and_its_fallback_match_the_reference(
+    width: int, ties: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows whose nucleus closes inside the ``width`` candidates are settled there, rows
+    whose nucleus is wider fall back to the whole-row search; both give the reference's
+    tokens (ties at the candidates' last value included)."""
+    from deepinfer_kit.sample import triton_ops
+
+    calls: list[torch.Tensor] = []
+    draw = triton_ops.candidate_draw
+
+    def recording(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tok, kept = draw(*args)
+        calls.append(kept)
+        return tok, kept
+
+    monkeypatch.setattr(triton_ops, "NUCLEUS_CANDIDATES", width)
+    monkeypatch.setattr(triton_ops, "candidate_draw", recording)
+    x, rows, inv_t, p, min_p, u = _case(width + ties, 24, 600, ties)
+    x[5:12] *= 0.02  # nearly flat rows: nuclei of hundreds of tokens, wider than the set
+    x[12:18] *= 8.0  # peaked rows: nuclei of a few tokens
+    case = (x, rows, inv_t, p, min_p, u)
+    assert torch.equal(triton_ops.nucleus_draw(*case), ref_ops.nucleus_draw(*case))
+    kept = calls[0]
+    assert bool((kept == -1).any()) and bool((kept > 0).any())  # both paths ran

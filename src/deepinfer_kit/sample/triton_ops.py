@@ -15,47 +15,13 @@ import triton
 import triton.language as tl
 
 from deepinfer_kit.sample.blocked import BLOCK
+from deepinfer_kit.sample.candidates import settle_ties, topk_candidates
+from deepinfer_kit.sample.triton_nucleus import NUCLEUS_BLOCK, SPLITS, _nucleus_kernel
+from deepinfer_kit.sample.triton_rows import _chunk_weights, _row_max, _row_start, _row_total
 
-__all__ = ["row_norm", "full_draw", "candidate_draw", "nucleus_draw"]
+__all__ = ["row_norm", "full_draw", "candidate_draw", "nucleus_draw", "NUCLEUS_CANDIDATES"]
 
 _MAX_CANDIDATE_BLOCK = 1024
-
-
-@triton.jit
-def _row_max(base, V, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    for start in range(0, V, BLOCK):
-        v = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf"))
-        m = tl.maximum(m, v)
-    top = tl.max(m, axis=0)
-    return tl.where(top == float("-inf"), 0.0, top)
-
-
-@triton.jit
-def _row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK: tl.constexpr):
-    """This program's row: its index, base pointer, ``1 / T``, min-p and finite maximum."""
-    pid = tl.program_id(0)
-    base = x_ptr + tl.load(rows_ptr + pid).to(tl.int64) * stride
-    return pid, base, tl.load(inv_t_ptr + pid), tl.load(min_p_ptr + pid), _row_max(base, V, BLOCK)
-
-
-@triton.jit
-def _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
-    offs = start + tl.arange(0, BLOCK)
-    v = tl.load(base + offs, mask=offs < V, other=float("-inf"))
-    w = tl.exp((v - top) * inv_t)
-    return tl.where(w < min_p, 0.0, w)
-
-
-@triton.jit
-def _row_total(base, V, top, inv_t, min_p, BLOCK: tl.constexpr):
-    """float64 sum of the row's weights, chunk sums in float32 (as ``ref_ops._block_sums``)."""
-    total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
-    for start in range(0, V, BLOCK):
-        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
-        total += tl.sum(w, axis=0).to(tl.float64)
-    return total
 
 
 @triton.jit
@@ -210,94 +176,9 @@ def candidate_draw(
     return tokens, kept
 
 
-_SPLITS = 16  # keys probed per pass of the nucleus search: 4 bits, 8 passes for 32-bit keys
-_NUCLEUS_BLOCK = 256
-
-
-@triton.jit
-def _nucleus_chunk(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
-    """Order keys (int64 in ``[0, 2**32)``, as ``ref_ops``' float order) and weights of a chunk."""
-    offs = start + tl.arange(0, BLOCK)
-    v = tl.load(base + offs, mask=offs < V, other=float("-inf"))
-    w = tl.exp((v - top) * inv_t)
-    w = tl.where((w < min_p) | (offs >= V), 0.0, w)
-    bits = (v + 0.0).to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
-    return offs, key, w
-
-
-@triton.jit
-def _nucleus_search(
-    base, V, top, inv_t, min_p, target, strict, floor_key, floor_mass, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr,
-):  # fmt: skip
-    """The key of the first token (canonical order, weight > 0, keys above ``floor_key``
-    plus ``floor_mass`` for the tokens kept at it) whose running weight reaches ``target``,
-    its tie rank, the number of tokens at that key and one token's weight there."""
-    lanes = tl.arange(0, SPLITS)
-    lo = floor_key * 0
-    above = target * 0.0
-    use_gt = strict
-    for level in tl.static_range(8):
-        step = tl.full([], 1, tl.int64) << (28 - 4 * level)
-        splits = lo + lanes.to(tl.int64) * step
-        acc = tl.zeros([SPLITS], tl.float64)
-        for start in range(0, V, BLOCK):
-            offs, key, w = _nucleus_chunk(base, start, V, top, inv_t, min_p, BLOCK)
-            keep = (key[:, None] >= splits[None, :]) & (key > floor_key)[:, None]
-            acc += tl.sum(tl.where(keep, w.to(tl.float64)[:, None], 0.0), axis=0)
-        acc += tl.where(splits <= floor_key, floor_mass, 0.0)
-        if level == 0:  # short of the target: settle on the last token with weight
-            total = tl.sum(tl.where(lanes == 0, acc, 0.0), axis=0)
-            short = tl.where(use_gt != 0, target >= total, target > total)
-            target = tl.where(short, total, target)
-            use_gt = tl.where(short, 0, use_gt)
-        meets = tl.where(use_gt != 0, acc > target, acc >= target)
-        pick = tl.maximum(tl.sum(meets.to(tl.int32), axis=0) - 1, 0)
-        nxt = tl.sum(tl.where(lanes == pick + 1, acc, 0.0), axis=0)
-        above = tl.where(pick < SPLITS - 1, nxt, above)
-        lo = lo + pick.to(tl.int64) * step
-    ties = lo * 0
-    w_at = target * 0.0
-    for start in range(0, V, BLOCK):
-        offs, key, w = _nucleus_chunk(base, start, V, top, inv_t, min_p, BLOCK)
-        at = (key == lo) & (w > 0)
-        ties += tl.sum(at.to(tl.int64), axis=0)
-        w_at = tl.maximum(w_at, tl.max(tl.where(at, w, 0.0), axis=0).to(tl.float64))
-    need = (target - above) / tl.where(w_at > 0, w_at, 1.0)
-    rank = tl.where(use_gt != 0, tl.floor(need) + 1, tl.ceil(need)).to(tl.int64)
-    ties = tl.maximum(ties, 1)
-    return lo, tl.minimum(tl.maximum(rank, 1), ties), ties, above, w_at
-
-
-@triton.jit
-def _nucleus_kernel(
-    x_ptr, rows_ptr, inv_t_ptr, p_ptr, min_p_ptr, u_ptr, out_ptr, stride, V,
-    BLOCK: tl.constexpr, SPLITS: tl.constexpr, Z_BLOCK: tl.constexpr,
-):  # fmt: skip
-    pid, base, inv_t, min_p, top = _row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
-    none = tl.full([], -1, tl.int64)
-    zero = tl.load(p_ptr + pid) * 0.0
-    z = _row_total(base, V, top, inv_t, 0.0, Z_BLOCK)  # in the chunks of _row_norm_kernel
-    cut, cut_rank, ties, above, w_at = _nucleus_search(
-        base, V, top, inv_t, min_p, tl.load(p_ptr + pid) * z, 0, none, zero, BLOCK, SPLITS,
-    )  # fmt: skip
-    mass = above + cut_rank.to(tl.float64) * w_at
-    # the draw searches the nucleus: keys above the cut, plus cut_rank tokens at it
-    key, rank, _, _, _ = _nucleus_search(
-        base, V, top, inv_t, min_p, tl.load(u_ptr + pid) * mass, 1, cut, cut_rank.to(tl.float64) * w_at,
-        BLOCK, SPLITS,
-    )  # fmt: skip
-    rank = tl.where(key == cut, tl.minimum(rank, cut_rank), rank)
-    seen = rank * 0
-    token = rank * 0
-    for start in range(0, V, BLOCK):
-        offs, k, w = _nucleus_chunk(base, start, V, top, inv_t, min_p, BLOCK)
-        at = (k == key) & (w > 0)
-        run = seen + tl.cumsum(at.to(tl.int64), axis=0)
-        token += tl.sum(tl.where(at & (run == rank), offs, 0), axis=0).to(tl.int64)
-        seen += tl.sum(at.to(tl.int64), axis=0)
-    tl.store(out_ptr + pid, tl.where(mass > 0, token, 0))
+NUCLEUS_CANDIDATES = 1024
+"""Width of the candidate set a top-p-only row is first drawn from (``torch.topk``): a
+nucleus inside it is settled there; a wider one falls back to the whole-row search."""
 
 
 def nucleus_draw(
@@ -310,14 +191,34 @@ def nucleus_draw(
 ) -> torch.Tensor:
     """``[n]`` int64 top-p / min-p draws over whole rows; see ``ref_ops.nucleus_draw``.
 
-    One program per row: one pass sums the row's weight (as ``row_norm``), then eight
-    passes of 16-way bisection on the logits' order keys find each crossing (the top-p
-    cut, then the draw), with weights summed in float64.
+    Fixed shapes, nothing read back (it may be queued behind a forward or captured):
+
+    1. ``z``: the row's weight (:func:`row_norm`, one pass, as the reference sums it);
+    2. the ``W = min(NUCLEUS_CANDIDATES, V)`` largest logits (``torch.topk``, a parallel
+       selection), in canonical order, the run tied at the last value settled by token id
+       (``settle_ties``: one compare and prefix-count pass);
+    3. :func:`candidate_draw` over them with ``z`` (top-p of the whole row's mass): ``W``
+       candidates, four passes. A row whose nucleus closes inside them is exact there
+       (the nucleus is a canonical prefix, and every token of it is a candidate);
+    4. one launch of ``_nucleus_kernel``: each settled row stores its token, each other
+       row (``kept = -1``: the mass was not reached in ``W`` candidates) is drawn over the
+       whole row by the 19-pass bisection, one program per row.
+
+    Per settled row that is about three passes over ``V`` (norm, selection, ties), all
+    spread over the device, instead of nineteen serial passes in one program.
     """
-    out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
-    if rows.numel():
-        _nucleus_kernel[(rows.shape[0],)](
-            x, rows, inv_t.contiguous(), p.contiguous(), min_p.contiguous(), u.contiguous(), out,
-            x.stride(0), x.shape[1], BLOCK=_NUCLEUS_BLOCK, SPLITS=_SPLITS, Z_BLOCK=BLOCK,
-        )  # fmt: skip
+    n, vocab = rows.shape[0], x.shape[1]
+    out = torch.empty(n, dtype=torch.int64, device=x.device)
+    if n == 0:
+        return out
+    width = min(NUCLEUS_CANDIDATES, vocab)
+    z = row_norm(x, rows, inv_t)
+    vals, idx = topk_candidates(x, rows, width)
+    idx = settle_ties(x, rows, vals, idx)
+    no_k = torch.full((n,), vocab, dtype=torch.int64, device=x.device)
+    tok, kept = candidate_draw(vals, idx, inv_t, no_k, p, min_p, z, u)
+    _nucleus_kernel[(n,)](
+        x, rows, inv_t.contiguous(), p.contiguous(), min_p.contiguous(), u.contiguous(), tok, kept,
+        out, x.stride(0), vocab, BLOCK=NUCLEUS_BLOCK, SPLITS=SPLITS, Z_BLOCK=BLOCK,
+    )  # fmt: skip
     return out

@@ -16,7 +16,8 @@ same buffers run eagerly, so CPU tests pin this path to the unpadded one token f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -72,6 +73,12 @@ class StaticDecode:
         kv_cache: the pool it reads and writes (its tensors never move).
         max_num_seqs: the largest round (the top of the ladder).
         max_model_len: the longest context (sets the block-table width).
+        context_buckets: per ladder size, ascending context bounds ending at
+            ``max_model_len``; one graph is captured per (size, bound), with the bound as
+            its host context length, and a round replays the graph of the first bound
+            at or above its longest context (what sizes the attention's split count:
+            :func:`~deepinfer_kit.models.attention.splits.decode_context_buckets`). ``None``:
+            one bound per size, ``max_model_len``.
 
     Buffers: ``4 * max_num_seqs`` int64 plus ``max_num_seqs * ceil(max_model_len / P)``
     int64 on the pool's device, allocated once, each row 16-byte aligned (Triton
@@ -80,7 +87,8 @@ class StaticDecode:
     """
 
     def __init__(
-        self, model: CausalLM, kv_cache: PagedKVCache, *, max_num_seqs: int, max_model_len: int
+        self, model: CausalLM, kv_cache: PagedKVCache, *, max_num_seqs: int, max_model_len: int,
+        context_buckets: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -93,13 +101,32 @@ class StaticDecode:
         self._starts = torch.arange(top + 1, dtype=torch.int64, device=dev)
         self._real = torch.zeros(aligned_len(top), dtype=torch.bool, device=dev)  # slot != pad_slot
         self._pin = dev.type == "cuda"
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.buckets = {size: [max_model_len] for size in self.sizes}
+        for size, bounds in (context_buckets or {}).items():
+            if size not in self.buckets or list(bounds) != sorted(bounds) or bounds[-1] != max_model_len:
+                raise ConfigError(
+                    f"context_buckets[{size}] must be ascending bounds ending at max_model_len "
+                    f"({max_model_len}) for a ladder size of {self.sizes}, got {list(bounds)}"
+                )
+            self.buckets[size] = list(bounds)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._logits: torch.Tensor | None = None  # [top, V], the captured graphs' output
 
     @property
     def captured_sizes(self) -> list[int]:
-        """The ladder sizes whose forward is a captured graph (empty off CUDA)."""
+        """The ladder sizes with at least one captured graph (empty off CUDA)."""
+        return sorted({size for size, _ in self._graphs})
+
+    @property
+    def captured_graphs(self) -> list[tuple[int, int]]:
+        """``(size, context bound)`` of every captured graph (empty off CUDA)."""
         return sorted(self._graphs)
+
+    def graph_key(self, size: int, max_seq_len: int) -> tuple[int, int]:
+        """``(size, bound)``: the graph a round of ladder size ``size`` whose longest
+        context is ``max_seq_len`` replays (the first bound at or above it)."""
+        bounds = self.buckets[size]
+        return size, bounds[min(bisect.bisect_left(bounds, max_seq_len), len(bounds) - 1)]
 
     def size_for(self, num_requests: int) -> int | None:
         """The ladder size a round of ``num_requests`` pads to; ``None`` when too large."""
@@ -162,17 +189,18 @@ class StaticDecode:
 
     def forward(self, batch: ForwardBatch, size: int) -> torch.Tensor:
         """The logits of a loaded round, ``[size, V]`` float32: rows of the logits buffer
-        the captured graphs share (overwritten by the next replay) or an eager forward."""
-        graph = self._graphs.get(size)
+        the captured graphs share (overwritten by the next replay; the graph of
+        :meth:`graph_key`) or an eager forward."""
+        graph = self._graphs.get(self.graph_key(size, batch.attn.max_seq_len))
         if graph is None or self._logits is None:
             return self.model(batch, self.kv_cache)
         graph.replay()
         return self._logits[:size]
 
     def capture(self) -> None:
-        """Capture the forward of every ladder size as a CUDA graph (largest first, one
-        shared memory pool), after two eager warm-up runs each, which also compile every
-        kernel the decode round uses. CUDA only.
+        """Capture the forward of every ladder size and context bound as a CUDA graph
+        (largest first, one shared memory pool), after two eager warm-up runs each, which
+        also compile every kernel the decode round uses. CUDA only.
 
         Each graph copies its logits into rows ``[:size]`` of one shared ``[top, V]``
         buffer and keeps no output of its own, so the pool holds one set of logits, not
@@ -192,7 +220,8 @@ class StaticDecode:
         size = self.sizes[-1]
         try:
             for size in reversed(self.sizes):
-                pool = self._capture_one(size, pool)
+                for bound in reversed(self.buckets[size]):
+                    pool = self._capture_one(size, bound, pool)
         except torch.cuda.OutOfMemoryError as exc:
             self._graphs.clear()
             self._logits = None
@@ -212,18 +241,19 @@ class StaticDecode:
         torch.cuda.synchronize(self.kv_cache.device)
 
     def run_padded(self, size: int) -> torch.Tensor:
-        """One eager forward of ladder size ``size`` with every row a padded row (warm-up:
-        it compiles what that size's round launches). Returns ``[size, V]`` logits;
-        mutates only the scratch block."""
+        """Eager forwards of ladder size ``size`` with every row a padded row, one per
+        context bound (warm-up: it compiles what that size's rounds launch). Returns the
+        last ``[size, V]`` logits; mutates only the scratch block."""
         with torch.inference_mode():
-            logits: torch.Tensor = self.model(self._padded_batch(size), self.kv_cache)
+            for bound in self.buckets[size]:
+                logits: torch.Tensor = self.model(self._padded_batch(size, bound), self.kv_cache)
         return logits
 
-    def _capture_one(self, size: int, pool: _POOL_HANDLE | None) -> _POOL_HANDLE:
-        """Warm ``size`` up twice on a side stream, then capture it into ``pool``; returns
-        the pool (the first capture creates it). Allocates the shared logits buffer from
-        the first (largest) size's warm-up output."""
-        batch = self._padded_batch(size)
+    def _capture_one(self, size: int, bound: int, pool: _POOL_HANDLE | None) -> _POOL_HANDLE:
+        """Warm ``(size, bound)`` up twice on a side stream, then capture it into ``pool``;
+        returns the pool (the first capture creates it). Allocates the shared logits
+        buffer from the first (largest) size's warm-up output."""
+        batch = self._padded_batch(size, bound)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -237,14 +267,14 @@ class StaticDecode:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             self._logits[:size].copy_(self.model(batch, self.kv_cache))
-        self._graphs[size] = graph
+        self._graphs[(size, bound)] = graph
         return graph.pool()
 
-    def _padded_batch(self, size: int) -> ForwardBatch:
+    def _padded_batch(self, size: int, bound: int) -> ForwardBatch:
         """Size ``size``'s views with every row a padded row (what warm-up and capture
-        run on); the host lengths say ``max_model_len`` so that a kernel sizing its work
-        from them (split-K) covers every context the graph will see."""
-        batch = self._batch(size, [self.max_model_len] * size)
+        run on); the host lengths say ``bound`` so that a kernel sizing its work from them
+        (split-K) covers every context the graph of that bound will see."""
+        batch = self._batch(size, [bound] * size)
         batch.input_ids.zero_()
         batch.positions.zero_()
         batch.attn.slot_mapping.fill_(self.kv_cache.pad_slot)

@@ -12,7 +12,8 @@ import torch
 
 from deepinfer_kit.models.records import AttentionMetadata
 
-__all__ = ["choose_num_splits", "num_splits_for", "split_target", "num_splits_witnesses"]
+__all__ = ["choose_num_splits", "num_splits_for", "split_target", "num_splits_witnesses",
+           "decode_context_buckets"]
 
 MAX_SPLITS = 64
 
@@ -71,3 +72,36 @@ def num_splits_witnesses(max_requests: int, max_model_len: int, num_kv_heads: in
             lengths = range(seq_len, max_model_len + 1)
             seq_len += bisect.bisect_right(lengths, value, key=count)
     return found
+
+
+def decode_context_buckets(sizes: list[int], max_model_len: int, num_kv_heads: int,
+                           target_programs: int) -> dict[int, list[int]]:
+    """Per decode batch size, the context bounds at which a captured decode graph is kept:
+    a round of ``size`` requests whose longest context is ``m`` replays the graph of the
+    first bound ``>= m``, captured with that bound as its host length, so its split count
+    is :func:`num_splits_for` of the bound rather than of ``max_model_len``.
+
+    Candidate bounds double from 256 keys (the split rule's unit) up to ``max_model_len``
+    (always the last bound); of consecutive bounds with the same split count only the
+    largest is kept, so every bound of a size has its own count. A round therefore runs at
+    most twice the split count its own length would choose (one doubling), never fewer.
+    Called once by the engine's builder; host only.
+
+    Returns:
+        ``{size: [bound, ...]}`` ascending, each list ending at ``max_model_len``.
+    """
+    candidates = [c for c in (256 << k for k in range(32)) if c < max_model_len]
+    candidates.append(max_model_len)
+    buckets: dict[int, list[int]] = {}
+    for size in sizes:
+        kept: list[int] = []
+        counts: list[int] = []
+        for bound in candidates:
+            count = num_splits_for(1, size, bound, num_kv_heads, target_programs)
+            if counts and counts[-1] == count:
+                kept[-1] = bound
+            else:
+                kept.append(bound)
+                counts.append(count)
+        buckets[size] = kept
+    return buckets
