@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU correctness in one run of at most 5 minutes on a cold machine (empty Triton cache).
-# Run from the repository root:
+# GPU correctness in one run of at most 3 minutes of step limits (60% of a 5-minute budget) on
+# a cold machine (empty Triton cache). Run from the repository root:
 #
 #     OUT=/tmp/out bash scripts/device_check_correctness.sh     # logs under $OUT (4 files)
 #
-# 1. pre-flight (45 s): torch sees a GPU, triton / transformers / pytest import; which
+# 1. pre-flight (20 s): torch sees a GPU, triton / transformers / pytest import; which
 #    optional packages (pytest-xdist, hypothesis) are there.
-# 2. the cuda tier (240 s): every test marked `cuda`, with the Triton interpreter off, so
+# 2. the cuda tier (160 s): every test marked `cuda`, with the Triton interpreter off, so
 #    the kernels compile for the device and run against their torch references
 #    (tests/engine/test_kernels_native.py and the cuda tests beside each kernel's CPU
 #    tests); the differential engine runs, captured vs eager decode token for token on the
@@ -18,11 +18,23 @@
 #    workers when installed (Triton compiles on the CPU; its disk cache is shared).
 # Every step runs under `timeout -k`, so the script ends inside its budget and exits non-zero
 # when a step failed. Needs torch with CUDA, triton, transformers, pytest (PYTHONPATH=src).
+#
+# How the limits were sized (no GPU has run this script yet; redo when one has): Triton
+# compilation is the cold cost. scripts/count_warmup_variants.py counts, on a CPU, the
+# variants a warm-up compiles: 19 for the cuda tests' usual engine (96-token contexts),
+# 49 for the context-bucket test's (4096 tokens, an H200's split target); a cold sm_90
+# compile took 0.14 s (a sampler kernel) to 1.0 s (the paged attention) on a 2-core CPU.
+# The 55 cuda tests build about 25 engines of five shapes (dense and MoE, fp32 and bf16,
+# the 1.7B layer shape, the 4096-token one), about 150 variants counting the kernel tests':
+# at most 150 s of compiles on one core, spread over 8 xdist workers sharing one disk cache
+# (about 30 s), plus about 25 ladder captures of 1-2 s each (5 s per worker) and imports
+# (10 s per worker): about 50 s expected, a 160 s limit (3x). Imports of torch, triton and
+# transformers took 8 s cold here: a 20 s pre-flight.
 set -u
 OUT=${OUT:-/tmp/device_check_correctness}
 # shellcheck source=device_check_lib.sh
 . "$(dirname "$0")/device_check_lib.sh"
-step preflight 45 python - <<'PY'
+step preflight 20 "$PYTHON" - <<'PY'
 import importlib.util
 import torch, triton, transformers, pytest, deepinfer_kit  # noqa: F401
 assert torch.cuda.is_available(), "torch sees no CUDA device"
@@ -34,8 +46,8 @@ PY
 
 mapfile -t files < <(grep -rlE "pytest\.mark\.cuda|mark\.cuda\b" tests --include='test_*.py' | sort)
 workers=()
-if python -c "import xdist" 2>/dev/null; then workers=(-n 8 --dist load); fi
-step cuda_tier 240 python -m pytest -q -o addopts="-ra --strict-markers" -m cuda \
+if "$PYTHON" -c "import xdist" 2>/dev/null; then workers=(-n 8 --dist load); fi
+step cuda_tier 160 "$PYTHON" -m pytest -q -o addopts="-ra --strict-markers" -m cuda \
     -p no:cacheprovider --continue-on-collection-errors "${workers[@]}" "${files[@]}"
 
 if [ ${#failed[@]} -gt 0 ]; then

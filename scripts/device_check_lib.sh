@@ -2,9 +2,18 @@
 # and `step NAME SECONDS COMMAND...`, which runs one check under `timeout -k`, logs it to
 # $OUT/NAME.log, appends its exit code, time and log tail to $OUT/summary.txt and records a
 # failure in `failed`. The sourcing script sets OUT before sourcing.
+#
+# $PYTHON (default python3) runs every step. One Triton cache, $TRITON_CACHE_DIR (default
+# /tmp/deepinfer-triton-cache), serves every step of both scripts: a kernel variant compiled
+# by one step (or one pytest-xdist worker) is loaded from disk by the next instead of compiled
+# again, which is most of a cold step's time.
 mkdir -p "$OUT"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/deepinfer-triton-cache}
+export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
+mkdir -p "$TRITON_CACHE_DIR"
+PYTHON=${PYTHON:-python3}
 unset TRITON_INTERPRET  # kernels compile for the device
 failed=()
 
@@ -21,4 +30,4 @@ step() {  # step NAME SECONDS COMMAND...
     return "$rc"
 }
 
-{ nvidia-smi; } >"$OUT/env.txt" 2>&1
+{ nvidia-smi; "$PYTHON" --version; } >"$OUT/env.txt" 2>&1
