@@ -25,7 +25,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from deepinfer_kit import build_engine  # noqa: E402
-from deepinfer_kit.engine.runner import build as build_mod  # noqa: E402
+from deepinfer_kit.engine.runner import static_decode  # noqa: E402
 from deepinfer_kit.engine.runner import warmup  # noqa: E402
 from deepinfer_kit.engine.runner.kernel_keys import record_launches  # noqa: E402
 from deepinfer_kit.models.attention import splits  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--no-long", action="store_true", help="skip the 4096-token configuration")
     args = parser.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    for target in (warmup, build_mod, splits):
+    for target in (warmup, static_decode, splits):
         target.split_target = lambda device: H200_TARGET  # type: ignore[attr-defined]
     for name, config in CONFIGS.items():
         if args.no_long and "long" in name:

@@ -77,12 +77,12 @@ def test_bad_buckets_are_refused(bad: dict[int, list[int]]) -> None:
 def test_the_builder_buckets_by_the_devices_split_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU the attention never splits (one bound per size); with a GPU's target the
     builder asks the split rule with the pool's KV heads."""
-    import deepinfer_kit.engine.runner.build as build
+    import deepinfer_kit.engine.runner.static_decode as static_decode
 
     plain = build_engine(static_decode=True, max_num_seqs=8, num_blocks=256, max_model_len=4096)
     assert plain.runner.static is not None
     assert all(b == [4096] for b in plain.runner.static.buckets.values())
-    monkeypatch.setattr(build, "split_target", lambda device: H200)
+    monkeypatch.setattr(static_decode, "split_target", lambda device: H200)
     engine = build_engine(static_decode=True, max_num_seqs=8, num_blocks=256, max_model_len=4096)
     static, heads = engine.runner.static, engine.runner.kv_cache.num_kv_heads
     assert static is not None

@@ -129,6 +129,30 @@ def test_a_component_that_keeps_failing_is_one_engine_dead_error() -> None:
             call()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_failures_separated_by_successful_steps_never_kill_the_engine(overlap: bool) -> None:
+    """Seven failed steps in a row, then a good one, over and over (56 failures in all):
+    the count starts again at every success, so the engine serves to the end; then eight
+    in a row kill it."""
+    engine = _engine(max_num_seqs=1, overlap=overlap)
+    sampler = RaisingSampler(engine.runner.sampler)
+    engine.runner.sampler = sampler
+    calls = iter(range(100_000))
+    sampler.fail = lambda: next(calls) % 8 != 7  # 7 failures, 1 success, ...
+    for i in range(64):
+        engine.add_request(f"r{i}", [3, 4, 5], SamplingParams(temperature=0.0, max_tokens=1))
+    outs = _run(engine)
+    reasons = [outs[f"r{i}"].outputs[0].finish_reason for i in range(64)]  # type: ignore[attr-defined]
+    assert reasons.count("error") >= 56 and reasons.count("length") >= 7, reasons
+    engine.check_idle()
+    sampler.fail = lambda: True
+    for i in range(9):
+        engine.add_request(f"x{i}", [3, 4, 5], GREEDY)
+    with pytest.raises(EngineDeadError, match="8 steps in a row failed"):
+        for _ in range(100):
+            engine.step()
+
+
 def test_a_scheduler_that_cannot_plan_kills_the_engine_clearly() -> None:
     engine = _engine()
     engine.add_request("a", [1, 2], GREEDY)

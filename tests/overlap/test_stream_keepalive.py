@@ -54,17 +54,36 @@ def test_held_objects_live_until_the_stream_passes_them_in_order() -> None:
     assert len(alive) == 0
 
 
+class _GatedEvent:
+    """A real CUDA event whose ``query`` also waits for the test to open a gate: the stream
+    "passes" the step only when the test says so, whatever the GPU's speed."""
+
+    def __init__(self, gate: list[bool]) -> None:
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.gate = gate
+
+    def record(self, stream: Any) -> None:
+        self.event.record(stream)
+
+    def query(self) -> bool:
+        return self.gate[0] and bool(self.event.query())
+
+
 @pytest.mark.cuda
 def test_a_failed_step_keeps_its_inputs_until_the_stream_passes_them() -> None:
+    """The executor's own keep-alive, its events gated: after a step that queued kernels and
+    raised, its inputs stay alive (across a later launch's release) until the gate opens;
+    then the next launch or ``close`` drops them."""
     from deepinfer_kit.overlap.cuda_stream import CudaStreamExecutor
     from deepinfer_kit.step import StepResult
 
     executor = CudaStreamExecutor("cuda", depth=1)
+    gate = [False]
+    executor.alive = StreamKeepAlive(lambda: _GatedEvent(gate))
     inputs = torch.ones(1 << 20, device="cuda")
     ref = weakref.ref(inputs)
 
     def step(buf: torch.Tensor = inputs) -> StepResult:
-        torch.cuda._sleep(50_000_000)  # type: ignore[attr-defined]  # keep the stream busy
         buf.mul_(2)
         raise RuntimeError("failed after queuing kernels")
 
@@ -74,7 +93,14 @@ def test_a_failed_step_keeps_its_inputs_until_the_stream_passes_them() -> None:
         executor.wait(pending)
     del pending
     gc.collect()
-    assert ref() is not None or executor.stream.query()  # held while the stream reads it
-    executor.close()
+    assert ref() is not None and len(executor.alive) == 1  # held: the stream has not "passed" it
+    executor.wait(executor.launch(1, lambda: StepResult(token_ids=[])))  # its launch releases what passed
     gc.collect()
-    assert ref() is None and len(executor.alive) == 0
+    assert ref() is not None  # still gated
+    gate[0] = True
+    executor.stream.synchronize()
+    executor.wait(executor.launch(2, lambda: StepResult(token_ids=[])))
+    gc.collect()
+    assert ref() is None  # passed and released
+    executor.close()
+    assert len(executor.alive) == 0

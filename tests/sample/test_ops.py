@@ -76,14 +76,14 @@ _SIGNATURES = {
     "u_ptr:*fp64 out_ptr:*i64 stride:i32 V:i32",
     "_candidate_kernel": "vals_ptr:*fp32 idx_ptr:*i64 inv_t_ptr:*fp32 k_ptr:*i64 p_ptr:*fp64 "
     "min_p_ptr:*fp32 z_ptr:*fp64 u_ptr:*fp64 tok_ptr:*i64 kept_ptr:*i64 W:i32",
-    "_nucleus_kernel": "x_ptr:*fp32 rows_ptr:*i64 inv_t_ptr:*fp32 p_ptr:*fp64 min_p_ptr:*fp32 "
+    "nucleus_kernel": "x_ptr:*fp32 rows_ptr:*i64 inv_t_ptr:*fp32 p_ptr:*fp64 min_p_ptr:*fp32 "
     "u_ptr:*fp64 tok_ptr:*i64 kept_ptr:*i64 out_ptr:*i64 stride:i32 V:i32",
 }
 _CONSTANTS = {
     "_row_norm_kernel": {"BLOCK": 1024},
     "_full_draw_kernel": {"BLOCK": 1024},
     "_candidate_kernel": {"BLOCK": 64},
-    "_nucleus_kernel": {"BLOCK": 256, "SPLITS": 16, "Z_BLOCK": 1024},
+    "nucleus_kernel": {"BLOCK": 256, "SPLITS": 16, "Z_BLOCK": 1024},
 }
 
 

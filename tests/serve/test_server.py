@@ -129,6 +129,28 @@ def test_streams_concatenate_to_the_full_answer(client: Any, served: Served) -> 
     served.wait_idle()
 
 
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_the_usage_chunk_of_a_stream_equals_the_unstreamed_usage(client: Any, served: Served, kind: str) -> None:
+    """Prompt tokens once per prompt (not per chunk, not per choice), completion tokens of
+    every choice, their total: the same whether streamed or not, with n > 1 and two
+    prompts (completions) streamed over many chunks."""
+    common = dict(model="tiny", max_tokens=9, temperature=0.8, seed=5, n=3)
+    if kind == "completions":
+        call = client.completions.create
+        args: dict[str, Any] = dict(prompt=["Usage counts", "Paged attention again"], **common)
+    else:
+        call = client.chat.completions.create
+        args = dict(messages=[{"role": "user", "content": "Count my tokens"}], **common)
+    whole = call(**args).usage
+    chunks = list(call(**args, stream=True, stream_options={"include_usage": True}))
+    streamed = chunks[-1].usage
+    assert len([c for c in chunks if c.choices]) > 3  # many chunks: a per-chunk count would show
+    assert (streamed.prompt_tokens, streamed.completion_tokens, streamed.total_tokens) == (
+        whole.prompt_tokens, whole.completion_tokens, whole.total_tokens)
+    assert whole.total_tokens == whole.prompt_tokens + whole.completion_tokens
+    served.wait_idle()
+
+
 def test_raw_sse_ends_with_done_and_models_and_health(served: Served) -> None:
     with httpx.Client(base_url=served.url, timeout=10) as http:
         assert http.get("/health").status_code == 200

@@ -13,9 +13,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deepinfer_kit.sample.triton_rows import _row_start, _row_total
+from deepinfer_kit.sample.triton_rows import row_start, row_total
 
-__all__ = ["NUCLEUS_BLOCK", "SPLITS", "_nucleus_kernel"]
+__all__ = ["NUCLEUS_BLOCK", "SPLITS", "nucleus_kernel"]
 
 SPLITS = 16  # keys probed per pass of the nucleus search: 4 bits, 8 passes for 32-bit keys
 NUCLEUS_BLOCK = 256
@@ -78,7 +78,7 @@ def _nucleus_search(
 
 
 @triton.jit
-def _nucleus_kernel(
+def nucleus_kernel(
     x_ptr, rows_ptr, inv_t_ptr, p_ptr, min_p_ptr, u_ptr, tok_ptr, kept_ptr, out_ptr, stride, V,
     BLOCK: tl.constexpr, SPLITS: tl.constexpr, Z_BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -90,10 +90,10 @@ def _nucleus_kernel(
     if tl.load(kept_ptr + pid) >= 0:
         tl.store(out_ptr + pid, tl.load(tok_ptr + pid))
     else:
-        pid, base, inv_t, min_p, top = _row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
+        pid, base, inv_t, min_p, top = row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
         none = tl.full([], -1, tl.int64)
         zero = tl.load(p_ptr + pid) * 0.0
-        z = _row_total(base, V, top, inv_t, 0.0, Z_BLOCK)  # in the chunks of _row_norm_kernel
+        z = row_total(base, V, top, inv_t, 0.0, Z_BLOCK)  # in the chunks of _row_norm_kernel
         cut, cut_rank, ties, above, w_at = _nucleus_search(
             base, V, top, inv_t, min_p, tl.load(p_ptr + pid) * z, 0, none, zero, BLOCK, SPLITS,
         )  # fmt: skip

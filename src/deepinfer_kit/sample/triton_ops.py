@@ -16,8 +16,8 @@ import triton.language as tl
 
 from deepinfer_kit.sample.blocked import BLOCK
 from deepinfer_kit.sample.candidates import settle_ties, topk_candidates
-from deepinfer_kit.sample.triton_nucleus import NUCLEUS_BLOCK, SPLITS, _nucleus_kernel
-from deepinfer_kit.sample.triton_rows import _chunk_weights, _row_max, _row_start, _row_total
+from deepinfer_kit.sample.triton_nucleus import NUCLEUS_BLOCK, SPLITS, nucleus_kernel
+from deepinfer_kit.sample.triton_rows import chunk_weights, row_max, row_start, row_total
 
 __all__ = ["row_norm", "full_draw", "candidate_draw", "nucleus_draw", "NUCLEUS_CANDIDATES"]
 
@@ -29,23 +29,23 @@ def _row_norm_kernel(x_ptr, rows_ptr, inv_t_ptr, out_ptr, stride, V, BLOCK: tl.c
     pid = tl.program_id(0)
     base = x_ptr + tl.load(rows_ptr + pid).to(tl.int64) * stride
     inv_t = tl.load(inv_t_ptr + pid)
-    top = _row_max(base, V, BLOCK)
-    tl.store(out_ptr + pid, _row_total(base, V, top, inv_t, 0.0, BLOCK))
+    top = row_max(base, V, BLOCK)
+    tl.store(out_ptr + pid, row_total(base, V, top, inv_t, 0.0, BLOCK))
 
 
 @triton.jit
 def _full_draw_kernel(
     x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, u_ptr, out_ptr, stride, V, BLOCK: tl.constexpr
 ):  # fmt: skip
-    pid, base, inv_t, min_p, top = _row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
-    total = _row_total(base, V, top, inv_t, min_p, BLOCK)
+    pid, base, inv_t, min_p, top = row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
+    total = row_total(base, V, top, inv_t, min_p, BLOCK)
     target = tl.load(u_ptr + pid) * total
     running = total * 0.0
     before = total * 0.0
     chosen = pid * 0  # loop-carried values start as tensors, not constants
     found = pid * 0
     for start in range(0, V, BLOCK):
-        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
+        w = chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
         s = tl.sum(w, axis=0).to(tl.float64)
         hit = (found == 0) & (running + s > target)
         chosen = tl.where(hit, start, chosen)
@@ -53,7 +53,7 @@ def _full_draw_kernel(
         found = tl.where(hit, 1, found)
         running += s
     offs = tl.arange(0, BLOCK)
-    w = _chunk_weights(base, chosen, V, top, inv_t, min_p, BLOCK)
+    w = chunk_weights(base, chosen, V, top, inv_t, min_p, BLOCK)
     cum = tl.cumsum(w.to(tl.float64), axis=0)
     j = tl.min(tl.where(cum > target - before, offs, BLOCK), axis=0)
     last = tl.max(tl.where(w > 0, offs, -1), axis=0)
@@ -200,7 +200,7 @@ def nucleus_draw(
     3. :func:`candidate_draw` over them with ``z`` (top-p of the whole row's mass): ``W``
        candidates, four passes. A row whose nucleus closes inside them is exact there
        (the nucleus is a canonical prefix, and every token of it is a candidate);
-    4. one launch of ``_nucleus_kernel``: each settled row stores its token, each other
+    4. one launch of ``nucleus_kernel``: each settled row stores its token, each other
        row (``kept = -1``: the mass was not reached in ``W`` candidates) is drawn over the
        whole row by the 19-pass bisection, one program per row.
 
@@ -217,7 +217,7 @@ def nucleus_draw(
     idx = settle_ties(x, rows, vals, idx)
     no_k = torch.full((n,), vocab, dtype=torch.int64, device=x.device)
     tok, kept = candidate_draw(vals, idx, inv_t, no_k, p, min_p, z, u)
-    _nucleus_kernel[(n,)](
+    nucleus_kernel[(n,)](
         x, rows, inv_t.contiguous(), p.contiguous(), min_p.contiguous(), u.contiguous(), tok, kept,
         out, x.stride(0), vocab, BLOCK=NUCLEUS_BLOCK, SPLITS=SPLITS, Z_BLOCK=BLOCK,
     )  # fmt: skip

@@ -8,11 +8,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["_row_max", "_row_start", "_chunk_weights", "_row_total"]
+__all__ = ["row_max", "row_start", "chunk_weights", "row_total"]
 
 
 @triton.jit
-def _row_max(base, V, BLOCK: tl.constexpr):
+def row_max(base, V, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK):
@@ -23,15 +23,15 @@ def _row_max(base, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK: tl.constexpr):
+def row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK: tl.constexpr):
     """This program's row: its index, base pointer, ``1 / T``, min-p and finite maximum."""
     pid = tl.program_id(0)
     base = x_ptr + tl.load(rows_ptr + pid).to(tl.int64) * stride
-    return pid, base, tl.load(inv_t_ptr + pid), tl.load(min_p_ptr + pid), _row_max(base, V, BLOCK)
+    return pid, base, tl.load(inv_t_ptr + pid), tl.load(min_p_ptr + pid), row_max(base, V, BLOCK)
 
 
 @triton.jit
-def _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
+def chunk_weights(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
     offs = start + tl.arange(0, BLOCK)
     v = tl.load(base + offs, mask=offs < V, other=float("-inf"))
     w = tl.exp((v - top) * inv_t)
@@ -39,10 +39,10 @@ def _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _row_total(base, V, top, inv_t, min_p, BLOCK: tl.constexpr):
+def row_total(base, V, top, inv_t, min_p, BLOCK: tl.constexpr):
     """float64 sum of the row's weights, chunk sums in float32 (as ``ref_ops._block_sums``)."""
     total = tl.sum(tl.zeros([BLOCK], tl.float64), axis=0)
     for start in range(0, V, BLOCK):
-        w = _chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
+        w = chunk_weights(base, start, V, top, inv_t, min_p, BLOCK)
         total += tl.sum(w, axis=0).to(tl.float64)
     return total

@@ -34,10 +34,9 @@ from deepinfer_kit.engine.runner.expert_shards import shard_experts
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.engine.runner.pool import check_kernel_impls, engine_device, kv_pool, load_shard, model_dtype
 from deepinfer_kit.engine.runner.speculation import device_speculation
-from deepinfer_kit.engine.runner.static_decode import StaticDecode, batch_ladder
+from deepinfer_kit.engine.runner.static_decode import StaticDecode, device_buckets
 from deepinfer_kit.engine.runner.token_slots import TokenSlots
 from deepinfer_kit.engine.runner.warmup import warm_up
-from deepinfer_kit.models.attention.splits import decode_context_buckets, split_target
 from deepinfer_kit.models.loader import LoadedModel
 from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
@@ -144,9 +143,7 @@ def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCac
         generator=torch.Generator(device=device).manual_seed(config.seed),
         static_decode=StaticDecode(
             loaded.model, kv_cache, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-            context_buckets=decode_context_buckets(
-                batch_ladder(config.max_num_seqs), max_model_len, kv_cache.num_kv_heads,
-                split_target(device)),
+            context_buckets=device_buckets(kv_cache, config.max_num_seqs, max_model_len),
         ) if static else None,
         verifier=None if config.speculative is None else RejectionVerifier(
             sampler, cast(Impl, config.sampler_impl)),

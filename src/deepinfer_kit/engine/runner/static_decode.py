@@ -27,13 +27,14 @@ from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.models.packing import aligned_len, append_tables, int64_host
 from deepinfer_kit.errors import ConfigError, GraphCaptureError
 from deepinfer_kit.models.attention.layout import step_slots
+from deepinfer_kit.models.attention.splits import decode_context_buckets, split_target
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
-__all__ = ["StaticDecode", "StagedDecode", "batch_ladder"]
+__all__ = ["StaticDecode", "StagedDecode", "batch_ladder", "device_buckets"]
 
 
 def batch_ladder(max_num_seqs: int) -> list[int]:
@@ -42,6 +43,15 @@ def batch_ladder(max_num_seqs: int) -> list[int]:
     sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
     sizes += range(8, max_num_seqs, 8)
     return [*sizes, max_num_seqs]
+
+
+def device_buckets(kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int) -> dict[int, list[int]]:
+    """The context buckets of an engine's decode graphs (:class:`StaticDecode`'s
+    ``context_buckets``): :func:`~deepinfer_kit.models.attention.splits.decode_context_buckets`
+    of its ladder, asked with the pool's KV heads (this rank's) and the split target of its
+    device (one bound per size off CUDA, where the attention never splits)."""
+    return decode_context_buckets(batch_ladder(max_num_seqs), max_model_len, kv_cache.num_kv_heads,
+                                  split_target(kv_cache.device))
 
 
 @attrs.define(slots=True, eq=False)
