@@ -124,9 +124,8 @@ Row = Spec | tuple[Spec, dict[str, Any]]  # a speculative config, or one with en
 def _run(row: Row, prompts: list[list[int]],
          tokens: int, model: str = "tiny") -> tuple[float, list[Any], list[StepTrace], _Clock]:
     spec, opts = row if isinstance(row, tuple) else (row, {})
-    engine = build_engine(model=model, speculative=spec, num_blocks=256, max_model_len=1024, **opts)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(model=model, speculative=spec, num_blocks=256, max_model_len=1024, **opts, trace=traces.append)
     clock = _Clock(engine)
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     outs: list[Any] = []

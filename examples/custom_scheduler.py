@@ -88,18 +88,16 @@ def run_engine(custom: bool) -> dict[str, list[int]]:
     """Greedy generation on the tiny model with the custom (or default) scheduler."""
     import torch
 
-    from deepinfer_kit import build_engine
+    from deepinfer_kit import Components, build_engine
 
     torch.set_num_threads(1)
 
-    def make(config: SchedulerConfig, cache: KVCacheManager) -> Scheduler:
-        return ContinuousBatchScheduler(
-            config, cache, admission=ShortestPromptFirst(), victim=cheapest_to_recompute
-        )
-
+    # Policies reach the engine through Components, like every other component; the
+    # engine builds its one scheduler (and cache manager) around them.
+    mine = Components(admission_policy=ShortestPromptFirst(), preemption_policy=cheapest_to_recompute)
     engine = build_engine(
         model="tiny", num_blocks=24, block_size=8, max_model_len=160, max_num_seqs=4,
-        make_scheduler=make if custom else None,
+        components=mine if custom else None,
     )
     rng = random.Random(1)
     for i in range(12):

@@ -15,9 +15,9 @@ def main() -> None:
     torch.set_num_threads(1)
     # A small pool and budget so chunked prefill, prefix hits and preemption all show up.
     engine = build_engine(
-        model="tiny", num_blocks=12, block_size=8, max_model_len=96, max_num_batched_tokens=32
+        model="tiny", num_blocks=12, block_size=8, max_model_len=96, max_num_batched_tokens=32,
+        trace=lambda t: print(t.describe()),
     )
-    engine.trace = lambda t: print(t.describe())
     system = "You are a helpful assistant. "
     engine.add_request("a", system + "Explain paged KV caches.", SamplingParams(temperature=0, max_tokens=8))
     engine.add_request("b", system + "Explain prefix reuse.", SamplingParams(temperature=0, max_tokens=8))

@@ -1,7 +1,8 @@
 """deepinfer_kit: composable LLM-inference components behind typed Protocols.
 
 Importing the package needs neither a GPU nor Triton. The engine-level names (``LLM``,
-``Engine``, ``EngineConfig``, ``build_engine``) are imported lazily on first use.
+``Engine``, ``EngineConfig``, ``build_engine``, ``Components``, ``Factory``,
+``BuildContext``) are imported lazily on first use.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from deepinfer_kit.errors import (
     DeepInferError,
     DeviceUnavailableError,
     EngineDeadError,
+    GraphCaptureError,
     InvariantError,
     OutOfBlocksError,
 )
@@ -31,6 +33,9 @@ _LAZY = {
     "EngineConfig": "deepinfer_kit.engine.config",
     "build_engine": "deepinfer_kit.engine.build",
     "AsyncLLM": "deepinfer_kit.serve.async_llm",
+    "Components": "deepinfer_kit.components",
+    "Factory": "deepinfer_kit.components",
+    "BuildContext": "deepinfer_kit.components",
 }
 
 __all__ = [
@@ -39,6 +44,9 @@ __all__ = [
     "EngineConfig",
     "build_engine",
     "AsyncLLM",
+    "Components",
+    "Factory",
+    "BuildContext",
     "SamplingParams",
     "RequestOutputKind",
     "RequestOutput",
@@ -55,6 +63,7 @@ __all__ = [
     "OutOfBlocksError",
     "InvariantError",
     "DeviceUnavailableError",
+    "GraphCaptureError",
     "EngineDeadError",
 ]
 

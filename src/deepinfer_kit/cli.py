@@ -141,7 +141,7 @@ def _trace(args: argparse.Namespace) -> int:
     from deepinfer_kit.viewer import TraceRecorder, write_html
 
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine.subscribe(traces.append)
     # The recorder reads the whole pool every step: only when a document is asked for.
     recorder = TraceRecorder.attach(engine, model=args.model) if args.html or args.json else None
     ids = [engine.add_request(None, p, params) for p in prompts]

@@ -80,12 +80,10 @@ def test_traced_captured_rounds_count_what_eager_rounds_count() -> None:
     eager engine's, step for step."""
     reqs = workload(3, 11)
     traces: dict[str, list[Any]] = {"eager": [], "captured": []}
-    eager = build_engine(cuda_graphs=False, static_decode=False, **CONFIG)
-    eager.trace = traces["eager"].append
+    eager = build_engine(cuda_graphs=False, static_decode=False, **CONFIG, trace=traces["eager"].append)
     want, _ = run_workload(reqs, engine=eager)
-    engine = build_engine(**CONFIG)
+    engine = build_engine(**CONFIG, trace=traces["captured"].append)
     assert engine.runner.static is not None and engine.runner.static.captured_sizes
-    engine.trace = traces["captured"].append
     got, _ = run_workload(reqs, engine=engine)
     assert got == want
     counts = [(t.step_id, t.expert_counts) for t in traces["captured"]]
@@ -213,8 +211,7 @@ def test_a_pipelined_launch_never_synchronises_the_host(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(ModelRunner, "launch", checked)
     eplb = {"window": 3, "interval": 2, "num_redundant": 4, "num_gpus": 4, "dispatch": "balanced"}
-    engine = build_engine(overlap=True, eplb=eplb, **CONFIG)
-    engine.trace = lambda trace: None
+    engine = build_engine(overlap=True, eplb=eplb, **CONFIG, trace=lambda trace: None)
     kinds = [SamplingParams(temperature=0.0, max_tokens=8),
              SamplingParams(temperature=0.8, top_k=20, seed=1, max_tokens=8),
              SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, seed=2, max_tokens=8),

@@ -7,7 +7,7 @@ import random
 import attrs
 import pytest
 
-from deepinfer_kit import CompletionOutput, ConfigError, Engine, RequestOutput, SamplingParams, build_engine
+from deepinfer_kit import BuildContext, CompletionOutput, Components, ConfigError, Engine, Factory, RequestOutput, SamplingParams, build_engine
 from deepinfer_kit.cache.protocols import KVCacheManager
 from deepinfer_kit.sched import ContinuousBatchScheduler, Scheduler, SchedulerConfig
 
@@ -121,10 +121,11 @@ def test_prompt_filling_the_pool_and_one_token_more() -> None:
     }
 
     # The scheduler allows 64 tokens, so the 4-block pool is the binding limit.
-    def roomy(config: SchedulerConfig, cache: KVCacheManager) -> Scheduler:
-        return ContinuousBatchScheduler(attrs.evolve(config, max_model_len=64), cache)
+    def roomy(ctx: BuildContext) -> Scheduler:
+        assert ctx.scheduler_config is not None and ctx.cache is not None
+        return ContinuousBatchScheduler(attrs.evolve(ctx.scheduler_config, max_model_len=64), ctx.cache)
 
-    pooled = build_engine(num_blocks=4, block_size=8, max_model_len=32, make_scheduler=roomy)
+    pooled = build_engine(num_blocks=4, block_size=8, max_model_len=32, components=Components(scheduler=Factory(roomy)))
     # 31 + 3 - 1 = 33 KV positions: 5 blocks > 4
     with pytest.raises(ConfigError, match="num_blocks=4"):
         pooled.add_request("over", list(range(1, 32)), SamplingParams(max_tokens=3, **greedy))

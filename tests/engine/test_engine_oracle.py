@@ -84,9 +84,8 @@ def test_prefix_hits_and_preemption_really_happen(checkpoints: dict[str, tuple[P
     from deepinfer_kit.engine.trace import StepTrace
 
     folder, _ = checkpoints["qwen3_moe"]
-    engine = build_engine(model=str(folder), num_blocks=24, block_size=4, max_model_len=96)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(model=str(folder), num_blocks=24, block_size=4, max_model_len=96, trace=traces.append)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for p in _prompts(seed=3):
         engine.add_request(None, p, params)

@@ -76,8 +76,7 @@ def test_stop_strings_end_each_completion_where_a_full_decode_finds_them(mode: s
     base = SamplingParams(temperature=0.8 if n > 1 else 0.0, seed=11, n=n, max_tokens=max_tokens,
                           ignore_eos=True)
     ref_traces: list[StepTrace] = []
-    ref_engine = build_engine(**config)
-    ref_engine.trace = ref_traces.append
+    ref_engine = build_engine(**config, trace=ref_traces.append)
     ref = _run(ref_engine, [base] * len(PROMPTS))
     rng = random.Random(f"{mode}{n}")
     params, expected, planted = [], [], 0

@@ -145,8 +145,7 @@ def test_window_equals_the_routers_counts() -> None:
 
 def test_trace_reports_per_slot_counts() -> None:
     traces: list[StepTrace] = []
-    engine = build_engine(block_size=4, eplb=REBALANCING | {"interval": 3})
-    engine.trace = traces.append
+    engine = build_engine(block_size=4, eplb=REBALANCING | {"interval": 3}, trace=traces.append)
     _run(engine, _prompts(9))
     balancer = engine.balancer
     assert balancer is not None
@@ -230,9 +229,8 @@ def test_the_worker_process_rebalances_like_the_engine_in_process(overlap: bool)
               "eplb": REBALANCING | {"policy": "refine"}}
     local = build_engine(**common)
     want = _run(local, prompts)
-    engine = build_engine(worker="process", **common)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(worker="process", **common, trace=traces.append)
     try:
         assert _run(engine, prompts) == want
         here, there = local.balancer, engine.balancer

@@ -55,10 +55,9 @@ def test_layout_and_launch_read_nothing_back(monkeypatch: pytest.MonkeyPatch) ->
                 return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(ModelRunner, name, guarded)
-    engine = build_engine(**TRITON, **config)
-    static_rounds = record_static_rounds(engine)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(**TRITON, **config, trace=traces.append)
+    static_rounds = record_static_rounds(engine)
     got, _ = run_workload(REQUESTS, engine=engine)
     assert not guard.reads, "host reads of device memory:\n" + "\n".join(
         f"{n} x {op} at {site}" for (op, site), n in guard.reads.items())

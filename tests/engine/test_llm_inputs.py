@@ -142,7 +142,7 @@ def test_enforce_eager_is_vllms_name_for_no_cuda_graphs(monkeypatch: pytest.Monk
 
     built: list[Any] = []
     real = llm_module.build_engine
-    monkeypatch.setattr(llm_module, "build_engine", lambda config: built.append(config) or real(config))
+    monkeypatch.setattr(llm_module, "build_engine", lambda config, **kw: built.append(config) or real(config, **kw))
     LLM(num_blocks=256, enforce_eager=True)
     LLM(num_blocks=256)
     assert [c.cuda_graphs for c in built] == [False, True]

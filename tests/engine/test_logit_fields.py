@@ -127,9 +127,8 @@ def test_speculative_verification_sees_the_same_edited_logits(greedy: bool) -> N
     plain_out = _run(build_engine(model="tiny"), prompts[:1], [SamplingParams(**base)])[0]
     params = _params(rng, 256, plain_out, **base)
     want = _run(build_engine(model="tiny"), prompts, params)
-    fast = build_engine(model="tiny", speculative={"num_draft": 3})
     traces: list[Any] = []
-    fast.trace = traces.append
+    fast = build_engine(model="tiny", speculative={"num_draft": 3}, trace=traces.append)
     assert _run(fast, prompts, params) == want
     assert sum(t.num_drafted for t in traces) > 0 and sum(t.num_accepted for t in traces) > 0
 

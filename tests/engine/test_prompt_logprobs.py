@@ -39,9 +39,8 @@ CONFIGS = {
 def test_prompt_logprobs_equal_transformers(checkpoints: dict[str, tuple[Path, Any]], name: str) -> None:
     folder, model = checkpoints["qwen3"]
     prompts = _prompts(2)
-    engine = build_engine(model=str(folder), **CONFIGS[name])
     traces: list[Any] = []
-    engine.trace = traces.append
+    engine = build_engine(model=str(folder), **CONFIGS[name], trace=traces.append)
     # the shared prefix is cached first: the requests below must not take it
     engine.add_request(None, prompts[0], SamplingParams(max_tokens=1))
     engine.run()

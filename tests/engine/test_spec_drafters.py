@@ -70,7 +70,7 @@ def _check_draft_kv(engine: Engine) -> int:
 def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
          traces: list[StepTrace] | None = None, check_each_round: bool = False) -> dict[str, Any]:
     if traces is not None:
-        engine.trace = traces.append
+        engine.subscribe(traces.append)
     for i, (p, sp) in enumerate(zip(prompts, params)):
         engine.add_request(f"r{i}", p, sp)
     outs = {}

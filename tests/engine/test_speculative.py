@@ -38,7 +38,7 @@ def _prompts(seed: int, vocab: int, count: int) -> list[list[int]]:
 def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
          traces: list[StepTrace] | None = None) -> dict[str, list[list[int]]]:
     if traces is not None:
-        engine.trace = traces.append
+        engine.subscribe(traces.append)
     ids = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
@@ -156,9 +156,8 @@ def test_seeded_sampling_forks_penalties_and_logprobs_match_plain() -> None:
                              frequency_penalty=0.3 if i % 3 else 0.0, logprobs=2, ignore_eos=True)
               for i in range(len(prompts))]
     config: dict[str, Any] = dict(num_blocks=256, max_model_len=256, block_size=4)
-    plain, fast = build_engine(**config), build_engine(speculative={"num_draft": 3}, **config)
     traces: list[StepTrace] = []
-    fast.trace = traces.append
+    plain, fast = build_engine(**config), build_engine(speculative={"num_draft": 3}, trace=traces.append, **config)
     outs: list[dict[str, Any]] = []
     for engine in (plain, fast):
         ids = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
@@ -231,8 +230,7 @@ def test_request_metrics_count_drafts_and_accepted_tokens() -> None:
     prompt = list(b"the cat sat on the mat. " * 6)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     traces: list[StepTrace] = []
-    engine = build_engine(speculative={"num_draft": 4}, num_blocks=64, max_model_len=256)
-    engine.trace = traces.append
+    engine = build_engine(speculative={"num_draft": 4}, num_blocks=64, max_model_len=256, trace=traces.append)
     engine.add_request("r", prompt, params)
     out = {o.request_id: o for o in engine.run()}["r"]
     drafted = sum(c.num_drafted for t in traces for c in t.chunks)

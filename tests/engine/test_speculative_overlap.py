@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import pytest
 
-from deepinfer_kit import ConfigError, SamplingParams, build_engine
+from deepinfer_kit import Components, ConfigError, Factory, SamplingParams, build_engine
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.engine.runner.token_slots import NEVER_SAMPLED
@@ -44,8 +44,7 @@ SPECS = {
 
 def _traced(overlap: bool, **config: Any) -> tuple[Any, list[StepTrace]]:
     traces: list[StepTrace] = []
-    engine = build_engine(overlap=overlap, **config)
-    engine.trace = traces.append
+    engine = build_engine(overlap=overlap, **config, trace=traces.append)
     return engine, traces
 
 
@@ -182,8 +181,8 @@ def test_a_scheduler_without_draft_room_is_refused_for_runner_drafting() -> None
     from deepinfer_kit.sched.continuous import ContinuousBatchScheduler
 
     class NoRoom:  # a scheduler of someone else's: everything but reserve_drafts
-        def __init__(self, config: Any, cache: Any) -> None:
-            self._inner = ContinuousBatchScheduler(config, cache)
+        def __init__(self, ctx: Any) -> None:
+            self._inner = ContinuousBatchScheduler(ctx.scheduler_config, ctx.cache)
 
         def __getattr__(self, name: str) -> Any:
             if name == "reserve_drafts":
@@ -191,7 +190,8 @@ def test_a_scheduler_without_draft_room_is_refused_for_runner_drafting() -> None
             return getattr(self._inner, name)
 
     with pytest.raises(ConfigError, match="needs a scheduler with reserve_drafts"):
-        build_engine(overlap=True, speculative=SPECS["fixed"], make_scheduler=NoRoom, **ROOMY)
+        build_engine(overlap=True, speculative=SPECS["fixed"], components=Components(scheduler=Factory(NoRoom)),
+                     **ROOMY)
 
 
 def _row() -> SamplingRow:

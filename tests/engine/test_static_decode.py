@@ -104,11 +104,9 @@ def test_traced_rounds_run_padded_and_count_only_real_rows() -> None:
     counts equal the unpadded engine's (padded rows are computed but not counted)."""
     reqs = workload(3, 11)  # 11 at once: rounds pad to 13 and to the rungs below
     traces: dict[str, list[Any]] = {"plain": [], "static": []}
-    plain = build_engine(static_decode=False, **ROOMY)
-    plain.trace = traces["plain"].append
+    plain = build_engine(static_decode=False, **ROOMY, trace=traces["plain"].append)
     want, _ = run_workload(reqs, engine=plain)
-    engine = build_engine(static_decode=True, **ROOMY)
-    engine.trace = traces["static"].append
+    engine = build_engine(static_decode=True, **ROOMY, trace=traces["static"].append)
     rounds = record_static_rounds(engine)
     got, _ = run_workload(reqs, engine=engine)
     assert got == want

@@ -33,9 +33,8 @@ def _final(overlap: bool) -> dict[str, RequestOutput]:
 
 
 def _stream(kind: RequestOutputKind, overlap: bool) -> tuple[list[list[RequestOutput]], list[list[StepTrace]]]:
-    engine = build_engine(overlap=overlap)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(overlap=overlap, trace=traces.append)
     for i, (p, sp) in enumerate(zip(PROMPTS, PARAMS)):
         engine.add_request(f"r{i}", p, attrs.evolve(sp, output_kind=kind))
     rounds, round_traces = [], []

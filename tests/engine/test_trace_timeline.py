@@ -37,8 +37,7 @@ def test_a_preempted_sample_is_discarded_and_its_recompute_committed() -> None:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_token_sampled_past_a_stop_is_discarded_under_overlap(overlap: bool) -> None:
     traces: list[Any] = []
-    engine = build_engine(overlap=overlap, num_blocks=32, block_size=8, max_model_len=64)
-    engine.trace = traces.append
+    engine = build_engine(overlap=overlap, num_blocks=32, block_size=8, max_model_len=64, trace=traces.append)
     stop_all = SamplingParams(temperature=1.0, seed=3, max_tokens=10, stop_token_ids=list(range(259)))
     engine.add_request("s", [1, 2, 3], stop_all)
     (out,) = engine.run()

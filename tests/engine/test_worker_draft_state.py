@@ -39,8 +39,7 @@ def _requests(num: int) -> list[tuple[str, list[int], SamplingParams]]:
 @pytest.mark.parametrize("drafter", sorted(DRAFTERS))
 def test_the_synchronous_worker_releases_draft_state_of_finished_sequences(drafter: str) -> None:
     traces: list[StepTrace] = []
-    engine = build_engine(worker="process", overlap=False, **DRAFTERS[drafter], **POOL)
-    engine.trace = traces.append
+    engine = build_engine(worker="process", overlap=False, **DRAFTERS[drafter], **POOL, trace=traces.append)
     assert engine.executor.depth == 0 and type(engine.runner).__name__ == "ProcessRunner"
     reqs = _requests(24)  # 24 x 7 blocks: 3.5 times the 48-block draft pool
     run_workload(reqs, engine=engine)  # ends with engine.check_idle(): the worker's drafter too

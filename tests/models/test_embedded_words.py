@@ -154,9 +154,8 @@ def test_ngram_drafts_are_accepted(outputs: list[list[int]]) -> None:
     """Greedy n-gram speculation gives the plain greedy tokens with a mean acceptance length
     (tokens committed per verify round of a request) above 1.5 (measured 1.72; drafts that
     never match, each byte shifted by one, give 1.03)."""
-    engine = build_engine(model="tiny-words", speculative={"drafter": "ngram", "num_draft": 4})
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(model="tiny-words", speculative={"drafter": "ngram", "num_draft": 4}, trace=traces.append)
     assert run_prompts(engine, list(DEFAULT_PROMPTS), GREEDY) == outputs
     rounds = [c for t in traces for c in t.chunks if c.num_drafted]
     accepted = sum(c.num_accepted for c in rounds)

@@ -31,8 +31,7 @@ def test_overlap_equals_sync_token_for_token(seed: int, config: dict[str, Any]) 
 
 def test_preemption_really_happens_in_the_small_pool() -> None:
     traces: list[Any] = []
-    engine = build_engine(overlap=True, **SMALL_POOL)
-    engine.trace = traces.append
+    engine = build_engine(overlap=True, **SMALL_POOL, trace=traces.append)
     for rid, prompt, params in _workload(0, 30):
         engine.add_request(rid, prompt, params)
     engine.run()
@@ -66,8 +65,7 @@ def test_a_stop_in_flight_discards_the_token_already_scheduled() -> None:
     # the overlapped engine has already scheduled its second.
     params = SamplingParams(temperature=1.0, seed=7, max_tokens=10, stop_token_ids=list(range(259)))
     traces: list[Any] = []
-    engine = build_engine(overlap=True, num_blocks=32, block_size=8, max_model_len=64)
-    engine.trace = traces.append
+    engine = build_engine(overlap=True, num_blocks=32, block_size=8, max_model_len=64, trace=traces.append)
     engine.add_request("s", [1, 2, 3], params)
     engine.add_request("other", [4, 5, 6], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     outs = {o.request_id: o for o in engine.run()}
@@ -100,8 +98,7 @@ def test_overlap_under_the_fault_injector_loses_nothing() -> None:
 @pytest.mark.parametrize("overlap", [False, True])
 def test_traces_say_when_tokens_were_sampled_and_committed(overlap: bool) -> None:
     traces: list[Any] = []
-    engine = build_engine(overlap=overlap, num_blocks=32, block_size=8, max_model_len=64)
-    engine.trace = traces.append
+    engine = build_engine(overlap=overlap, num_blocks=32, block_size=8, max_model_len=64, trace=traces.append)
     engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     engine.run()
     sampled = [(t.step_id, t.committed_in) for t in traces if any(c.sampled for c in t.chunks)]

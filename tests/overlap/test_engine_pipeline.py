@@ -15,7 +15,7 @@ from differential import run_workload, workload
 
 from launch_order import record_launches
 
-from deepinfer_kit import Engine, SamplingParams, build_engine
+from deepinfer_kit import Components, Engine, SamplingParams, build_engine
 from deepinfer_kit.engine.runner.launched import LaunchedStep
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.overlap import ThreadExecutor
@@ -31,7 +31,7 @@ SMALL_POOL = {"num_blocks": 20, "block_size": 8, "max_model_len": 96, "max_num_s
 
 
 def _pipelined(pipeline: bool = True, **config: Any) -> Engine:
-    return build_engine(overlap=True, executor=ThreadExecutor(depth=1, pipeline=pipeline), **config)
+    return build_engine(overlap=True, components=Components(executor=ThreadExecutor(depth=1, pipeline=pipeline)), **config)
 
 
 def _record(engine: Engine) -> list[tuple[str, int]]:

@@ -59,8 +59,7 @@ def test_resume_after_preemption_continues_from_the_right_tokens() -> None:
               "enable_prefix_caching": False}
     script = {0: [("add", f"r{i}", [10 + i] * 9, GREEDY) for i in range(4)]}
     traces: list[Any] = []
-    engine = build_engine(overlap=True, **config)
-    engine.trace = traces.append
+    engine = build_engine(overlap=True, **config, trace=traces.append)
     over = _tokens(_drive(engine, script))
     sync = _tokens(_drive(build_engine(overlap=False, **config), script))
     assert any(t.preempted for t in traces), "the pool did not force a preemption"

@@ -108,13 +108,12 @@ def test_yielded_seats_never_change_seeded_outputs_nor_lose_a_request(
         seed=rng.randrange(1000))) for i in range(12)]
 
     def run(max_num_seqs: int) -> dict[str, list[list[int]]]:
+        traces: list[Any] = []
         engine = build_engine(EngineConfig(model="tiny", num_blocks=256, block_size=8, max_model_len=64,
-                                           max_num_seqs=max_num_seqs))
+                                           max_num_seqs=max_num_seqs), trace=traces.append)
         got: dict[str, list[list[int]]] = {}
         pending = list(reqs)
         arrivals = random.Random(seed)
-        traces: list[Any] = []
-        engine.trace = traces.append
         for _ in range(5_000):
             if pending and arrivals.random() < 0.5:  # arrivals interleaved with rounds
                 engine.add_request(*pending.pop(0))

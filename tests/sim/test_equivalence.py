@@ -74,7 +74,7 @@ def run_real(config: EngineConfig, requests: list[SimRequest]) -> tuple[list[Any
     def on_trace(t: StepTrace) -> None:
         ran.append(len(t.chunks))
 
-    engine.trace = on_trace
+    engine.subscribe(on_trace)
     roots = sorted((r for r in requests if r.after is None), key=lambda r: r.arrival_time)
     followers: dict[str, list[SimRequest]] = {}
     for r in requests:

@@ -84,10 +84,9 @@ def test_two_ranks_equal_the_single_process_engine_on_the_tiny_model() -> None:
     reqs = workload(41, 12)
     want, local = run_workload(reqs, False, **POOL)
     whole = sum(p.numel() * p.element_size() for p in local.runner.model.parameters())  # type: ignore[attr-defined]
-    engine = build_engine(overlap=True, worker="process", tensor_parallel=2,
-                          worker_setup=ChecksShards(2, 1), **POOL)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(overlap=True, worker="process", tensor_parallel=2,
+                          worker_setup=ChecksShards(2, 1), trace=traces.append, **POOL)
     try:
         got, _ = run_workload(reqs, engine=engine)
         assert got == want

@@ -44,12 +44,11 @@ def record_run(*, overlap: bool = False, speculative: dict[str, object] | None =
                min_steps: int = 30, mutate: Callable[[TraceRecorder], None] | None = None) -> Run:
     """Four requests sharing a prefix (one forks into 2, one is greedy with logprobs) and
     two late arrivals that hit the prefix cache, on a 16-block pool that forces preemption."""
+    live: list[dict[str, object]] = []
     engine = build_engine(EngineConfig(
         model="tiny", num_blocks=16, block_size=4, max_num_batched_tokens=16, max_num_seqs=6,
         max_model_len=64, overlap=overlap, speculative=speculative,
-    ))
-    live: list[dict[str, object]] = []
-    engine.trace = lambda _t: live.append(live_state(engine))
+    ), trace=lambda _t: live.append(live_state(engine)))
     recorder = TraceRecorder.attach(engine, model="tiny")
     if mutate is not None:
         mutate(recorder)

@@ -161,6 +161,10 @@ class EngineConfig:
             model without MoE layers is a ConfigError at build. Decode rounds keep the
             static buffers and CUDA graphs: padded rows are not counted into the windows,
             and a rebalance rewrites the slot maps and selector tables in place.
+        strict_components: fail fast, for developing a component: the first step whose
+            layout, execution or commit raises stops the engine, re-raising that exception
+            with its traceback (later calls raise :class:`EngineDeadError`), instead of
+            ending the step's requests with ``error`` and serving on.
     """
 
     model: str = "tiny"
@@ -200,6 +204,7 @@ class EngineConfig:
 
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
+    strict_components: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         self._check_parallel()

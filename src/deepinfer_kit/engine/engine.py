@@ -74,6 +74,8 @@ class Engine:
         num_draft: the most drafts the runner proposes per decode chunk (its speculation's
             γ; ``0``: none): the scheduler reserves room for them
             (:class:`~deepinfer_kit.sched.protocols.DraftRoom`).
+        strict_components: the first failed step stops the engine, re-raising the failure
+            (``EngineConfig.strict_components``).
 
     Raises:
         ConfigError: the runner's KV storage and the cache manager disagree on the block
@@ -103,6 +105,7 @@ class Engine:
         tokenizer_note: str | None = None,
         balancer: Balancer | None = None,
         num_draft: int = 0,
+        strict_components: bool = False,
     ) -> None:
         if (runner.block_size, runner.num_blocks) != (cache.block_size, cache.num_blocks):
             raise ConfigError(
@@ -137,8 +140,8 @@ class Engine:
                 )
             scheduler.reserve_drafts(num_draft)
         self._inflight: deque[InFlight] = deque()
-        self.trace = trace
-        self._failures = StepFailures(max_failed_steps)
+        self._traces: list[Callable[[StepTrace], None]] = [trace] if trace is not None else []
+        self._failures = StepFailures(max_failed_steps, strict=strict_components)
         self._builder = RequestBuilder(
             tokenizer, vocab_size, eos_token_id, extra_eos_token_ids, max_logprobs,
             scheduler.never_fits, tokenizer_note, max_model_len,
@@ -148,6 +151,21 @@ class Engine:
         self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
         self.num_cached_prompt_tokens = 0
+
+    # ---- traces ------------------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[StepTrace], None]) -> None:
+        """Call ``callback`` with the :class:`StepTrace` of every step committed from now
+        on, after the callbacks given before (``build_engine(trace=...)`` is the first).
+        For readers that need the built engine (the viewer's recorder). Traced steps
+        also return their MoE routing counts. Mutates the engine's list of callbacks."""
+        with self._lock:
+            self._traces.append(callback)
+
+    @property
+    def traced(self) -> bool:
+        """Whether any trace callback is registered."""
+        return bool(self._traces)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -271,7 +289,7 @@ class Engine:
                 plan = self.scheduler.schedule()
             except Exception as exc:
                 raise self._failures.die("the scheduler failed to plan a round", exc) from exc
-            launched = launch_round(self.runner, self.executor, self._failures, plan, self.trace is not None,
+            launched = launch_round(self.runner, self.executor, self._failures, plan, bool(self._traces),
                                     self._two_phase)
             self._inflight.append(
                 InFlight(plan, launched, free_before, evicted_before, t0, time.perf_counter())
@@ -361,15 +379,15 @@ class Engine:
         self.num_cached_prompt_tokens += cached
         t3 = time.perf_counter()
         self.num_generated_tokens += sum(map(len, result.token_ids))
-        if self.trace is not None:
-            self.trace(
-                make_trace(
-                    plan, result, finished, (entry.free_before, self.cache.num_free_blocks),
-                    self._evicted() - entry.evicted_before,
-                    (entry.t0, entry.t1, entry.t1 + (t2 - t1), entry.t1 + (t3 - t1)),
-                    self._inflight[-1].plan.step_id if self._inflight else plan.step_id,
-                )
+        if self._traces:
+            trace = make_trace(
+                plan, result, finished, (entry.free_before, self.cache.num_free_blocks),
+                self._evicted() - entry.evicted_before,
+                (entry.t0, entry.t1, entry.t1 + (t2 - t1), entry.t1 + (t3 - t1)),
+                self._inflight[-1].plan.step_id if self._inflight else plan.step_id,
             )
+            for callback in self._traces:
+                callback(trace)
         return outputs
 
     # ---- helpers -------------------------------------------------------------------------

@@ -17,14 +17,17 @@ class StepFailures:
 
     Args:
         max_failed_steps: failed steps in a row after which the engine is dead (``>= 1``).
+        strict: fail fast (``EngineConfig.strict_components``): the first failure kills
+            the engine and :meth:`count` re-raises the failure itself, traceback and all.
     """
 
-    __slots__ = ("max_failed_steps", "in_a_row", "dead")
+    __slots__ = ("max_failed_steps", "in_a_row", "dead", "strict")
 
-    def __init__(self, max_failed_steps: int) -> None:
+    def __init__(self, max_failed_steps: int, *, strict: bool = False) -> None:
         self.max_failed_steps = max_failed_steps
         self.in_a_row = 0
         self.dead: EngineDeadError | None = None
+        self.strict = strict
 
     def succeeded(self) -> None:
         """A step completed: the run of failures is over."""
@@ -37,9 +40,13 @@ class StepFailures:
             EngineDeadError: this was the ``max_failed_steps``-th failure in a row, or
                 ``exc`` is itself an EngineDeadError (a component that can never run a
                 step again, such as a model worker process that exited).
+            Exception: ``exc`` itself under ``strict`` (the engine is dead from here).
         """
         if isinstance(exc, EngineDeadError):
             raise self.die("a component cannot go on", exc) from exc
+        if self.strict:
+            self.die("a component raised (strict_components)", exc)
+            raise exc
         self.in_a_row += 1
         if self.in_a_row >= self.max_failed_steps:
             raise self.die(f"{self.in_a_row} steps in a row failed", exc) from exc

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict, Union
 
 import attrs
 
@@ -18,6 +18,10 @@ from deepinfer_kit.models.tokenizer import Tokenizer
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.models.generation_defaults import default_device, generation_defaults
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer_kit.components import Components
+    from deepinfer_kit.engine.trace import StepTrace
 
 __all__ = ["LLM", "PromptInput", "SinglePrompt", "TextPrompt", "TokensPrompt", "check_text", "one_prompt",
            "tensor_parallel_options"]
@@ -202,6 +206,9 @@ class LLM:
         model: a Hugging Face checkpoint folder, or an embedded model: ``"tiny"`` (random
             weights) or ``"tiny-words"`` (trained on the project's docs).
         engine: an already built :class:`Engine` to use instead of building one.
+        components: components of yours in place of the built-ins
+            (:class:`~deepinfer_kit.components.Components`, as ``build_engine``).
+        trace: called with each step's :class:`~deepinfer_kit.engine.trace.StepTrace`.
         generation_config: where the default sampling parameters come from (vLLM's
             option): ``"auto"`` the checkpoint's ``generation_config.json`` (temperature,
             top_p, top_k, min_p, repetition_penalty, max_new_tokens), ``"vllm"`` none,
@@ -219,6 +226,7 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny", *, engine: Engine | None = None,
+                 components: Components | None = None, trace: Callable[[StepTrace], None] | None = None,
                  generation_config: str = "auto", **config: Any) -> None:
         _vllm_options(config)
         if engine is None:
@@ -232,11 +240,13 @@ class LLM:
             raise ConfigError(
                 f"unknown LLM option(s) {unknown}; valid EngineConfig fields: {valid}"
             )
-        if engine is not None and config:
+        if engine is not None and (config or components is not None or trace is not None):
+            given = sorted(config) + [k for k, v in (("components", components), ("trace", trace)) if v is not None]
             raise ConfigError(
-                f"options {sorted(config)} are unused when an engine is given; set them on its config"
+                f"options {given} are unused when an engine is given; set them where it is built"
             )
-        self.engine = engine if engine is not None else build_engine(EngineConfig(model=model, **config))
+        self.engine = engine if engine is not None else build_engine(
+            EngineConfig(model=model, **config), components=components, trace=trace)
         folder = config.get("tokenizer") or (None if engine is not None or model == "tiny" else model)
         self.chat_renderer = ChatRenderer(
             self.engine.tokenizer, ChatTemplate.from_folder(folder) if folder else None

@@ -16,7 +16,7 @@ from deepinfer_kit.moe.hf_weights import read_moe_layer
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.ep_rebalance import exchange_slots, plan_transfers
 from deepinfer_kit.moe.local_dispatcher import LocalDispatcher
-from deepinfer_kit.moe.protocols import Dispatcher
+from deepinfer_kit.moe.protocols import Dispatcher, Router
 from deepinfer_kit.moe.records import Routing
 from deepinfer_kit.moe.replicas import ReplicaTable, move_slots
 from deepinfer_kit.moe.routers import DeepSeekV3Router, SoftmaxTopKRouter
@@ -63,6 +63,10 @@ class MoELayer(nn.Module):
         dtype: expert weight dtype (the router stays float32).
         device: where weights live.
         dispatcher: inject a dispatcher (e.g. expert-parallel); default local.
+        gate: the router module that holds the gate's weights (what
+            :meth:`load_hf_weights` fills); default one built from ``config``.
+        router: the :class:`Router` the forward calls, in place of ``gate`` (e.g. one
+            that wraps it: it sees the loaded weights); default ``gate`` itself.
 
     Raises:
         ConfigError: bad ``impl``; a dispatcher whose local experts are out of range.
@@ -91,6 +95,8 @@ class MoELayer(nn.Module):
             served in the last forward (where ``last_expert_counts`` lives); else None.
     """
 
+    router: Router
+
     def __init__(
         self,
         config: MoEConfig,
@@ -99,6 +105,8 @@ class MoELayer(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         dispatcher: Dispatcher | None = None,
+        gate: SoftmaxTopKRouter | DeepSeekV3Router | None = None,
+        router: Router | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -110,7 +118,10 @@ class MoELayer(nn.Module):
             raise ConfigError(
                 f"dispatcher.local_experts must be in [0, {config.num_experts}), got {list(local)}"
             )
-        self.gate = make_router(config, device=device)
+        self.gate = gate if gate is not None else make_router(config, device=device)
+        # not registered as a submodule: an injected router wrapping the gate would list its
+        # weights twice
+        object.__setattr__(self, "router", router if router is not None else self.gate)
         self.experts = GroupedExperts(
             len(local),
             config.hidden_size,
@@ -165,7 +176,7 @@ class MoELayer(nn.Module):
         if hidden.dim() != 2:
             return self.forward(hidden.reshape(-1, size), real_rows).reshape(hidden.shape)
         real = self._real_copies(real_rows, hidden.shape[0])
-        routing = self.gate(hidden)
+        routing = self.router(hidden)
         table = self.replicas
         if table is not None:
             slots = Routing(table.physical(routing.expert_ids), routing.weights)

@@ -3,10 +3,10 @@ code from an EngineConfig) wired to a cost-model runner and a virtual clock."""
 
 from __future__ import annotations
 
+from deepinfer_kit.components import DEVICE_KINDS, BuildContext, Components, Factory, build
 from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB, EngineConfig
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.sched.protocols import SchedulerFactory
 from deepinfer_kit.sim.clock import VirtualClock
 from deepinfer_kit.sim.cost_analytic import ModelShape
 from deepinfer_kit.sim.expert_records import ExpertRouting
@@ -45,41 +45,59 @@ def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> 
 
 def build_simulator(
     config: EngineConfig,
-    cost: CostModel,
+    cost: CostModel | Factory[CostModel] | None,
     model: ModelShape,
     *,
     eos_token_id: int | None = None,
     seed: int = 0,
-    make_scheduler: SchedulerFactory | None = None,
+    components: Components | None = None,
     routing: ExpertRouting | None = None,
 ) -> Simulator:
     """A :class:`Simulator` of ``config``'s scheduler and cache on ``cost``.
 
     ``config`` fields that concern the device (model, dtype, device, kernels, CUDA
     graphs, overlap) are ignored; the scheduler, cache and pool fields are used exactly
-    as ``build_engine`` uses them. ``model`` sizes the pool (``kv_cache_memory_mb``)
-    and gives the vocabulary and the default ``max_model_len``. A ``make_scheduler``
-    factory must stamp metrics with the simulator's clock itself (its ``.clock``).
-    With ``config.eplb`` set, a simulated MoE router (``routing``, default 64 experts,
-    top-8, one MoE layer per ``model`` layer) and the policy it names take part
-    (:class:`ExpertSim`); ``routing`` alone does nothing.
+    as ``build_engine`` uses them, and so are ``components``' host kinds (block allocator,
+    eviction policy, prefix index, cache manager, scheduler and its policies): each
+    factory gets the simulator's virtual clock as ``BuildContext.clock``. ``cost`` (or
+    ``components.cost_model``: one of the two) prices each round. ``model`` sizes the
+    pool (``kv_cache_memory_mb``) and gives the vocabulary and the default
+    ``max_model_len``. With ``config.eplb`` set, a simulated MoE router (``routing``,
+    default 64 experts, top-8, one MoE layer per ``model`` layer) and the policy it names
+    (or ``components.placement_policy``) take part (:class:`ExpertSim`); ``routing``
+    alone does nothing.
 
     Raises:
-        ConfigError: a pool too small for ``max_model_len``, or bad config values.
+        ConfigError: a pool too small for ``max_model_len``, bad config values, no cost
+            model or two, or a device component (the simulator runs no model).
     """
+    parts = components if components is not None else Components()
+    device = [k for k in DEVICE_KINDS if k != "placement_policy" and getattr(parts, k) is not None]
+    if device or parts.executor is not None:
+        raise ConfigError(f"components.{(device or ['executor'])[0]} runs beside a model: the simulator "
+                          f"has none (its cost model prices the rounds)")
+    if (cost is None) == (parts.cost_model is None):
+        raise ConfigError("build_simulator needs one cost model: the cost argument or "
+                          "components.cost_model, got " + ("none" if cost is None else "both"))
     max_model_len = config.max_model_len or model.max_position_embeddings
     num_blocks = pool_blocks(config, model, max_model_len)
     clock = VirtualClock()
     scheduler, cache = build_host_components(
-        config, num_blocks=num_blocks, max_model_len=max_model_len,
-        make_scheduler=make_scheduler, clock=clock,
+        config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, clock=clock,
     )
+    ctx = BuildContext(config=config, clock=clock, block_size=config.block_size, num_blocks=num_blocks,
+                       max_model_len=max_model_len, cache=cache, vocab_size=model.vocab_size)
+    priced = build(cost if cost is not None else parts.cost_model, ctx)
+    assert priced is not None
     eos = eos_token_id if eos_token_id is not None else model.vocab_size - 1
     tokens = SyntheticTokens(model.vocab_size, eos, seed)
     experts = None
     if config.eplb is not None:
         from deepinfer_kit.sim.experts import ExpertSim  # torch and eplb, only when asked
 
-        experts = ExpertSim(config.eplb, routing or ExpertRouting(num_layers=model.num_layers))
-    runner = SimRunner(cost, tokens, experts)
+        experts = ExpertSim(config.eplb, routing or ExpertRouting(num_layers=model.num_layers),
+                            policy=build(parts.placement_policy, ctx))
+    elif parts.placement_policy is not None:
+        raise ConfigError("components.placement_policy needs eplb={...}, got eplb=None")
+    runner = SimRunner(priced, tokens, experts)
     return Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)

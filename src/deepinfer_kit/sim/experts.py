@@ -50,17 +50,20 @@ class ExpertSim:
         eplb: window, interval, policy and topology.
         routing: the MoE shape and router.
         expert_bytes: one expert's weight bytes (reported by the ``movement`` policy).
+        policy: the placement policy (``Components.placement_policy``); default the one
+            ``eplb.policy`` names.
 
     Raises:
         ConfigError: a topology the slots do not divide over (naming the eplb field).
     """
 
-    def __init__(self, eplb: EplbConfig, routing: ExpertRouting, expert_bytes: int = 0) -> None:
+    def __init__(self, eplb: EplbConfig, routing: ExpertRouting, expert_bytes: int = 0, *,
+                 policy: PlacementPolicy | None = None) -> None:
         L, E = routing.num_layers, routing.num_experts
         self.eplb = eplb
         self.routing = routing
         self.topology: Topology = eplb.topology(E, 1)
-        self.policy: PlacementPolicy = make_policy(eplb, expert_bytes)
+        self.policy: PlacementPolicy = policy if policy is not None else make_policy(eplb, expert_bytes)
         self.oracle = HierarchicalPlacementPolicy()
         self.router = SyntheticRouter(L, E, routing.top_k, exponent=routing.exponent,
                                       correlation=routing.correlation,

@@ -94,13 +94,13 @@ def measure_rounds(
         ConfigError: as ``build_engine``.
     """
     from deepinfer_kit.engine.build import build_engine
+    from deepinfer_kit.components import Components
     from deepinfer_kit.sample.params import SamplingParams
 
     rng = random.Random(seed)
     timer = TimingExecutor()
-    engine = build_engine(config, executor=timer)
     traces: list[StepTrace] = []
-    engine.trace = traces.append
+    engine = build_engine(config, components=Components(executor=timer), trace=traces.append)
     vocab = engine.vocab_size
     added = 0
     rounds = 0

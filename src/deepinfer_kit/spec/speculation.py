@@ -14,7 +14,7 @@ from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPl
 from deepinfer_kit.spec.protocols import Drafter, DraftSequence, StatefulDrafter, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 
-__all__ = ["Speculation", "build_speculation"]
+__all__ = ["Speculation", "build_speculation", "named_planner"]
 
 
 class Speculation:
@@ -130,12 +130,14 @@ class Speculation:
 
 def build_speculation(
     spec: SpecConfig | None, drafter: Drafter | None = None, *, sps: SpsCurve | None = None,
+    planner: VerifyPlanner | None = None,
 ) -> Speculation | None:
     """The drafting phase of ``spec`` (``None`` without it): ``drafter`` (default: the
     n-gram drafter of ``spec``; ``engine.drafters.build_drafter`` builds the model
-    drafters) and the named planner; the DSpark planner's curve is ``sps`` (``build_engine``
-    passes ``spec.sps``, or the curve it profiled). The verifier is built beside it (a
-    :class:`RejectionVerifier`), since the runner needs it before the curve can be profiled.
+    drafters) and ``planner`` (default: the named one; the DSpark planner's curve is
+    ``sps``: ``build_engine`` passes ``spec.sps``, or the curve it profiled). The verifier
+    is built beside it (a :class:`RejectionVerifier`), since the runner needs it before the
+    curve can be profiled.
 
     Raises:
         ConfigError: ``planner="dspark"`` without a curve (neither ``sps`` nor an
@@ -143,19 +145,28 @@ def build_speculation(
     """
     if spec is None:
         return None
-    planner: VerifyPlanner
+    if planner is None:
+        planner = named_planner(spec, sps)
+    if drafter is None:
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    return Speculation(drafter, planner, spec.num_draft)
+
+
+def named_planner(spec: SpecConfig, sps: SpsCurve | None = None) -> VerifyPlanner:
+    """The verify planner ``spec.planner`` names (the DSpark one over ``sps``, else
+    ``spec.sps``).
+
+    Raises:
+        ConfigError: ``planner="dspark"`` without a curve.
+    """
     if spec.planner == "threshold":
-        planner = ThresholdPlanner(spec.threshold, spec.threshold_rule)
-    elif spec.planner == "dspark":
+        return ThresholdPlanner(spec.threshold, spec.threshold_rule)
+    if spec.planner == "dspark":
         curve = sps if sps is not None else spec.sps
         if not isinstance(curve, SpsCurve):
             raise ConfigError(
                 f"speculative.sps: planner='dspark' needs an SpsCurve (the engine profiles "
                 f"one when it is built), got {curve!r}"
             )
-        planner = DSparkPlanner(curve)
-    else:
-        planner = FixedPlanner(spec.num_draft)
-    if drafter is None:
-        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    return Speculation(drafter, planner, spec.num_draft)
+        return DSparkPlanner(curve)
+    return FixedPlanner(spec.num_draft)

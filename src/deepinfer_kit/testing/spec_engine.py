@@ -35,7 +35,6 @@ def engine_samples(engine_config: Mapping[str, Any], prompt: Sequence[int], para
     """
     from deepinfer_kit import build_engine
 
-    engine = build_engine(**dict(engine_config))
     verified = accepted = 0
 
     def count(trace: Any) -> None:
@@ -43,7 +42,7 @@ def engine_samples(engine_config: Mapping[str, Any], prompt: Sequence[int], para
         verified += trace.num_drafted
         accepted += trace.num_accepted
 
-    engine.trace = count
+    engine = build_engine(**dict(engine_config), trace=count)
     try:
         for i, seed in enumerate(seeds):
             engine.add_request(f"s{i}", list(prompt), attrs.evolve(

@@ -98,7 +98,6 @@ class TraceRecorder:
         engine: the engine to follow; its scheduler must offer ``running`` / ``waiting``
             (:class:`QueueView`), its cache ``allocator`` / ``index`` (:class:`PoolView`).
         model: a label for the run (stored in ``meta.model``).
-        previous: a trace callback to forward every step to, or ``None``.
 
     Raises:
         ConfigError: the scheduler or the cache manager cannot be read that way.
@@ -109,7 +108,6 @@ class TraceRecorder:
         engine: Engine,
         *,
         model: str = "",
-        previous: Callable[[StepTrace], None] | None = None,
     ) -> None:
         scheduler, cache = engine.scheduler, engine.cache
         if not isinstance(scheduler, QueueView):
@@ -123,7 +121,6 @@ class TraceRecorder:
         self._queues: QueueView = scheduler
         self._pool: PoolView = cache
         self._engine = engine
-        self._previous = previous
         self._doc: TraceDoc = {
             "schema": SCHEMA_NAME,
             "version": SCHEMA_VERSION,
@@ -150,10 +147,10 @@ class TraceRecorder:
 
     @classmethod
     def attach(cls, engine: Engine, *, model: str = "") -> TraceRecorder:
-        """A recorder installed as ``engine.trace`` (forwarding to the callback that was
-        there). Mutates ``engine.trace``. Raises ConfigError as the constructor does."""
-        recorder = cls(engine, model=model, previous=engine.trace)
-        engine.trace = recorder
+        """A recorder subscribed to ``engine``'s step traces (:meth:`Engine.subscribe`,
+        after the callbacks already there). Raises ConfigError as the constructor does."""
+        recorder = cls(engine, model=model)
+        engine.subscribe(recorder)
         return recorder
 
     @property
@@ -171,7 +168,7 @@ class TraceRecorder:
 
     def __call__(self, trace: StepTrace) -> None:
         """Record one step; called by the engine after the step committed. Appends to the
-        document; forwards ``trace`` to the previous callback."""
+        document."""
         self._traces.append(trace)
         for request in (*self._queues.running, *self._queues.waiting):
             rid = request.request_id
@@ -208,8 +205,6 @@ class TraceRecorder:
         if self._eplb is not None:
             step["eplb"] = self._eplb.step(trace.slot_counts, trace.expert_counts)
         self._doc["steps"].append(step)
-        if self._previous is not None:
-            self._previous(trace)
 
     # ---- pieces ---------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.remote.plan_codec import PlanEncoder
 from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
 from deepinfer_kit.models.config import ModelConfig
-from deepinfer_kit.sample.protocols import Sampler
+from deepinfer_kit.components import Components
 from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.step import StepResult
 
@@ -62,7 +62,9 @@ class WorkerSpec:
         config: the engine's config; the worker builds the device half of it
             (:func:`~deepinfer_kit.engine.runner.build.build_device`).
         depth: the host executor's depth (1: the runner gets token slots).
-        sampler: a sampler to use instead of the default (must pickle), or ``None``.
+        components: the device components to use instead of the built-ins
+            (:meth:`Components.device_side`; each a factory pickled by reference or an
+            instance that pickles: ``check_crosses`` was run before the worker started).
         setup: called in the worker with its :class:`ModelRunner` once built (fault
             injection, instrumentation); must pickle by reference (a module-level callable
             or an instance of a module-level class), or ``None``.
@@ -77,7 +79,7 @@ class WorkerSpec:
 
     config: EngineConfig
     depth: int
-    sampler: Sampler | None = None
+    components: Components | None = None
     setup: Callable[[ModelRunner], object] | None = None
     threads: int = 1
     rank: int = 0
@@ -171,7 +173,7 @@ class ProcessRunner(WorkerPool):
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ConfigError(
                 f"a worker process needs sampler and setup that pickle by reference, got "
-                f"sampler={spec.sampler!r}, setup={spec.setup!r}: {exc}"
+                f"components={spec.components!r}, setup={spec.setup!r}: {exc}"
             ) from exc
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

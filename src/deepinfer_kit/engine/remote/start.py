@@ -19,7 +19,7 @@ from deepinfer_kit.engine.runner.pool import engine_device
 if TYPE_CHECKING:
     from deepinfer_kit.comm.protocols import Communicator
     from deepinfer_kit.engine.runner.model_runner import ModelRunner
-    from deepinfer_kit.sample.protocols import Sampler
+    from deepinfer_kit.components import Components
 
 __all__ = ["RemoteParts", "start_workers"]
 
@@ -38,20 +38,20 @@ class RemoteParts:
     balancer: RemoteBalancer | None
 
 
-def start_workers(config: EngineConfig, depth: int, sampler: Sampler | None,
+def start_workers(config: EngineConfig, depth: int, components: Components | None,
                   setup: Callable[[ModelRunner], object] | None,
                   wrap_comm: Callable[[Communicator], Communicator] | None) -> RemoteParts:
     """Start one worker process per rank of ``config`` (``tensor_parallel *
     expert_parallel``; a :class:`ProcessGroupRunner` over several) and wait until each has
-    built its device half. ``sampler``, ``setup`` and ``wrap_comm`` must pickle (by
-    reference for functions); ``setup`` runs in each worker with its runner.
+    built its device half. ``components`` (device kinds), ``setup`` and ``wrap_comm`` must
+    pickle (by reference for functions); ``setup`` runs in each worker with its runner.
 
     Raises:
         ConfigError: an unknown device, or what building raised in a worker.
         EngineDeadError: a worker exited or did not report in time.
     """
     engine_device(config)  # fails here, before a process starts
-    worker = WorkerSpec(config, depth, sampler, setup, torch.get_num_threads(), wrap_comm=wrap_comm)
+    worker = WorkerSpec(config, depth, components, setup, torch.get_num_threads(), wrap_comm=wrap_comm)
     runner: ProcessRunner | ProcessGroupRunner = (
         ProcessGroupRunner(worker) if config.expert_parallel * config.tensor_parallel > 1
         else ProcessRunner(worker)

@@ -62,7 +62,7 @@ def serve(conn: Connection) -> None:
     try:
         torch.set_num_threads(spec.threads)
         groups = worker_groups(spec, engine_device(spec.config))  # None: a single rank
-        parts = build_device(spec.config, depth=spec.depth, sampler=spec.sampler, groups=groups,
+        parts = build_device(spec.config, depth=spec.depth, components=spec.components, groups=groups,
                              setup=spec.setup)
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
         _reply(conn, "failed", None, exc)

@@ -7,12 +7,14 @@ Shape symbols: ``L`` MoE layers, ``E`` logical experts, ``P`` physical slots per
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import attrs
 import torch
 
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.eplb.named import make_policy
+from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.evaluate import balancedness
 from deepinfer_kit.eplb.movement import align_placement
 from deepinfer_kit.eplb.placement_ops import gpu_loads, placement_from_phy2log
@@ -22,6 +24,7 @@ from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
 from deepinfer_kit.moe.layer import MoELayer
+from deepinfer_kit.moe.protocols import ReplicaSelector
 from deepinfer_kit.moe.selectors import make_selector
 
 __all__ = ["ExpertBalancer", "first_placement", "moe_layers"]
@@ -69,6 +72,10 @@ class ExpertBalancer:
             them in place (:attr:`ReplicaLayout.fixed`), so forwards captured as CUDA
             graphs (the static decode path) stay valid; the selectors then run over
             padded tables, a little dearer on a CPU, where nothing is captured.
+        policy: the placement policy (``Components.placement_policy``); default the one
+            ``config.policy`` names.
+        selectors: the replica selector of each MoE layer, by its index among them
+            (``Components.replica_selector``); default the one ``config.dispatch`` names.
 
     Raises:
         ConfigError: no MoE layers, expert-parallel layers not sharded under
@@ -77,7 +84,8 @@ class ExpertBalancer:
     """
 
     def __init__(self, config: EplbConfig, layers: list[MoELayer], device: torch.device, *,
-                 capturable: bool = False) -> None:
+                 capturable: bool = False, policy: PlacementPolicy | None = None,
+                 selectors: Callable[[int], ReplicaSelector] | None = None) -> None:
         if not layers:
             raise ConfigError("eplb needs a model with MoE layers; this model has none")
         experts = {layer.config.num_experts for layer in layers}
@@ -91,12 +99,12 @@ class ExpertBalancer:
         gate_up, down = layers[0].experts.gate_up, layers[0].experts.down
         self.expert_bytes = (gate_up[0].numel() * gate_up.element_size()
                              + down[0].numel() * down.element_size())
-        self.policy = make_policy(config, self.expert_bytes)
+        self.policy: PlacementPolicy = policy if policy is not None else make_policy(config, self.expert_bytes)
         self.window = LoadWindow(len(layers), self.num_experts, config.window, device=device)
         first = first_placement(config, layers)
-        for layer, row in zip(layers, first.phy2log.tolist()):
+        for i, (layer, row) in enumerate(zip(layers, first.phy2log.tolist())):
             dispatcher = layer.dispatcher
-            selector = make_selector(config.dispatch)
+            selector: ReplicaSelector = selectors(i) if selectors is not None else make_selector(config.dispatch)
             if isinstance(dispatcher, ExpertParallelDispatcher):  # sharded under this plan
                 if list(dispatcher.phy2log) != row:
                     raise ConfigError("an expert-parallel layer must be sharded under first_placement")

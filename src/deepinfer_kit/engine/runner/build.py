@@ -4,14 +4,19 @@ and a launcher-started rank all call.
 
 The order is fixed, and the same in every process:
 
-1. the model (this rank's tensor-parallel shard under ``groups``) and its KV pool, sized
-   from the budget (:mod:`~deepinfer_kit.engine.runner.kv_sizing`);
-2. a bare runner over them (sampler, verifier, static decode, token slots), warmed up on
-   CUDA: every kernel compiled and the decode graphs captured;
+1. the model (this rank's tensor-parallel shard under ``groups``, with any injected
+   routers and dispatchers) and its KV pool, sized from the budget
+   (:mod:`~deepinfer_kit.engine.runner.kv_sizing`);
+2. a bare runner over them (:func:`~deepinfer_kit.engine.runner.bare.bare_runner`:
+   sampler, verifier, static decode, token slots), warmed up on CUDA: every kernel
+   compiled and the decode graphs captured;
 3. the experts split over the expert-parallel group (after the warm-up's local forwards:
    from here every forward is collective), and the live balancer over them;
-4. the speculation of ``config.speculative``: its drafter, and the DSpark planner's
-   curve profiled on the bare runner unless one is given;
+4. the speculation of ``config.speculative``: its drafter and planner (injected, or the
+   named ones: the DSpark planner's curve profiled on the bare runner unless one is given);
+
+Every component a :class:`~deepinfer_kit.components.Components` gives is built here, in
+the process that runs it, from a :class:`~deepinfer_kit.components.BuildContext`.
 5. the serving runner: the same parts, with its drafting and balancer given to its
    constructor (warm-up and profiling rounds stay out of the balancer's window and the
    drafter's state), then the ``setup`` hook.
@@ -19,30 +24,26 @@ The order is fixed, and the same in every process:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-from deepinfer_kit._kernels import Impl
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.components import BuildContext, Components, build
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.runner.balance import ExpertBalancer, moe_layers
+from deepinfer_kit.engine.runner.bare import bare_runner
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.engine.runner.expert_shards import shard_experts
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.engine.runner.pool import check_kernel_impls, engine_device, kv_pool, load_shard, model_dtype
 from deepinfer_kit.engine.runner.speculation import device_speculation
-from deepinfer_kit.engine.runner.static_decode import StaticDecode, device_buckets
-from deepinfer_kit.engine.runner.token_slots import TokenSlots
-from deepinfer_kit.engine.runner.warmup import warm_up
-from deepinfer_kit.models.loader import LoadedModel
-from deepinfer_kit.spec.verify.rejection import RejectionVerifier
 
 if TYPE_CHECKING:
     from deepinfer_kit.comm.world import ParallelGroups
-    from deepinfer_kit.sample.protocols import Sampler
+    from deepinfer_kit.models.loader import LoadedModel
 
 __all__ = ["DeviceParts", "build_device"]
 
@@ -71,15 +72,18 @@ class DeviceParts:
 
 
 
-def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = None,
+def build_device(config: EngineConfig, *, depth: int, components: Components | None = None,
                  groups: ParallelGroups | None = None,
                  setup: Callable[[ModelRunner], object] | None = None) -> DeviceParts:
     """Build the device half of ``config`` in the order of the module docstring.
 
     ``depth``: the engine's executor depth (1: token slots for overlapped rounds).
-    ``sampler``: the sampler (default: the vectorized one). ``groups``: this rank's
-    tensor- and expert-parallel groups (``None``: a single-rank model). ``setup``: called
-    with the serving runner once built (instrumentation, fault injection).
+    ``components``: device components of yours (:class:`Components`: sampler, verifier,
+    drafter, planner, per-layer routers / dispatchers / replica selectors, placement
+    policy), each an instance or a :class:`Factory` called here with a
+    :class:`BuildContext`; the rest are the built-ins ``config`` names. ``groups``: this
+    rank's tensor- and expert-parallel groups (``None``: a single-rank model). ``setup``:
+    called with the serving runner once built (instrumentation, fault injection).
 
     Called once per engine: by ``build_engine`` in the engine's process (and for a
     ``worker="launched"`` rank), or in a worker process by
@@ -91,19 +95,25 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
             that do not divide over the expert-parallel ranks.
         CheckpointError: a checkpoint folder that cannot be loaded.
     """
+    parts = components if components is not None else Components()
     device = engine_device(config)
     check_kernel_impls(config, device)
     dtype = model_dtype(config, device)
-    loaded = load_shard(config, dtype, device, groups)
+    ctx = BuildContext(config=config, clock=time.monotonic, block_size=config.block_size, device=str(device))
+    loaded = load_shard(config, dtype, device, groups, parts, ctx)
     kv_cache, num_blocks, max_model_len = kv_pool(config, loaded.config, dtype, device, groups)
+    ctx = attrs.evolve(ctx, num_blocks=num_blocks, max_model_len=max_model_len, model=loaded.model,
+                       vocab_size=loaded.config.vocab_size)
     static = _static_decode(config, device)
-    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device, capturable=static)
+    eplb = _eplb_parts(parts, ctx)
+    balancer = (ExpertBalancer(config.eplb, moe_layers(loaded.model), device, capturable=static, **eplb)
                 if config.eplb is not None and config.expert_parallel == 1 else None)  # EP: after sharding
-    bare = _bare_runner(config, loaded, kv_cache, max_model_len, device, sampler, depth, static=static)
+    bare = bare_runner(config, loaded, kv_cache, max_model_len, device, parts, ctx, depth, static=static)
     if config.expert_parallel > 1:
         balancer = shard_experts(loaded.model, config.expert_parallel, config.eplb, device,
-                                 group=groups.ep_group if groups is not None else None)
-    speculation = device_speculation(config, loaded, bare, num_blocks, max_model_len, dtype, device)
+                                 group=groups.ep_group if groups is not None else None, **eplb)
+    speculation = device_speculation(config, loaded, bare, num_blocks, max_model_len, dtype, device,
+                                     drafter=build(parts.drafter, ctx), planner=build(parts.verify_planner, ctx))
     runner = ModelRunner(
         bare.model, bare.kv_cache, bare.sampler, device=device, generator=bare.generator,
         static_decode=bare.static, verifier=bare.verifier, balancer=balancer,
@@ -115,8 +125,16 @@ def build_device(config: EngineConfig, *, depth: int, sampler: Sampler | None = 
     return DeviceParts(loaded, runner, num_blocks, max_model_len, dtype, device, balancer)
 
 
-
-
+def _eplb_parts(parts: Components, ctx: BuildContext) -> dict[str, Any]:
+    """The balancer's injected placement policy and per-layer replica selectors, as
+    keyword arguments of :class:`ExpertBalancer` (empty when none is injected)."""
+    out: dict[str, Any] = {}
+    if parts.placement_policy is not None:
+        out["policy"] = build(parts.placement_policy, ctx)
+    factory = parts.replica_selector
+    if factory is not None:
+        out["selectors"] = lambda layer: factory(attrs.evolve(ctx, layer=layer))
+    return out
 
 
 def _static_decode(config: EngineConfig, device: torch.device) -> bool:
@@ -128,29 +146,3 @@ def _static_decode(config: EngineConfig, device: torch.device) -> bool:
     if config.static_decode is not None:
         return config.static_decode
     return device.type == "cuda" and config.cuda_graphs
-
-
-def _bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,
-                 device: torch.device, sampler: Sampler | None, depth: int, *, static: bool) -> ModelRunner:
-    """A runner with neither drafting nor a balancer, warmed up (and its decode graphs
-    captured) on CUDA. ``static``: decode rounds on static buffers (:func:`_static_decode`)."""
-    from deepinfer_kit.sample.vectorized import VectorizedSampler
-
-    on_cuda = device.type == "cuda"
-    sampler = sampler if sampler is not None else VectorizedSampler(impl=cast(Impl, config.sampler_impl))
-    runner = ModelRunner(
-        loaded.model, kv_cache, sampler, device=device,
-        generator=torch.Generator(device=device).manual_seed(config.seed),
-        static_decode=StaticDecode(
-            loaded.model, kv_cache, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-            context_buckets=device_buckets(kv_cache, config.max_num_seqs, max_model_len),
-        ) if static else None,
-        verifier=None if config.speculative is None else RejectionVerifier(
-            sampler, cast(Impl, config.sampler_impl)),
-        token_slots=TokenSlots((depth + 1) * config.max_num_seqs, device) if depth else None,
-    )
-    if on_cuda:
-        warm_up(runner, max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=max_model_len, capture=config.cuda_graphs and static)
-    return runner

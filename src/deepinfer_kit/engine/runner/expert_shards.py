@@ -3,24 +3,31 @@ route the rest over the expert-parallel group."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
 from deepinfer_kit.engine.runner.balance import ExpertBalancer, first_placement, moe_layers
 from deepinfer_kit.eplb.config import EplbConfig
+from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.protocols import CausalLM
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
+from deepinfer_kit.moe.protocols import ReplicaSelector
 
 __all__ = ["shard_experts"]
 
 
 def shard_experts(model: CausalLM, world: int, eplb: EplbConfig | None,
-                  device: torch.device, group: dist.ProcessGroup | None = None) -> ExpertBalancer | None:
+                  device: torch.device, group: dist.ProcessGroup | None = None, *,
+                  policy: PlacementPolicy | None = None,
+                  selectors: Callable[[int], ReplicaSelector] | None = None) -> ExpertBalancer | None:
     """Keep this rank's slots of every MoE layer and route through ``group``: one slot per
     expert (expert ``e`` on rank ``e // (E / world)``), or with ``eplb`` the
     ``E + num_redundant`` slots of :func:`first_placement`, and then the balancer over
     them (returned). ``group``: the expert-parallel process group (``None``: the world).
+    ``policy``, ``selectors``: the balancer's injected parts (see :class:`ExpertBalancer`).
 
     Called once per rank by :func:`~deepinfer_kit.engine.runner.build.build_device`, after
     the warm-up's local forwards (from then on every forward is collective). Mutates the
@@ -39,4 +46,6 @@ def shard_experts(model: CausalLM, world: int, eplb: EplbConfig | None,
         if len(row) % world:
             raise ConfigError(f"expert_parallel={world} must divide the {len(row)} expert slots per layer")
         layer.use_expert_parallel(ExpertParallelDispatcher(layer.config.num_experts, row, group))
-    return ExpertBalancer(eplb, layers, device) if eplb is not None else None
+    if eplb is None:
+        return None
+    return ExpertBalancer(eplb, layers, device, policy=policy, selectors=selectors)

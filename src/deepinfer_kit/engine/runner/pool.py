@@ -14,8 +14,9 @@ import torch
 from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.components import BuildContext, Components
 from deepinfer_kit.engine.config import EngineConfig
-from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model
+from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model, moe_layer_factory
 from deepinfer_kit.engine.runner.kv_sizing import activation_reserve_bytes, kv_budget_bytes, resolve_dtype, size_kv_pool
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.config import ModelConfig
@@ -74,20 +75,27 @@ def model_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 
 
 def load_shard(config: EngineConfig, dtype: torch.dtype, device: torch.device,
-          groups: ParallelGroups | None) -> LoadedModel:
-    """The model of ``config`` (this rank's tensor-parallel shard under ``groups``).
+               groups: ParallelGroups | None, components: Components | None = None,
+               context: BuildContext | None = None) -> LoadedModel:
+    """The model of ``config`` (this rank's tensor-parallel shard under ``groups``), its
+    MoE layers with the injected routers and dispatchers of ``components`` (each built per
+    layer from ``context``).
 
     Raises:
         ConfigError, CheckpointError: an unsupported or unreadable checkpoint.
     """
     tp = groups.tp if groups is not None else None
     attention_impl, moe_impl = cast(Impl, config.attention_impl), cast(Impl, config.moe_impl)
+    sparse = None
+    if components is not None and (components.router is not None or components.dispatcher is not None):
+        sparse = moe_layer_factory(moe_impl, router=components.router, dispatcher=components.dispatcher,
+                                   context=context)
     if config.model == TINY:
-        return build_tiny_model(seed=config.seed, dtype=dtype, device=device,
-                                attention_impl=attention_impl, moe_impl=moe_impl, tp=tp)
+        return build_tiny_model(seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl,
+                                moe_impl=moe_impl, tp=tp, sparse_mlp_factory=sparse)
     path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
     return load_model(path, dtype=dtype, device=device, attention_impl=attention_impl,
-                      moe_impl=moe_impl, tp=tp)
+                      moe_impl=moe_impl, tp=tp, sparse_mlp_factory=sparse)
 
 
 def kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
