@@ -83,6 +83,10 @@ class MRUEvictionPolicy:
         return out
 
 
+def make_mru(ctx: BuildContext) -> MRUEvictionPolicy:
+    return MRUEvictionPolicy()
+
+
 class CountingIndex(RadixPrefixIndex):
     """The radix index, counting lookups."""
 
@@ -178,6 +182,10 @@ class ConstantCost:
 
     def step_time(self, shape: StepShape) -> float:
         return self.seconds
+
+
+def make_cost(ctx: BuildContext) -> ConstantCost:
+    return ConstantCost(0.01)
 
 
 # ---- device kinds ------------------------------------------------------------------------

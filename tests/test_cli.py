@@ -183,3 +183,27 @@ def test_generate_over_expert_parallel_ranks_matches_one_process(capsys: pytest.
     assert main([*args, "--expert-parallel", "2"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == alone
     assert main([*args, "--expert-parallel", "2", "--device", "cuda"]) == 2  # CPU ranks only
+
+
+def test_components_come_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--component KIND=module:callable`` on generate, trace and sim (tests/own_components.py
+    is importable: tests/ is on the path)."""
+    base = ["generate", "--model", "tiny", "--prompt", "hello", "--max-tokens", "6"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out.splitlines()[0]
+    assert main([*base, "--component", "sampler=own_components:make_sampler"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] != plain  # the second-best sampler drew them
+    assert main(["trace", "--model", "tiny", "--prompt", "a b a b a b", "--max-tokens", "6", "--num-draft", "3",
+                 "--component", "drafter=own_components:make_drafter",
+                 "--component", "draft_verifier=own_components:make_verifier"]) == 0
+    assert "drafted=3 accepted=3" in capsys.readouterr().out  # the accept-all verifier kept every draft
+    sim = ["sim", "--num-requests", "60", "--set", 'speculative={"num_draft": 2}',
+           "--component", "drafter=own_components:make_drafter",
+           "--component", "eviction_policy=own_components:make_mru",
+           "--component", "cost_model=own_components:make_cost"]
+    assert main(sim) == 0
+    assert "60" in capsys.readouterr().out
+    assert main(["sim", "--num-requests", "5", "--component", "drafter=nowhere:make"]) == 2
+    assert "cannot import 'nowhere'" in capsys.readouterr().err
+    assert main(["generate", "--component", "wizard=own_components:make_drafter"]) == 2
+    assert "KIND one of" in capsys.readouterr().err

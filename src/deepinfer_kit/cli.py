@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.cli_engine import add_engine_options, add_parallel_options, engine_config
+from deepinfer_kit.cli_engine import add_engine_options, add_parallel_options, components_of, engine_config
 from deepinfer_kit.errors import DeepInferError
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def _engine_and_params(args: argparse.Namespace) -> tuple[Engine, SamplingParams
         ignore_eos=args.ignore_eos,
     )
     prompts = list(args.prompt) if args.prompt else list(DEFAULT_PROMPTS)
-    return build_engine(config), params, prompts
+    return build_engine(config, components=components_of(args)), params, prompts
 
 
 def _generate(args: argparse.Namespace) -> int:

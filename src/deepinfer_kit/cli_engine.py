@@ -7,8 +7,10 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
+from deepinfer_kit.errors import ConfigError
 
 if TYPE_CHECKING:
+    from deepinfer_kit.components import Components
     from deepinfer_kit.engine.config import EngineConfig
 
 __all__ = ["add_engine_options", "add_parallel_options", "engine_config"]
@@ -22,6 +24,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
              "docs; default) or 'tiny' (random weights)",
     )
     p.add_argument("--tokenizer", default=None, help="a folder whose tokenizer.json replaces the model's")
+    add_component_option(p)
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:1, ... (default: cuda when a GPU is present and --model is "
                         "a checkpoint folder, else cpu)")
@@ -99,6 +102,35 @@ def add_parallel_options(p: argparse.ArgumentParser, *, tensor_parallel_size: bo
     p.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
                    help="seconds one collective of a multi-rank model may take before the "
                         "engine reports the group dead")
+
+
+def add_component_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--component KIND=package.module:callable`` (repeatable): a component of yours, built
+    by that factory from a :class:`~deepinfer_kit.components.BuildContext`."""
+    p.add_argument(
+        "--component", action="append", default=[], metavar="KIND=MODULE:CALLABLE",
+        help="use your component instead of the built-in: KIND is one of the Components fields "
+             "(drafter, eviction_policy, admission_policy, sampler, ...), the callable a "
+             "module-level factory taking the BuildContext (repeatable; docs/protocols.md)",
+    )
+
+
+def components_of(args: argparse.Namespace) -> Components | None:
+    """The :class:`~deepinfer_kit.components.Components` of ``--component`` flags, or ``None``.
+
+    Raises:
+        ConfigError: a malformed flag, an unknown kind, a path that does not import, or a
+            kind given twice (each named).
+    """
+    from deepinfer_kit.components import Components, parse_component
+
+    given: dict[str, Any] = {}
+    for text in getattr(args, "component", None) or []:
+        kind, factory = parse_component(text)
+        if kind in given:
+            raise ConfigError(f"--component {kind} given twice")
+        given[kind] = factory
+    return Components(**given) if given else None
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:

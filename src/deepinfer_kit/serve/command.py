@@ -63,7 +63,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
             "deepinfer-kit serve needs FastAPI, uvicorn and prometheus_client: "
             "pip install 'deepinfer_kit[serve]'"
         ) from None
-    from deepinfer_kit.cli_engine import engine_config
+    from deepinfer_kit.cli_engine import components_of, engine_config
     from deepinfer_kit.engine.llm import tensor_parallel_options
     from deepinfer_kit.serve.api import build_app
     from deepinfer_kit.serve.async_llm import AsyncLLM
@@ -89,7 +89,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         allowed_hosts=tuple(args.allowed_hosts.split(",")),
     )
     engine_options = {k: v for k, v in attrs.asdict(config, recurse=False).items() if k != "model"}
-    llm = AsyncLLM(config.model, generation_config=args.generation_config, **engine_options)
+    llm = AsyncLLM(config.model, generation_config=args.generation_config, components=components_of(args),
+                   **engine_options)
     app = build_app(llm, model_name=args.served_model_name or args.model, chat_template=template,
                     options=options, root=args.model)
     if not logging.getLogger().handlers:  # the access log and refusals, beside uvicorn's

@@ -59,7 +59,12 @@ def build_simulator(
     graphs, overlap) are ignored; the scheduler, cache and pool fields are used exactly
     as ``build_engine`` uses them, and so are ``components``' host kinds (block allocator,
     eviction policy, prefix index, cache manager, scheduler and its policies): each
-    factory gets the simulator's virtual clock as ``BuildContext.clock``. ``cost`` (or
+    factory gets the simulator's virtual clock as ``BuildContext.clock``. With
+    ``config.speculative`` the simulator speculates as the engine does (its
+    ``RunnerDrafting``, the scheduler's draft room): the drafter (``components.drafter``,
+    else the n-gram one) drafts from the synthetic tokens, the planner
+    (``components.verify_planner``, else the named one; ``"dspark"`` needs
+    ``speculative.sps``) cuts, and drafts are verified against the synthetic target. ``cost`` (or
     ``components.cost_model``: one of the two) prices each round. ``model`` sizes the
     pool (``kv_cache_memory_mb``) and gives the vocabulary and the default
     ``max_model_len``. With ``config.eplb`` set, a simulated MoE router (``routing``,
@@ -72,7 +77,7 @@ def build_simulator(
             model or two, or a device component (the simulator runs no model).
     """
     parts = components if components is not None else Components()
-    device = [k for k in DEVICE_KINDS if k != "placement_policy" and getattr(parts, k) is not None]
+    device = [k for k in DEVICE_KINDS if k not in _SIM_KINDS and getattr(parts, k) is not None]
     if device or parts.executor is not None:
         raise ConfigError(f"components.{(device or ['executor'])[0]} runs beside a model: the simulator "
                           f"has none (its cost model prices the rounds)")
@@ -100,4 +105,31 @@ def build_simulator(
     elif parts.placement_policy is not None:
         raise ConfigError("components.placement_policy needs eplb={...}, got eplb=None")
     runner = SimRunner(priced, tokens, experts)
-    return Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)
+    sim = Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)
+    if config.speculative is not None:
+        _speculate(sim, config, parts, ctx)
+    elif parts.drafter is not None or parts.verify_planner is not None:
+        raise ConfigError("components.drafter / verify_planner need speculative={...}, got speculative=None")
+    return sim
+
+
+_SIM_KINDS = ("drafter", "verify_planner", "placement_policy")
+"""Device kinds the simulator runs too (on its synthetic tokens and experts)."""
+
+
+def _speculate(sim: Simulator, config: EngineConfig, parts: Components, ctx: BuildContext) -> None:
+    """Speculation in ``sim`` as ``config.speculative`` and ``parts`` give it."""
+    from deepinfer_kit.sim.spec_runner import speculate
+    from deepinfer_kit.spec.drafters.ngram import NgramDrafter
+    from deepinfer_kit.spec.speculation import Speculation, named_planner
+
+    spec = config.speculative
+    assert spec is not None
+    drafter = build(parts.drafter, ctx)
+    if drafter is None:
+        if spec.drafter != "ngram":
+            raise ConfigError(f"speculative.drafter={spec.drafter!r} drafts with a model, which the "
+                              f"simulator has none of: use 'ngram' or give components.drafter")
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    planner = build(parts.verify_planner, ctx)
+    speculate(sim, Speculation(drafter, planner if planner is not None else named_planner(spec), spec.num_draft))

@@ -12,6 +12,8 @@ __all__ = ["add_sim_parser", "run_sim_command"]
 
 def add_sim_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the ``sim`` subcommand and its flags on ``sub``. Mutates ``sub``."""
+    from deepinfer_kit.cli_engine import add_component_option
+
     p = sub.add_parser("sim", help="simulate a workload on the real scheduler and cache")
     w = p.add_argument_group("workload (ignored with --workload FILE.jsonl)")
     w.add_argument("--workload", help="a JSONL trace, or a JSON object of WorkloadConfig fields")
@@ -33,6 +35,7 @@ def add_sim_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     w.add_argument("--save-trace", help="write the generated workload as JSONL")
     e = p.add_argument_group("engine (any EngineConfig field with --set)")
     e.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    add_component_option(e)
     e.add_argument("--kv-cache-memory-mb", type=int, default=40 * 1024)
     e.add_argument("--max-model-len", type=int, default=16384)
     e.add_argument("--sweep", metavar="FIELD=V1,V2,...", help="sweep one EngineConfig field")
@@ -76,6 +79,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
     """
     import attrs
 
+    from deepinfer_kit.cli_engine import components_of
     from deepinfer_kit.engine.config import EngineConfig
     from deepinfer_kit.errors import ConfigError
     from deepinfer_kit.sim.cost_analytic import H200, QWEN3_1_7B, TINY, AnalyticCost
@@ -148,8 +152,9 @@ def run_sim_command(args: argparse.Namespace) -> int:
             top_k=args.top_k, exponent=args.zipf_exponent, correlation=args.drift_correlation,
             drift_every=args.drift_every, moe_fraction=args.moe_fraction, seed=args.seed)
     progress = args.progress if args.progress is not None else len(requests) >= 5000
-    rows = run_sweep(config, field, values, requests, cost, model, seed=args.seed,
-                     progress=progress, routing=routing)
+    parts = components_of(args)  # --component cost_model=... replaces --cost
+    rows = run_sweep(config, field, values, requests, None if parts and parts.cost_model else cost, model,
+                     seed=args.seed, progress=progress, routing=routing, components=parts)
     print(format_table(field, rows))
     by_priority = format_priority_table(field, rows)
     if by_priority:

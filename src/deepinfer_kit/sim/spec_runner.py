@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.step import StepResult
     from deepinfer_kit.spec.protocols import Drafter
 
-__all__ = ["SyntheticDrafter", "SpecSimRunner", "build_spec_simulator", "check_idle"]
+__all__ = ["SyntheticDrafter", "SpecSimRunner", "build_spec_simulator", "speculate", "check_idle"]
 
 
 class SyntheticDrafter:
@@ -172,14 +172,25 @@ def build_spec_simulator(
     if num_draft < 1:
         raise ConfigError(f"num_draft must be >= 1, got {num_draft}")
     sim = build_simulator(config, cost, model, seed=seed)
-    tokens = sim.runner.tokens
-    spec = Speculation(SyntheticDrafter(acceptance, tokens), planner, num_draft, lagged=lagged)
-    sim.runner = SpecSimRunner(cost, tokens, RunnerDrafting(spec))
+    spec = Speculation(SyntheticDrafter(acceptance, sim.runner.tokens), planner, num_draft, lagged=lagged)
+    speculate(sim, spec)
+    return sim, spec
+
+
+def speculate(sim: Simulator, speculation: Speculation) -> None:
+    """Make ``sim`` speculate with ``speculation``: its runner becomes a
+    :class:`SpecSimRunner` drafting through the engine's :class:`RunnerDrafting` (drafts
+    verified against the synthetic target's tokens), and its scheduler reserves room for
+    ``speculation.num_draft`` drafts. Called once, before the run; mutates ``sim``.
+
+    Raises:
+        ConfigError: the scheduler reserves no room for drafts.
+    """
     if not isinstance(sim.scheduler, DraftRoom):
         raise ConfigError(f"speculation needs a scheduler with reserve_drafts(); "
                           f"{type(sim.scheduler).__name__} has none")
-    sim.scheduler.reserve_drafts(num_draft)
-    return sim, spec
+    sim.runner = SpecSimRunner(sim.runner.cost, sim.runner.tokens, RunnerDrafting(speculation))
+    sim.scheduler.reserve_drafts(speculation.num_draft)
 
 
 def check_idle(sim: Simulator) -> None:

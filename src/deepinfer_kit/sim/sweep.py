@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from deepinfer_kit.components import Components
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.build import build_simulator
@@ -37,7 +38,19 @@ EXPERT_COLUMNS = ("moe_balance_mean", "moe_balance_min", "moe_oracle_mean",
 
 def parse_value(text: str) -> object:
     """``"512"`` -> 512, ``"0.5"`` -> 0.5, ``"true"``/``"false"`` -> bool, ``"none"`` ->
-    None, anything else stays text."""
+    None, a JSON object (``'{"num_draft": 3}'``) -> a dict, anything else stays text.
+
+    Raises:
+        ConfigError: text starting with ``{`` that is not a JSON object.
+    """
+    if text.strip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{text!r} is not a JSON object: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ConfigError(f"{text!r} is not a JSON object")
+        return value
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -99,17 +112,20 @@ def run_sweep(
     field: str | None,
     values: Sequence[object],
     requests: Sequence[SimRequest],
-    cost: CostModel,
+    cost: CostModel | None,
     model: ModelShape,
     *,
     seed: int = 0,
     progress: bool = False,
     on_row: Callable[[SweepRow], None] | None = None,
     routing: ExpertRouting | None = None,
+    components: Components | None = None,
 ) -> list[SweepRow]:
     """Simulate ``requests`` once per value of ``field`` (once with ``config`` as is when
     ``field`` is ``None``), each on freshly built components (``routing``: the simulated
-    MoE router when ``config.eplb`` is set). ``on_row`` sees each result as it comes.
+    MoE router when ``config.eplb`` is set; ``components``: yours, as ``build_simulator``
+    takes them — give factories, so each run builds fresh ones). ``on_row`` sees each
+    result as it comes.
 
     Raises:
         ConfigError: a value EngineConfig rejects, or a pool too small.
@@ -117,7 +133,7 @@ def run_sweep(
     rows: list[SweepRow] = []
     for value in (values if field is not None else [None]):
         cfg = with_field(config, field, value) if field is not None else config
-        sim = build_simulator(cfg, cost, model, seed=seed, routing=routing)
+        sim = build_simulator(cfg, cost, model, seed=seed, routing=routing, components=components)
         row = (value, sim.run(requests, progress=progress))
         rows.append(row)
         if on_row is not None:

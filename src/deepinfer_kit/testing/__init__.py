@@ -9,7 +9,10 @@ from deepinfer_kit.testing.cache import (
     BLOCK_ALLOCATOR_SUITE,
     KV_CACHE_MANAGER_SUITE,
     PREFIX_INDEX_SUITE,
+    kv_cache_manager_suite,
+    prefix_index_suite,
 )
+from deepinfer_kit.testing.drafter import DRAFTER_SUITE
 from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
 from deepinfer_kit.testing.eviction import EVICTION_POLICY_SUITE, LRU_POLICY_SUITE
 from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
@@ -18,6 +21,11 @@ from deepinfer_kit.testing.runner import STEP_RUNNER_SUITE
 from deepinfer_kit.testing.sample import SAMPLER_SUITE
 from deepinfer_kit.testing.sparse_mlp import SPARSE_MLP_SUITE
 from deepinfer_kit.testing.sched import SCHEDULER_SUITE
+from deepinfer_kit.testing.sched_policies import (
+    ADMISSION_POLICY_SUITE,
+    BATCHING_POLICY_SUITE,
+    PREEMPTION_POLICY_SUITE,
+)
 from deepinfer_kit.testing.sched_stretch import DECODE_STRETCHES_SUITE
 from deepinfer_kit.testing.sim_cost import COST_MODEL_SUITE
 from deepinfer_kit.testing.replica_selector import REPLICA_SELECTOR_SUITE
@@ -33,13 +41,19 @@ __all__ = [
     "BLOCK_ALLOCATOR_SUITE",
     "PREFIX_INDEX_SUITE",
     "KV_CACHE_MANAGER_SUITE",
+    "prefix_index_suite",
+    "kv_cache_manager_suite",
     "EVICTION_POLICY_SUITE",
     "LRU_POLICY_SUITE",
     "SCHEDULER_SUITE",
+    "ADMISSION_POLICY_SUITE",
+    "PREEMPTION_POLICY_SUITE",
+    "BATCHING_POLICY_SUITE",
     "DECODE_STRETCHES_SUITE",
     "COST_MODEL_SUITE",
     "SAMPLER_SUITE",
     "SPARSE_MLP_SUITE",
+    "DRAFTER_SUITE",
     "VERIFY_PLANNER_SUITE",
     "DRAFT_VERIFIER_SUITE",
     "SPECULATIVE_DISTRIBUTION_SUITE",

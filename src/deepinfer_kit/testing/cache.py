@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
+from deepinfer_kit.cache.protocols import BlockAllocator, EvictionPolicy, KVCacheManager, PrefixIndex
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.testing.cache_index_checks import register_index_checks
 from deepinfer_kit.testing.cache_manager_checks import register_manager_checks
 from deepinfer_kit.testing.cache_slot_checks import register_slot_checks
+from deepinfer_kit.testing.eviction import LRUModel
 from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = [
@@ -20,29 +21,47 @@ __all__ = [
     "BLOCK_ALLOCATOR_SUITE",
     "PREFIX_INDEX_SUITE",
     "KV_CACHE_MANAGER_SUITE",
+    "prefix_index_suite",
+    "kv_cache_manager_suite",
 ]
 
 AllocatorFactory = Callable[[int, int], BlockAllocator]
 """``factory(num_blocks, block_size)`` -> a fresh, empty allocator."""
 
 PrefixIndexFactory = Callable[[int], PrefixIndex]
-"""``factory(block_size)`` -> a fresh, empty prefix index (LRU eviction)."""
+"""``factory(block_size)`` -> a fresh, empty prefix index (evicting in the order of the
+suite's reference policy: LRU for :data:`PREFIX_INDEX_SUITE`)."""
 
 KVCacheManagerFactory = Callable[[int, int], KVCacheManager]
 """``factory(num_blocks, block_size)`` -> a fresh manager with prefix caching on."""
 
+
+def prefix_index_suite(reference: Callable[[], EvictionPolicy] = LRUModel) -> Suite[PrefixIndexFactory]:
+    """The PrefixIndex suite with the eviction order of policies ``reference()`` builds
+    (a fresh one per check, driven with the calls the index should make to its own): pass
+    your policy's class to check an index that evicts in its order (an LFU index against
+    an LFU reference). ``PREFIX_INDEX_SUITE`` is ``prefix_index_suite()`` (exact LRU)."""
+    name = "PrefixIndex" if reference is LRUModel else f"PrefixIndex[{getattr(reference, '__name__', 'reference')}]"
+    suite: Suite[PrefixIndexFactory] = Suite(name, "factory(block_size) -> PrefixIndex")
+    register_index_checks(suite, reference)
+    return suite
+
+
+def kv_cache_manager_suite(reference: Callable[[], EvictionPolicy] = LRUModel) -> Suite[KVCacheManagerFactory]:
+    """The KVCacheManager suite whose model evicts in the order of policies ``reference()``
+    builds (``KV_CACHE_MANAGER_SUITE`` is ``kv_cache_manager_suite()``, exact LRU)."""
+    name = "KVCacheManager" if reference is LRUModel else f"KVCacheManager[{getattr(reference, '__name__', 'reference')}]"
+    suite: Suite[KVCacheManagerFactory] = Suite(name, "factory(num_blocks, block_size) -> KVCacheManager")
+    register_manager_checks(suite, reference)
+    register_slot_checks(suite)
+    return suite
+
+
 BLOCK_ALLOCATOR_SUITE: Suite[AllocatorFactory] = Suite(
     "BlockAllocator", "factory(num_blocks, block_size) -> BlockAllocator"
 )
-PREFIX_INDEX_SUITE: Suite[PrefixIndexFactory] = Suite(
-    "PrefixIndex", "factory(block_size) -> PrefixIndex"
-)
-KV_CACHE_MANAGER_SUITE: Suite[KVCacheManagerFactory] = Suite(
-    "KVCacheManager", "factory(num_blocks, block_size) -> KVCacheManager"
-)
-register_index_checks(PREFIX_INDEX_SUITE)
-register_manager_checks(KV_CACHE_MANAGER_SUITE)
-register_slot_checks(KV_CACHE_MANAGER_SUITE)
+PREFIX_INDEX_SUITE: Suite[PrefixIndexFactory] = prefix_index_suite()
+KV_CACHE_MANAGER_SUITE: Suite[KVCacheManagerFactory] = kv_cache_manager_suite()
 
 
 def _raises(exc: type[Exception], fn: Callable[[], object], what: str) -> None:

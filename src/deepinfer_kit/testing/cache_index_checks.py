@@ -1,17 +1,25 @@
-"""The PrefixIndex conformance checks (registered on ``PREFIX_INDEX_SUITE``)."""
+"""The PrefixIndex conformance checks (registered on ``PREFIX_INDEX_SUITE`` and on the suite
+:func:`~deepinfer_kit.testing.cache.prefix_index_suite` makes for another eviction order).
+
+The eviction order is the reference policy's: every check that evicts drives a fresh
+reference (an :class:`EvictionPolicy`, exact LRU by default) with the calls the index
+should make to its own policy — ``push`` when blocks become unreferenced, ``discard``
+when they are referenced again, ``touch`` on the hits of a match (tail first), ``pop``
+on eviction — and expects the index to evict what the reference pops."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable
 
-from deepinfer_kit.cache.protocols import PrefixIndex
+from deepinfer_kit.cache.protocols import EvictionPolicy, PrefixIndex
 from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = ["register_index_checks"]
 
 P = 4
 IndexFactory = Callable[[int], PrefixIndex]
+Reference = Callable[[], EvictionPolicy]
 
 
 def _tokens(seed: int, n: int, vocab: int = 50) -> list[int]:
@@ -78,31 +86,36 @@ def _check_mark_unused_returns_uncached_blocks(factory: IndexFactory) -> None:
     expect(index.evict(5) == [2], "only unreferenced cached blocks are evicted")
 
 
-def _check_eviction_is_lru_tail_first(factory: IndexFactory) -> None:
-    index = factory(P)
+def _check_eviction_follows_the_reference_tail_first(factory: IndexFactory, reference: Reference) -> None:
+    index, ref = factory(P), reference()
     a, ablocks, b, bblocks = _chains(index)
-    index.mark_unused(ablocks[::-1])
-    index.mark_unused(bblocks[::-1])
-    expect(index.evict(1) == [2], "the least recently used chain loses its tail first")
-    order = index.evict(10)
-    expect(order == [1, 0, 11, 10], f"eviction order must be LRU, tail first; got {order}")
+    for blocks in (ablocks[::-1], bblocks[::-1]):
+        index.mark_unused(blocks)
+        ref.push(blocks)
+    want = ref.pop(1)
+    expect(index.evict(1) == want, f"the first victim must be the reference's {want}")
+    want += ref.pop(10)
+    got = want[:1] + index.evict(10)
+    expect(got == want, f"eviction order must be the reference's {want}; got {got}")
     expect(index.stats.evicted_blocks == 5, f"evicted counter: {index.stats.evicted_blocks}")
 
 
-def _check_match_refreshes_recency(factory: IndexFactory) -> None:
-    index = factory(P)
+def _check_match_touches_the_hits(factory: IndexFactory, reference: Reference) -> None:
+    index, ref = factory(P), reference()
     a, ablocks, b, bblocks = _chains(index)
-    index.mark_unused(ablocks[::-1])
-    index.mark_unused(bblocks[::-1])
+    for blocks in (ablocks[::-1], bblocks[::-1]):
+        index.mark_unused(blocks)
+        ref.push(blocks)
     expect(index.match(a[: 2 * P]) == [0, 1], "chain A's head matches")
-    order = index.evict(10)
-    expect(order == [2, 11, 10, 1, 0], f"a just-matched block goes last, got {order}")
+    ref.touch([1, 0])
+    order, want = index.evict(10), ref.pop(10)
+    expect(order == want, f"a match touches its hits, tail first: reference order {want}, got {order}")
 
 
 def _check_evicted_block_loses_identity(factory: IndexFactory) -> None:
     index = factory(P)
     a, ablocks, b, _ = _chains(index)
-    index.mark_unused(ablocks[::-1])
+    index.mark_unused([2])  # the only evictable block, whatever the policy
     expect(index.evict(1) == [2], "the tail of A is evicted")
     expect(not index.contains(2), "an evicted block holds no identity")
     expect(index.match(a) == [0, 1], "a match stops at the evicted block")
@@ -112,16 +125,17 @@ def _check_evicted_block_loses_identity(factory: IndexFactory) -> None:
     expect(index.match(a) == [0, 1], "a reused block never answers for its old content")
 
 
-def _check_touch_false_changes_nothing(factory: IndexFactory) -> None:
-    index = factory(P)
+def _check_touch_false_changes_nothing(factory: IndexFactory, reference: Reference) -> None:
+    index, ref = factory(P), reference()
     a, ablocks, b, bblocks = _chains(index)
-    index.mark_unused(ablocks[::-1])
-    index.mark_unused(bblocks[::-1])
+    for blocks in (ablocks[::-1], bblocks[::-1]):
+        index.mark_unused(blocks)
+        ref.push(blocks)
     before = (index.stats.queries, index.stats.query_blocks, index.stats.hit_blocks)
     expect(index.match(a, touch=False) == ablocks, "a lookup still finds the blocks")
     after = (index.stats.queries, index.stats.query_blocks, index.stats.hit_blocks)
     expect(after == before, f"touch=False must not count, {before} -> {after}")
-    expect(index.evict(10) == [2, 1, 0, 11, 10], "touch=False must not refresh recency")
+    expect(index.evict(10) == ref.pop(10), "touch=False must not touch the policy")
 
 
 def _check_stats_count_queries_and_hits(factory: IndexFactory) -> None:
@@ -147,16 +161,17 @@ def _check_memo_and_start_are_transparent(factory: IndexFactory) -> None:
     expect(index.insert(t, [0, 1, 2, 3, 4], start=5) == [], "start beyond blocks inserts nothing")
 
 
-def _check_random_operations_against_shadow(factory: IndexFactory) -> None:
-    """Random insert / match / mark / evict against an exact content-keyed LRU shadow."""
+def _check_random_operations_against_shadow(factory: IndexFactory, reference: Reference) -> None:
+    """Random insert / match / mark / evict against an exact content-keyed shadow whose
+    eviction order is the reference policy's."""
     rng = random.Random(99)
-    index = factory(P)
+    index, ref = factory(P), reference()
     common = _tokens(10, 2 * P, vocab=3)
     bases = [common + _tokens(11 + i, 4 * P, vocab=3) for i in range(3)] + [_tokens(20, 6 * P, 3)]
     contexts: list[Hashable] = [None, "s"]
     content: dict[tuple[Hashable, tuple[int, ...]], int] = {}
     owner: dict[int, tuple[Hashable, tuple[int, ...]]] = {}
-    lru: list[int] = []  # evictable, next victim first
+    evictable: set[int] = set()
     free_ids = list(range(64))
     for step in range(700):
         op = rng.randrange(5)
@@ -180,33 +195,34 @@ def _check_random_operations_against_shadow(factory: IndexFactory) -> None:
                 want.append(content[k])
             got = index.match(toks, context=ctx)
             expect(got == want, f"step {step}: match {got}, shadow {want}")
-            for b in reversed(want):
-                if b in lru:
-                    lru.remove(b)
-                    lru.append(b)
+            if want:
+                ref.touch(want[::-1])
         elif op == 2:
-            used = [b for b in owner if b not in lru]
+            used = [b for b in owner if b not in evictable]
             pick = rng.sample(used, min(len(used), rng.randint(1, 3)))
             expect(index.mark_unused(pick) == [], f"step {step}: cached blocks reported uncached")
-            lru += pick
-        elif op == 3 and lru:
-            pick = rng.sample(lru, min(len(lru), 2))
+            ref.push(pick)
+            evictable.update(pick)
+        elif op == 3 and evictable:
+            pick = rng.sample(sorted(evictable), min(len(evictable), 2))
             index.mark_used(pick)
-            lru = [b for b in lru if b not in pick]
+            ref.discard(pick)
+            evictable.difference_update(pick)
         elif op == 4:
             count = rng.randint(1, 3)
-            got = index.evict(count)
-            expect(got == lru[:count], f"step {step}: evicted {got}, LRU shadow {lru[:count]}")
+            got, want = index.evict(count), ref.pop(count)
+            expect(got == want, f"step {step}: evicted {got}, the reference pops {want}")
             for b in got:
                 del content[owner.pop(b)]
-            lru = lru[count:]
+            evictable.difference_update(got)
             free_ids += got
-        expect(index.num_evictable == len(lru), f"step {step}: num_evictable {index.num_evictable}")
+        expect(index.num_evictable == len(evictable), f"step {step}: num_evictable {index.num_evictable}")
         expect(all(index.contains(b) == (b in owner) for b in range(64)), f"step {step}: contains")
 
 
-def register_index_checks(suite: Suite[IndexFactory]) -> None:
-    """Add every PrefixIndex check to ``suite`` (called once by testing.cache)."""
+def register_index_checks(suite: Suite[IndexFactory], reference: Reference) -> None:
+    """Add every PrefixIndex check to ``suite``, the eviction order checked against policies
+    ``reference()`` builds (called once per suite by testing.cache)."""
 
     @suite.check
     def check_empty_index_misses(factory: IndexFactory) -> None:
@@ -220,13 +236,20 @@ def register_index_checks(suite: Suite[IndexFactory]) -> None:
         _check_context_separates_equal_tokens,
         _check_duplicates_and_published_blocks_not_taken,
         _check_mark_unused_returns_uncached_blocks,
-        _check_eviction_is_lru_tail_first,
-        _check_match_refreshes_recency,
         _check_evicted_block_loses_identity,
-        _check_touch_false_changes_nothing,
         _check_stats_count_queries_and_hits,
         _check_memo_and_start_are_transparent,
-        _check_random_operations_against_shadow,
     ):
         fn.__name__ = fn.__name__.lstrip("_")
         suite.check(fn)
+    for ordered in (
+        _check_eviction_follows_the_reference_tail_first,
+        _check_match_touches_the_hits,
+        _check_touch_false_changes_nothing,
+        _check_random_operations_against_shadow,
+    ):
+        def check(factory: IndexFactory, _fn: Callable[[IndexFactory, Reference], None] = ordered) -> None:
+            _fn(factory, reference)
+
+        check.__name__ = ordered.__name__.lstrip("_")
+        suite.check(check)

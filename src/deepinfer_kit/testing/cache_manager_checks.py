@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable
 
-from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.protocols import EvictionPolicy, KVCacheManager
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
@@ -41,18 +41,21 @@ class ManagerShadowDriver:
     success, copy counts, free blocks, which requests share which blocks).
 
     Args:
-        manager: a fresh manager with prefix caching on and LRU eviction.
+        manager: a fresh manager with prefix caching on, evicting in ``reference``'s order.
         seed: the random seed (a failing seed reproduces the failure).
         after_op: called after every operation with the live requests (for extra
             implementation-specific invariants such as ``check_integrity``).
+        reference: builds the model's eviction policy (``None``: exact LRU).
     """
 
     def __init__(
         self, manager: KVCacheManager, seed: int,
         after_op: Callable[[list[Request]], None] | None = None,
+        reference: Callable[[], EvictionPolicy] | None = None,
     ) -> None:
         self.m = manager
-        self.model = ExactLRUPrefixCache(manager.num_blocks, manager.block_size)
+        self.model = ExactLRUPrefixCache(manager.num_blocks, manager.block_size,
+                                         policy=reference() if reference is not None else None)
         self.rng = random.Random(seed)
         self.after_op = after_op
         self.live: dict[str, Request] = {}
@@ -170,8 +173,11 @@ class ManagerShadowDriver:
         expect(self.m.num_free_blocks == self.m.num_blocks, "idle: blocks leaked")
 
 
-def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
-    """Add every KVCacheManager check to ``suite`` (called once by testing.cache)."""
+def register_manager_checks(suite: Suite[ManagerFactory],
+                            reference: Callable[[], EvictionPolicy] | None = None) -> None:
+    """Add every KVCacheManager check to ``suite``, its model evicting in the order of
+    policies ``reference()`` builds (``None``: exact LRU; called once per suite by
+    testing.cache)."""
 
     @suite.check
     def check_fresh_manager_is_empty(factory: ManagerFactory) -> None:
@@ -312,9 +318,9 @@ def register_manager_checks(suite: Suite[ManagerFactory]) -> None:
         expect(m.reset_prefix_cache() and m.reset_prefix_cache(), "a reset of an empty cache succeeds")
 
     @suite.check
-    def check_random_operations_against_exact_lru_model(factory: ManagerFactory) -> None:
+    def check_random_operations_against_the_reference_model(factory: ManagerFactory) -> None:
         for seed in range(3):
-            driver = ManagerShadowDriver(factory(12, P), seed)
+            driver = ManagerShadowDriver(factory(12, P), seed, reference=reference)
             for _ in range(250):
                 driver.step()
             driver.drain()

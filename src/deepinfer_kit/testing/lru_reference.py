@@ -6,8 +6,48 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["ExactLRUPrefixCache"]
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.protocols import EvictionPolicy
+
+__all__ = ["ExactLRUPrefixCache", "StampLRU"]
+
+
+class StampLRU:
+    """Exact LRU over last-use stamps and a lazy heap: an :class:`EvictionPolicy` with
+    O(log n) calls (the model's default order; ``testing.eviction.LRUModel`` is the O(n)
+    list version of the same order)."""
+
+    def __init__(self) -> None:
+        self._stamp: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self._stamp)
+
+    def push(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            self._clock += 1
+            self._stamp[b] = self._clock
+            heapq.heappush(self._heap, (self._clock, b))
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            self._stamp.pop(b, None)
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        self.push([b for b in blocks if b in self._stamp])
+
+    def pop(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n and self._stamp:
+            stamp, b = heapq.heappop(self._heap)
+            if self._stamp.get(b) == stamp:
+                del self._stamp[b]
+                out.append(b)
+        return out
 
 
 class ExactLRUPrefixCache:
@@ -16,18 +56,24 @@ class ExactLRUPrefixCache:
     It tracks no physical ids: every held block is a fresh virtual id with a reference
     count; a published block is the one virtual id of a content identity (the exact
     tuple of all tokens up to the block's end, plus the context, interned as an int).
-    Evictable blocks carry a last-use stamp; eviction pops the smallest stamp. The
-    operations mirror :class:`KVCacheManager` with the request's fields passed
-    explicitly, so a test can drive the model and a manager with the same calls and
-    compare hit lengths, failures, copies and block counts.
+    Evictable blocks are kept in an eviction policy, fed the calls a prefix index makes
+    to its own (``push`` when a cached block's last holder lets go, ``discard`` when one
+    is taken again, ``touch`` on a match's hits, tail first, ``pop`` to evict): exact LRU
+    (:class:`StampLRU`) unless ``policy`` names another order. The operations mirror
+    :class:`KVCacheManager` with the request's fields passed explicitly, so a test can
+    drive the model and a manager with the same calls and compare hit lengths, failures,
+    copies and block counts.
 
     Args:
         num_blocks: blocks in the pool.
         block_size: tokens per block ``P``.
         caching: False turns prefix caching off (nothing is published or matched).
+        policy: the eviction order (a fresh :class:`EvictionPolicy` over virtual ids);
+            exact LRU by default.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, caching: bool = True,
+                 policy: EvictionPolicy | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caching = caching
@@ -37,9 +83,8 @@ class ExactLRUPrefixCache:
         self._vid_of_cid: dict[int, int] = {}
         self._cid_of_vid: dict[int, int] = {}
         self._ref: dict[int, int] = {}  # every held block (cached unreferenced ones: 0)
-        self._stamp: dict[int, int] = {}  # evictable blocks -> last use
-        self._heap: list[tuple[int, int]] = []
-        self._clock = 0
+        self._policy: EvictionPolicy = policy if policy is not None else StampLRU()
+        self._evictable: set[int] = set()
         self._next_vid = 0
 
     @property
@@ -50,7 +95,7 @@ class ExactLRUPrefixCache:
     @property
     def num_evictable(self) -> int:
         """Cached blocks with no reference."""
-        return len(self._stamp)
+        return len(self._evictable)
 
     def _chain(self, tokens: Sequence[int], context: Hashable, n: int, create: bool) -> list[int]:
         P = self.block_size
@@ -76,10 +121,6 @@ class ExactLRUPrefixCache:
             hits.append(vid)
         return hits
 
-    def _make_evictable(self, vid: int) -> None:
-        self._clock += 1
-        self._stamp[vid] = self._clock
-        heapq.heappush(self._heap, (self._clock, vid))
 
     def match_prefix(self, tokens: Sequence[int], context: Hashable = None) -> int:
         """Cached tokens of ``tokens`` (at most ``len - 1``); refreshes the hits, head
@@ -87,9 +128,9 @@ class ExactLRUPrefixCache:
         if not self.caching:
             return 0
         hits = self._hits(tokens, context, (len(tokens) - 1) // self.block_size)
-        for vid in reversed(hits):
-            if vid in self._stamp:
-                self._make_evictable(vid)
+        touched = [vid for vid in reversed(hits) if vid in self._evictable]
+        if touched:
+            self._policy.touch(touched)
         return len(hits) * self.block_size
 
     def allocate(
@@ -121,7 +162,9 @@ class ExactLRUPrefixCache:
             return None
         for v in cached:
             self._ref[v] += 1
-            self._stamp.pop(v, None)
+            if v in self._evictable:
+                self._evictable.discard(v)
+                self._policy.discard([v])
         table.extend(cached)
         if cached:
             self._published[rid] = len(cached)
@@ -142,11 +185,8 @@ class ExactLRUPrefixCache:
         return self._next_vid
 
     def _evict_one(self) -> None:
-        while True:
-            stamp, vid = heapq.heappop(self._heap)
-            if self._stamp.get(vid) == stamp:
-                break
-        del self._stamp[vid]
+        vid = self._policy.pop(1)[0]
+        self._evictable.discard(vid)
         del self._ref[vid]
         del self._vid_of_cid[self._cid_of_vid.pop(vid)]
 
@@ -154,7 +194,8 @@ class ExactLRUPrefixCache:
         self._ref[vid] -= 1
         if self._ref[vid] == 0:
             if vid in self._cid_of_vid:
-                self._make_evictable(vid)
+                self._evictable.add(vid)
+                self._policy.push([vid])
             else:
                 del self._ref[vid]
 
