@@ -113,3 +113,40 @@ def test_spec_tokens_count_in_the_budget_and_roll_back(make_cache: Any) -> None:
     sched.set_spec_tokens("s", [99])
     (chunk,) = sched.schedule().all_chunks()
     assert chunk.start == 10 and chunk.num_tokens == 2
+
+
+def test_a_shift_under_overlapped_speculation_truncates_to_the_computed_tokens(make_cache: Any) -> None:
+    """Round k + 1 is planned before round k commits, as if round k's drafts were all
+    accepted; when k accepts fewer, its commit moves the sequence down by the rejected
+    drafts and releases the blocks past it: after every commit the table covers exactly
+    the computed tokens (the in-flight chunk's, moved), over random acceptance patterns."""
+    import random
+
+    rng = random.Random(5)
+    for trial in range(12):
+        cache = make_cache(96, P)
+        sched = ContinuousBatchScheduler(SchedulerConfig(max_num_batched_tokens=64), cache)
+        gamma = rng.randint(1, 5)
+        sched.reserve_drafts(gamma)
+        sched.add(make_request("s", rng.randint(3, 9), max_tokens=60, ignore_eos=True))
+        sched.commit(sched.schedule(), StepResult([[11]]))
+        req = sched.get("s")
+        assert req is not None
+        inflight = sched.schedule()
+        shifted = 0
+        for _ in range(8):
+            nxt = sched.schedule()  # planned before `inflight` commits
+            (chunk,) = inflight.as_records().chunks
+            drafts = tuple(rng.randrange(3, 200) for _ in range(chunk.draft_room))
+            accepted = rng.randint(0, len(drafts))
+            emitted = [*drafts[:accepted], rng.randrange(3, 200)]
+            sched.commit(inflight, StepResult([emitted], num_drafted=[len(drafts)], num_accepted=[accepted],
+                                              drafts=[drafts]))
+            shifted += len(drafts) > accepted
+            assert len(req.block_table) == -(-req.num_computed_tokens // P), (trial, req.num_computed_tokens)
+            cache.check_integrity([req])
+            (moved,) = nxt.as_records().chunks
+            inflight = nxt
+            inflight_shift = moved.shift(len(emitted))
+            assert req.num_computed_tokens == moved.end - inflight_shift  # the chunk in flight, moved down
+        assert shifted
