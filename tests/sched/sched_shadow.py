@@ -52,8 +52,10 @@ class SlotModel:
 
     Handles block copies, non-final prefill chunks (``[]``), forks (``num_samples``
     tokens), placeholders (the token its previous call sampled for the request) and
-    speculative chunks (greedy verification: drafts are accepted while they equal what
-    the model samples, then one more token).
+    speculative chunks: a decode with ``draft_room`` gets the drafts ``draft(request,
+    room)`` proposes (the runner's job), fed after its token and verified greedily
+    (accepted while they equal what the model samples, then one more token); the result
+    reports them (``drafts``, ``num_drafted``) as the runner's does.
     """
 
     def __init__(
@@ -62,12 +64,14 @@ class SlotModel:
         block_size: int,
         lookup: Callable[[str], Request | None],
         vocab: int = 50,
+        draft: Callable[[Request, int], list[int]] | None = None,
     ) -> None:
         self.P = block_size
         self.vocab = vocab
         self.lookup = lookup  # the live sequence of a chunk, for the KV check only
         self.slots: list[int | None] = [None] * (num_blocks * block_size)
         self.pending: dict[str, int] = {}  # sequence id -> its token sampled last call
+        self.draft = draft
 
     def _slot(self, table: list[int], pos: int) -> int:
         return table[pos // self.P] * self.P + pos % self.P
@@ -77,21 +81,29 @@ class SlotModel:
         for src, dst in plan.block_copies:
             self.slots[dst * P : (dst + 1) * P] = self.slots[src * P : (src + 1) * P]
         out: list[list[int]] = []
+        drafts: list[tuple[int, ...]] = []
         for chunk in plan.all_chunks():
-            out.append(self._run(chunk))
+            toks, spec = self._run(chunk)
+            out.append(toks)
+            drafts.append(spec)
+        if any(drafts):
+            return StepResult(out, num_drafted=[len(d) for d in drafts], drafts=drafts)
         return StepResult(out)
 
-    def _run(self, c: ScheduledChunk) -> list[int]:
+    def _run(self, c: ScheduledChunk) -> tuple[list[int], tuple[int, ...]]:
         req = self.lookup(c.request_id)
         assert req is not None, f"{c.request_id} scheduled but not live"
         table = c.block_table  # the plan's snapshot: the model never reads the request's
         self.verify(req, table, c.start)
-        n_known = c.num_tokens - len(c.spec_token_ids)
+        n_known = c.num_tokens - c.draft_room
         fed = list(c.token_ids)
         if c.num_placeholders:
             fed.append(self.pending[c.request_id])
         assert len(fed) == n_known
-        fed += c.spec_token_ids
+        spec: tuple[int, ...] = ()
+        if c.draft_room and self.draft is not None:
+            spec = tuple(self.draft(req, c.draft_room)[: c.draft_room])
+        fed += spec
         prev = self.slots[self._slot(table, c.start - 1)] if c.start else 0
         assert prev is not None, f"{c.request_id}: KV at {c.start - 1} never written"
         kvs = []
@@ -100,17 +112,17 @@ class SlotModel:
             self.slots[self._slot(table, c.start + i)] = prev
             kvs.append(prev)
         if not c.sample:
-            return []
-        if c.spec_token_ids:
+            return [], spec
+        if spec:
             toks = []
-            for i in range(len(c.spec_token_ids) + 1):
+            for i in range(len(spec) + 1):
                 toks.append(token_from(kvs[n_known - 1 + i], 0, self.vocab))
-                if i == len(c.spec_token_ids) or toks[-1] != c.spec_token_ids[i]:
+                if i == len(spec) or toks[-1] != spec[i]:
                     break
-            return toks
-        toks = [token_from(kvs[-1], j, self.vocab) for j in range(c.num_samples)]
+            return toks, spec
+        toks = [token_from(kvs[n_known - 1], j, self.vocab) for j in range(c.num_samples)]
         self.pending[c.request_id] = toks[0]
-        return toks
+        return toks, spec
 
     def verify(self, req: Request, table: list[int], end: int) -> None:
         """The KV read back through ``table`` for ``req``'s known positions below ``end``

@@ -64,7 +64,10 @@ def run(
     )
     cache = make_cache(num_blocks, P)
     sched = cls(cfg, cache)
-    model = SlotModel(num_blocks, P, sched.get)
+    model = SlotModel(num_blocks, P, sched.get,
+                      draft=(lambda req, room: _draft(req, room, draft_rng)) if draft_rng is not None else None)
+    if draft_rng is not None:
+        sched.reserve_drafts(4)  # the model drafts into this room, as the runner does
     drv = SchedulerDriver(sched, cfg, model=model)
     _add_all(sched, reqs)
     preempted = 0
@@ -74,8 +77,6 @@ def run(
             while in_flight:  # flush
                 drv.commit(*in_flight.popleft())
             break
-        if draft_rng is not None:
-            _propose(sched, draft_rng, model.vocab)
         plan = sched.schedule() if overlap else drv.schedule()
         preempted += len(plan.preempted_ids)
         in_flight.append((plan, model(plan)))
@@ -92,14 +93,12 @@ def run(
     return {k: (tuple(c.token_ids), c.finish_reason) for k, c in drv.completions.items()}, preempted
 
 
-def _propose(sched: BatchScheduler, rng: random.Random, vocab: int) -> None:
-    """Drafts for decoding requests: the true continuation, corrupted at a random point."""
-    for req in sched.running:
-        if req.num_computed_tokens == req.num_tokens - 1 and req.output_token_ids:
-            drafts = greedy_continuation(req.all_token_ids, rng.randint(0, 4), vocab)
-            if drafts and rng.random() < 0.5:
-                drafts[rng.randrange(len(drafts))] = rng.randrange(1, vocab)
-            sched.set_spec_tokens(req.request_id, drafts)
+def _draft(req: Any, room: int, rng: random.Random, vocab: int = 50) -> list[int]:
+    """Drafts for a decode with ``room``: the true continuation, corrupted at a random point."""
+    drafts = greedy_continuation(req.all_token_ids, rng.randint(0, room), vocab)
+    if drafts and rng.random() < 0.5:
+        drafts[rng.randrange(len(drafts))] = rng.randrange(1, vocab)
+    return drafts
 
 
 @pytest.mark.parametrize("seed", range(4))

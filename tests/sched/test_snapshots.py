@@ -66,7 +66,8 @@ def test_shared_table_snapshots_match_the_live_table_through_forks_drafts_preemp
         config = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=24, max_model_len=64,
                                  long_prefill_token_threshold=8)
         sched = ContinuousBatchScheduler(config, make_cache(14, 4))
-        drv = SchedulerDriver(sched, config, seed=seed, block_size=4)
+        sched.reserve_drafts(1)  # the step "drafts" into part of the decodes' room
+        drv = SchedulerDriver(sched, config, seed=seed, block_size=4, model=_some_drafts_accepted(rng))
         for i in range(10):
             sched.add(make_request(f"r{i}", rng.randrange(2, 14), prompt_seed=str(i % 3),
                                    max_tokens=rng.randrange(4, 24), ignore_eos=True,
@@ -75,9 +76,6 @@ def test_shared_table_snapshots_match_the_live_table_through_forks_drafts_preemp
         for _ in range(500):
             if not sched.has_unfinished():
                 break
-            for req in sched.running:
-                if req.output_token_ids and rng.random() < 0.3:
-                    sched.set_spec_tokens(req.request_id, [rng.randrange(1, 100)] * 3)
             plan = drv.schedule()
             shared += _check_tables(sched, plan, last)
             preempted += len(plan.preempted_ids)
@@ -85,3 +83,26 @@ def test_shared_table_snapshots_match_the_live_table_through_forks_drafts_preemp
         assert not sched.has_unfinished()
         sched.cache.check_integrity(())
     assert shared > 100 and preempted > 0, (shared, preempted)
+
+
+def _some_drafts_accepted(rng: random.Random) -> Any:
+    """A step that drafts part of each decode's room and accepts part of those (so some
+    drafts are rolled back, shrinking the table), then one more token."""
+
+    def step(plan: Any) -> StepResult:
+        tokens, drafted, drafts = [], [], []
+        for c in plan.all_chunks():
+            if not c.sample:
+                tokens.append([])
+                drafted.append(0)
+                drafts.append(())
+                continue
+            spec = tuple(rng.randrange(1, 100) for _ in range(c.draft_room if rng.random() < 0.3 else 0))
+            kept = rng.randint(0, len(spec))
+            tokens.append([*spec[:kept], rng.randrange(1, 100)] if c.num_samples == 1
+                          else [rng.randrange(1, 100) for _ in range(c.num_samples)])
+            drafted.append(len(spec) if c.num_samples == 1 else 0)
+            drafts.append(spec if c.num_samples == 1 else ())
+        return StepResult(tokens, num_drafted=drafted, drafts=drafts) if any(drafted) else StepResult(tokens)
+
+    return step

@@ -92,27 +92,27 @@ def test_abort_with_two_plans_in_flight(make_cache: Any) -> None:
     assert not sched.has_unfinished()
 
 
-def test_spec_tokens_count_in_the_budget_and_roll_back(make_cache: Any) -> None:
+def test_draft_room_counts_in_the_budget_and_rolls_back(make_cache: Any) -> None:
     cache = make_cache(32, P)
     config = SchedulerConfig(max_num_batched_tokens=8)
     sched = ContinuousBatchScheduler(config, cache)
+    sched.reserve_drafts(9)
     sched.add(make_request("s", 7, max_tokens=20, ignore_eos=True))
     sched.commit(sched.schedule(), StepResult([[11]]))  # 8 tokens, 7 computed
-    sched.set_spec_tokens("s", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     plan = sched.schedule()
-    (chunk,) = plan.all_chunks()
-    assert chunk.spec_token_ids == [1, 2, 3, 4, 5, 6, 7] and chunk.num_tokens == 8
+    (chunk,) = plan.as_records().chunks
+    assert chunk.draft_room == 7 and chunk.num_tokens == 8  # the room cut to the budget
     assert plan.num_batched_tokens == 8
     req = sched.get(chunk.request_id)
     assert req is not None
-    assert len(req.block_table) == 4  # positions 7..14 written
-    sched.commit(plan, StepResult([[1, 2, 42]]))  # two drafts accepted, then 42
+    assert len(req.block_table) == 4  # positions 7..14 may be written
+    drafts = (1, 2, 3, 4, 5, 6, 7)  # the runner drafted into the room; two accepted, then 42
+    sched.commit(plan, StepResult([[1, 2, 42]], num_drafted=[7], num_accepted=[2], drafts=[drafts]))
     assert req.output_token_ids == [11, 1, 2, 42]
     assert req.num_computed_tokens == 10 and len(req.block_table) == 3
     cache.check_integrity([req])
-    sched.set_spec_tokens("s", [99])
-    (chunk,) = sched.schedule().all_chunks()
-    assert chunk.start == 10 and chunk.num_tokens == 2
+    (chunk,) = sched.schedule().as_records().chunks
+    assert chunk.start == 10 and chunk.num_tokens == 8
 
 
 def test_a_shift_under_overlapped_speculation_truncates_to_the_computed_tokens(make_cache: Any) -> None:

@@ -21,7 +21,6 @@ def add_chunk(
     req: Request,
     start: int,
     n: int,
-    spec: list[int] | None = None,
     placeholders: int = 0,
     num_cached: int = 0,
     pending: int = 0,
@@ -29,8 +28,8 @@ def add_chunk(
 ) -> int:
     """Append to ``entry`` the chunk feeding ``n`` tokens of ``req`` from ``start`` (the
     last ``placeholders`` of them still being sampled by the step in flight, which may
-    still reject ``pending`` drafts before them), then ``spec``, then ``room`` drafts for
-    the runner to propose; advance ``req.num_computed_tokens`` past it. ``num_cached`` is
+    still reject ``pending`` drafts before them), then ``room`` drafts for the runner to
+    propose; advance ``req.num_computed_tokens`` past it. ``num_cached`` is
     the prefix hit of an admission chunk (traces). Returns the chunk's tokens.
 
     The chunk samples when it reaches the last known token; that sample forks into ``n``
@@ -66,7 +65,7 @@ def add_chunk(
         fan_out = row.params.n
         if fan_out > 1 and not placeholders and will_fork(req):
             num_samples = fan_out
-    total = (n + len(spec) if spec else n) + room
+    total = n + room
     entry.plan.chunks.append(
         ScheduledChunk(
             req.request_id,
@@ -76,7 +75,7 @@ def add_chunk(
             table,
             row is not None,
             num_samples,
-            spec if spec else (),
+            (),
             1 if placeholders else 0,
             req.num_preemptions,
             row,

@@ -49,8 +49,7 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     running = state.running
     cache = state.cache
     block_size = cache.block_size
-    shared = state.drafts or state.may_share  # either may hold a sequence: test each one
-    drafts, may_share = state.drafts, state.may_share
+    may_share = state.may_share  # may hold a sequence: test each one
     plain_rows = state.plain_rows
     tables = state.tables
     cols = entry.plan.decodes
@@ -66,7 +65,7 @@ def plan_decodes(state: SchedulerState, entry: InflightPlan, i: int, budget: int
     for req in islice(running, i, i + budget):
         start = req.num_computed_tokens
         all_ids = req.all_token_ids
-        if start + 1 != len(all_ids) or (shared and (req in drafts or req in may_share)):
+        if start + 1 != len(all_ids) or (may_share and req in may_share):
             break
         table = req.block_table
         if start >= len(table) * block_size:

@@ -60,7 +60,6 @@ def plan_running(
     plan = entry.plan
     running = state.running
     may_share = state.may_share
-    drafts = state.drafts
     preempted = False
     while i < len(running) and budget > 0:
         i, budget = plan_decodes(state, entry, i, budget)
@@ -83,10 +82,9 @@ def plan_running(
         if not n:
             i += 1  # waits for the step in flight (see _chunk_size)
             continue
-        spec = drafts.pop(req, None) if drafts else None
-        if spec is not None or state.draft_room:
-            spec, room = _drafts_of(state, req, spec, start, n, budget, limit, placeholders)
-        total = (n + len(spec) if spec else n) + room
+        if state.draft_room:
+            room = _draft_room(state, req, start, n, budget, limit, placeholders)
+        total = n + room
         if start + total > len(table) * block_size or (may_share and req in may_share):
             if not cache.can_allocate(req, total, num_cached):
                 if victim is None:
@@ -100,7 +98,7 @@ def plan_running(
                     continue
             state.allocate(plan, req, total, num_cached)
             may_share.discard(req)
-        budget -= add_chunk(state, entry, req, start, n, spec, placeholders, num_cached, pending, room)
+        budget -= add_chunk(state, entry, req, start, n, placeholders, num_cached, pending, room)
         i += 1
     return budget, preempted
 
@@ -146,21 +144,15 @@ def _first_chunk_prefix(state: SchedulerState, plan: SchedulePlan, req: Request,
     return num_cached
 
 
-def _drafts_of(state: SchedulerState, req: Request, spec: list[int] | None, start: int, n: int,
-               budget: int, limit: int, placeholders: int) -> tuple[list[int] | None, int]:
-    """``(drafts, room)`` of a chunk of ``n`` tokens from ``start``: the host's drafts
-    (``spec``) trimmed to the budget and the length limit, kept only on a decode that is
-    not a fork; or, with ``state.draft_room``, the room reserved for the runner's drafts
-    on a decode. Either way no draft reaches past ``limit - 1`` (the one rule for the room
-    a chunk's drafts may take)."""
+def _draft_room(state: SchedulerState, req: Request, start: int, n: int, budget: int, limit: int,
+                placeholders: int) -> int:
+    """The room reserved for the runner's drafts on a chunk of ``n`` tokens from ``start``
+    (``state.draft_room`` on a decode that is not a fork, cut by the budget left and by
+    ``limit - 1``: no draft reaches past the length limit); 0 on anything else."""
     num_known = len(req.all_token_ids)
-    spare = min(budget - n, limit - 1 - start - n)
-    if spec is not None:
-        keep = spare > 0 and start + n == num_known and not will_fork(req)
-        return (spec[:spare] if keep else None), 0
     if n == 1 and start + 1 >= num_known and (placeholders or not will_fork(req)):
-        return None, max(0, min(state.draft_room, spare))  # a decode
-    return None, 0
+        return max(0, min(state.draft_room, budget - n, limit - 1 - start - n))
+    return 0
 
 
 def _make_room(
@@ -238,7 +230,6 @@ def _preempt(state: SchedulerState, victim: Request, entry: InflightPlan, front:
     outputs so far are kept and re-prefilled); at the queue's front, or its back."""
     state.free(victim)
     state.drop_fork_seats(victim)
-    state.drafts.pop(victim, None)
     victim.num_computed_tokens = 0
     victim.status = _PREEMPTED
     victim.num_preemptions += 1

@@ -22,7 +22,6 @@ __all__ = [
     "PreemptionPolicy",
     "BatchingPolicy",
     "WaitingQueue",
-    "DraftTarget",
 ]
 
 
@@ -160,30 +159,6 @@ class DecodeStretches(Protocol):
         Raises:
             InvariantError: a token list shorter than the rounds asked for.
         """
-        ...
-
-
-class DraftTarget(Protocol):
-    """A scheduler that takes drafts proposed outside it before each ``schedule()`` (a
-    host-side drafter of an engine builder's own; the reference engine drafts on the
-    runner's side instead, see :class:`DraftRoom`)."""
-
-    @property
-    def running(self) -> Sequence[Request]:
-        """The running sequences in scheduling order (read only)."""
-        ...
-
-    def set_spec_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        """Drafts for ``request_id``'s next decode chunk, verified in the next round.
-
-        Raises:
-            ConfigError: ``request_id`` is not a live sequence.
-        """
-        ...
-
-    def pending_prefill_tokens(self) -> int:
-        """An estimate of the prefill (and recompute) tokens the next ``schedule()``
-        feeds besides decode chunks, for a planner sizing the round. Read only."""
         ...
 
 

@@ -32,7 +32,7 @@ from deepinfer_kit.sched.stretch import advance_plain_decodes, plain_decode_run
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sched.protocols import DecodeStretches, DraftTarget, Scheduler, StretchSource
+    from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler, StretchSource
 
 __all__ = ["BatchScheduler"]
 
@@ -202,23 +202,6 @@ class BatchScheduler:
         state.unreported.extend(targets)
         return True
 
-    def set_spec_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        """Draft tokens for ``request_id``'s next decode chunk (speculative decoding).
-
-        The next ``schedule()`` appends them to the chunk as ``spec_token_ids``, trimmed to
-        the round's remaining budget and to the request's length limit; they are dropped
-        if the request is not decoding then. Host-side drafts need the sequence's newest
-        tokens, so under overlap (a round in flight) use :meth:`reserve_drafts` instead:
-        the runner drafts from the tokens it holds.
-
-        Raises:
-            ConfigError: ``request_id`` is not a live sequence.
-        """
-        req = self.state.requests.get(request_id)
-        if req is None:
-            raise ConfigError(f"request_id {request_id!r} is not live")
-        self.state.drafts[req] = list(token_ids)
-
     def reserve_drafts(self, num_draft: int) -> None:
         """Overlapped speculation: from the next ``schedule()`` on, every decode chunk
         reserves budget and blocks for up to ``num_draft`` drafts that the runner proposes
@@ -252,27 +235,6 @@ class BatchScheduler:
         """
         return advance_plain_decodes(self.state, self.batching, source)
 
-    def pending_prefill_tokens(self) -> int:
-        """See :meth:`DraftTarget.pending_prefill_tokens`: the running sequences'
-        uncomputed tokens (but a decode's one), then the waiting ones' whole token lists in
-        admission order while seats remain (prefix hits not subtracted), capped by the
-        token budget the decodes leave. Read only; O(R + admitted)."""
-        state, budget = self.state, self.config.max_num_batched_tokens
-        total = 0
-        for req in state.running:
-            left = len(req.all_token_ids) - req.num_computed_tokens
-            if left > 1 or not req.output_token_ids:
-                total += left
-            else:
-                budget -= 1  # a decode's token is planned first
-        seats = self.config.max_num_seqs - len(state.running) - state.fork_seats
-        for req in state.waiting:
-            if seats <= 0 or total >= budget:
-                break
-            total += len(req.all_token_ids)
-            seats -= 1
-        return max(0, min(total, budget))
-
     # ---------------------------------------------------------------- introspection
 
     @property
@@ -303,5 +265,4 @@ class BatchScheduler:
 
 if TYPE_CHECKING:
     _check: type[Scheduler] = BatchScheduler
-    _drafts: type[DraftTarget] = BatchScheduler
     _stretches: type[DecodeStretches] = BatchScheduler

@@ -1,7 +1,7 @@
 """SchedulerState: everything a scheduler knows between two calls, in one record.
 
 The queues, the running set, the plans in flight, the frees deferred until a plan in
-flight commits, and the per-request counters the round needs (fork seats, drafts). The
+flight commits, and the per-request counters the round needs (fork seats, draft room). The
 two phases of a step — :func:`~deepinfer_kit.sched.planning.plan_round` and
 :func:`~deepinfer_kit.sched.commit.commit_round` — read and mutate it; the small
 bookkeeping methods below are the only other code that does.
@@ -75,7 +75,6 @@ class SchedulerState:
             next allocation checks it for copy-on-write).
         fork_seats: running seats held for the children of ``n > 1`` requests that have
             not forked yet.
-        drafts: speculative tokens for each sequence's next decode chunk.
         draft_room: drafts every decode chunk reserves room for, for the runner to propose
             itself (overlapped speculation, :meth:`BatchScheduler.reserve_drafts`); 0 off.
         rows: each live sequence's sampling row, built at its first sample.
@@ -107,7 +106,6 @@ class SchedulerState:
     deferred: dict[int, list[Request]] = attrs.field(factory=dict)
     may_share: set[Request] = attrs.field(factory=set)
     fork_seats: int = 0
-    drafts: dict[Request, list[int]] = attrs.field(factory=dict)
     draft_room: int = 0
     rows: dict[Request, SamplingRow] = attrs.field(factory=dict)
     tables: dict[Request, list[int]] = attrs.field(factory=dict)
@@ -168,7 +166,6 @@ class SchedulerState:
         """Drop a finished sequence from the id maps so its id can be reused."""
         if self.requests.get(request.request_id) is request:
             del self.requests[request.request_id]
-        self.drafts.pop(request, None)
         self.rows.pop(request, None)
         self.tables.pop(request, None)
         self.stop_rules.pop(request, None)

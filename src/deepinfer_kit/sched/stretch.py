@@ -52,7 +52,7 @@ def plain_decode_run(state: SchedulerState, batching: BatchingPolicy) -> PlainDe
     """
     if (
         state.inflight or state.unreported or state.deferred or state.draft_room
-        or state.drafts or state.may_share or state.fork_seats or len(state.waiting)
+        or state.may_share or state.fork_seats or len(state.waiting)
         or not isinstance(batching, _IDLE_WITHOUT_WAITING)
     ):
         return None

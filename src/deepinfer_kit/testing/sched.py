@@ -311,15 +311,14 @@ def _accept_every_draft(seed: int) -> Callable[[SchedulePlan], StepResult]:
 
 @SCHEDULER_SUITE.check
 def check_no_chunk_reaches_past_the_length_limit(factory: SchedulerFactory) -> None:
-    """With host drafts (``set_spec_tokens``) and with draft room (``reserve_drafts``),
-    where the scheduler offers them, every accepted: no chunk, drafts and room included,
-    is fed past ``length_limit - 1`` (the driver checks every plan), near ``max_tokens``
-    and near ``max_model_len`` alike, and every request gets exactly its tokens."""
-    for mode in ("host", "room"):
+    """Without drafts and with draft room (``reserve_drafts``), where the scheduler offers
+    it, every draft accepted: no chunk, room included, is fed past ``length_limit - 1``
+    (the driver checks every plan), near ``max_tokens`` and near ``max_model_len`` alike,
+    and every request gets exactly its tokens."""
+    for mode in ("plain", "room"):
         drv = _setup(factory, 64, 4, max_num_seqs=6, max_num_batched_tokens=48, max_model_len=40)
         sched = drv.sched
         reserve = getattr(sched, "reserve_drafts", None)
-        set_spec = getattr(sched, "set_spec_tokens", None)
         if mode == "room" and callable(reserve):
             reserve(5)
         drv.model = _accept_every_draft(7)
@@ -331,10 +330,6 @@ def check_no_chunk_reaches_past_the_length_limit(factory: SchedulerFactory) -> N
         for _ in range(200):
             if not sched.has_unfinished():
                 break
-            if mode == "host" and callable(set_spec):
-                for req in getattr(sched, "running", ()):
-                    if req.num_computed_tokens == len(req.all_token_ids) - 1:
-                        set_spec(req.request_id, [7] * 6)
             drv.step()
         drv.run()
         for rid, n in want.items():
