@@ -3,6 +3,8 @@ code from an EngineConfig) wired to a cost-model runner and a virtual clock."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from deepinfer_kit.components import DEVICE_KINDS, BuildContext, Components, Factory, build
 from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB, EngineConfig
 from deepinfer_kit.engine.host import build_host_components
@@ -16,7 +18,12 @@ from deepinfer_kit.sim.runner import SimRunner
 from deepinfer_kit.sim.simulator import Simulator
 from deepinfer_kit.sim.tokens import SyntheticTokens
 
-__all__ = ["build_simulator", "pool_blocks"]
+if TYPE_CHECKING:
+    from deepinfer_kit.sim.acceptance import AcceptanceModel
+    from deepinfer_kit.spec.protocols import VerifyPlanner
+    from deepinfer_kit.spec.speculation import Speculation
+
+__all__ = ["build_simulator", "build_spec_simulator", "pool_blocks"]
 
 
 def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> int:
@@ -119,17 +126,41 @@ _SIM_KINDS = ("drafter", "verify_planner", "placement_policy")
 
 def _speculate(sim: Simulator, config: EngineConfig, parts: Components, ctx: BuildContext) -> None:
     """Speculation in ``sim`` as ``config.speculative`` and ``parts`` give it."""
-    from deepinfer_kit.sim.spec_runner import speculate
-    from deepinfer_kit.spec.drafters.ngram import NgramDrafter
-    from deepinfer_kit.spec.speculation import Speculation, named_planner
+    from deepinfer_kit.sim.spec_runner import speculate_as_configured
 
-    spec = config.speculative
-    assert spec is not None
-    drafter = build(parts.drafter, ctx)
-    if drafter is None:
-        if spec.drafter != "ngram":
-            raise ConfigError(f"speculative.drafter={spec.drafter!r} drafts with a model, which the "
-                              f"simulator has none of: use 'ngram' or give components.drafter")
-        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    planner = build(parts.verify_planner, ctx)
-    speculate(sim, Speculation(drafter, planner if planner is not None else named_planner(spec), spec.num_draft))
+    assert config.speculative is not None
+    speculate_as_configured(sim, config.speculative, build(parts.drafter, ctx), build(parts.verify_planner, ctx))
+
+
+def build_spec_simulator(
+    config: EngineConfig,
+    cost: CostModel,
+    model: ModelShape,
+    *,
+    acceptance: AcceptanceModel,
+    planner: VerifyPlanner,
+    num_draft: int,
+    seed: int = 0,
+    lagged: bool = False,
+) -> tuple[Simulator, Speculation]:
+    """A simulator of ``config`` (see :func:`build_simulator`) with speculative decoding
+    by a synthetic drafter: the real scheduler reserves room for ``num_draft`` drafts per
+    decode chunk within its budget; as each round runs, the engine's ``RunnerDrafting``
+    drafts them with a :class:`~deepinfer_kit.sim.spec_runner.SyntheticDrafter` (right or
+    wrong as ``acceptance`` draws it), ``planner`` picks each ``ℓ_r``, and a
+    ``SpecSimRunner`` verifies; ``lagged`` plans from each sequence's previous round's
+    confidences (the asynchronous variant, see ``Speculation``). Returns the simulator
+    and its speculation (for the drafted / planned counters).
+
+    Raises:
+        ConfigError: as :func:`build_simulator`, or ``num_draft`` < 1.
+    """
+    from deepinfer_kit.sim.spec_runner import SyntheticDrafter, speculate
+    from deepinfer_kit.spec.speculation import Speculation
+
+    if num_draft < 1:
+        raise ConfigError(f"num_draft must be >= 1, got {num_draft}")
+    sim = build_simulator(config, cost, model, seed=seed)
+    spec = Speculation(SyntheticDrafter(acceptance, sim.runner.tokens), planner, num_draft, lagged=lagged)
+    speculate(sim, spec)
+    return sim, spec

@@ -14,7 +14,6 @@ import torch
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.spec.speculation import Speculation
 from deepinfer_kit.errors import ConfigError, InvariantError
-from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sched.protocols import DraftRoom
 from deepinfer_kit.sim.records import SimStep
 from deepinfer_kit.sim.runner import SimRunner
@@ -29,10 +28,11 @@ if TYPE_CHECKING:
     from deepinfer_kit.sim.simulator import Simulator
     from deepinfer_kit.sim.tokens import SyntheticTokens
     from deepinfer_kit.spec.protocols import DraftSequence, VerifyPlanner
+    from deepinfer_kit.spec.records import SpecConfig
     from deepinfer_kit.step import StepResult
     from deepinfer_kit.spec.protocols import Drafter
 
-__all__ = ["SyntheticDrafter", "SpecSimRunner", "build_spec_simulator", "speculate", "check_idle"]
+__all__ = ["SyntheticDrafter", "SpecSimRunner", "speculate", "speculate_as_configured", "check_idle"]
 
 
 class SyntheticDrafter:
@@ -147,36 +147,6 @@ class SpecSimRunner(SimRunner):
         return result
 
 
-def build_spec_simulator(
-    config: EngineConfig,
-    cost: CostModel,
-    model: ModelShape,
-    *,
-    acceptance: AcceptanceModel,
-    planner: VerifyPlanner,
-    num_draft: int,
-    seed: int = 0,
-    lagged: bool = False,
-) -> tuple[Simulator, Speculation]:
-    """A simulator of ``config`` (see :func:`build_simulator`) with speculative decoding:
-    the real scheduler reserves room for ``num_draft`` drafts per decode chunk within its
-    budget; as each round runs, the engine's :class:`RunnerDrafting` drafts them with a
-    :class:`SyntheticDrafter`, ``planner`` picks each ``ℓ_r``, and a
-    :class:`SpecSimRunner` verifies; ``lagged`` plans from each sequence's previous
-    round's confidences (the asynchronous variant, see :class:`Speculation`). Returns the
-    simulator and its speculation (for the drafted / planned counters).
-
-    Raises:
-        ConfigError: as :func:`build_simulator`, or ``num_draft`` < 1.
-    """
-    if num_draft < 1:
-        raise ConfigError(f"num_draft must be >= 1, got {num_draft}")
-    sim = build_simulator(config, cost, model, seed=seed)
-    spec = Speculation(SyntheticDrafter(acceptance, sim.runner.tokens), planner, num_draft, lagged=lagged)
-    speculate(sim, spec)
-    return sim, spec
-
-
 def speculate(sim: Simulator, speculation: Speculation) -> None:
     """Make ``sim`` speculate with ``speculation``: its runner becomes a
     :class:`SpecSimRunner` drafting through the engine's :class:`RunnerDrafting` (drafts
@@ -191,6 +161,26 @@ def speculate(sim: Simulator, speculation: Speculation) -> None:
                           f"{type(sim.scheduler).__name__} has none")
     sim.runner = SpecSimRunner(sim.runner.cost, sim.runner.tokens, RunnerDrafting(speculation))
     sim.scheduler.reserve_drafts(speculation.num_draft)
+
+
+def speculate_as_configured(sim: Simulator, spec: SpecConfig, drafter: Drafter | None,
+                            planner: VerifyPlanner | None) -> None:
+    """Make ``sim`` speculate as ``spec`` says, with ``drafter`` (else the n-gram drafter
+    ``spec`` names) and ``planner`` (else the named one): :func:`speculate`.
+
+    Raises:
+        ConfigError: a model drafter named (the simulator runs no model), or as
+            :func:`speculate` and ``named_planner``.
+    """
+    from deepinfer_kit.spec.drafters.ngram import NgramDrafter
+    from deepinfer_kit.spec.speculation import named_planner
+
+    if drafter is None:
+        if spec.drafter != "ngram":
+            raise ConfigError(f"speculative.drafter={spec.drafter!r} drafts with a model, which the "
+                              f"simulator has none of: use 'ngram' or give components.drafter")
+        drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    speculate(sim, Speculation(drafter, planner if planner is not None else named_planner(spec), spec.num_draft))
 
 
 def check_idle(sim: Simulator) -> None:
