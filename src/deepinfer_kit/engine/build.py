@@ -26,7 +26,7 @@ from deepinfer_kit.models.tokenizer import (
 if TYPE_CHECKING:
     from deepinfer_kit.comm.protocols import Communicator
     from deepinfer_kit.engine.protocols import Balancer, StepRunner
-    from deepinfer_kit.engine.runner.model_runner import ModelRunner
+    from deepinfer_kit.engine.runner.speculative import ServingRunner
     from deepinfer_kit.models.config import ModelConfig
     from deepinfer_kit.overlap.protocols import OverlapExecutor
     from deepinfer_kit.engine.trace import StepTrace
@@ -41,7 +41,7 @@ def build_engine(
     *,
     components: Components | None = None,
     trace: Callable[[StepTrace], None] | None = None,
-    worker_setup: Callable[[ModelRunner], object] | None = None,
+    worker_setup: Callable[[ServingRunner], object] | None = None,
     wrap_comm: Callable[[Communicator], Communicator] | None = None,
     **overrides: Any,
 ) -> Engine:

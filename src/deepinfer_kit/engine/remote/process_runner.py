@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.comm.protocols import Communicator
     from deepinfer_kit.eplb.records import BalancerState
     from deepinfer_kit.engine.protocols import SlotLeases, StepRunner
-    from deepinfer_kit.engine.runner.model_runner import ModelRunner
+    from deepinfer_kit.engine.runner.speculative import ServingRunner
 
 __all__ = ["WorkerSpec", "WorkerInfo", "WorkerPool", "SentStep", "ProcessRunner", "RemoteSlots"]
 
@@ -80,7 +80,7 @@ class WorkerSpec:
     config: EngineConfig
     depth: int
     components: Components | None = None
-    setup: Callable[[ModelRunner], object] | None = None
+    setup: Callable[[ServingRunner], object] | None = None
     threads: int = 1
     rank: int = 0
     rendezvous: str | None = None

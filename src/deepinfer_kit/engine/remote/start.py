@@ -18,7 +18,7 @@ from deepinfer_kit.engine.runner.pool import engine_device
 
 if TYPE_CHECKING:
     from deepinfer_kit.comm.protocols import Communicator
-    from deepinfer_kit.engine.runner.model_runner import ModelRunner
+    from deepinfer_kit.engine.runner.speculative import ServingRunner
     from deepinfer_kit.components import Components
 
 __all__ = ["RemoteParts", "start_workers"]
@@ -39,7 +39,7 @@ class RemoteParts:
 
 
 def start_workers(config: EngineConfig, depth: int, components: Components | None,
-                  setup: Callable[[ModelRunner], object] | None,
+                  setup: Callable[[ServingRunner], object] | None,
                   wrap_comm: Callable[[Communicator], Communicator] | None) -> RemoteParts:
     """Start one worker process per rank of ``config`` (``tensor_parallel *
     expert_parallel``; a :class:`ProcessGroupRunner` over several) and wait until each has

@@ -32,7 +32,7 @@ import torch
 from deepinfer_kit.engine.remote.plan_codec import PlanDecoder
 from deepinfer_kit.engine.remote.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.remote.rank_groups import RankMeter, worker_groups
-from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.speculative import ServingRunner
 from deepinfer_kit.engine.runner.build import build_device
 from deepinfer_kit.engine.runner.pool import engine_device
 from deepinfer_kit.errors import InvariantError
@@ -74,7 +74,7 @@ def serve(conn: Connection) -> None:
     _loop(conn, parts.runner, RankMeter(groups, parts) if groups is not None else None)
 
 
-def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None, *,
+def _loop(conn: Connection, runner: ServingRunner, meter: RankMeter | None = None, *,
           pipeline: bool | None = None) -> None:
     """Answer the host's messages in order until ``close`` or its end closes.
 
@@ -120,7 +120,7 @@ def _loop(conn: Connection, runner: ModelRunner, meter: RankMeter | None = None,
             continue
         start = time.perf_counter()
         try:
-            step = runner.prepare(plan, record_expert_counts=record)
+            step: Any = runner.prepare(plan, record_expert_counts=record)
             if held is not None and not (pipeline and runner.pipelines(step)):
                 held = _answer(conn, held)
             finish = partial(runner.finish, runner.launch(step)) if pipeline else _done(runner.execute(step))
@@ -166,7 +166,7 @@ def _answer(conn: Connection, held: _Held | None) -> _Held | None:
     return None
 
 
-def _rebalance(runner: ModelRunner, after_step: int) -> object:
+def _rebalance(runner: ServingRunner, after_step: int) -> object:
     """Every step sent before this request has run: rebalance now (the host decided, on
     its clock of committed rounds), stamped ``after_step``."""
     balancer = runner.balancer
@@ -179,7 +179,7 @@ def _rebalance(runner: ModelRunner, after_step: int) -> object:
     return record, balancer.state()
 
 
-def _slots_problem(runner: ModelRunner) -> str | None:
+def _slots_problem(runner: ServingRunner) -> str | None:
     """The runner's idle check (:meth:`ModelRunner.check_idle`) as a message, or ``None``."""
     try:
         runner.check_idle()

@@ -38,6 +38,7 @@ from deepinfer_kit.engine.runner.bare import bare_runner
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.engine.runner.expert_shards import shard_experts
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
+from deepinfer_kit.engine.runner.speculative import ServingRunner, SpeculativeRunner
 from deepinfer_kit.engine.runner.pool import check_kernel_impls, engine_device, kv_pool, load_shard, model_dtype
 from deepinfer_kit.engine.runner.speculation import device_speculation
 
@@ -54,7 +55,8 @@ class DeviceParts:
 
     Attributes:
         loaded: the model (this rank's shard), its config and tokenizer.
-        runner: the serving runner, its drafting and balancer in place.
+        runner: the serving runner: the plain one, its balancer in place, or with
+            speculation the :class:`SpeculativeRunner` around it.
         num_blocks: blocks in the pool (sized from the budget when the config left it open).
         max_model_len: the engine's limit (capped to the pool when the config left it open).
         dtype: weights and KV dtype.
@@ -63,7 +65,7 @@ class DeviceParts:
     """
 
     loaded: LoadedModel
-    runner: ModelRunner
+    runner: ServingRunner
     num_blocks: int
     max_model_len: int
     dtype: torch.dtype
@@ -74,7 +76,7 @@ class DeviceParts:
 
 def build_device(config: EngineConfig, *, depth: int, components: Components | None = None,
                  groups: ParallelGroups | None = None,
-                 setup: Callable[[ModelRunner], object] | None = None) -> DeviceParts:
+                 setup: Callable[[ServingRunner], object] | None = None) -> DeviceParts:
     """Build the device half of ``config`` in the order of the module docstring.
 
     ``depth``: the engine's executor depth (1: token slots for overlapped rounds).
@@ -114,12 +116,15 @@ def build_device(config: EngineConfig, *, depth: int, components: Components | N
                                  group=groups.ep_group if groups is not None else None, **eplb)
     speculation = device_speculation(config, loaded, bare, num_blocks, max_model_len, dtype, device,
                                      drafter=build(parts.drafter, ctx), planner=build(parts.verify_planner, ctx))
-    runner = ModelRunner(
+    plain = ModelRunner(
         bare.model, bare.kv_cache, bare.sampler, device=device, generator=bare.generator,
         static_decode=bare.static, verifier=bare.verifier, balancer=balancer,
         token_slots=bare.token_slots,
-        drafting=RunnerDrafting(speculation, slots=bare.token_slots) if speculation is not None else None,
+        draft_probs=speculation.draft_probs if speculation is not None else None,
     )
+    runner: ServingRunner = plain
+    if speculation is not None:
+        runner = SpeculativeRunner(plain, RunnerDrafting(speculation, slots=bare.token_slots))
     if setup is not None:
         setup(runner)
     return DeviceParts(loaded, runner, num_blocks, max_model_len, dtype, device, balancer)

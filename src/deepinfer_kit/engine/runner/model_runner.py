@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from deepinfer_kit._staging import to_device
 from deepinfer_kit.engine.runner.prepared import PreparedStep
-from deepinfer_kit.engine.runner.drafting import LateStep, RunnerDrafting
 from deepinfer_kit.engine.runner.layout import lay_out
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.runner.launched import LaunchedStep
@@ -57,10 +57,11 @@ class ModelRunner:
             the next step (needed by an overlapped engine, whose plans have
             placeholders); ``None``: a plan with a placeholder is an error, and no step
             writes slots (the synchronous engine pays nothing).
-        drafting: speculation (:class:`RunnerDrafting`): each round is laid out when it
-            executes, its chunks resolved against the round before and drafted for here;
-            the verifier reads the drafts' distributions from its speculation. ``None``
-            (no speculation) lays rounds out in :meth:`prepare`.
+        draft_probs: ``draft_probs(sequence id, drafts)`` -> the ``[len(drafts), V]``
+            distributions the drafts were drawn from, or ``None`` (one-hot drafts): what
+            the verifier reads for a chunk's drafts (the speculation's
+            :meth:`~deepinfer_kit.spec.speculation.Speculation.draft_probs`). Speculation
+            itself wraps this runner (:class:`~deepinfer_kit.engine.runner.speculative.SpeculativeRunner`).
 
     Every part is given here, once: nothing is attached to a runner after it is built
     (:func:`~deepinfer_kit.engine.runner.build.build_device` warms a bare runner up, then
@@ -79,7 +80,7 @@ class ModelRunner:
         verifier: DraftVerifier | None = None,
         balancer: ExpertBalancer | None = None,
         token_slots: TokenSlots | None = None,
-        drafting: RunnerDrafting | None = None,
+        draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -96,7 +97,7 @@ class ModelRunner:
         self.verifier = verifier
         self.balancer = balancer
         self.token_slots = token_slots
-        self.drafting = drafting
+        self.draft_probs = draft_probs
 
     @property
     def num_blocks(self) -> int:
@@ -108,18 +109,14 @@ class ModelRunner:
 
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless the runner holds no per-sequence state:
-        every token slot free and, with speculation, the drafter holding no sequence and
-        no block (called by the engine's idle check, with nothing in flight)."""
+        every token slot free (called by the engine's idle check, with nothing in
+        flight; a speculating wrapper checks its drafter too)."""
         if self.token_slots is not None:
-            self.token_slots.check_all_free()  # its followers: the drafting
-        elif self.drafting is not None:
-            self.drafting.check_idle()
+            self.token_slots.check_all_free()  # its followers: a wrapper's drafting
 
-    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> PreparedStep | LateStep:
-        """Build the forward inputs and the sampling rows of ``plan`` — or, under
-        speculation (:attr:`drafting`), defer that to :meth:`execute`, which first
-        resolves the chunks against the round before and drafts (:class:`RunnerDrafting`).
-        ``record_expert_counts``: the step returns its MoE routing counts (traces).
+    def prepare(self, plan: SchedulePlan, *, record_expert_counts: bool = False) -> PreparedStep:
+        """Build the forward inputs and the sampling rows of ``plan``. ``record_expert_counts``:
+        the step returns its MoE routing counts (traces).
 
         Reads only the plan's snapshots (token ids, block tables, sampling rows), never a
         live request, so it may run while the scheduler mutates its requests and while
@@ -139,23 +136,13 @@ class ModelRunner:
                 together with drafts, drafts without a verifier, a placeholder without
                 token slots, or no token slot free.
         """
-        if self.drafting is not None:
-            slots = self.token_slots
-            if slots is not None:  # leased here, on the host's thread, like a full layout
-                for sid in plan.decodes.request_ids:
-                    slots.lease(sid, plan.step_id)
-                for chunk in plan.chunks:
-                    if chunk.sample:
-                        slots.lease(chunk.request_id, plan.step_id)
-            return LateStep(plan, record_expert_counts)
         return self._layout(plan, record_expert_counts)
 
     def _layout(self, plan: SchedulePlan, record_expert_counts: bool) -> PreparedStep:
         """:meth:`prepare`'s layout of a plan (see there): the host lists
         (:func:`lay_out`), then one copy to the device or a staging for the static buffers."""
-        drafting = self.drafting
         out = lay_out(plan, step_id=plan.step_id, slots=self.token_slots, can_verify=self.verifier is not None,
-                      draft_probs=drafting.speculation.draft_probs if drafting is not None else None)
+                      draft_probs=self.draft_probs)
         input_ids, positions, seq_lens, tables = out.input_ids, out.positions, out.seq_lens, out.tables
         num_tokens, prompt, logits_rows = out.num_tokens, out.prompt, out.logits_rows
         forward: ForwardBatch | None = None
@@ -185,26 +172,24 @@ class ModelRunner:
             record_expert_counts=record_expert_counts,
         )
 
-    def execute(self, step: PreparedStep | LateStep) -> StepResult:
+    def execute(self, step: PreparedStep) -> StepResult:
         """Run ``step`` to the end: ``finish(launch(step))`` (see both); returns tokens
         per chunk. Mutates the KV cache and the token slots this step writes. Blocks until
         the tokens are on the host."""
         return self.finish(self.launch(step))
 
-    def pipelines(self, step: PreparedStep | LateStep) -> bool:
+    def pipelines(self, step: PreparedStep) -> bool:
         """Whether ``step`` may be launched while the step before it is launched but not
         finished: not when rows of it read the in-flight token's value on the host
         (penalties, ``min_tokens``: :attr:`PreparedStep.placeholder_rows`, filled from
-        the previous step's finish), nor for a speculative round (:class:`LateStep`,
-        which resolves against the round before on the host). Host only, O(1)."""
-        return isinstance(step, PreparedStep) and not step.placeholder_rows
+        the previous step's finish). Host only, O(1)."""
+        return not step.placeholder_rows
 
-    def launch(self, step: PreparedStep | LateStep) -> LaunchedStep:
+    def launch(self, step: PreparedStep) -> LaunchedStep:
         """Queue ``step``'s device work and return without waiting for its tokens: fill
         the placeholders, copy-on-write block copies, the forward, the draw, the token
         slots' publish and the copy of the sampled rows to the host (pinned,
-        non-blocking, an event after it on CUDA; see :func:`copy_back`). A speculative
-        round (:class:`LateStep`) runs to the end here.
+        non-blocking, an event after it on CUDA; see :func:`copy_back`).
 
         Steps launch in schedule order (one thread or stream): a placeholder of this step
         is gathered on the device from its sequence's token slot, which the step before
@@ -226,11 +211,6 @@ class ModelRunner:
         writes and the runner's launch count. Raises what the forward or the sampler
         raises (the step failed; its slots read ``-1``).
         """
-        if isinstance(step, LateStep):
-            assert self.drafting is not None
-            late = step.record_expert_counts
-            done = self.drafting.run(step.plan, lambda plan: self.execute(self._layout(plan, late)))
-            return LaunchedStep(ordinal=self._launches, done=done)
         self._launches += 1
         ordinal = self._launches
         last, self._last = self._last, {}
