@@ -28,7 +28,7 @@ from deepinfer_kit.sched.batching import ContinuousBatching
 from deepinfer_kit.sched.scheduler import BatchScheduler
 from deepinfer_kit.sched.state import SchedulerState
 from deepinfer_kit.sim.records import StepShape
-from deepinfer_kit.spec.records import DraftProposal, VerifyResult
+from deepinfer_kit.spec.records import DraftProposal, VerifyResult, VerifyRows
 from deepinfer_kit.spec.protocols import DraftSequence
 
 
@@ -239,13 +239,11 @@ class AcceptAllVerifier:
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
 
-    def verify(self, proposal: DraftProposal, lengths: Sequence[int], target_logits: torch.Tensor,
-               batch: SamplingBatch) -> VerifyResult:
-        rows = torch.stack([target_logits[r, n] for r, n in enumerate(lengths)])
-        bonus = self.sampler(rows, batch).token_ids.tolist()
-        drafts = proposal.token_ids.tolist()
-        return VerifyResult(token_ids=[[*drafts[r][:n], bonus[r]] for r, n in enumerate(lengths)],
-                            num_accepted=list(lengths))
+    def verify(self, rows: VerifyRows, draft_probs: torch.Tensor | None = None) -> VerifyResult:
+        last = [rows.offsets[r] + len(d) for r, d in enumerate(rows.drafts)]  # each request's bonus row
+        bonus = self.sampler(rows.logits[last], rows.batch.select(last)).token_ids.tolist()
+        return VerifyResult(token_ids=[[*d, t] for d, t in zip(rows.drafts, bonus)],
+                            num_accepted=[len(d) for d in rows.drafts])
 
 
 def make_verifier(ctx: BuildContext) -> AcceptAllVerifier:

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from deepinfer_kit.spec.verify.rows import verify_padded
+
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.sample import ref_ops as sample_ref
 from deepinfer_kit.sample.records import SamplingBatch
@@ -67,8 +69,8 @@ def test_auto_verifier_on_a_gpu_machine_verifies_cpu_logits_with_the_torch_ops()
     drafts = logits[:, :2].argmax(-1)
     proposal = DraftProposal(token_ids=drafts, num_drafted=[2, 2])
     batch = SamplingBatch.build([SamplingParams(temperature=0.0)] * 2)
-    got = verifier.verify(proposal, [2, 2], logits, batch)
-    want = GreedyVerifier("ref").verify(proposal, [2, 2], logits, batch)
+    got = verify_padded(verifier, proposal, [2, 2], logits, batch)
+    want = verify_padded(GreedyVerifier("ref"), proposal, [2, 2], logits, batch)
     assert got.token_ids == want.token_ids and got.num_accepted == [2, 2]
 
 

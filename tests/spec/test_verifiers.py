@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+from deepinfer_kit.spec.verify.rows import verify_padded
+
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import VectorizedSampler
@@ -60,7 +62,7 @@ def _speculative(verifier: object, params: SamplingParams, seed: int | None, pro
         proposal = DraftProposal(torch.tensor([drafts], dtype=torch.int64).view(1, gamma), [gamma])
         batch = _batch([params], [seed], [len(out)], [list(out)])
         batch.prompt_token_ids = [prompt]
-        res = verifier.verify(proposal, [gamma], logits, batch)  # type: ignore[attr-defined]
+        res = verify_padded(verifier, proposal, [gamma], logits, batch)
         assert 0 <= res.num_accepted[0] <= gamma and len(res.token_ids[0]) == res.num_accepted[0] + 1
         assert res.token_ids[0][: res.num_accepted[0]] == drafts[: res.num_accepted[0]]
         ctx += res.token_ids[0]
@@ -114,8 +116,7 @@ def _run_distribution(params: SamplingParams, verifier: object, seed: int) -> tu
     proposal = DraftProposal(drafts, [GAMMA] * N, draft_probs.expand(N, GAMMA, V))
     batch = _batch([params] * N, [None] * N, [0] * N)
     batch.generator = torch.Generator().manual_seed(seed + 1)
-    res = verifier.verify(  # type: ignore[attr-defined]
-        proposal, [GAMMA] * N, target_rows.expand(N, GAMMA + 1, V), batch)
+    res = verify_padded(verifier, proposal, [GAMMA] * N, target_rows.expand(N, GAMMA + 1, V), batch)
     first = torch.tensor([t[0] for t in res.token_ids])
     second = torch.tensor([t[1] for t in res.token_ids if len(t) > 1])
     p0 = filtered_distribution(target_rows[0], params)
@@ -160,7 +161,7 @@ def test_deterministic_drafts_keep_the_target_distribution() -> None:
     draft = int(torch.argsort(p0)[-3])  # a plausible, not the likeliest, token
     proposal = DraftProposal(torch.full((N, 1), draft, dtype=torch.int64), [1] * N)
     batch = _batch([params] * N, [None] * N, [0] * N)
-    res = RejectionVerifier(VectorizedSampler("ref")).verify(proposal, [1] * N, rows.expand(N, 2, V), batch)
+    res = verify_padded(RejectionVerifier(VectorizedSampler("ref")), proposal, [1] * N, rows.expand(N, 2, V), batch)
     assert _tv(torch.tensor([t[0] for t in res.token_ids]), p0) <= 0.01
 
 
@@ -175,7 +176,7 @@ def test_seeded_verification_is_reproducible_and_batch_invariant() -> None:
     def run(rows: list[int], seeds: list[int | None]) -> list[list[int]]:
         prop = DraftProposal(drafts[rows], [GAMMA] * len(rows), draft_probs[rows])
         batch = _batch([params] * len(rows), seeds, [4] * len(rows))
-        return verifier.verify(prop, [GAMMA] * len(rows), logits[rows], batch).token_ids
+        return verify_padded(verifier, prop, [GAMMA] * len(rows), logits[rows], batch).token_ids
 
     alone = run([2], [11])
     assert run([0, 1, 2, 3], [5, None, 11, 7])[2] == alone[0] == run([2], [11])[0]
@@ -189,16 +190,16 @@ def test_empty_drafts_and_no_requests() -> None:
     logits = torch.randn(2, 1, V)
     empty = DraftProposal(torch.zeros(2, 0, dtype=torch.int64), [0, 0])
     for v in (verifier, GreedyVerifier()):
-        res = v.verify(empty, [0, 0], logits, _batch(params, [None, 1], [0, 0]))
+        res = verify_padded(v, empty, [0, 0], logits, _batch(params, [None, 1], [0, 0]))
         assert res.num_accepted == [0, 0] and all(len(t) == 1 for t in res.token_ids)
     with_probs = DraftProposal(torch.zeros(2, 0, dtype=torch.int64), [0, 0], torch.zeros(2, 0, V))
-    res = verifier.verify(with_probs, [0, 0], logits, _batch(params, [None, 1], [0, 0]))
+    res = verify_padded(verifier, with_probs, [0, 0], logits, _batch(params, [None, 1], [0, 0]))
     assert res.num_accepted == [0, 0]
     none = DraftProposal(torch.zeros(0, 3, dtype=torch.int64), [])
-    assert verifier.verify(none, [], torch.zeros(0, 4, V), _batch([], [], [])).token_ids == []
+    assert verify_padded(verifier, none, [], torch.zeros(0, 4, V), _batch([], [], [])).token_ids == []
     # Drafts proposed but none verified (length 0 of 3).
     some = DraftProposal(torch.tensor([[1, 2, 3]]), [3])
-    res = verifier.verify(some, [0], torch.randn(1, 4, V), _batch(params[:1], [None], [0]))
+    res = verify_padded(verifier, some, [0], torch.randn(1, 4, V), _batch(params[:1], [None], [0]))
     assert res.num_accepted == [0] and len(res.token_ids[0]) == 1
 
 
@@ -214,8 +215,8 @@ def test_recovered_ids_stay_inside_the_vocabulary() -> None:
     logits = torch.randn(1, 2, V).expand(64, 2, V)
     probs = torch.softmax(logits[:, :1].double(), dim=-1)
     prop = DraftProposal(torch.randint(0, V, (64, 1)), [1] * 64, probs)
-    res = RejectionVerifier(VectorizedSampler("ref")).verify(
-        prop, [1] * 64, logits, _batch(params, list(range(64)), [0] * 64))
+    res = verify_padded(RejectionVerifier(VectorizedSampler("ref")), prop, [1] * 64, logits,
+                        _batch(params, list(range(64)), [0] * 64))
     assert all(0 <= t < V for row in res.token_ids for t in row)
 
 
@@ -225,4 +226,4 @@ def test_greedy_verification_picks_the_lowest_id_on_ties() -> None:
     prop = DraftProposal(torch.tensor([[5]]), [1])
     batch = _batch([SamplingParams(temperature=0.0)], [None], [0])
     for v in (GreedyVerifier(), RejectionVerifier(VectorizedSampler("ref"))):
-        assert v.verify(prop, [1], logits, batch).token_ids == [[3]]
+        assert verify_padded(v, prop, [1], logits, batch).token_ids == [[3]]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from deepinfer_kit.spec.verify.rows import verify_padded
 from kernel_compile import assert_kernels_compile
 
 from deepinfer_kit.errors import ConfigError
@@ -136,8 +138,8 @@ def test_verifiers_give_the_same_tokens_on_either_impl(probabilistic: bool) -> N
     for make in (lambda impl: RejectionVerifier(sampler, impl), lambda impl: GreedyVerifier(impl)):
         ref, tri = make("ref"), make("triton")
         assert (ref.impl, tri.impl) == ("ref", "triton")
-        a = ref.verify(proposal, lengths, logits, _batch(params, seeds))
-        b = tri.verify(proposal, lengths, logits, _batch(params, seeds))
+        a = verify_padded(ref, proposal, lengths, logits, _batch(params, seeds))
+        b = verify_padded(tri, proposal, lengths, logits, _batch(params, seeds))
         assert a.token_ids == b.token_ids and a.num_accepted == b.num_accepted
 
 

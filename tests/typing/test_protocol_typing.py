@@ -17,8 +17,9 @@ EXPECTED_ERRORS = {
     "bad_executor_args.py": 'incompatible types in assignment (expression has type "type[WrongExecutor]"',
     "bad_batching_policy.py": 'incompatible types in assignment (expression has type "type[ForgetfulBatching]"',
     "bad_runner_slots.py": 'incompatible types in assignment (expression has type "type[ForgetfulRunner]"',
+    "bad_verifier_padded.py": 'incompatible types in assignment (expression has type "type[PaddedVerifier]"',
 }
-GOOD = ["good_sampler.py", "good_scheduler_policy.py"]
+GOOD = ["good_sampler.py", "good_scheduler_policy.py", "good_verifier.py"]
 
 
 def _mypy(*names: str) -> tuple[str, int]:

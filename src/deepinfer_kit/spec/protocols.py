@@ -8,8 +8,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from deepinfer_kit.sample.params import SamplingParams
-from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.spec.records import DraftProposal, VerifyResult
+from deepinfer_kit.spec.records import DraftProposal, VerifyResult, VerifyRows
 
 __all__ = ["DraftSequence", "Drafter", "StatefulDrafter", "VerifyPlanner", "DraftVerifier"]
 
@@ -112,27 +111,28 @@ class VerifyPlanner(Protocol):
 
 
 class DraftVerifier(Protocol):
-    """Accepts a prefix of each draft against the target model's logits."""
+    """Accepts a prefix of each request's drafts against the target model's logits."""
 
-    def verify(
-        self,
-        proposal: DraftProposal,
-        lengths: Sequence[int],
-        target_logits: torch.Tensor,
-        batch: SamplingBatch,
-    ) -> VerifyResult:
-        """Verify the first ``lengths[r]`` drafts of each request.
+    def verify(self, rows: VerifyRows, draft_probs: torch.Tensor | None = None) -> VerifyResult:
+        """Verify every request's drafts from the flat rows the runner laid out.
+
+        Called once per round that verifies drafts, on the executing thread, after the
+        forward; mutates nothing but the unseeded rows' generator.
 
         Args:
-            proposal: the drafts (``[R, γ]``).
-            lengths: ``[R]`` drafts to verify, in ``[0, num_drafted[r]]``.
-            target_logits: ``[R, γ + 1, V]``; row ``j`` is the target's logits for the token
-                after draft ``j - 1`` (row 0: after the last accepted token). Rows beyond
-                ``lengths[r]`` are ignored.
-            batch: ``R`` rows of sampling parameters (position of the first draft).
+            rows: request ``r`` owns rows ``offsets[r] .. offsets[r] + ℓ_r`` of
+                ``rows.logits`` (``[M, V]``, any device) and ``rows.batch``: row ``j`` is
+                the target after draft ``j - 1``, drawing output position ``q_r + j``
+                (see :class:`~deepinfer_kit.spec.records.VerifyRows`).
+            draft_probs: ``[R, G, V]`` (``G >= ℓ_r``) the distributions each request's
+                drafts were drawn from, on the rows' device; ``None`` for one-hot
+                (deterministic) drafts.
 
         Returns:
             Accepted drafts plus one recovered / bonus token per request. Greedy rows
             equal plain greedy decoding; sampled rows preserve the target distribution.
+
+        Raises:
+            InvariantError: rows, offsets and drafts that disagree.
         """
         ...

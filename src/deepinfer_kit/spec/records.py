@@ -19,9 +19,10 @@ from deepinfer_kit.errors import ConfigError
 
 if TYPE_CHECKING:
     from deepinfer_kit.sample.params import SamplingParams
+    from deepinfer_kit.sample.records import SamplingBatch
     import torch
 
-__all__ = ["DraftProposal", "DraftView", "VerifyResult", "SpsCurve", "SpecConfig", "MAX_NUM_DRAFT"]
+__all__ = ["DraftProposal", "DraftView", "VerifyResult", "VerifyRows", "SpsCurve", "SpecConfig", "MAX_NUM_DRAFT"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -57,6 +58,27 @@ class VerifyResult:
 
     token_ids: list[list[int]]
     num_accepted: list[int]
+
+
+@attrs.define(slots=True, eq=False)
+class VerifyRows:
+    """The flat rows of one verification, as the runner lays a round out: request ``r``
+    verifying ``ℓ_r`` drafts owns rows ``offsets[r] .. offsets[r] + ℓ_r``; its row ``j``
+    holds the target's logits after draft ``j - 1`` and the sampling row of output
+    position ``q_r + j``, with ``drafts[r][:j]`` counted as generated (penalties,
+    ``min_tokens``: :func:`~deepinfer_kit.spec.verify.rows.row_histories`).
+
+    Attributes:
+        logits: ``[M, V]`` target logits, ``M = sum(ℓ_r + 1)``, request-major.
+        batch: ``M`` sampling rows.
+        drafts: ``[R]`` host lists, the ``ℓ_r`` drafts of each request.
+        offsets: ``[R + 1]`` first flat row of each request, then ``M``.
+    """
+
+    logits: torch.Tensor
+    batch: SamplingBatch
+    drafts: list[list[int]]
+    offsets: list[int]
 
 
 def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deepinfer_kit.spec.protocols import DraftVerifier, VerifyPlanner
+from deepinfer_kit.spec.verify.rows import verify_padded
 from deepinfer_kit.testing.suite import Suite, expect
 
 __all__ = ["PlannerFactory", "VerifierFactory", "VERIFY_PLANNER_SUITE", "DRAFT_VERIFIER_SUITE"]
@@ -64,7 +65,7 @@ def check_result_shapes_and_ranges(factory: VerifierFactory) -> None:
     vocab = 9
     proposal, logits, batch = _verify_inputs(5, 3, vocab, 0)
     lengths = [3, 0, 2, 1, 3]
-    res = factory().verify(proposal, lengths, logits, batch)
+    res = verify_padded(factory(), proposal, lengths, logits, batch)
     drafts = proposal.token_ids.tolist()
     expect(len(res.token_ids) == 5 and len(res.num_accepted) == 5, "one result per request")
     for r, (toks, a) in enumerate(zip(res.token_ids, res.num_accepted)):
@@ -79,7 +80,7 @@ def check_greedy_rows_follow_the_argmax(factory: VerifierFactory) -> None:
     proposal, logits, batch = _verify_inputs(4, 2, 7, 1)
     greedy = logits.argmax(dim=-1).tolist()
     proposal.token_ids[1, 0] = greedy[1][0]  # accept the first draft of request 1
-    res = factory().verify(proposal, [2, 2, 2, 2], logits, batch)
+    res = verify_padded(factory(), proposal, [2, 2, 2, 2], logits, batch)
     for r in (1, 3):
         a = res.num_accepted[r]
         expect(res.token_ids[r][a] == greedy[r][a],

@@ -33,6 +33,7 @@ from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.drafters.draw import draw_drafts
 from deepinfer_kit.spec.records import DraftProposal
+from deepinfer_kit.spec.verify.rows import verify_padded
 from deepinfer_kit.testing.spec_stats import SampleComparison, compare_samples
 from deepinfer_kit.testing.suite import Suite, expect
 
@@ -208,7 +209,7 @@ def _speculative(world: ToyLM, factory: SpeculationFactory, params: SamplingPara
                               [s.prompt_token_ids for s in live],
                               [list(s.output_token_ids) for s in live], [None] * len(live),
                               generator)
-        result = verifier.verify(proposal, lengths, logits, batch)
+        result = verify_padded(verifier, proposal, lengths, logits, batch)
         drafted += sum(proposal.num_drafted)
         verified += sum(lengths)
         accepted += sum(result.num_accepted)

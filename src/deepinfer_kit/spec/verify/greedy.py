@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from deepinfer_kit._staging import host_to_device, to_device
+from deepinfer_kit._staging import to_device
 from deepinfer_kit._kernels import Impl
-from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.sample.vectorized import working_logits
 from deepinfer_kit.spec.verify.kernels import select_verify_ops
-from deepinfer_kit.spec.records import DraftProposal, VerifyResult
-from deepinfer_kit.spec.verify.rows import flatten_verify
+from deepinfer_kit.spec.records import VerifyResult, VerifyRows
+from deepinfer_kit.spec.verify.rows import check_rows
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import DraftVerifier
@@ -42,25 +40,21 @@ class GreedyVerifier:
     def __init__(self, impl: Impl = "auto") -> None:
         self._ops, self.impl = select_verify_ops(impl)
 
-    def verify(
-        self,
-        proposal: DraftProposal,
-        lengths: Sequence[int],
-        target_logits: torch.Tensor,
-        batch: SamplingBatch,
-    ) -> VerifyResult:
-        """See :meth:`DraftVerifier.verify`. One device-to-host copy of ``[2, R]`` ids.
+    def verify(self, rows: VerifyRows, draft_probs: torch.Tensor | None = None) -> VerifyResult:
+        """See :meth:`DraftVerifier.verify` (``draft_probs`` is not read: greedy
+        verification needs none). One device-to-host copy of ``[2, R]`` ids.
 
         Raises:
-            InvariantError: shapes that disagree or lengths out of range.
+            InvariantError: rows that disagree.
         """
-        rows = flatten_verify(proposal, lengths, target_logits, batch)
+        width = check_rows(rows, None)
         x = working_logits(rows.logits, rows.batch)
         dev = x.device
+        padded = [t for d in rows.drafts for t in (*d, *([0] * (width - len(d))))]
         num_acc, token = self._ops.greedy_verify(
             x,
             to_device(rows.offsets[:-1], torch.int64, dev),
-            host_to_device(proposal.token_ids, dev).to(torch.int64),
+            to_device(padded, torch.int64, dev).view(len(rows.drafts), width),
             to_device([len(d) for d in rows.drafts], torch.int64, dev),
         )
         accepted, final = torch.stack((num_acc, token)).tolist()

@@ -3,7 +3,6 @@ parameters, so the output follows the target distribution exactly."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,12 +11,11 @@ from deepinfer_kit._staging import to_device
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.sample.distribution import target_probs
 from deepinfer_kit.sample.protocols import Sampler
-from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.spec.records import DraftProposal, VerifyResult
+from deepinfer_kit.spec.records import VerifyResult
 from deepinfer_kit.sample.rng import row_uniforms
 from deepinfer_kit.spec.verify.kernels import select_verify_ops
 from deepinfer_kit.spec.verify.ref_ops import accept_uniforms
-from deepinfer_kit.spec.verify.rows import VerifyRows, accept_matching, flatten_verify
+from deepinfer_kit.spec.verify.rows import VerifyRows, accept_matching, check_rows
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import DraftVerifier
@@ -57,26 +55,19 @@ class RejectionVerifier:
         self.sampler = sampler
         self._ops, self.impl = select_verify_ops(impl)
 
-    def verify(
-        self,
-        proposal: DraftProposal,
-        lengths: Sequence[int],
-        target_logits: torch.Tensor,
-        batch: SamplingBatch,
-    ) -> VerifyResult:
-        """See :meth:`DraftVerifier.verify`. ``target_logits`` ``[R, G + 1, V]`` on any
-        device; ``proposal.draft_probs`` ``[R, G, V]`` on the same device when given.
-        Not mutated. One device-to-host copy of the result.
+    def verify(self, rows: VerifyRows, draft_probs: torch.Tensor | None = None) -> VerifyResult:
+        """See :meth:`DraftVerifier.verify`. ``rows.logits`` on any device;
+        ``draft_probs`` ``[R, G, V]`` on the same device when given. Not mutated. One
+        device-to-host copy of the result.
 
         Raises:
-            InvariantError: shapes that disagree, lengths out of range, or a history
-                token outside ``[0, V)``.
+            InvariantError: rows that disagree, or a history token outside ``[0, V)``.
         """
-        rows = flatten_verify(proposal, lengths, target_logits, batch)
-        if proposal.draft_probs is None:
+        width = check_rows(rows, draft_probs)
+        if draft_probs is None:
             tokens: list[int] = self.sampler(rows.logits, rows.batch).token_ids.tolist()
             return accept_matching(rows, tokens)
-        return self._strict(proposal.draft_probs, rows, target_logits.shape[1])
+        return self._strict(draft_probs[:, :width], rows, width + 1)
 
     def _strict(self, draft_probs: torch.Tensor, rows: VerifyRows, depth: int) -> VerifyResult:
         """Rejection sampling over probabilities; ``depth = G + 1``."""

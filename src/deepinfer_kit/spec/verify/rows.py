@@ -17,26 +17,14 @@ from deepinfer_kit._staging import to_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
-from deepinfer_kit.spec.records import DraftProposal, VerifyResult
+from typing import TYPE_CHECKING
+from deepinfer_kit.spec.records import DraftProposal, VerifyResult, VerifyRows
 
-__all__ = ["VerifyRows", "expand_rows", "flatten_verify", "accept_matching", "row_histories"]
+if TYPE_CHECKING:
+    from deepinfer_kit.spec.protocols import DraftVerifier
 
-
-@attrs.define(slots=True, eq=False)
-class VerifyRows:
-    """The flattened rows of one verification.
-
-    Attributes:
-        logits: ``[M, V]`` target logits, ``M = sum(ℓ_r + 1)``, request-major.
-        batch: ``M`` sampling rows (see the module docstring).
-        drafts: ``[R]`` host lists, the first ``ℓ_r`` drafts of each request.
-        offsets: ``[R + 1]`` first flat row of each request, then ``M``.
-    """
-
-    logits: torch.Tensor
-    batch: SamplingBatch
-    drafts: list[list[int]]
-    offsets: list[int]
+__all__ = ["VerifyRows", "expand_rows", "flatten_verify", "verify_padded", "check_rows", "accept_matching",
+           "row_histories"]
 
 
 def row_histories(history: Sequence[int], drafts: Sequence[int]) -> list[tuple[int, ...]]:
@@ -74,7 +62,8 @@ def flatten_verify(
     target_logits: torch.Tensor,
     batch: SamplingBatch,
 ) -> VerifyRows:
-    """Check the arguments of :meth:`DraftVerifier.verify` and flatten them.
+    """The flat rows (:class:`VerifyRows`) of drafts held as a :class:`DraftProposal` with
+    ``[R, G + 1, V]`` target logits and one sampling row per request.
 
     Raises:
         InvariantError: shapes that disagree, or a length outside ``[0, num_drafted[r]]``.
@@ -106,6 +95,43 @@ def flatten_verify(
                      torch.int64, target_logits.device)
     flat = target_logits.reshape(num_req * (width + 1), target_logits.shape[2]).index_select(0, rows)
     return VerifyRows(flat, expand_rows(batch, drafts), drafts, offsets)
+
+
+def check_rows(rows: VerifyRows, draft_probs: torch.Tensor | None) -> int:
+    """Check a verification's flat rows (and draft distributions) agree; return ``G``, the
+    most drafts of a request.
+
+    Raises:
+        InvariantError: offsets that do not step by ``len(drafts[r]) + 1`` from 0 to the
+            rows, a batch of another length, or ``draft_probs`` not ``[R, >= G, V]``.
+    """
+    num_req = len(rows.drafts)
+    width = max((len(d) for d in rows.drafts), default=0)
+    steps = [rows.offsets[r + 1] - rows.offsets[r] for r in range(len(rows.offsets) - 1)]
+    m = rows.logits.shape[0] if rows.logits.dim() == 2 else -1
+    if (len(rows.offsets) != num_req + 1 or rows.offsets[:1] != [0] or steps != [len(d) + 1 for d in rows.drafts]
+            or rows.offsets[-1] != m or len(rows.batch) != m):
+        raise InvariantError(
+            f"verify: offsets {rows.offsets[:8]}..., logits {tuple(rows.logits.shape)}, {len(rows.batch)} "
+            f"sampling rows for {num_req} requests' drafts of lengths {[len(d) for d in rows.drafts][:8]}")
+    if draft_probs is not None and (draft_probs.dim() != 3 or draft_probs.shape[0] != num_req
+                                    or draft_probs.shape[1] < width or draft_probs.shape[2] != rows.logits.shape[1]):
+        raise InvariantError(f"verify: draft_probs {tuple(draft_probs.shape)}, need [{num_req}, >= {width}, "
+                             f"{rows.logits.shape[1]}]")
+    return width
+
+
+def verify_padded(verifier: DraftVerifier, proposal: DraftProposal, lengths: Sequence[int],
+                  target_logits: torch.Tensor, batch: SamplingBatch) -> VerifyResult:
+    """``verifier`` on drafts held as a :class:`DraftProposal` with ``[R, G + 1, V]``
+    target logits and one sampling row per request (the first ``lengths[r]`` drafts of
+    each verified): flattened by :func:`flatten_verify`, then ``verifier.verify``.
+
+    Raises:
+        InvariantError: as :func:`flatten_verify`, or what the verifier raises.
+    """
+    probs = proposal.draft_probs
+    return verifier.verify(flatten_verify(proposal, lengths, target_logits, batch), probs)
 
 
 def accept_matching(rows: VerifyRows, tokens: list[int]) -> VerifyResult:

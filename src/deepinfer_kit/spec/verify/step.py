@@ -11,7 +11,7 @@ from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.protocols import Sampler
 from deepinfer_kit.sample.records import SampleResult, SamplingBatch
 from deepinfer_kit.spec.protocols import DraftVerifier
-from deepinfer_kit.spec.records import DraftProposal
+from deepinfer_kit.spec.records import VerifyRows
 
 __all__ = ["VerifiedChunk", "verify_round"]
 
@@ -45,11 +45,11 @@ def verify_round(
 ) -> tuple[SampleResult, list[int]]:
     """Draw every row of a round with verified chunks.
 
-    Rows of no verified chunk are drawn by ``sampler`` (one call); the verified chunks go
-    to ``verifier`` as one :class:`DraftProposal` (width ``G`` = the most drafts, shorter
-    rows padded by repeating their last logits row; ``draft_probs`` ``[R, G, V]`` when any
-    chunk has them, one-hot rows for the chunks without), whose result is written back into
-    the rows: row ``first_row + j`` holds the ``j``-th emitted token; rows past the
+    Rows of no verified chunk are drawn by ``sampler`` (one call); the verified chunks'
+    rows go to ``verifier`` as they are laid out (:class:`VerifyRows`: one gather of their
+    logits rows and sampling rows, nothing re-expanded; ``draft_probs`` ``[R, G, V]`` when
+    any chunk has them, one-hot rows for the chunks without), whose result is written back
+    into the rows: row ``first_row + j`` holds the ``j``-th emitted token; rows past the
     emitted ones hold token 0 and are to be ignored. Logprobs are attached for all rows
     when any row asked for them.
 
@@ -72,22 +72,16 @@ def verify_round(
             in_verify[v.first_row + j] = True
     plain = [i for i, used in enumerate(in_verify) if not used]
     if plain:
-        index = to_device(plain, torch.int64, dev)
-        tokens[index] = sampler(logits.index_select(0, index), batch.select(plain)).token_ids
+        at = to_device(plain, torch.int64, dev)
+        tokens[at] = sampler(logits.index_select(0, at), batch.select(plain)).token_ids
     width = max(len(v.drafts) for v in verified)
-    rows = [v.first_row + min(j, len(v.drafts)) for v in verified for j in range(width + 1)]
-    target = logits.index_select(0, to_device(rows, torch.int64, dev))
-    padded = [t for v in verified for t in (*v.drafts, *([0] * (width - len(v.drafts))))]
-    lengths = [len(v.drafts) for v in verified]
-    proposal = DraftProposal(
-        token_ids=torch.tensor(padded, dtype=torch.int64).view(len(verified), width),
-        num_drafted=lengths,
-        draft_probs=_stack_probs(verified, width, logits.shape[1], dev),
-    )
-    result = verifier.verify(
-        proposal, lengths, target.view(len(verified), width + 1, -1),
-        batch.select([v.first_row for v in verified]),
-    )
+    index = [v.first_row + j for v in verified for j in range(len(v.drafts) + 1)]
+    offsets = [0]
+    for v in verified:
+        offsets.append(offsets[-1] + len(v.drafts) + 1)
+    rows = VerifyRows(logits.index_select(0, to_device(index, torch.int64, dev)), batch.select(index),
+                      [list(v.drafts) for v in verified], offsets)
+    result = verifier.verify(rows, _stack_probs(verified, width, logits.shape[1], dev))
     where = [v.first_row + j for v, toks in zip(verified, result.token_ids) for j in range(len(toks))]
     values = [t for toks in result.token_ids for t in toks]
     tokens[to_device(where, torch.int64, dev)] = to_device(values, torch.int64, dev)
