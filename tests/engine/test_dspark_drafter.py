@@ -154,7 +154,7 @@ def test_sampling_hands_draft_probs_to_the_verifier_and_is_reproducible() -> Non
         verifier = engine.runner.verifier
         assert verifier is not None
         inner = verifier.verify
-        verifier.verify = lambda p, *a: (seen.append(p.draft_probs), inner(p, *a))[1]  # type: ignore[method-assign]
+        verifier.verify = lambda rows, probs=None: (seen.append(probs), inner(rows, probs))[1]  # type: ignore[method-assign]
         runs.append(_run(engine, prompts, params, check=True))
         assert seen and all(s is not None for s in seen)
     assert runs[0] == runs[1]

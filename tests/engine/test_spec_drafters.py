@@ -173,7 +173,7 @@ def test_sampling_with_seeds_completes_is_reproducible_and_uses_draft_probs(draf
         verifier = engine.runner.verifier
         assert verifier is not None
         inner = verifier.verify
-        engine.runner.verifier.verify = lambda p, *a: (seen.append(p.draft_probs), inner(p, *a))[1]  # type: ignore[method-assign]
+        engine.runner.verifier.verify = lambda rows, probs=None: (seen.append(probs), inner(rows, probs))[1]  # type: ignore[method-assign]
         runs.append(_run(engine, prompts, params, check_each_round=False))
         assert seen and all(s is not None for s in seen)
     assert runs[0] == runs[1]
