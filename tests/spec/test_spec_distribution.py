@@ -29,12 +29,17 @@ from deepinfer_kit.testing.suite import Check, ConformanceError
 # tokens makes the DSpark planner cut inside the run
 KNEE = SpsCurve((1, 3000, 4500, 9000), (100.0, 100.0, 95.0, 30.0))
 
+# a staircase with a step at every scale the suite runs: one sequence per round (1-3
+# tokens) and the whole sample (3000-9000 tokens); the budgeted whole walk decides there
+STAIRS = SpsCurve.ladder([1, 3, 3000, 4500, 9000], [1.0, 1.15, 1.3, 1.5, 3.0])
+
 PLANNERS: dict[str, Callable[[], VerifyPlanner]] = {
     "fixed": FixedPlanner,
     "survival-0.1": lambda: ThresholdPlanner(0.1),
     "survival-0.3": lambda: ThresholdPlanner(0.3),
     "step-0.4": lambda: ThresholdPlanner(0.4, rule="step"),
     "dspark": lambda: DSparkPlanner(KNEE),
+    "dspark-stairs": lambda: DSparkPlanner(STAIRS),
 }
 
 
@@ -92,6 +97,39 @@ def test_a_confidence_that_reads_the_drawn_token_fails_the_suite() -> None:
 
     with pytest.raises(ConformanceError, match="differ"):
         check_speculative_distribution(factory, SamplingParams(temperature=0.8, top_k=8, top_p=0.9))
+
+
+class _PeekingBudget(DSparkPlanner):
+    """The bug: the round's total is read from this round's confidences (the whole walk
+    on them), so draft ``j + 1``'s confidence — computed from draft ``j`` — decides
+    whether draft ``j`` is verified."""
+
+    def plan_budgeted(self, confidence, max_lengths, other_tokens, budget_confidence):  # type: ignore[no-untyped-def]
+        return super().plan_budgeted(confidence, max_lengths, other_tokens, confidence)
+
+
+def test_a_budget_read_from_this_rounds_confidences_fails_the_suite() -> None:
+    """One sequence per round, γ = 2 and a two-step staircase ``t(1) = 1, t(3) = T``:
+    the whole walk verifies draft 0 when ``c_0 (1 + c_1) > T - 1``, and ``c_1`` is
+    computed from draft 0. ``T`` puts the cut at the median ``c_1`` of the first draft."""
+    world = ToyLM(16, seed=6)  # the world of the suite's one-sequence check
+    draft = toy_model_drafter(world).model
+    first = torch.softmax(draft.logits([[2, 3]]), -1)[0]
+    c0 = float((first * first).sum())
+    second = [torch.softmax(draft.logits([[3, x]]), -1)[0] for x in range(world.vocab)]
+    c1 = sorted((float((s * s).sum()), float(first[x])) for x, s in enumerate(second))
+    mass, median = 0.0, c1[-1][0]
+    for c, w in c1:
+        mass += w
+        if mass >= 0.5:
+            median = c
+            break
+    curve = SpsCurve.ladder([1, 3], [1.0, 1.0 + c0 * (1.0 + median)])
+    check = SPECULATIVE_DISTRIBUTION_SUITE.checks[SPECULATIVE_DISTRIBUTION_SUITE.ids.index(
+        "sampled_one_sequence_per_round")]
+    check(lambda w: (toy_model_drafter(w), DSparkPlanner(curve), _verifier()))  # the honest budget
+    with pytest.raises(ConformanceError, match="differ"):
+        check(lambda w: (toy_model_drafter(w), _PeekingBudget(curve), _verifier()))
 
 
 _TRUE_REJECTION = ref_ops.rejection_sample

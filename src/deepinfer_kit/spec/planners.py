@@ -10,7 +10,7 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpsCurve
 
 if TYPE_CHECKING:
-    from deepinfer_kit.spec.protocols import VerifyPlanner
+    from deepinfer_kit.spec.protocols import BudgetedPlanner, VerifyPlanner
 
 __all__ = ["FixedPlanner", "ThresholdPlanner", "DSparkPlanner", "survival", "THRESHOLD_RULES"]
 
@@ -99,24 +99,37 @@ class ThresholdPlanner:
 
 class DSparkPlanner:
     """DSpark's hardware-aware prefix scheduler: verify the drafts that maximise
-    ``Θ = τ · SPS(B)`` (Algorithm 1 of the DSpark paper).
+    ``Θ = τ · SPS(B)`` (Algorithm 1 of the DSpark paper) on any non-decreasing step-time
+    curve, staircases included.
 
     Each of the ``R`` requests verifies its base token (``B`` starts at ``R``, expected
     tokens ``τ`` at ``R``). Candidates ``(r, j)`` with a positive survival ``a_{r,j} =
-    prod_{i <= j} c_{r,i}`` are admitted in decreasing order of survival (ties: earlier
-    ``j`` first, so a request's ``j``-th draft always follows its ``(j-1)``-th — survival
-    never grows with ``j``); each admission adds ``a_{r,j}`` to ``τ`` and 1 to ``B``. A
-    draft of zero survival is never verified. Admission stops at the first candidate that
-    would not raise ``Θ``. For a fixed ``B`` the top-``B`` survivals maximise ``τ``, so
-    when ``Θ`` is unimodal along that path — a step time that is convex and non-decreasing
-    in ``B``, such as a roofline's flat-then-linear one — the early stop finds the global
-    maximum over prefix-closed selections.
+    prod_{i <= j} c_{r,i}`` are ranked in decreasing order of survival (ties: earlier ``j``
+    first, then lower ``r``, so a request's ``j``-th draft always follows its ``(j-1)``-th
+    — survival never grows with ``j``); verifying the first ``k`` adds their survivals to
+    ``τ`` and ``k`` to ``B``. For a fixed ``k`` the top-``k`` survivals maximise ``τ`` over
+    prefix-closed selections, so the optimum over all selections is the best ``k`` of that
+    one walk. A draft of zero survival is never verified.
 
-    The early stop is also what keeps the planner exact: the admission of ``(r, j)`` reads
-    only the candidates sorted before it, whose survivals involve request ``r``'s
-    confidences ``c_{r,0..j}`` alone — never one computed after draft ``j`` was drawn. A
-    search that looked past the stop would let later drafts' confidences decide earlier
-    admissions (the paper's Appendix A counterexample).
+    Two ways to pick ``k``, both exact (the decision to verify draft ``j`` of request ``r``
+    never reads draft ``j``'s value, nor a confidence computed after it was drawn, given a
+    drafter whose ``c_{r,j}`` does not read draft ``j``; docs/speculative.md):
+
+    - :meth:`plan_budgeted` (what :class:`~deepinfer_kit.spec.planning.RoundPlanner` and so
+      the engine call): walk *every* candidate of a budget confidence — each request's
+      confidences from its previous round, as DeepInfer's ``MTPVarlen::schedule`` does —
+      and keep the ``k`` of the largest ``Θ``; then verify the top ``k`` of this round's
+      candidates. The budget reads nothing drawn this round, and the rank of ``(r, j)``
+      reads only candidates sorted before it (this request's ``c_{r,0..j}`` and other
+      requests' confidences). The global maximum of the walk, on any curve: a staircase
+      (rounds padded to captured sizes) is handled as well as a roofline.
+    - :meth:`plan`: stop at the first candidate of this round's walk that would not raise
+      ``Θ``. Its admission of ``(r, j)`` reads only candidates sorted before it, so it
+      needs no history; it is the global maximum only when ``Θ`` is unimodal along the walk
+      (a convex, non-decreasing step time such as a roofline's flat-then-linear one) and
+      stops at the first step of a staircase. Looking past the stop on this round's
+      confidences would let later drafts' confidences decide earlier admissions (the
+      paper's Appendix A counterexample).
 
     Prefill in the same round (``other_tokens = P``): the step really runs ``B + P``
     tokens, so each draft costs the marginal time at ``B + P`` on the curve; the prefill
@@ -126,7 +139,8 @@ class DSparkPlanner:
     when ``P = 0``.
 
     Args:
-        sps: the profiled steps-per-second curve ``SPS(B)``.
+        sps: the profiled steps-per-second curve ``SPS(B)`` (read through :attr:`sps` at
+            each plan: an online correction replaces it, :class:`~deepinfer_kit.spec.sps_online.MeasuredSps`).
     """
 
     def __init__(self, sps: SpsCurve) -> None:
@@ -134,36 +148,94 @@ class DSparkPlanner:
 
     def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
              other_tokens: int = 0) -> list[int]:
-        """See :meth:`VerifyPlanner.plan` and the class docstring for ``other_tokens``.
-        O(C log C) for ``C = sum max_lengths``."""
+        """The early stop on this round's confidences (class docstring); see
+        :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``."""
+        ranked = _ranked(confidence, max_lengths)
         num_req = len(max_lengths)
-        candidates = [
-            (-a, j, r)
-            for r, (conf, m) in enumerate(zip(confidence, max_lengths))
-            for j, a in enumerate(survival(conf, m))
-            if a > 0.0
-        ]
-        candidates.sort()
-        lengths = [0] * num_req
-        tau = float(num_req)
-        sps = self.sps
-        other = max(0, other_tokens)
-        tokens = num_req + other
-        # seconds of the step that are the prefill's, not the verified chunks'
-        prefill_s = 1.0 / sps(tokens) - 1.0 / sps(num_req) if other else 0.0
-        theta = tau / (1.0 / sps(tokens) - prefill_s)
-        for neg_a, j, r in candidates:
-            if j != lengths[r]:
-                continue  # unreachable: survival is non-increasing in j
-            nxt = (tau - neg_a) / (1.0 / sps(tokens + 1) - prefill_s)
+        rate = _Rate(self.sps, num_req, other_tokens)
+        tau, theta = float(num_req), rate.theta(float(num_req), 0)
+        admitted = 0
+        for neg_a, _, _ in ranked:
+            nxt = rate.theta(tau - neg_a, admitted + 1)
             if not nxt > theta:
                 break
-            tau, tokens, theta = tau - neg_a, tokens + 1, nxt
-            lengths[r] = j + 1
-        return lengths
+            tau, theta, admitted = tau - neg_a, nxt, admitted + 1
+        return _lengths(ranked, admitted, num_req)
+
+    def plan_budgeted(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+                      other_tokens: int, budget_confidence: Sequence[Sequence[float]]) -> list[int]:
+        """Verify the top :meth:`best_total` of this round's candidates, the total chosen
+        by walking ``budget_confidence`` (class docstring; see :meth:`BudgetedPlanner.plan_budgeted`).
+
+        Args:
+            confidence: ``[R][γ]`` this round's confidences (they rank the candidates).
+            max_lengths: ``[R]`` drafts available per request.
+            other_tokens: the round's prefill tokens.
+            budget_confidence: ``[R][*]`` confidences that decide how many drafts the round
+                verifies in all; only the first ``max_lengths[r]`` of each row are read.
+
+        Returns:
+            ``[R]`` lengths. Pure; O(C log C).
+        """
+        survivals = sorted((a for conf, m in zip(budget_confidence, max_lengths)
+                            for a in survival(conf, m) if a > 0.0), reverse=True)
+        total = self.best_total(survivals, len(max_lengths), other_tokens)
+        ranked = _ranked(confidence, max_lengths)
+        return _lengths(ranked, min(total, len(ranked)), len(max_lengths))
+
+    def best_total(self, survivals: Sequence[float], num_requests: int, other_tokens: int = 0) -> int:
+        """The number ``k`` of drafts to verify that maximises ``Θ`` when the ``k`` verified
+        have the first ``k`` of ``survivals`` (sorted in decreasing order): the whole walk,
+        the first of equal maxima. Pure; O(len(survivals)) curve lookups."""
+        rate = _Rate(self.sps, num_requests, other_tokens)
+        tau = float(num_requests)
+        best_k, best = 0, rate.theta(tau, 0)
+        for k, a in enumerate(survivals, start=1):
+            tau += a
+            theta = rate.theta(tau, k)
+            if theta > best:
+                best_k, best = k, theta
+        return best_k
+
+
+class _Rate:
+    """``Θ(τ, k)`` of a round of ``R`` requests, ``P`` prefill tokens and ``k`` drafts."""
+
+    __slots__ = ("sps", "tokens", "prefill_s")
+
+    def __init__(self, sps: SpsCurve, num_requests: int, other_tokens: int) -> None:
+        other = max(0, other_tokens)
+        self.sps = sps
+        self.tokens = num_requests + other
+        # seconds of the step that are the prefill's, not the verified chunks'
+        self.prefill_s = sps.step_time(self.tokens) - sps.step_time(num_requests) if other else 0.0
+
+    def theta(self, tau: float, drafts: int) -> float:
+        return tau / (self.sps.step_time(self.tokens + drafts) - self.prefill_s)
+
+
+def _ranked(confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[tuple[float, int, int]]:
+    """``(-a_{r,j}, j, r)`` of every candidate of positive survival, best first."""
+    ranked = [
+        (-a, j, r)
+        for r, (conf, m) in enumerate(zip(confidence, max_lengths))
+        for j, a in enumerate(survival(conf, m))
+        if a > 0.0
+    ]
+    ranked.sort()
+    return ranked
+
+
+def _lengths(ranked: Sequence[tuple[float, int, int]], count: int, num_requests: int) -> list[int]:
+    """Per request, how many of the first ``count`` ranked candidates are its own (a
+    prefix of its drafts: the ranking keeps a request's drafts in order)."""
+    lengths = [0] * num_requests
+    for _, j, r in ranked[:count]:
+        lengths[r] = j + 1
+    return lengths
 
 
 if TYPE_CHECKING:
     _fixed: type[VerifyPlanner] = FixedPlanner
     _threshold: type[VerifyPlanner] = ThresholdPlanner
-    _dspark: type[VerifyPlanner] = DSparkPlanner
+    _dspark: type[BudgetedPlanner] = DSparkPlanner

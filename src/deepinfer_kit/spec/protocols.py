@@ -10,7 +10,7 @@ import torch
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.spec.records import DraftProposal, VerifyResult, VerifyRows
 
-__all__ = ["DraftSequence", "Drafter", "StatefulDrafter", "VerifyPlanner", "DraftVerifier"]
+__all__ = ["DraftSequence", "Drafter", "StatefulDrafter", "VerifyPlanner", "BudgetedPlanner", "DraftVerifier"]
 
 
 class DraftSequence(Protocol):
@@ -103,6 +103,33 @@ class VerifyPlanner(Protocol):
             other_tokens: tokens the round feeds besides the ``R`` verified chunks (the
                 prefill chunks planned alongside them); a hardware-aware planner counts
                 them in the round's size, others ignore them.
+
+        Returns:
+            ``[R]`` lengths, each in ``[0, max_lengths[r]]``. Pure host logic.
+        """
+        ...
+
+
+@runtime_checkable
+class BudgetedPlanner(VerifyPlanner, Protocol):
+    """A verify planner that can take the round's total from other confidences than the
+    ones it ranks with (a budget from earlier rounds, as DeepInfer's planner does):
+    :class:`~deepinfer_kit.spec.planning.RoundPlanner` calls :meth:`plan_budgeted`
+    instead of :meth:`plan` when the planner has it."""
+
+    def plan_budgeted(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+                      other_tokens: int, budget_confidence: Sequence[Sequence[float]]) -> list[int]:
+        """Verification lengths for ``R`` requests whose total is decided by
+        ``budget_confidence`` and whose split among requests by ``confidence``.
+
+        Args:
+            confidence: ``[R][γ]`` this round's per-position acceptance estimates.
+            max_lengths: ``[R]`` drafts available per request (``<= γ``).
+            other_tokens: the round's other (prefill) tokens, as in :meth:`plan`.
+            budget_confidence: ``[R][*]`` estimates that read nothing drawn this round
+                (each request's confidences from its previous round); they alone may
+                decide the total, since a total read from this round's later confidences
+                would let draft ``j``'s value decide whether draft ``j`` is verified.
 
         Returns:
             ``[R]`` lengths, each in ``[0, max_lengths[r]]``. Pure host logic.

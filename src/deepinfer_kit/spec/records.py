@@ -93,19 +93,24 @@ def _float_tuple(values: Iterable[float]) -> tuple[float, ...]:
 class SpsCurve:
     """Profiled steps per second as a function of verified tokens in a step, ``SPS(B)``.
 
-    Between the profiled counts the step time ``1 / SPS`` is interpolated linearly (a
-    step's time is what adds up, and a roofline's time is piecewise linear in ``B``; SPS
-    itself is convex past the knee, so interpolating it would overstate it). Past the last
-    count the time keeps growing at the last segment's per-token cost (never shrinking);
-    below the first it is the first point's.
+    Two readings between the profiled counts. ``staircase=False`` (a roofline): the step
+    time ``1 / SPS`` is interpolated linearly (a step's time is what adds up, and a
+    roofline's time is piecewise linear in ``B``; SPS itself is convex past the knee, so
+    interpolating it would overstate it). ``staircase=True`` (rounds replayed as captured
+    graphs, or padded to a ladder of sizes): a round of ``B`` tokens costs the time of
+    the smallest profiled count ``>= B``. Either way, past the last count the time keeps
+    growing at the last segment's per-token cost (never shrinking); below the first it is
+    the first point's.
 
     Attributes:
         batch_tokens: increasing token counts ``B`` at which SPS was measured.
         steps_per_second: the measured SPS at each count.
+        staircase: read the curve as a staircase (see above).
     """
 
     batch_tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
     steps_per_second: tuple[float, ...] = attrs.field(converter=_float_tuple)
+    staircase: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     _times: tuple[float, ...] = attrs.field(init=False, eq=False, repr=False, default=())
 
     def __attrs_post_init__(self) -> None:
@@ -121,6 +126,18 @@ class SpsCurve:
             raise ConfigError(f"SpsCurve steps_per_second must be finite and > 0, got {ys}")
         object.__setattr__(self, "_times", tuple(1.0 / y for y in ys))
 
+    @classmethod
+    def ladder(cls, sizes: Sequence[int], seconds: Sequence[float]) -> SpsCurve:
+        """The staircase of a ladder of round sizes and their step times (seconds)."""
+        if any(not (math.isfinite(t) and t > 0) for t in seconds):
+            raise ConfigError(f"SpsCurve.ladder seconds must be finite and > 0, got {list(seconds)}")
+        return cls(tuple(sizes), tuple(1.0 / t for t in seconds), staircase=True)
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        """``1 / steps_per_second``: the step time (seconds) at each profiled count."""
+        return self._times
+
     def step_time(self, tokens: int) -> float:
         """Seconds of a step of ``tokens`` tokens, ``1 / SPS(tokens)``. O(log n)."""
         xs, ts = self.batch_tokens, self._times
@@ -132,6 +149,8 @@ class SpsCurve:
                 return ts[0]
             slope = max(0.0, (ts[-1] - ts[-2]) / (xs[-1] - xs[-2]))
             return ts[-1] + slope * (tokens - xs[-1])
+        if self.staircase:
+            return ts[i]
         frac = (tokens - xs[i - 1]) / (xs[i] - xs[i - 1])
         return ts[i - 1] + frac * (ts[i] - ts[i - 1])
 
@@ -203,6 +222,11 @@ class SpecConfig:
             it when the engine is built (the target's forward timed at powers of two up to
             ``max_num_batched_tokens`` and around the knee, ``engine.sps_profile``; a
             second or two on CPU). The other planners ignore it.
+        sps_online: correct the DSpark planner's curve from the round times the runner
+            measures (:class:`~deepinfer_kit.spec.sps_online.MeasuredSps`: per profiled
+            count, the median ratio of measured to profiled time over the last 9 rounds).
+            Off by default: the plans then depend on timing, which an engine's decisions
+            otherwise never do. Only with ``planner="dspark"``.
         draft_model: the draft checkpoint folder of ``drafter="draft_model"`` (``"tiny"``:
             the embedded model built from the engine's seed). Its vocabulary must be the
             target's.
@@ -220,6 +244,7 @@ class SpecConfig:
     ngram_min: int = attrs.field(default=1, validator=int_at_least(1))
     ngram_max: int = attrs.field(default=3, validator=int_at_least(1))
     sps: SpsCurve | str | None = attrs.field(default=None, validator=_check_sps)
+    sps_online: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     draft_model: str | None = attrs.field(default=None)
     draft_layers: int | None = attrs.field(default=None)
     dspark_heads: str | None = attrs.field(default=None)
@@ -229,6 +254,9 @@ class SpecConfig:
             raise ConfigError(
                 f"speculative.ngram_max must be >= ngram_min ({self.ngram_min}), got {self.ngram_max}"
             )
+        if self.sps_online and self.planner != "dspark":
+            raise ConfigError(f"speculative.sps_online corrects the DSpark planner's curve; "
+                              f"planner is {self.planner!r}")
         self._check_draft_fields()
 
     def _check_draft_fields(self) -> None:

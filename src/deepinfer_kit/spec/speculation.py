@@ -11,8 +11,10 @@ import torch
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.drafters.ngram import NgramDrafter
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
+from deepinfer_kit.spec.planning import RoundPlanner
 from deepinfer_kit.spec.protocols import Drafter, DraftSequence, StatefulDrafter, VerifyPlanner
 from deepinfer_kit.spec.records import SpecConfig, SpsCurve
+from deepinfer_kit.spec.sps_online import MeasuredSps
 
 __all__ = ["Speculation", "build_speculation", "named_planner"]
 
@@ -41,6 +43,9 @@ class Speculation:
             first time gets zero confidences (no planner but the fixed one verifies a draft
             of zero survival). The lengths are still capped by this round's drafts. The
             lengths then read nothing drawn this round, so they are non-anticipating.
+        measured: corrects the DSpark planner's curve from the round times the runner
+            measures (:meth:`observe_round`); ``None``: the profiled curve stays (plans
+            then never depend on timing).
 
     Attributes:
         num_drafted, num_planned: totals over the engine's life (drafts proposed, drafts
@@ -48,14 +53,17 @@ class Speculation:
     """
 
     def __init__(self, drafter: Drafter, planner: VerifyPlanner, num_draft: int, *,
-                 lagged: bool = False) -> None:
+                 lagged: bool = False, measured: MeasuredSps | None = None) -> None:
         self.drafter = drafter
         # resolved once: a runtime Protocol check costs ~50 us, and sync runs twice a round
         self._stateful = drafter if isinstance(drafter, StatefulDrafter) else None
         self.planner = planner
+        self.rounds = RoundPlanner(planner, lagged=lagged)
         self.num_draft = num_draft
         self.lagged = lagged
-        self._previous: dict[str, list[float]] = {}  # lagged: last round's confidences
+        if measured is not None and not isinstance(planner, DSparkPlanner):
+            raise ConfigError(f"an online SPS correction needs the DSpark planner, got {planner!r}")
+        self.measured = measured
         self.num_drafted = 0
         self.num_planned = 0
         self._probs: dict[str, tuple[list[int], torch.Tensor]] = {}
@@ -85,12 +93,7 @@ class Speculation:
             proposal.confidence.tolist() if proposal.confidence is not None
             else [[1.0] * gamma for _ in live]
         )
-        seen = conf
-        if self.lagged:
-            zeros = [0.0] * gamma
-            seen = [self._previous.get(r.request_id, zeros) for r in live]
-            self._previous = {r.request_id: row for r, row in zip(live, conf)}
-        lengths = self.planner.plan(seen, proposal.num_drafted, other_tokens)
+        lengths = self.rounds.plan([r.request_id for r in live], conf, proposal.num_drafted, other_tokens)
         chosen: list[list[int]] = []
         for r, (seq, row, n, made) in enumerate(zip(live, ids, lengths, proposal.num_drafted)):
             self.num_drafted += made
@@ -99,6 +102,16 @@ class Speculation:
             if probs is not None and n:
                 self._probs[seq.request_id] = (row[:n], probs[r, :n])
         return chosen
+
+    def observe_round(self, tokens: int, seconds: float) -> None:
+        """A speculative round of ``tokens`` tokens (verified chunks and prefill) took
+        ``seconds`` from layout to sampled tokens: with :attr:`measured`, correct the
+        planner's curve (:class:`MeasuredSps`); otherwise a no-op. Called by the runner's
+        drafting after each round."""
+        measured = self.measured
+        if measured is not None and measured.observe(tokens, seconds):
+            assert isinstance(self.planner, DSparkPlanner)
+            self.planner.sps = measured.curve
 
     def draft_probs(self, request_id: str, drafts: Sequence[int]) -> torch.Tensor | None:
         """``[len(drafts), V]`` the distributions ``drafts`` were drawn from, or ``None``
@@ -141,7 +154,8 @@ def build_speculation(
 
     Raises:
         ConfigError: ``planner="dspark"`` without a curve (neither ``sps`` nor an
-            ``SpsCurve`` in ``spec.sps``): the planner has nothing to trade drafts against.
+            ``SpsCurve`` in ``spec.sps``): the planner has nothing to trade drafts against;
+            ``spec.sps_online`` with a planner other than the DSpark one.
     """
     if spec is None:
         return None
@@ -149,7 +163,12 @@ def build_speculation(
         planner = named_planner(spec, sps)
     if drafter is None:
         drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-    return Speculation(drafter, planner, spec.num_draft)
+    measured = None
+    if spec.sps_online:
+        if not isinstance(planner, DSparkPlanner):
+            raise ConfigError(f"speculative.sps_online corrects the DSpark planner's curve, got planner {planner!r}")
+        measured = MeasuredSps(planner.sps)
+    return Speculation(drafter, planner, spec.num_draft, measured=measured)
 
 
 def named_planner(spec: SpecConfig, sps: SpsCurve | None = None) -> VerifyPlanner:

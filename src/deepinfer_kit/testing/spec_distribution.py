@@ -10,8 +10,13 @@ total-variation distance, :mod:`deepinfer_kit.testing.spec_stats`). Greedy setti
 match plain decoding token for token.
 
 A planner that decides how many drafts to verify from values that read the drafted tokens
-(a confidence equal to the probability of the token just drawn, say) fails these checks:
-the verify length must be a stopping time of the draft sequence.
+(a confidence equal to the probability of the token just drawn, say, or a round total
+read from confidences computed after the drafts it decides on) fails these checks: the
+verify length must be a stopping time of the draft sequence. The planner runs as the
+engine runs it (:class:`~deepinfer_kit.spec.planning.RoundPlanner`: a budgeted planner
+gets each sequence's previous round's confidences as its budget), over the whole sample
+as one batch and, in one check, over batches of a single sequence (where a total read
+from the sequence's own later confidences is not diluted by thousands of others).
 
 Use it on your own planner (or drafter, or verifier)::
 
@@ -32,6 +37,7 @@ import torch
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.records import SamplingBatch
 from deepinfer_kit.spec.drafters.draw import draw_drafts
+from deepinfer_kit.spec.planning import RoundPlanner
 from deepinfer_kit.spec.records import DraftProposal
 from deepinfer_kit.spec.verify.rows import verify_padded
 from deepinfer_kit.testing.spec_stats import SampleComparison, compare_samples
@@ -190,16 +196,28 @@ def _plain(world: ToyLM, params: SamplingParams, prompt: list[int], seeds: list[
 
 def _speculative(world: ToyLM, factory: SpeculationFactory, params: SamplingParams,
                  prompt: list[int], seeds: list[int | None], positions: int, num_draft: int,
-                 generator: torch.Generator) -> tuple[list[list[int]], tuple[int, int, int]]:
+                 generator: torch.Generator, batch_size: int | None) -> tuple[list[list[int]], tuple[int, int, int]]:
     drafter, planner, verifier = factory(world)
+    rounds = RoundPlanner(planner)
     seqs = [_Sequence(f"s{i}", list(prompt), [], params, s) for i, s in enumerate(seeds)]
-    drafted = verified = accepted = 0
-    live = seqs
+    size = batch_size or len(seqs)
+    counts = [0, 0, 0]
+    for lo in range(0, len(seqs), size):
+        _speculate_batch(world, drafter, rounds, verifier, seqs[lo: lo + size], positions, num_draft,
+                         generator, counts)
+    return [s.output_token_ids[:positions] for s in seqs], (counts[0], counts[1], counts[2])
+
+
+def _speculate_batch(world: ToyLM, drafter: Drafter, rounds: RoundPlanner, verifier: DraftVerifier,
+                     live: list[_Sequence], positions: int, num_draft: int,
+                     generator: torch.Generator, counts: list[int]) -> None:
+    """Speculate ``live`` round by round until each has ``positions`` outputs; adds the
+    drafts proposed, verified and accepted to ``counts``."""
     while live:
         proposal = drafter.propose(live, num_draft)
         conf = (proposal.confidence.tolist() if proposal.confidence is not None
                 else [[1.0] * num_draft for _ in live])
-        lengths = planner.plan(conf, proposal.num_drafted)
+        lengths = rounds.plan([s.request_id for s in live], conf, proposal.num_drafted)
         ids = proposal.token_ids.tolist()
         contexts = [[*s.all_token_ids, *row[:j]] for s, row in zip(live, ids)
                     for j in range(num_draft + 1)]
@@ -210,19 +228,19 @@ def _speculative(world: ToyLM, factory: SpeculationFactory, params: SamplingPara
                               [list(s.output_token_ids) for s in live], [None] * len(live),
                               generator)
         result = verify_padded(verifier, proposal, lengths, logits, batch)
-        drafted += sum(proposal.num_drafted)
-        verified += sum(lengths)
-        accepted += sum(result.num_accepted)
+        counts[0] += sum(proposal.num_drafted)
+        counts[1] += sum(lengths)
+        counts[2] += sum(result.num_accepted)
         for s, toks in zip(live, result.token_ids):
             s.output_token_ids.extend(toks)
         live = [s for s in live if len(s.output_token_ids) < positions]
-    return [s.output_token_ids[:positions] for s in seqs], (drafted, verified, accepted)
 
 
 def speculative_distribution(factory: SpeculationFactory, params: SamplingParams, *,
                              vocab: int = 16, num_samples: int = 3000, positions: int = 3,
                              num_draft: int = 2, seed: int = 0,
-                             prompt: Sequence[int] = (1, 2, 3)) -> DistributionReport:
+                             prompt: Sequence[int] = (1, 2, 3),
+                             batch_size: int | None = None) -> DistributionReport:
     """Sample the first ``positions`` output tokens of ``num_samples`` sequences with the
     components ``factory`` builds and without them, and compare.
 
@@ -231,14 +249,16 @@ def speculative_distribution(factory: SpeculationFactory, params: SamplingParams
     (independent samples); every other
     sequence is unseeded (drawing from a seeded generator), so both kinds of random stream
     are covered. Greedy ``params``: the plain sequences use the same seeds and must match
-    token for token (the comparisons are then exact). Deterministic for given arguments.
+    token for token (the comparisons are then exact). ``batch_size``: speculate the
+    sequences in batches of that many, one batch after another (``None``: all at once).
+    Deterministic for given arguments.
     """
     world = ToyLM(vocab, seed=seed)
     half = [(seed + i) if i % 2 else None for i in range(num_samples)]
     other = [(seed + num_samples + i) if i % 2 else None for i in range(num_samples)]
     spec_seeds = half if params.is_greedy else other
     fast, counts = _speculative(world, factory, params, list(prompt), spec_seeds, positions,
-                                num_draft, torch.Generator().manual_seed(seed + 7))
+                                num_draft, torch.Generator().manual_seed(seed + 7), batch_size)
     plain = _plain(world, params, list(prompt), half, positions,
                    torch.Generator().manual_seed(seed + 11))
     if params.is_greedy:
@@ -283,6 +303,12 @@ def check_sampled_with_min_p_and_penalties(factory: SpeculationFactory) -> None:
 def check_sampled_with_logit_bias(factory: SpeculationFactory) -> None:
     params = SamplingParams(temperature=1.2, logit_bias={3: 2.0, 5: -1.5, 9: 1.0})
     check_speculative_distribution(factory, params, seed=2, prompt=(7, 3, 9))
+
+
+@SPECULATIVE_DISTRIBUTION_SUITE.check
+def check_sampled_one_sequence_per_round(factory: SpeculationFactory) -> None:
+    check_speculative_distribution(factory, SamplingParams(temperature=1.0), seed=6,
+                                   num_draft=2, positions=2, batch_size=1)
 
 
 @SPECULATIVE_DISTRIBUTION_SUITE.check

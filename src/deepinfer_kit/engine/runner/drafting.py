@@ -36,6 +36,7 @@ reported as an error; its request was already ended by round ``k``'s commit.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -76,10 +77,14 @@ class RunnerDrafting:
         slots: the runner's token slots: they release the sequences (:meth:`release`;
             this object registers as their follower). ``None`` for a runner without them
             (a synchronous engine): a round releases the sequences it has no chunk of.
+        clock: seconds, read around each round's execution when the speculation corrects
+            its curve online (``speculation.measured``); never read otherwise.
     """
 
-    def __init__(self, speculation: Speculation, *, slots: TokenSlots | None = None) -> None:
+    def __init__(self, speculation: Speculation, *, slots: TokenSlots | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.speculation = speculation
+        self._clock = clock if speculation.measured is not None else None
         self._emitted: dict[str, list[int]] = {}  # sequence id -> tokens of its last round
         self._stateful = speculation.stateful
         self._views: dict[str, DraftView] = {}  # stateful drafter: sequences it may hold
@@ -185,14 +190,21 @@ class RunnerDrafting:
     def run(self, plan: SchedulePlan, execute: Callable[[SchedulePlan], StepResult]) -> StepResult:
         """Resolve ``plan`` (:meth:`resolve`), ``execute`` the resolved plan (lay it out and
         run it), :meth:`record` what it emitted and return its result on ``plan``'s
-        chunks. A round that raises is forgotten (the next one's placeholders fail)."""
+        chunks. A round that raises is forgotten (the next one's placeholders fail). With
+        an online curve, a round with decode chunks reports its size and the time
+        ``execute`` took (sampled tokens on the host: forward, verification and sampler)
+        to :meth:`Speculation.observe_round`."""
         plan = plan.as_records()
         resolved, kept, errors = self.resolve(plan)
+        clock = self._clock
+        start = clock() if clock is not None else 0.0
         try:
             result = execute(resolved)
         except BaseException:
             self.forget()
             raise
+        if clock is not None and any(not c.is_prefill for c in resolved.chunks):
+            self.speculation.observe_round(sum(c.num_tokens for c in resolved.chunks), clock() - start)
         self.record(resolved, result)
         merged = self.merge(result, kept, errors)
         if any(c.spec_token_ids for c in resolved.chunks):
