@@ -18,6 +18,9 @@ issue's targets and prints PASS / FAIL.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_spec_planners.py            # the study
     PYTHONPATH=src .venv/bin/python benchmarks/bench_spec_planners.py --quick    # a smoke run
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_spec_planners.py --staircase
+        # rounds padded to captured sizes, beside DeepInfer's rule (benchmarks/spec_staircase.py;
+        # its sdist from --deepinfer PATH, $DEEPINFER_SRC or /tmp/deepinfer/deepinfer-0.1.0)
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from deepinfer_kit.sim import H200, QWEN3_1_7B, SimRequest, Simulator, build_sim
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.cost_saturating import SaturatingCost, profile_sps
 from deepinfer_kit.sim.build import build_spec_simulator
+from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.spec_runner import check_idle
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner
 from deepinfer_kit.spec.protocols import VerifyPlanner
@@ -117,7 +121,7 @@ def methods(sps: SpsCurve, threshold: float) -> list[tuple[str, VerifyPlanner | 
 
 
 def run_one(C: int, planner: VerifyPlanner | None, gamma: int, acceptance: AcceptanceModel,
-            cost: SaturatingCost, waves: int, output_len: int, *,
+            cost: CostModel, waves: int, output_len: int, *,
             lagged: bool = False) -> dict[str, float]:
     config = engine_config(C, output_len)
     sim: Simulator
@@ -147,10 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--miscalibrated", type=float, default=0.3,
                     help="confidence power of an extra overconfident DSpark row (0: off)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--staircase", action="store_true",
+                    help="rounds padded to captured sizes, beside DeepInfer's rule")
+    ap.add_argument("--cases", type=int, default=1000, help="--staircase: random staircases of part 1")
+    ap.add_argument("--deepinfer", default=None, help="the unpacked deepinfer 0.1.0 sdist")
     args = ap.parse_args(argv)
     max_c, waves, out_len = args.max_concurrency, args.waves, args.output_len
     if args.quick:
         max_c, waves, out_len = min(max_c, 16), 2, 32
+    if args.staircase:
+        return staircase(args, max_c, waves, out_len)
     cost = SaturatingCost.from_shape(QWEN3_1_7B, H200)
     # up to every token a round can hold, prefill included: the curve is flat past its end
     sps = profile_sps(cost, 2 * engine_config(max_c, out_len).max_num_batched_tokens)
@@ -201,6 +211,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             short.append(f"C={C}: x{results[(C, 'dspark')]['tok_s'] / best:.3f}")
     ok &= check("DSpark >= best fixed γ at each C", not short,
                 "at every level" if not short else ", ".join(short))
+    return 0 if ok else 1
+
+
+def staircase(args: argparse.Namespace, max_c: int, waves: int, out_len: int) -> int:
+    """``--staircase``: the rule on random staircases, then serving on a padded cost
+    (``spec_staircase``), DeepInfer's rule beside the kit's when its sdist is found."""
+    import deepinfer_peer
+    import spec_staircase as st
+
+    root = deepinfer_peer.find_sdist(args.deepinfer)
+    schedule = deepinfer_peer.load_planner(root) if root is not None else None
+    if schedule is None:
+        print(deepinfer_peer.missing(args.deepinfer) if root is None else
+              "DeepInfer rows skipped: no C++ compiler to build its planner rule")
+    st.rule_rows(min(args.cases, 100) if args.quick else args.cases, args.seed, schedule)
+    cost, sps = st.padded_cost()
+    print(f"\nserving, rounds padded to {list(st.CAPTURED)} tokens: step ms "
+          + ", ".join(f"{b}: {1e3 / v:.2f}" for b, v in zip(sps.batch_tokens, sps.steps_per_second)))
+    table: list[tuple[str, VerifyPlanner | None, int]] = [
+        ("plain", None, 0), ("fixed γ=4", FixedPlanner(4), 4),
+        ("dspark early stop (before)", st.EarlyStop(sps), GAMMA_MAX),  # type: ignore[list-item]
+        ("dspark whole walk", DSparkPlanner(sps), GAMMA_MAX),
+    ]
+    if schedule is not None:
+        table.append(("DeepInfer MTPVarlen::schedule", st.DeepInferPlanner(schedule, sps), GAMMA_MAX))  # type: ignore[arg-type]
+    acceptance = AcceptanceModel(seed=args.seed)
+    ok, C = True, 4
+    while C <= max_c:
+        print(f"C = {C}")
+        base = 0.0
+        rows: dict[str, float] = {}
+        for name, planner, gamma in table:
+            row = run_one(C, planner, gamma, acceptance, cost, waves, out_len)
+            base = base or row["tok_s"]
+            rows[name] = row["tok_s"]
+            print(f"  {name:<32} {row['tok_s']:>10,.0f} tok/s x{row['tok_s'] / base:.2f}"
+                  f"  accept len {row['accept_len']:.2f}  verified/req {row['verified']:.2f}")
+        peer = rows.get("DeepInfer MTPVarlen::schedule")
+        if peer is not None:
+            ok &= rows["dspark whole walk"] >= 0.99 * peer
+        C *= 4
     return 0 if ok else 1
 
 

@@ -128,19 +128,27 @@ def test_round_planner_budgets_from_each_requests_previous_round() -> None:
             return super().plan_budgeted(confidence, max_lengths, other_tokens, budget_confidence)
 
     rounds = RoundPlanner(Spy(LADDER))
-    rounds.plan(["a", "b"], [[0.5, 0.4], [0.9, 0.1]], [2, 2])
-    assert seen[-1][1] == [[0.5, 0.5], [0.9, 0.9]]  # first round: c_{r,0} repeated
-    rounds.plan(["b", "c"], [[0.3, 0.3], [0.7, 0.2]], [2, 2])
-    assert seen[-1] == ([[0.3, 0.3], [0.7, 0.2]], [[0.9, 0.1], [0.7, 0.7]])
-    rounds.plan(["a"], [[0.2, 0.2]], [2])
-    assert seen[-1][1] == [[0.2, 0.2]]  # "a" sat a round out: its history went
+    rounds.plan(["a", "b"], [0, 0], [[0.5, 0.4, 0.3], [0.9, 0.1, 0.8]], [3, 3])
+    assert seen[-1][1] == [[0.5] * 3, [0.9] * 3]  # first round: c_{r,0} repeated
+    # "b" emitted 3 tokens (positions 0-2): c'_0..c'_3 read only drafts at positions < 3
+    rounds.plan(["b", "c"], [3, 0], [[0.3, 0.3, 0.3], [0.7, 0.2, 0.1]], [3, 3])
+    assert seen[-1] == ([[0.3, 0.3, 0.3], [0.7, 0.2, 0.1]], [[0.9, 0.1, 0.8], [0.7, 0.7, 0.7]])
+    # "b" now emitted 1 token: c'_2 read the draft at position 4, which this round draws again
+    rounds.plan(["b"], [4], [[0.6, 0.5, 0.4]], [3])
+    assert seen[-1][1] == [[0.3, 0.3, 0.3]]
+    rounds.plan(["b"], [5], [[0.1, 0.1, 0.1]], [3])
+    assert seen[-1][1] == [[0.6, 0.5, 0.5]]  # c'_0, c'_1 kept, c'_1 stands in for c'_2
+    rounds.plan(["a"], [9], [[0.2, 0.2, 0.2]], [3])
+    assert seen[-1][1] == [[0.2] * 3]  # "a" sat rounds out: its history went
     lagged = RoundPlanner(Spy(LADDER), lagged=True)
-    lagged.plan(["a"], [[0.5, 0.4]], [2])
+    lagged.plan(["a"], [0], [[0.5, 0.4]], [2])
     assert seen[-1] == ([[0.0, 0.0]], [[0.0, 0.0]])
-    lagged.plan(["a"], [[0.6, 0.6]], [2])
-    assert seen[-1] == ([[0.5, 0.4]], [[0.5, 0.4]])
+    lagged.plan(["a"], [2], [[0.6, 0.3, 0.2]], [3])
+    assert seen[-1] == ([[0.5, 0.4, 0.4]], [[0.5, 0.4, 0.4]])
+    lagged.plan(["a"], [3], [[0.7, 0.7, 0.7]], [3])
+    assert seen[-1] == ([[0.6, 0.3, 0.3]], [[0.6, 0.3, 0.3]])  # one token: c'_0, c'_1 kept
     # a planner without a budget sees this round's rows only
-    assert RoundPlanner(FixedPlanner(1)).plan(["a"], [[0.1, 0.1]], [2]) == [1]
+    assert RoundPlanner(FixedPlanner(1)).plan(["a"], [0], [[0.1, 0.1]], [2]) == [1]
 
 
 def test_measured_sps_scales_each_count_by_the_median_of_its_last_rounds() -> None:

@@ -93,7 +93,8 @@ class Speculation:
             proposal.confidence.tolist() if proposal.confidence is not None
             else [[1.0] * gamma for _ in live]
         )
-        lengths = self.rounds.plan([r.request_id for r in live], conf, proposal.num_drafted, other_tokens)
+        lengths = self.rounds.plan([r.request_id for r in live], [len(r.output_token_ids) for r in live], conf,
+                                   proposal.num_drafted, other_tokens)
         chosen: list[list[int]] = []
         for r, (seq, row, n, made) in enumerate(zip(live, ids, lengths, proposal.num_drafted)):
             self.num_drafted += made

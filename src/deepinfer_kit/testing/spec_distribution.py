@@ -217,7 +217,8 @@ def _speculate_batch(world: ToyLM, drafter: Drafter, rounds: RoundPlanner, verif
         proposal = drafter.propose(live, num_draft)
         conf = (proposal.confidence.tolist() if proposal.confidence is not None
                 else [[1.0] * num_draft for _ in live])
-        lengths = rounds.plan([s.request_id for s in live], conf, proposal.num_drafted)
+        lengths = rounds.plan([s.request_id for s in live], [len(s.output_token_ids) for s in live], conf,
+                             proposal.num_drafted)
         ids = proposal.token_ids.tolist()
         contexts = [[*s.all_token_ids, *row[:j]] for s, row in zip(live, ids)
                     for j in range(num_draft + 1)]
