@@ -1,6 +1,6 @@
 """The asynchronous (lagged) drafting phase: the planner sees each sequence's confidences
 from its previous drafting round, zeros on its first, and its own lengths stay capped by
-this round's drafts."""
+this round's drafts; of the previous round only what read no position drafted again."""
 
 from __future__ import annotations
 
@@ -52,6 +52,14 @@ def _decoding(rid: str) -> Request:
     return req
 
 
+def _advance(*requests: Request, tokens: int = GAMMA) -> None:
+    """Each of ``requests`` emitted ``tokens`` tokens (the round before accepted them)."""
+    for req in requests:
+        for _ in range(tokens):
+            req.append_token(7)
+            req.num_computed_tokens += 1
+
+
 def test_lagged_planner_sees_the_previous_rounds_confidences() -> None:
     drafter, planner = _Drafter(), _Planner()
     spec = Speculation(drafter, planner, GAMMA, lagged=True)
@@ -59,14 +67,21 @@ def test_lagged_planner_sees_the_previous_rounds_confidences() -> None:
     chosen = spec.choose([a, b], 0)
     assert planner.seen[0] == [[0.0] * GAMMA] * 2  # nothing known yet
     assert chosen == [[1] * GAMMA, [1]]  # capped by this round's drafts
+    _advance(a, b)
     spec.choose([b, c, a], 0)  # a new sequence, a new order
     first = [[round(x, 6) for x in row] for row in drafter.proposed[0]]
     assert planner.seen[1] == [first[1], [0.0] * GAMMA, first[0]]
+    _advance(a, b, c)
     spec.choose([a], 0)  # b and c are gone: their confidences are dropped
     second = [[round(x, 6) for x in row] for row in drafter.proposed[1]]
     assert planner.seen[2] == [second[2]]
+    _advance(a, b)
     spec.choose([b], 0)  # b left for a round: what it had is forgotten, not stale
     assert planner.seen[3] == [[0.0] * GAMMA]
+    _advance(b, tokens=1)  # one token: c'_0 and c'_1 read positions before b's next draft
+    spec.choose([b], 0)
+    third = [round(x, 6) for x in drafter.proposed[3][0]]
+    assert planner.seen[4] == [[third[0], third[1], third[1]]]
 
 
 def test_synchronous_planner_sees_this_rounds_confidences() -> None:

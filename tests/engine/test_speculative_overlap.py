@@ -225,6 +225,28 @@ def test_the_runner_moves_a_chunk_by_the_drafts_rejected_before_it() -> None:
     assert attrs.evolve(resolved.chunks[1]) is not resolved.chunks[1]  # records copied, not shared
 
 
+def test_the_planner_sizes_the_round_with_every_token_it_does_not_draft_for() -> None:
+    """The round's other tokens are the prefill chunks' and the decode chunks' that have no
+    draft room (one each): a planner told only the prefill undercounts the round and fills
+    a captured size that the round then overflows."""
+    seen: list[int] = []
+
+    class Spy(FixedPlanner):
+        def plan(self, confidence: Any, max_lengths: Any, other_tokens: int = 0) -> list[int]:
+            seen.append(other_tokens)
+            return super().plan(confidence, max_lengths, other_tokens)
+
+    drafting = RunnerDrafting(Speculation(NgramDrafter(1, 3), Spy(3), 3))
+    row = _row()
+    plan = SchedulePlan(0, [
+        ScheduledChunk("a", 4, 1, [6], [0], sampling=row, draft_room=3, output_token_ids=(6,)),
+        ScheduledChunk("b", 4, 1, [6], [1], sampling=row),  # a decode without room
+        ScheduledChunk("c", 0, 5, [1, 2, 3, 4, 5], [2], sample=False),  # a prefill
+    ])
+    drafting.resolve(plan)
+    assert seen == [6]
+
+
 def test_a_late_step_holds_its_slots_from_prepare_on() -> None:
     """The layout of a LateStep runs on the executor's thread, while the host commits the
     round before and releases its slots: the host's prepare must lease them, or a release

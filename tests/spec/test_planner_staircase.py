@@ -184,3 +184,23 @@ def test_an_online_curve_is_only_for_the_dspark_planner() -> None:
     assert plain is not None and plain.measured is None
     plain.observe_round(100, 1.0)
     assert isinstance(plain.planner, DSparkPlanner) and plain.planner.sps is LADDER
+
+
+@pytest.mark.parametrize("staircase", [False, True])
+def test_vectorised_step_times_read_the_curve_as_step_time_does(staircase: bool) -> None:
+    import torch
+
+    from deepinfer_kit.spec.walk import step_times
+
+    rng = random.Random(7)
+    for _ in range(50):
+        n = rng.randint(1, 12)
+        xs = sorted(rng.sample(range(1, 200), n))
+        times, t = [], rng.uniform(0.5, 2.0)
+        for _ in xs:
+            t += rng.choice([0.0, rng.random()])
+            times.append(t)
+        curve = SpsCurve(xs, [1.0 / t for t in times], staircase=staircase)
+        counts = list(range(0, 260))
+        got = step_times(curve, torch.tensor(counts)).tolist()
+        assert got == pytest.approx([curve.step_time(b) for b in counts], rel=1e-12)

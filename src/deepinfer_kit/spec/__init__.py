@@ -1,7 +1,7 @@
 """spec/: draft then verify; verify-length planning.
 
-Names are resolved on first use (PEP 562), so the host-only parts (``SpecConfig``,
-``SpsCurve``, the planners) import without torch.
+Names are resolved on first use (PEP 562), so the host-only records (``SpecConfig``,
+``SpsCurve``) import without torch.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """Verify-length planners: fixed γ, a static survival threshold, and DSpark's
-hardware-aware prefix scheduler. Pure host logic over Python floats."""
+hardware-aware prefix scheduler (its candidate walk vectorised on CPU tensors,
+:mod:`deepinfer_kit.spec.walk`). Pure host logic."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpsCurve
+from deepinfer_kit.spec.walk import Walk
 
 if TYPE_CHECKING:
     from deepinfer_kit.spec.protocols import BudgetedPlanner, VerifyPlanner
@@ -149,18 +153,12 @@ class DSparkPlanner:
     def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
              other_tokens: int = 0) -> list[int]:
         """The early stop on this round's confidences (class docstring); see
-        :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``."""
-        ranked = _ranked(confidence, max_lengths)
-        num_req = len(max_lengths)
-        rate = _Rate(self.sps, num_req, other_tokens)
-        tau, theta = float(num_req), rate.theta(float(num_req), 0)
-        admitted = 0
-        for neg_a, _, _ in ranked:
-            nxt = rate.theta(tau - neg_a, admitted + 1)
-            if not nxt > theta:
-                break
-            tau, theta, admitted = tau - neg_a, nxt, admitted + 1
-        return _lengths(ranked, admitted, num_req)
+        :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``, vectorised."""
+        walk = Walk(confidence, max_lengths)
+        theta = walk.theta(self.sps, other_tokens)
+        rises = (theta[1:] > theta[:-1]).tolist()
+        admitted = rises.index(False) if False in rises else len(rises)
+        return walk.lengths(admitted)
 
     def plan_budgeted(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
                       other_tokens: int, budget_confidence: Sequence[Sequence[float]]) -> list[int]:
@@ -175,64 +173,17 @@ class DSparkPlanner:
                 verifies in all; only the first ``max_lengths[r]`` of each row are read.
 
         Returns:
-            ``[R]`` lengths. Pure; O(C log C).
+            ``[R]`` lengths. Pure; O(C log C), vectorised.
         """
-        survivals = sorted((a for conf, m in zip(budget_confidence, max_lengths)
-                            for a in survival(conf, m) if a > 0.0), reverse=True)
-        total = self.best_total(survivals, len(max_lengths), other_tokens)
-        ranked = _ranked(confidence, max_lengths)
-        return _lengths(ranked, min(total, len(ranked)), len(max_lengths))
+        budget = Walk(budget_confidence, max_lengths)
+        total = int(torch.argmax(budget.theta(self.sps, other_tokens)))  # the first of equal maxima
+        return Walk(confidence, max_lengths).lengths(total)
 
     def best_total(self, survivals: Sequence[float], num_requests: int, other_tokens: int = 0) -> int:
         """The number ``k`` of drafts to verify that maximises ``Θ`` when the ``k`` verified
-        have the first ``k`` of ``survivals`` (sorted in decreasing order): the whole walk,
-        the first of equal maxima. Pure; O(len(survivals)) curve lookups."""
-        rate = _Rate(self.sps, num_requests, other_tokens)
-        tau = float(num_requests)
-        best_k, best = 0, rate.theta(tau, 0)
-        for k, a in enumerate(survivals, start=1):
-            tau += a
-            theta = rate.theta(tau, k)
-            if theta > best:
-                best_k, best = k, theta
-        return best_k
-
-
-class _Rate:
-    """``Θ(τ, k)`` of a round of ``R`` requests, ``P`` prefill tokens and ``k`` drafts."""
-
-    __slots__ = ("sps", "tokens", "prefill_s")
-
-    def __init__(self, sps: SpsCurve, num_requests: int, other_tokens: int) -> None:
-        other = max(0, other_tokens)
-        self.sps = sps
-        self.tokens = num_requests + other
-        # seconds of the step that are the prefill's, not the verified chunks'
-        self.prefill_s = sps.step_time(self.tokens) - sps.step_time(num_requests) if other else 0.0
-
-    def theta(self, tau: float, drafts: int) -> float:
-        return tau / (self.sps.step_time(self.tokens + drafts) - self.prefill_s)
-
-
-def _ranked(confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> list[tuple[float, int, int]]:
-    """``(-a_{r,j}, j, r)`` of every candidate of positive survival, best first."""
-    ranked = [
-        (-a, j, r)
-        for r, (conf, m) in enumerate(zip(confidence, max_lengths))
-        for j, a in enumerate(survival(conf, m))
-        if a > 0.0
-    ]
-    ranked.sort()
-    return ranked
-
-
-def _lengths(ranked: Sequence[tuple[float, int, int]], count: int, num_requests: int) -> list[int]:
-    """Per request, how many of the first ``count`` ranked candidates are its own (a
-    prefix of its drafts: the ranking keeps a request's drafts in order)."""
-    lengths = [0] * num_requests
-    for _, j, r in ranked[:count]:
-        lengths[r] = j + 1
-    return lengths
+        have the first ``k`` of ``survivals`` (positive, sorted in decreasing order): the
+        whole walk, the first of equal maxima. Pure."""
+        return int(torch.argmax(Walk.ranked(survivals, num_requests).theta(self.sps, other_tokens)))
 
 
 if TYPE_CHECKING:

@@ -112,11 +112,8 @@ class RunnerDrafting:
         chunks: list[ScheduledChunk] = []
         views: list[DraftView] = []
         wanted: list[int] = []  # index in chunks of each view's chunk
-        other = 0
         for i, c in enumerate(plan.chunks):
             if not c.num_placeholders and not c.draft_room:
-                if c.is_prefill:
-                    other += c.num_tokens
                 kept.append(i)
                 chunks.append(c)
                 continue
@@ -146,6 +143,9 @@ class RunnerDrafting:
             ))  # fmt: skip
         if views:
             spec = self.speculation
+            # the round's tokens besides the drafted chunks' own: prefill, and decode chunks
+            # without draft room (each one token) — what the planner sizes the round around
+            other = sum(c.num_tokens for c in chunks) - len(views)
             if self._stateful:  # roll the drafter's KV back to what round k accepted
                 for view in views:
                     self._views[view.request_id] = view
