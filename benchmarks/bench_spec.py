@@ -185,6 +185,8 @@ def main() -> None:
         "dspark k=2 γ=4 fixed": {"drafter": "dspark", "dspark_heads": "tiny-words", "num_draft": 4},
         "dspark k=2 γ=4 threshold 0.5": {"drafter": "dspark", "dspark_heads": "tiny-words",
                                          "num_draft": 4, "planner": "threshold", "threshold": 0.5},
+        "dspark k=2 γ=4 planner dspark": {"drafter": "dspark", "dspark_heads": "tiny-words",
+                                          "num_draft": 4, "planner": "dspark"},
     }
     if args.overlap:
         words = {**words, **_overlap_rows(g, ("dspark γ=4", words["dspark k=2 γ=4 fixed"]))}  # type: ignore[arg-type]
