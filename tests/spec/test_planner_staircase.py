@@ -204,3 +204,25 @@ def test_vectorised_step_times_read_the_curve_as_step_time_does(staircase: bool)
         counts = list(range(0, 260))
         got = step_times(curve, torch.tensor(counts)).tolist()
         assert got == pytest.approx([curve.step_time(b) for b in counts], rel=1e-12)
+
+
+def test_the_python_and_tensor_walks_agree() -> None:
+    from deepinfer_kit.spec.walk import Walk
+
+    rng = random.Random(3)
+    for _ in range(300):
+        num_req, gamma = rng.randint(1, 12), rng.randint(1, 8)
+        conf = [[rng.choice([rng.random(), 1.0, 0.0, 0.5]) for _ in range(rng.randint(0, gamma))]
+                for _ in range(num_req)]
+        max_lengths = [rng.randint(0, gamma) for _ in range(num_req)]
+        other = rng.choice([0, rng.randint(1, 20)])
+        top = num_req * (gamma + 1) + other
+        curve = _random_staircase(rng, rng.randint(1, top), top) if top > 1 and rng.random() < 0.5 \
+            else _random_linear(rng, top + 1)
+        py, vec = Walk(conf, max_lengths, vectorise=False), Walk(conf, max_lengths, vectorise=True)
+        assert list(py.survival) == pytest.approx(vec.survival.tolist(), rel=1e-12)  # type: ignore[union-attr]
+        assert list(py.rows) == vec.rows.tolist()  # type: ignore[union-attr]
+        for stop in (False, True):
+            k = py.best(curve, other, early_stop=stop)
+            assert k == vec.best(curve, other, early_stop=stop)
+            assert py.lengths(k) == vec.lengths(k)

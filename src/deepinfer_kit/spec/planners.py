@@ -1,13 +1,10 @@
 """Verify-length planners: fixed γ, a static survival threshold, and DSpark's
-hardware-aware prefix scheduler (its candidate walk vectorised on CPU tensors,
-:mod:`deepinfer_kit.spec.walk`). Pure host logic."""
+hardware-aware prefix scheduler (its candidate walk in :mod:`deepinfer_kit.spec.walk`). Pure host logic."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-
-import torch
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpsCurve
@@ -153,12 +150,9 @@ class DSparkPlanner:
     def plan(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
              other_tokens: int = 0) -> list[int]:
         """The early stop on this round's confidences (class docstring); see
-        :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``, vectorised."""
+        :meth:`VerifyPlanner.plan`. O(C log C) for ``C = sum max_lengths``."""
         walk = Walk(confidence, max_lengths)
-        theta = walk.theta(self.sps, other_tokens)
-        rises = (theta[1:] > theta[:-1]).tolist()
-        admitted = rises.index(False) if False in rises else len(rises)
-        return walk.lengths(admitted)
+        return walk.lengths(walk.best(self.sps, other_tokens, early_stop=True))
 
     def plan_budgeted(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
                       other_tokens: int, budget_confidence: Sequence[Sequence[float]]) -> list[int]:
@@ -173,17 +167,16 @@ class DSparkPlanner:
                 verifies in all; only the first ``max_lengths[r]`` of each row are read.
 
         Returns:
-            ``[R]`` lengths. Pure; O(C log C), vectorised.
+            ``[R]`` lengths. Pure; O(C log C).
         """
-        budget = Walk(budget_confidence, max_lengths)
-        total = int(torch.argmax(budget.theta(self.sps, other_tokens)))  # the first of equal maxima
+        total = Walk(budget_confidence, max_lengths).best(self.sps, other_tokens)
         return Walk(confidence, max_lengths).lengths(total)
 
     def best_total(self, survivals: Sequence[float], num_requests: int, other_tokens: int = 0) -> int:
         """The number ``k`` of drafts to verify that maximises ``Θ`` when the ``k`` verified
         have the first ``k`` of ``survivals`` (positive, sorted in decreasing order): the
         whole walk, the first of equal maxima. Pure."""
-        return int(torch.argmax(Walk.ranked(survivals, num_requests).theta(self.sps, other_tokens)))
+        return Walk.ranked(survivals, num_requests).best(self.sps, other_tokens)
 
 
 if TYPE_CHECKING:

@@ -1,8 +1,11 @@
-"""The DSpark planner's candidate walk on CPU tensors: every candidate ``(r, j)`` of
-positive survival, ranked (decreasing survival; ties: earlier ``j``, then lower ``r``), the
-expected tokens and step time of verifying the first ``k`` for every ``k`` at once, and the
-lengths of a top-``k`` selection. A few vectorised calls instead of a Python loop over up
-to ``R · γ`` candidates (256 x 8 per round: milliseconds in Python)."""
+"""The DSpark planner's candidate walk: every candidate ``(r, j)`` of positive survival,
+ranked (decreasing survival; ties: earlier ``j``, then lower ``r``), the ``Θ`` of verifying
+the first ``k`` for every ``k`` at once, and the lengths of a top-``k`` selection.
+
+Two equal implementations, chosen per walk by its size: plain Python for a few candidates
+(a round of one request: tens of microseconds, where tensor calls cost hundreds) and CPU
+tensors past :data:`VECTORISE_FROM` candidates (256 x 8 per round: milliseconds in Python).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import torch
 
 from deepinfer_kit.spec.records import SpsCurve
 
-__all__ = ["Walk", "step_times"]
+__all__ = ["Walk", "step_times", "VECTORISE_FROM"]
+
+VECTORISE_FROM = 96
+"""Candidate slots (``R`` x widest row) from which the walk runs on tensors."""
 
 
 def step_times(sps: SpsCurve, tokens: torch.Tensor) -> torch.Tensor:
@@ -44,56 +50,99 @@ class Walk:
         confidence: ``[R][*]`` per-position confidences (clamped to ``[0, 1]``).
         max_lengths: ``[R]`` drafts available: request ``r``'s candidates are its first
             ``max_lengths[r]`` positions (a shorter row has fewer).
+        vectorise: run on tensors; ``None``: when ``R`` x the widest row reaches
+            :data:`VECTORISE_FROM`.
 
     Attributes:
-        survival: ``[C]`` float64 survivals in walk order (all > 0).
-        rows: ``[C]`` int64 request of each candidate.
+        survival: the survivals in walk order (all > 0): a float64 tensor or a list.
+        rows: the request of each candidate, in walk order (an int64 tensor or a list).
         num_requests: ``R``.
     """
 
-    def __init__(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int]) -> None:
+    def __init__(self, confidence: Sequence[Sequence[float]], max_lengths: Sequence[int],
+                 vectorise: bool | None = None) -> None:
         num_req = len(max_lengths)
         width = max((min(len(c), m) for c, m in zip(confidence, max_lengths)), default=0)
         self.num_requests = num_req
+        self.vectorised = num_req * width >= VECTORISE_FROM if vectorise is None else vectorise
+        self.survival: torch.Tensor | list[float]
+        self.rows: torch.Tensor | list[int]
+        if not self.vectorised:
+            ranked: list[tuple[float, int, int]] = []
+            for r, (conf, m) in enumerate(zip(confidence, max_lengths)):
+                a = 1.0
+                for j, c in enumerate(conf[:m]):
+                    a *= min(1.0, max(0.0, float(c)))
+                    if a > 0.0:
+                        ranked.append((-a, j, r))
+            ranked.sort()
+            self.survival = [-x[0] for x in ranked]
+            self.rows = [x[2] for x in ranked]
+            return
         if width <= 0:
             self.survival = torch.zeros(0, dtype=torch.float64)
             self.rows = torch.zeros(0, dtype=torch.int64)
             return
         padded = [list(c[:width]) + [0.0] * (width - len(c[:width])) for c in confidence]
-        conf = torch.tensor(padded, dtype=torch.float64).clamp_(0.0, 1.0)
+        conf_t = torch.tensor(padded, dtype=torch.float64).clamp_(0.0, 1.0)
         limit = torch.tensor(list(max_lengths), dtype=torch.int64).unsqueeze(1)
         keep = torch.arange(width).unsqueeze(0) < limit
-        a = torch.cumprod(conf, dim=1).mul_(keep)
-        flat = a.t().reshape(-1)  # position-major: index j * R + r, the tie order
+        a_t = torch.cumprod(conf_t, dim=1).mul_(keep)
+        flat = a_t.t().reshape(-1)  # position-major: index j * R + r, the tie order
         order = torch.argsort(flat, descending=True, stable=True)
-        ranked = flat[order]
-        count = int((ranked > 0).sum())
-        self.survival = ranked[:count]
+        ranked_t = flat[order]
+        count = int((ranked_t > 0).sum())
+        self.survival = ranked_t[:count]
         self.rows = order[:count] % num_req
 
     @classmethod
     def ranked(cls, survivals: Sequence[float], num_requests: int) -> Walk:
         """A walk over survivals already ranked (positive, decreasing), of ``num_requests``
         requests; its :meth:`lengths` are not defined (no rows)."""
-        walk = cls([], [])
-        walk.survival = torch.tensor(list(survivals), dtype=torch.float64)
+        walk = cls([], [], vectorise=len(survivals) >= VECTORISE_FROM)
+        walk.survival = (torch.tensor(list(survivals), dtype=torch.float64) if walk.vectorised
+                         else [float(a) for a in survivals])
         walk.num_requests = num_requests
         return walk
 
     def __len__(self) -> int:
-        return int(self.survival.numel())
+        return len(self.survival)
 
-    def theta(self, sps: SpsCurve, other_tokens: int) -> torch.Tensor:
-        """``[C + 1]`` float64 ``Θ`` of verifying the first ``k`` candidates, ``k = 0..C``,
-        in a round with ``other_tokens`` prefill tokens (``DSparkPlanner``'s objective)."""
+    def best(self, sps: SpsCurve, other_tokens: int, *, early_stop: bool = False) -> int:
+        """The ``k`` of the largest ``Θ`` (``DSparkPlanner``'s objective) of verifying the
+        first ``k`` candidates in a round with ``other_tokens`` prefill tokens: over the
+        whole walk, the first of equal maxima; ``early_stop``: the last ``k`` before the
+        first that does not raise ``Θ``."""
         num_req, other = self.num_requests, max(0, other_tokens)
-        tau = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(self.survival, 0)]).add_(num_req)
-        tokens = torch.arange(len(self) + 1, dtype=torch.int64).add_(num_req + other)
         prefill_s = sps.step_time(num_req + other) - sps.step_time(num_req) if other else 0.0
-        return tau / (step_times(sps, tokens) - prefill_s)
+        if self.vectorised:
+            assert isinstance(self.survival, torch.Tensor)
+            taus = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(self.survival, 0)]).add_(num_req)
+            counts = torch.arange(len(self) + 1, dtype=torch.int64).add_(num_req + other)
+            theta = taus / (step_times(sps, counts) - prefill_s)
+            if not early_stop:
+                return int(torch.argmax(theta))
+            rises = (theta[1:] > theta[:-1]).tolist()
+            return rises.index(False) if False in rises else len(rises)
+        tokens, tau = num_req + other, float(num_req)
+        best_k, best = 0, tau / (sps.step_time(tokens) - prefill_s)
+        for k, a in enumerate(self.survival, start=1):
+            tau += a
+            theta_k = tau / (sps.step_time(tokens + k) - prefill_s)
+            if theta_k > best:
+                best_k, best = k, theta_k
+            elif early_stop:
+                break
+        return best_k
 
     def lengths(self, count: int) -> list[int]:
         """``[R]`` drafts per request among the first ``count`` candidates (a prefix of
         each request's drafts: the ranking keeps them in order)."""
-        rows = self.rows[: max(0, count)]
-        return torch.bincount(rows, minlength=self.num_requests).tolist()
+        count = max(0, count)
+        if isinstance(self.rows, torch.Tensor):
+            return torch.bincount(self.rows[:count], minlength=self.num_requests).tolist()
+        out = [0] * self.num_requests
+        for r in self.rows[:count]:
+            out[r] += 1
+        return out
+
