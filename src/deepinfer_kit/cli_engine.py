@@ -82,7 +82,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eplb-window", type=int, default=8, help="steps of expert counts a rebalance plans from")
     p.add_argument("--eplb-redundant", type=int, default=4, help="redundant expert slots per MoE layer")
     p.add_argument("--eplb-gpus", type=int, default=4, help="GPUs the expert slots are split over")
-    p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast or movement")
+    p.add_argument("--eplb-policy", default="deepseek", help="deepseek, global, refine, forecast, movement or peak")
     p.add_argument("--eplb-dispatch", default="static",
                    help="which replica serves each routed copy, per batch: static, even or balanced")
     p.add_argument(

@@ -62,7 +62,7 @@ def _run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     [
         ("tiny", REBALANCING),
         ("tiny", REBALANCING | {"policy": "forecast", "num_redundant": 2, "num_gpus": 2}),
-        ("mixtral", REBALANCING | {"policy": "refine", "num_redundant": 2, "num_gpus": 2}),
+        ("mixtral", REBALANCING | {"policy": "peak", "num_redundant": 2, "num_gpus": 2}),
         ("glm4_moe", REBALANCING | {"num_nodes": 2, "num_groups": 2}),
         ("tiny", REBALANCING | {"dispatch": "even"}),
         ("mixtral", REBALANCING | {"policy": "refine", "dispatch": "balanced"}),

@@ -24,7 +24,7 @@ def test_balancer_beats_static_per_batch_and_respects_the_lp_bound() -> None:
     topology = Topology(24, 1, 1, 4)
     gen = torch.Generator().manual_seed(1)
     popularity = 1.0 / torch.arange(1, 17, dtype=torch.float64)[None].repeat(2, 1)
-    placement = GlobalPlacementPolicy().place(popularity * 1000, topology)
+    placement = GlobalPlacementPolicy().place((popularity * 1000)[None], topology)
     layouts = layouts_of(placement, 4)
     ids = sample_batch(popularity, 512, 2, gen)
     static = batch_balancedness(ids, layouts, StaticSelector())
@@ -37,3 +37,25 @@ def test_balancer_beats_static_per_batch_and_respects_the_lp_bound() -> None:
         assert float(got) <= best + 1e-9  # no split beats the certified LP bound
     counts = torch.stack([torch.bincount(r, minlength=16) for r in ids])
     assert even_split_balancedness(counts, placement, 4).shape == (2,)
+
+
+def test_a_windows_steps_are_judged_one_batch_each() -> None:
+    from deepinfer_kit.eplb.batch_study import quota_balancedness
+    from deepinfer_kit.moe.selectors import EvenSelector
+
+    topology = Topology(24, 1, 1, 4)
+    gen = torch.Generator().manual_seed(2)
+    popularity = 1.0 / torch.arange(1, 17, dtype=torch.float64)[None].repeat(2, 1)
+    placement = GlobalPlacementPolicy().place((popularity * 1000)[None], topology)
+    layouts = layouts_of(placement, 4)
+    batches = [sample_batch(popularity, 256, 2, gen) for _ in range(3)]
+    steps = torch.stack([torch.stack([torch.bincount(r, minlength=16) for r in ids]) for ids in batches])  # [S, L, E]
+    for selector in (BalancedSelector(), EvenSelector()):
+        got = quota_balancedness(steps, placement, 4, selector)
+        assert got.shape == (3, 2)
+        want = torch.stack([batch_balancedness(ids, layouts, selector) for ids in batches])
+        assert torch.allclose(got, want)  # the quotas are what the selector dispatches
+    even = even_split_balancedness(steps, placement, 4)
+    assert even.shape == (3, 2) and torch.allclose(even[1], even_split_balancedness(steps[1], placement, 4))
+    idle = torch.zeros(1, 2, 16, dtype=torch.int64)
+    assert quota_balancedness(idle, placement, 4, BalancedSelector()).tolist() == [[1.0, 1.0]]

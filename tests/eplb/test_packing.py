@@ -105,7 +105,7 @@ PINNED_DIGESTS = {
 @pytest.mark.parametrize(("mode", "seed"), list(PINNED_SMALL))
 def test_refined_plans_are_pinned_on_a_small_topology(mode: str, seed: int) -> None:
     load = drifting_zipf_trace(1, 2, 16, exponent=1.0, tokens_per_window=4096, seed=seed)[0]
-    placement = RefinedPlacementPolicy(mode).place(load, Topology(24, 4, 2, 4))  # type: ignore[arg-type]
+    placement = RefinedPlacementPolicy(mode).place(load[None], Topology(24, 4, 2, 4))  # type: ignore[arg-type]
     assert placement.phy2log.tolist() == PINNED_SMALL[(mode, seed)]
 
 
@@ -123,5 +123,5 @@ def test_plans_are_pinned_at_the_benchmark_shape() -> None:
         "refined_global": RefinedPlacementPolicy("global"),
     }
     for name, policy in policies.items():
-        placement = policy.place(load, topology)
+        placement = policy.place(load[None], topology)
         assert (_digest(placement.phy2log), _digest(placement.log2phy)) == PINNED_DIGESTS[name], name

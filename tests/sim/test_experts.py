@@ -66,7 +66,7 @@ def test_policy_runs_unchanged_in_the_simulator() -> None:
         sim.on_step(n, 1.0)
         routed.append(twin.route(n))
     assert sim.rebalances == 2
-    window = torch.from_numpy(np.sum(routed[-4:], axis=0))  # the last 4 steps
+    window = torch.from_numpy(np.stack(routed[-4:]))  # the last 4 steps, oldest first
     direct = make_policy(eplb, 0).place(window, eplb.topology(16, 1))
     assert torch.equal(sim.placement.phy2log, direct.phy2log)
     assert torch.equal(sim.placement.logcnt, direct.logcnt)

@@ -5,19 +5,23 @@ of a batch, ``k`` experts per token.
 
 A placement planned from past windows fixes which GPUs hold each expert's replicas; the
 selector then splits each batch's copies over them. The balancedness of a batch is
-``mean / max`` GPU load of that batch (1 is perfect), per layer.
+``mean / max`` GPU load of that batch (1 is perfect), per layer. A window's steps
+``[S, L, E]`` are judged the same way, one batch per step (:func:`even_split_balancedness`,
+:func:`quota_balancedness`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from deepinfer_kit.eplb.evaluate import balancedness
+from deepinfer_kit.eplb.placement_ops import gpu_loads
 from deepinfer_kit.eplb.records import Placement
 from deepinfer_kit.moe.protocols import ReplicaSelector
 from deepinfer_kit.moe.replica_layout import ReplicaLayout
-from deepinfer_kit.moe.selectors import gpu_load_of
+from deepinfer_kit.moe.selectors import BalancedSelector, EvenSelector, gpu_load_of
 
-__all__ = ["sample_batch", "batch_balancedness", "layouts_of", "even_split_balancedness"]
+__all__ = ["sample_batch", "batch_balancedness", "layouts_of", "even_split_balancedness", "quota_balancedness"]
 
 
 def sample_batch(popularity: torch.Tensor, tokens: int, top_k: int, generator: torch.Generator) -> torch.Tensor:
@@ -51,9 +55,26 @@ def batch_balancedness(ids: torch.Tensor, layouts: list[ReplicaLayout], selector
 
 
 def even_split_balancedness(counts: torch.Tensor, placement: Placement, num_gpus: int) -> torch.Tensor:
-    """``[L]`` float64 mean / max GPU load when every expert's ``counts`` (``[L, E]``) are
-    split in exactly equal fractional shares over its replicas (what a placement policy
-    assumes when it plans)."""
-    per_replica = counts.double() / placement.logcnt.double()
-    load = per_replica.gather(1, placement.phy2log).view(counts.shape[0], num_gpus, -1).sum(-1)
-    return load.mean(1) / load.max(1).values
+    """``[..., L]`` float64 mean / max GPU load when every expert's ``counts`` (``[..., L, E]``:
+    one batch or window ``[L, E]``, or a window's steps ``[S, L, E]``) are split in exactly
+    equal fractional shares over its replicas (what a placement policy assumes when it
+    plans); 1 for an idle layer."""
+    return balancedness(gpu_loads(placement, counts, num_gpus))
+
+
+def quota_balancedness(
+    counts: torch.Tensor, placement: Placement, num_gpus: int, selector: EvenSelector | BalancedSelector
+) -> torch.Tensor:
+    """``[..., L]`` float64 mean / max GPU load of each batch of ``counts`` (``[..., L, E]``
+    copies per expert: one batch ``[L, E]``, or a window's steps ``[S, L, E]``, each step
+    one batch) when ``selector`` splits it over ``placement``'s replicas: the integer
+    quotas a count-based selector dispatches (what :func:`batch_balancedness` measures,
+    without drawing the copies). 1 for an idle layer. One selector call per batch and layer."""
+    layouts = layouts_of(placement, num_gpus)
+    flat = counts.reshape(-1, counts.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float64)
+    for i, row in enumerate(flat):
+        layout = layouts[i % len(layouts)]
+        load = gpu_load_of(selector.quotas(row, layout), layout)
+        out[i] = balancedness(load)
+    return out.view(counts.shape[:-1])

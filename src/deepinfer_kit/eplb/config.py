@@ -13,7 +13,7 @@ from deepinfer_kit.errors import ConfigError
 
 __all__ = ["EplbConfig", "POLICY_NAMES", "DISPATCH_NAMES"]
 
-POLICY_NAMES = ("deepseek", "global", "refine", "forecast", "movement")
+POLICY_NAMES = ("deepseek", "global", "refine", "forecast", "movement", "peak")
 DISPATCH_NAMES = ("static", "even", "balanced")
 
 
@@ -52,7 +52,7 @@ class EplbConfig:
     over ``num_gpus`` GPUs (virtual ones on a single device: they are the unit the
     policy balances and the trace draws). Each step's routed counts enter a sliding
     window of ``window`` steps on the device; every ``interval`` steps the engine plans a
-    placement from the window and applies it between steps.
+    placement from the window's per-step counts and applies it between steps.
 
     Attributes:
         window: ``W``, steps of counts the plan looks at.
@@ -60,8 +60,11 @@ class EplbConfig:
         policy: ``"deepseek"`` (DeepSeek's hierarchical policy, global when the groups do
             not divide over the nodes), ``"global"``, ``"refine"`` (DeepSeek's packing plus
             swaps between the most and least loaded GPUs), ``"forecast"`` (refine over an
-            exponentially weighted history of windows, weight ``decay``) or
-            ``"movement"`` (refine, relabelled to keep replicas in their slots).
+            exponentially weighted history of windows, weight ``decay``),
+            ``"movement"`` (refine, relabelled to keep replicas in their slots) or
+            ``"peak"`` (planned on the window's per-step peaks for the configured
+            ``dispatch``, :class:`~deepinfer_kit.eplb.peak.PeakPlacementPolicy`; the other
+            policies plan on the window's sum).
         num_redundant: extra slots per layer holding replicas of hot experts (``>= 0``).
         num_gpus, num_nodes: the topology the slots are split over (nodes divide GPUs).
         num_groups: expert groups for the hierarchical policy; ``None`` takes the

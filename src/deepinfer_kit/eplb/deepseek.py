@@ -21,6 +21,7 @@ import torch
 from deepinfer_kit.eplb.packing import greedy_pack, replicate, spread_replicas
 from deepinfer_kit.eplb.placement_ops import placement_from_ranks, validate_topology
 from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.steps import window_sum
 
 __all__ = ["Packer", "plan_placement", "HierarchicalPlacementPolicy", "GlobalPlacementPolicy"]
 
@@ -88,7 +89,7 @@ def plan_placement(
 class HierarchicalPlacementPolicy:
     """DeepSeek's hierarchical policy: groups packed onto nodes, replicas kept in their node.
 
-    Falls back to the global policy when the groups do not divide over the nodes, as
+    Plans from the window's total (the sum of its steps). Falls back to the global policy when the groups do not divide over the nodes, as
     DeepSeek's ``rebalance_experts`` does. Stateless.
 
     Args:
@@ -100,15 +101,19 @@ class HierarchicalPlacementPolicy:
         self._spread = spread
 
     def place(self, load: torch.Tensor, topology: Topology) -> Placement:
-        """See :meth:`PlacementPolicy.place`. CPU only; does not mutate ``load``."""
+        """See :meth:`PlacementPolicy.place`: plans from the window's total (``load``
+        ``[S, L, E]`` summed over its steps). CPU only; does not mutate ``load``."""
         mode: Literal["hierarchical", "global"] = (
             "hierarchical" if topology.num_groups % topology.num_nodes == 0 else "global"
         )
-        return placement_from_ranks(*plan_placement(load, topology, mode, greedy_pack, self._spread))
+        total = window_sum(load)
+        return placement_from_ranks(*plan_placement(total, topology, mode, greedy_pack, self._spread))
 
 
 class GlobalPlacementPolicy:
     """DeepSeek's global policy: replicate over all slots ignoring groups, pack onto GPUs.
+
+    Plans from the window's total (the sum of its steps).
 
     Args:
         spread: as in :class:`HierarchicalPlacementPolicy`.
@@ -118,8 +123,10 @@ class GlobalPlacementPolicy:
         self._spread = spread
 
     def place(self, load: torch.Tensor, topology: Topology) -> Placement:
-        """See :meth:`PlacementPolicy.place`. CPU only; does not mutate ``load``."""
-        return placement_from_ranks(*plan_placement(load, topology, "global", greedy_pack, self._spread))
+        """See :meth:`PlacementPolicy.place`: plans from the window's total. CPU only; does
+        not mutate ``load``."""
+        total = window_sum(load)
+        return placement_from_ranks(*plan_placement(total, topology, "global", greedy_pack, self._spread))
 
 
 if TYPE_CHECKING:

@@ -14,9 +14,13 @@ import torch
 from deepinfer_kit.eplb.placement_ops import gpu_loads
 from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.steps import check_steps
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["Evaluation", "TraceScore", "balancedness", "replicas_moved", "evaluate", "next_window_score"]
+__all__ = [
+    "Evaluation", "TraceScore", "balancedness", "step_balancedness", "replicas_moved", "evaluate",
+    "next_window_score",
+]
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -68,10 +72,29 @@ class TraceScore:
 
 
 def balancedness(gpu_load: torch.Tensor) -> torch.Tensor:
-    """``[L]`` float64 mean / max of ``gpu_load`` (``[L, G]``) per layer; 1 where a layer is idle."""
+    """``[...]`` float64 mean / max of ``gpu_load`` (``[..., G]``) over its last dim; 1 where
+    a layer (or step) is idle."""
     g = gpu_load.double()
-    top = g.max(dim=1).values
-    return torch.where(top > 0, g.mean(dim=1) / top.clamp_min(1e-300), torch.ones_like(top))
+    top = g.max(dim=-1).values
+    return torch.where(top > 0, g.mean(dim=-1) / top.clamp_min(1e-300), torch.ones_like(top))
+
+
+def step_balancedness(placement: Placement, load: torch.Tensor, num_gpus: int) -> torch.Tensor:
+    """``[S, L]`` float64 balancedness of every step of a window (``load``: ``[S, L, E]``
+    per-step counts) under ``placement``, each expert's count of the step split evenly
+    over its replicas. What a per-step judge (the balancer's keep rule,
+    :class:`~deepinfer_kit.eplb.movement.MovementAwarePlacementPolicy`'s tolerance)
+    averages; for a one-step window it is :func:`evaluate`'s balancedness.
+
+    Raises:
+        ConfigError: ``load`` is not ``[S, L, E]`` with ``placement``'s ``L`` and ``E``.
+    """
+    check_steps(load)
+    if tuple(load.shape[1:]) != tuple(placement.logcnt.shape):
+        raise ConfigError(
+            f"load must have shape [S, {', '.join(map(str, placement.logcnt.shape))}], got {tuple(load.shape)}"
+        )
+    return balancedness(gpu_loads(placement, load, num_gpus))
 
 
 def replicas_moved(before: Placement, after: Placement) -> int:
@@ -118,11 +141,12 @@ def next_window_score(
     topology: Topology,
     oracle: PlacementPolicy | None = None,
 ) -> TraceScore:
-    """Replay ``policy`` over ``trace`` (``T`` windows of ``[L, E]`` load, oldest first).
+    """Replay ``policy`` over ``trace`` (``T`` windows, oldest first: each ``[S, L, E]``
+    per-step counts, or ``[L, E]`` for a window of one step).
 
     The policy is called once per window in order (a stateful policy sees the history it
-    would see live); its placement from window ``t`` is judged on window ``t + 1``. The
-    oracle places from window ``t + 1`` itself.
+    would see live); its placement from window ``t`` is judged on window ``t + 1``'s
+    total. The oracle places from window ``t + 1`` itself.
 
     Args:
         policy: the policy under test (mutated if it keeps state).
@@ -131,7 +155,8 @@ def next_window_score(
         oracle: the policy used with foresight; default DeepSeek's hierarchical policy.
 
     Raises:
-        ConfigError: fewer than 2 windows.
+        ConfigError: fewer than 2 windows, or a window that is neither ``[L, E]`` nor
+            ``[S, L, E]``.
     """
     if len(trace) < 2:
         raise ConfigError(f"trace must hold at least 2 windows, got {len(trace)}")
@@ -140,12 +165,14 @@ def next_window_score(
 
         oracle = HierarchicalPlacementPolicy()
     gpus = topology.num_gpus
+    windows = [w[None] if isinstance(w, torch.Tensor) and w.dim() == 2 else w for w in trace]
     ours, best, moved = [], [], []
     previous: Placement | None = None
-    for t in range(len(trace) - 1):
-        placement = policy.place(trace[t], topology)
-        ours.append(evaluate(placement, trace[t + 1], gpus).mean)
-        best.append(evaluate(oracle.place(trace[t + 1], topology), trace[t + 1], gpus).mean)
+    for t in range(len(windows) - 1):
+        placement = policy.place(windows[t], topology)
+        judged = check_steps(windows[t + 1], "trace window").sum(dim=0)
+        ours.append(evaluate(placement, judged, gpus).mean)
+        best.append(evaluate(oracle.place(windows[t + 1], topology), judged, gpus).mean)
         moved.append(0 if previous is None else replicas_moved(previous, placement))
         previous = placement
     return TraceScore(

@@ -8,6 +8,7 @@ import torch
 
 from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.steps import window_sum
 from deepinfer_kit.errors import ConfigError
 
 __all__ = ["ForecastPlacementPolicy"]
@@ -16,7 +17,7 @@ __all__ = ["ForecastPlacementPolicy"]
 class ForecastPlacementPolicy:
     """Wraps a policy so it plans from ``forecast = decay * forecast + (1 - decay) * share``.
 
-    Each window is normalised to its per-layer share of the load before it enters the
+    Each window's total (the sum of its steps) is normalised to its per-layer share of the load before it enters the
     average (a busy window does not outweigh a quiet one), and the forecast is scaled back
     to the latest window's totals before it is handed to ``inner``.
 
@@ -45,14 +46,16 @@ class ForecastPlacementPolicy:
         self._share = None
 
     def place(self, load: torch.Tensor, topology: Topology) -> Placement:
-        """Fold ``load`` (``[L, E]``, CPU) into the forecast, then plan from the forecast.
+        """Fold the window's total (``load``: ``[S, L, E]`` per-step counts, CPU) into the
+        forecast, then plan from the forecast: ``inner`` sees a window of one step, the
+        forecast scaled to this window's totals.
 
-        Mutates the history; a window of a different shape restarts it.
+        Mutates the history; a window of a different ``[L, E]`` restarts it.
 
         Raises:
             ConfigError: as :meth:`PlacementPolicy.place`.
         """
-        w = load.double()
+        w = window_sum(load).double()
         total = w.sum(dim=1, keepdim=True)
         share = w / total.clamp_min(1e-300)
         if self._share is None or self._share.shape != share.shape:
@@ -60,7 +63,7 @@ class ForecastPlacementPolicy:
         else:
             self._share = self._decay * self._share + (1.0 - self._decay) * share
         scale = torch.where(total > 0, total, torch.ones_like(total))
-        return self._inner.place(self._share * scale, topology)
+        return self._inner.place((self._share * scale)[None], topology)
 
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from deepinfer_kit.eplb.evaluate import evaluate
+from deepinfer_kit.eplb.evaluate import step_balancedness
 from deepinfer_kit.eplb.placement_ops import placement_from_phy2log
 from deepinfer_kit.eplb.protocols import PlacementPolicy
 from deepinfer_kit.eplb.records import Placement, Topology
@@ -71,7 +71,10 @@ def align_placement(new: torch.Tensor, old: torch.Tensor, num_gpus: int, num_nod
 class MovementAwarePlacementPolicy:
     """Wraps a policy: its plan is relabelled to keep replicas in place (:func:`align_placement`),
     and the previous placement is kept outright while it is within ``tolerance`` balancedness
-    of the new plan on the current window.
+    of the new plan on the current window (the mean over its steps of each step's
+    balancedness). Composes with any inner policy, per-step ones included
+    (:class:`~deepinfer_kit.eplb.peak.PeakPlacementPolicy`): the relabelling moves whole
+    GPUs within a node and slots within a GPU, which changes no step's loads.
 
     Args:
         inner: the policy that plans.
@@ -105,7 +108,10 @@ class MovementAwarePlacementPolicy:
         return self._moved * self._expert_bytes
 
     def place(self, load: torch.Tensor, topology: Topology) -> Placement:
-        """Plan with ``inner``, then stay close to the previous placement.
+        """Plan with ``inner`` from ``load`` (``[S, L, E]`` per-step counts, passed on as
+        is), then stay close to the previous placement. The tolerance compares the mean
+        over the window's steps of each step's balancedness
+        (:func:`~deepinfer_kit.eplb.evaluate.step_balancedness`).
 
         Mutates the remembered placement and the moved counters.
 
@@ -120,11 +126,11 @@ class MovementAwarePlacementPolicy:
         gpus = topology.num_gpus
         new = align_placement(fresh.phy2log, prev.phy2log, gpus, topology.num_nodes)
         if self._tolerance > 0.0:
-            keep = evaluate(prev, load, gpus).balancedness >= (
-                evaluate(fresh, load, gpus).balancedness - self._tolerance
+            keep = step_balancedness(prev, load, gpus).mean(dim=0) >= (
+                step_balancedness(fresh, load, gpus).mean(dim=0) - self._tolerance
             )
             new = torch.where(keep[:, None], prev.phy2log, new)
-        placement = placement_from_phy2log(new, load.shape[1])
+        placement = placement_from_phy2log(new, fresh.logcnt.shape[1])
         self._moved = int((placement.phy2log != prev.phy2log).sum())
         self._previous = placement
         return placement

@@ -80,13 +80,15 @@ def placement_from_phy2log(phy2log: torch.Tensor, num_experts: int) -> Placement
 
 
 def gpu_loads(placement: Placement, load: torch.Tensor, num_gpus: int) -> torch.Tensor:
-    """``[L, G]`` float64 load on each GPU: each expert's load split evenly over its replicas.
+    """``[..., L, G]`` float64 load on each GPU: each expert's load split evenly over its replicas.
 
     Args:
         placement: the placement (``phy2log`` ``[L, P]``, ``logcnt`` ``[L, E]``).
-        load: ``[L, E]`` load per logical expert.
+        load: ``[..., L, E]`` load per logical expert (a window's total ``[L, E]``, or
+            per-step counts ``[S, L, E]``).
         num_gpus: ``G``, dividing ``P``.
     """
     per_replica = load.double() / placement.logcnt.double()
-    slot_load = per_replica.gather(1, placement.phy2log)
-    return slot_load.view(slot_load.shape[0], num_gpus, -1).sum(-1)
+    index = placement.phy2log.expand(*load.shape[:-2], *placement.phy2log.shape)
+    slot_load = per_replica.gather(-1, index)
+    return slot_load.view(*slot_load.shape[:-1], num_gpus, -1).sum(-1)

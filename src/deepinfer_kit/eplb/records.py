@@ -56,10 +56,14 @@ class Rebalance:
     Attributes:
         after_step: rebalanced once this many rounds had committed (the rebalance clock,
             :attr:`~deepinfer_kit.engine.runner.balance.ExpertBalancer.num_steps`).
-        window: ``[L, E]`` int64 counts (CPU) the plan was made from.
+        window: ``[L, E]`` int64 counts (CPU) of the window the plan was made from,
+            summed over its steps (the policy saw them per step).
         before, after: ``[L, G]`` float64 load of each GPU under the old and the new
             placement, both on ``window`` (what the heatmaps draw).
-        balancedness_before, balancedness_after: mean over layers of mean / max GPU load.
+        balancedness_before, balancedness_after: mean over layers and the window's steps
+            of each step's mean / max GPU load (an expert's count split evenly over its
+            replicas), the judge of the keep rule; equal to the balancedness of
+            ``before`` / ``after`` for a one-step window.
         phy2log: ``[L, P]`` int64, the new slot map.
         moved_slots: slots whose weights were copied; ``moved_bytes`` their size.
         plan_s, apply_s: time planning, and copying weights plus swapping tables.

@@ -15,6 +15,7 @@ from deepinfer_kit.eplb.deepseek import plan_placement
 from deepinfer_kit.eplb.packing import greedy_pack
 from deepinfer_kit.eplb.placement_ops import placement_from_phy2log
 from deepinfer_kit.eplb.records import Placement, Topology
+from deepinfer_kit.eplb.steps import window_sum
 from deepinfer_kit.errors import ConfigError
 
 __all__ = ["refine_swaps", "plan_refined", "RefinedPlacementPolicy"]
@@ -109,7 +110,8 @@ def refine_swaps(
 
 
 class RefinedPlacementPolicy:
-    """DeepSeek's three steps (its greedy packing), then :func:`refine_swaps`.
+    """DeepSeek's three steps (its greedy packing), then :func:`refine_swaps`, on the
+    window's total.
 
     Args:
         mode: ``"hierarchical"`` (swaps stay inside a node; falls back to global when the
@@ -126,8 +128,9 @@ class RefinedPlacementPolicy:
         self._max_swaps = max_swaps
 
     def place(self, load: torch.Tensor, topology: Topology) -> Placement:
-        """See :meth:`PlacementPolicy.place`."""
-        return plan_refined(load, topology, self._mode, max_swaps=self._max_swaps)
+        """See :meth:`PlacementPolicy.place`: plans from the window's total (``load``
+        ``[S, L, E]`` summed over its steps)."""
+        return plan_refined(window_sum(load), topology, self._mode, max_swaps=self._max_swaps)
 
 
 def plan_refined(

@@ -1,4 +1,4 @@
-"""LoadWindow: per-layer, per-expert token counts of the last W steps, kept on the device."""
+"""LoadWindow: per-layer, per-expert token counts of each of the last W steps, kept on the device."""
 
 from __future__ import annotations
 
@@ -14,16 +14,17 @@ __all__ = ["LoadWindow"]
 class LoadWindow:
     """A ring of the last ``W`` steps' expert counts, ``[W, L, E]`` int64 on ``device``.
 
-    ``record`` is an on-device copy (no host sync); ``total`` sums the ring and, given a
-    process group, all-reduces the sum over it (expert-parallel ranks each count their own
-    tokens).
+    ``record`` is an on-device copy (no host sync); ``steps`` returns the recorded rows
+    oldest first and ``total`` their sum, each all-reduced over a given process group
+    (expert-parallel ranks each count their own tokens).
 
     Args:
         num_layers: ``L``.
         num_experts: ``E``.
         window: ``W`` steps kept.
         device: where the ring lives (the routers' device).
-        group: the process group to sum over in :meth:`total`, or None for local counts.
+        group: the process group to sum over in :meth:`steps` and :meth:`total`, or None
+            for local counts.
 
     Raises:
         ConfigError: a size below 1.
@@ -74,6 +75,24 @@ class LoadWindow:
         if self._group is not None:
             dist.all_reduce(summed, group=self._group)
         return summed
+
+    def steps(self) -> torch.Tensor:
+        """``[min(W, recorded), L, E]`` int64 the steps in the ring, oldest first, on the
+        ring's device (a new tensor; ``[0, L, E]`` before any :meth:`record`): what a
+        :class:`~deepinfer_kit.eplb.protocols.PlacementPolicy` plans from.
+
+        Collective when a group was given (each row all-reduced, as :meth:`total`): every
+        rank of it must call ``steps`` together.
+        """
+        width = self._ring.shape[0]
+        if self._steps <= width:
+            rows = self._ring[: self._steps].clone()
+        else:
+            start = self._steps % width
+            rows = torch.cat([self._ring[start:], self._ring[:start]])
+        if self._group is not None and rows.shape[0]:
+            dist.all_reduce(rows, group=self._group)
+        return rows
 
     def reset(self) -> None:
         """Zero the ring (e.g. after a rebalance, so the next window sees only new routing)."""

@@ -48,7 +48,7 @@ def add_sim_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     x = p.add_argument_group("experts (a simulated MoE router and placement policy; on with "
                              "--eplb-policy or an eplb.* sweep)")
     x.add_argument("--eplb-policy", default=None,
-                   help="deepseek, global, refine, forecast or movement")
+                   help="deepseek, global, refine, forecast, movement or peak")
     x.add_argument("--eplb-interval", type=int, default=32, help="steps between rebalances")
     x.add_argument("--eplb-window", type=int, default=32, help="steps of counts a plan reads")
     x.add_argument("--eplb-gpus", type=int, default=8)

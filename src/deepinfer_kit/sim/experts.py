@@ -38,7 +38,7 @@ def step_balancedness(counts: np.ndarray, phy2log: np.ndarray, logcnt: np.ndarra
 class ExpertSim:
     """Routes every simulated step, keeps a :class:`LoadWindow` of the counts, and every
     ``eplb.interval`` steps asks the real policy ``eplb.policy`` names for a placement of
-    the window's total, used as is (``policy.place(window.total(), topology)``).
+    the window's per-step counts, used as is (``policy.place(window.steps(), topology)``).
 
     Before the first plan the placement is the one DeepSeek's policy makes of a uniform
     load (as the engine's balancer starts). The step-time model: a round of duration
@@ -69,7 +69,7 @@ class ExpertSim:
                                       correlation=routing.correlation,
                                       drift_every=routing.drift_every, seed=routing.seed)
         self.window = LoadWindow(L, E, eplb.window)
-        uniform = torch.ones(L, E, dtype=torch.int64)
+        uniform = torch.ones(1, L, E, dtype=torch.int64)
         self.placement: Placement = self.oracle.place(uniform, self.topology)
         self._use(self.placement)
         self._since = np.zeros((L, E), dtype=np.int64)
@@ -103,7 +103,7 @@ class ExpertSim:
         self.num_steps += 1
         if self._steps_since >= self.eplb.interval:
             self._close_interval()
-            new = self.policy.place(self.window.total(), self.topology)
+            new = self.policy.place(self.window.steps(), self.topology)
             self.replicas_moved += replicas_moved(self.placement, new)
             self.rebalances += 1
             self.placement = new
@@ -115,7 +115,7 @@ class ExpertSim:
         load = torch.from_numpy(self._since.copy())
         gpus = self.topology.num_gpus
         self._bal.append(evaluate(self.placement, load, gpus).balancedness.numpy())
-        self._oracle.append(evaluate(self.oracle.place(load, self.topology), load, gpus)
+        self._oracle.append(evaluate(self.oracle.place(load[None], self.topology), load, gpus)
                             .balancedness.numpy())
         self._since[:] = 0
         self._steps_since = 0

@@ -15,7 +15,7 @@ import torch
 from deepinfer_kit.eplb.config import EplbConfig
 from deepinfer_kit.eplb.named import make_policy
 from deepinfer_kit.eplb.protocols import PlacementPolicy
-from deepinfer_kit.eplb.evaluate import balancedness
+from deepinfer_kit.eplb.evaluate import step_balancedness
 from deepinfer_kit.eplb.movement import align_placement
 from deepinfer_kit.eplb.placement_ops import gpu_loads, placement_from_phy2log
 from deepinfer_kit.eplb.records import BalancerState, Placement, Rebalance, Topology
@@ -37,7 +37,7 @@ def first_placement(config: EplbConfig, layers: list[MoELayer]) -> Placement:
     cfg = layers[0].config
     groups = cfg.n_group if cfg.routing == "deepseek_v3" else 1
     topology = config.topology(cfg.num_experts, groups)
-    uniform = torch.ones(len(layers), cfg.num_experts, dtype=torch.int64)
+    uniform = torch.ones(1, len(layers), cfg.num_experts, dtype=torch.int64)
     return make_policy(attrs.evolve(config, policy="deepseek"), 0).place(uniform, topology)
 
 
@@ -151,14 +151,16 @@ class ExpertBalancer:
         return self.num_steps - self._last_plan >= self.config.interval
 
     def rebalance(self, *, in_flight: int = 0, after_step: int | None = None) -> Rebalance:
-        """Plan from the window with the policy, relabel the plan to keep replicas in their
-        slots (:func:`align_placement`: GPU loads unchanged), keep the current placement
-        of each layer it balances the window no worse than the plan, and apply the rest:
-        copy the weights of moved slots, then swap each layer's routing table. Call only between
-        steps; ``in_flight`` is the caller's count of steps launched and not yet waited
-        for. ``after_step`` stamps the record and restarts the clock there (the host's
-        clock when the balancer lives in a worker; default :attr:`num_steps`). One host
-        read of the window. Appends to :attr:`history` and returns the record.
+        """Plan from the window's per-step counts with the policy, relabel the plan to keep
+        replicas in their slots (:func:`align_placement`: GPU loads unchanged), keep the
+        current placement of each layer it balances the window's steps no worse than the
+        plan, and apply the rest: copy the weights of moved slots, then swap each layer's
+        routing table. Call only between steps; ``in_flight`` is the caller's count of
+        steps launched and not yet waited for. ``after_step`` stamps the record and
+        restarts the clock there (the host's clock when the balancer lives in a worker;
+        default :attr:`num_steps`). One host read of the window (its recorded steps,
+        oldest first; a window with none plans from one step of zeros). Appends to
+        :attr:`history` and returns the record.
 
         Raises:
             InvariantError: ``in_flight > 0`` (a forward could read half-moved weights).
@@ -168,16 +170,20 @@ class ExpertBalancer:
             raise InvariantError(f"rebalance with {in_flight} steps in flight; commit them first")
         step = self.num_steps if after_step is None else after_step
         t0 = time.perf_counter()
-        load = self.window.total().cpu()
+        steps = self.window.steps().cpu()
+        if steps.shape[0] == 0:
+            steps = torch.zeros(1, len(self.layers), self.num_experts, dtype=torch.int64)
+        load = steps.sum(dim=0)
         gpus, nodes = self.topology.num_gpus, self.topology.num_nodes
-        planned = self.policy.place(load, self.topology).phy2log
+        planned = self.policy.place(steps, self.topology).phy2log
         # Same GPU loads, fewer copies: GPUs of a node and slots of a GPU relabelled to
         # keep the replicas that stay where they are.
         aligned = align_placement(planned, self.placement.phy2log, gpus, nodes)
-        # A layer whose current placement already balances the window at least as well
-        # keeps it (greedy packing can lose to it): never pay copies for a worse plan.
-        old_bal = balancedness(gpu_loads(self.placement, load, gpus))
-        new_bal = balancedness(gpu_loads(placement_from_phy2log(aligned, self.num_experts), load, gpus))
+        # A layer whose current placement already balances the window's steps at least
+        # as well (mean over the steps of each step's balancedness) keeps it (greedy
+        # packing can lose to it): never pay copies for a worse plan.
+        old_bal = step_balancedness(self.placement, steps, gpus).mean(dim=0)
+        new_bal = step_balancedness(placement_from_phy2log(aligned, self.num_experts), steps, gpus).mean(dim=0)
         keep = (old_bal >= new_bal)[:, None]
         new = placement_from_phy2log(torch.where(keep, self.placement.phy2log, aligned), self.num_experts)
         t1 = time.perf_counter()
@@ -186,8 +192,8 @@ class ExpertBalancer:
         before, after = gpu_loads(self.placement, load, gpus), gpu_loads(new, load, gpus)
         record = Rebalance(
             after_step=step, window=load, before=before, after=after,
-            balancedness_before=float(balancedness(before).mean()),
-            balancedness_after=float(balancedness(after).mean()),
+            balancedness_before=float(old_bal.mean()),
+            balancedness_after=float(torch.maximum(old_bal, new_bal).mean()),
             phy2log=new.phy2log.clone(), moved_slots=moved, moved_bytes=moved * self.expert_bytes,
             plan_s=t1 - t0, apply_s=t2 - t1,
         )  # fmt: skip
