@@ -13,6 +13,10 @@ printed first, since the medians of a shared machine mean little).
     .venv/bin/python benchmarks/bench_eplb.py --batches  # per batch: placement x replica selector
                                                          # vs the exact LP, SGLang's lp and the oracle
                                                          # (benchmarks/eplb_batches.py)
+    .venv/bin/python benchmarks/bench_eplb.py --steps    # per step of the next window: DeepInfer's
+                                                         # policy, refine and peak, even and balanced
+                                                         # dispatch, L=8 E=256 P=288 G=16 S=64
+                                                         # (benchmarks/eplb_steps.py)
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class Foresight:
     def place(self, load: torch.Tensor, topology: Topology) -> Placement:
         """Plan from the foresight of the window ``load`` is (calls count the windows)."""
         self._calls += 1
-        return self._inner.place(self._ahead[self._calls - 1], topology)
+        return self._inner.place(self._ahead[self._calls - 1][None], topology)
 
 
 def plan_ms(
@@ -103,8 +107,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=101, help="timed calls per policy")
     parser.add_argument("--batches", action="store_true", help="the per-batch study of replica selectors")
     parser.add_argument("--batches-per-window", type=int, default=4)
+    parser.add_argument("--steps", action="store_true", help="the per-step study against DeepInfer's policy")
+    parser.add_argument("--deepinfer", default=None, help="the unpacked deepinfer 0.1.0 sdist (--steps)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.steps:
+        from deepinfer_peer import find_sdist, load_eplb, missing  # beside this script
+        from eplb_steps import run as run_steps
+
+        root = find_sdist(args.deepinfer)
+        peer = load_eplb(root) if root is not None else None
+        note = missing(args.deepinfer) if root is None else None
+        if args.quick:
+            run_steps(2, 16, Topology(24, 1, 1, 4), 8, 3, 1, 256, 0.6, 3, peer, note)
+        else:
+            run_steps(8, 256, Topology(288, 1, 1, 16), 64, 4, args.seeds, 4096, 0.6, args.repeat, peer, note)
+        return
     if args.batches:
         from eplb_batches import run  # beside this script
 
@@ -143,7 +161,7 @@ def main() -> None:
                             for make in (drifting_zipf_trace, drifting_zipf_foresight))
             seen.append(next_window_score(Foresight(oracle_factory(), ahead), trace, topology, oracle_factory()).mean)
         foresight = statistics.fmean(seen)
-        load = drifting_zipf_trace(1, layers, experts, exponent=args.exponent, tokens_per_window=args.tokens)[0]
+        load = drifting_zipf_trace(1, layers, experts, exponent=args.exponent, tokens_per_window=args.tokens)[0][None]
         for name, factory in table.items():
             ms, fastest, ratio = plan_ms(factory, oracle_factory, load, topology, args.repeat)
             print(f"{mode:<13}{name:<10}{scores[name]:>12.4f}{oracle:>9.4f}{oracle - scores[name]:>8.4f}"

@@ -141,7 +141,7 @@ def run(layers: int, experts: int, topology: Topology, windows: int, top_k: int,
             got: dict[str, list[float]] = {n: [] for n in (*selectors, "lp", "sglang-lp", "oracle")}
             spent = 0.0
             for t in range(windows - 1):
-                placement = make().place(trace[t], topology)
+                placement = make().place(trace[t][None], topology)
                 layouts = layouts_of(placement, topology.num_gpus)
                 for _ in range(batches):
                     ids = sample_batch(trace[t + 1].double(), size, top_k, gen)
@@ -158,7 +158,7 @@ def run(layers: int, experts: int, topology: Topology, windows: int, top_k: int,
                             SglangLP(lay).balancedness(r, draws) for r, lay in zip(ids, layouts)))
                     except Exception as exc:  # noqa: BLE001 - reported once below
                         sglang_note = f"{type(exc).__name__}: {exc}"
-                    oracle = make().place(counts, topology)
+                    oracle = make().place(counts[None], topology)
                     got["oracle"].append(float(even_split_balancedness(counts, oracle, topology.num_gpus).mean()))
             mean = {n: statistics.fmean(v) if v else float("nan") for n, v in got.items()}
             calls = (windows - 1) * batches * layers

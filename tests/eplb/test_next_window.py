@@ -38,8 +38,8 @@ def test_refinement_never_loses_to_deepseek_on_the_planning_window(mode: str, se
     deepseek = HierarchicalPlacementPolicy() if mode == "hierarchical" else GlobalPlacementPolicy()
     ours = RefinedPlacementPolicy(mode)  # type: ignore[arg-type]
     for load in _trace(seed):
-        got = evaluate(ours.place(load, TOPOLOGY), load, 8).balancedness
-        base = evaluate(deepseek.place(load, TOPOLOGY), load, 8).balancedness
+        got = evaluate(ours.place(load[None], TOPOLOGY), load, 8).balancedness
+        base = evaluate(deepseek.place(load[None], TOPOLOGY), load, 8).balancedness
         assert bool((got >= base - 1e-12).all()), (got, base)
 
 
@@ -73,22 +73,22 @@ def test_forecast_beats_deepseek_when_windows_are_noisy() -> None:
 
 
 def test_movement_reports_bytes_and_keeps_an_unchanged_plan_in_place() -> None:
-    load = _trace(0)[0]
+    load = _trace(0)[0][None]
     policy = MovementAwarePlacementPolicy(RefinedPlacementPolicy("hierarchical"), expert_bytes=1000)
     first = policy.place(load, TOPOLOGY)
     assert policy.last_moved_bytes == 0
     again = policy.place(load, TOPOLOGY)
     assert torch.equal(again.phy2log, first.phy2log) and policy.last_moved_replicas == 0
-    shifted = policy.place(_trace(0)[5], TOPOLOGY)
+    shifted = policy.place(_trace(0)[5][None], TOPOLOGY)
     assert policy.last_moved_bytes == 1000 * replicas_moved(again, shifted) > 0
     sticky = MovementAwarePlacementPolicy(RefinedPlacementPolicy("hierarchical"), expert_bytes=1, tolerance=1.0)
     sticky.place(load, TOPOLOGY)
-    sticky.place(_trace(0)[5], TOPOLOGY)
+    sticky.place(_trace(0)[5][None], TOPOLOGY)
     assert sticky.last_moved_replicas == 0
 
 
 def test_evaluate_by_hand() -> None:
-    placement = GlobalPlacementPolicy().place(torch.tensor([[4, 2, 2]]), Topology(4, 1, 1, 2))
+    placement = GlobalPlacementPolicy().place(torch.tensor([[[4, 2, 2]]]), Topology(4, 1, 1, 2))
     # expert 0 split over both GPUs (2 + 2), experts 1 and 2 on one GPU each: loads 4 and 4
     result = evaluate(placement, torch.tensor([[4, 2, 2]]), 2)
     assert result.gpu_load.tolist() == [[4.0, 4.0]] and result.mean == 1.0
@@ -129,3 +129,28 @@ def test_foresight_is_the_hidden_popularity_one_drift_step_ahead() -> None:
     for window in trace:
         assert torch.equal(window, torch.poisson(popularity.probabilities() * 1000, generator=gen).to(torch.int64))
         popularity.drift()
+
+
+def test_bench_eplb_steps_quick_runs() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_eplb.py"), "--steps", "--quick"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={"PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line.split()[:1] and line.split()[0] in ("stationary", "drifting", "bursty", "prefill-decode")}
+    assert sorted(rows) == ["bursty", "drifting", "prefill-decode", "stationary"], done.stdout
+    have_peer = "DeepInfer rows skipped" not in done.stdout
+    assert all(len(r) == (8 if have_peer else 4) for r in rows.values()), done.stdout
+    assert "plan ms per call" in done.stdout
+
+
+def test_bench_eplb_steps_without_deepinfer_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from eplb_steps import run  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    run(2, 16, Topology(24, 1, 1, 4), 4, 2, 1, 128, 0.6, 1, None, "DeepInfer rows skipped: no sdist here")
+    out = capsys.readouterr().out
+    assert "DeepInfer rows skipped: no sdist here" in out and "di+" not in out
+    assert len([line for line in out.splitlines() if line.startswith("bursty")][0].split()) == 5
