@@ -235,3 +235,21 @@ def test_step_windows() -> None:
     assert float(sizes[0]) > 10 * float(sizes[1])
     with pytest.raises(ConfigError, match="kind must be one of"):
         step_windows("spiky", 1, 1, 4)
+
+
+def test_step_balancedness_and_next_window_score_take_per_step_windows() -> None:
+    from deepinfer_kit.eplb import next_window_score
+
+    trace = step_windows("bursty", 3, 2, 16, steps=4, tokens=256, seed=3)
+    topology = Topology(20, 1, 1, 4)
+    placement = PeakPlacementPolicy("global").place(trace[0], topology)
+    per_step = step_balancedness(placement, trace[1], 4)
+    assert per_step.shape == (4, 2) and bool(((per_step > 0) & (per_step <= 1)).all())
+    with pytest.raises(ConfigError, match=r"load must have shape \[S, 2, 16\], got \(4, 2, 15\)"):
+        step_balancedness(placement, trace[1][:, :, :15], 4)
+    score = next_window_score(PeakPlacementPolicy("global"), trace, topology)
+    assert score.policy.shape == (2,)
+    summed = next_window_score(GlobalPlacementPolicy(), [w.sum(0) for w in trace], topology)  # [L, E]: one step
+    assert torch.equal(summed.policy, next_window_score(GlobalPlacementPolicy(), trace, topology).policy)
+    with pytest.raises(ConfigError, match="trace window must be per-step counts"):
+        next_window_score(GlobalPlacementPolicy(), [trace[0], torch.ones(16)], topology)
