@@ -161,6 +161,16 @@ class EngineConfig:
             model without MoE layers is a ConfigError at build. Decode rounds keep the
             static buffers and CUDA graphs: padded rows are not counted into the windows,
             and a rebalance rewrites the slot maps and selector tables in place.
+        batch_invariant: every logit of a sequence — and so every token of a greedy or
+            seeded request — bitwise the same whatever else runs in the batch, however its
+            prompt is chunked, whether its prefix came from the cache, whether it is
+            speculated (a verify row equals a decode row; seeded sampled drafts are verified
+            by matching the plain sampler's own draw), overlapped, in a worker process or
+            replayed from a padded CUDA graph, and whichever scheduler, cache index or
+            drafter is plugged in (docs/batch_invariance.md). The model's matmuls are padded
+            to fixed shapes and its attention reads keys in fixed chunks
+            (``models.invariant``); costs throughput. ``tensor_parallel > 1`` is refused (a
+            row's sums would be split over ranks).
         strict_components: fail fast, for developing a component: the first step whose
             layout, execution or commit raises stops the engine, re-raising that exception
             with its traceback (later calls raise :class:`EngineDeadError`), instead of
@@ -205,9 +215,15 @@ class EngineConfig:
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
     strict_components: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    batch_invariant: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         self._check_parallel()
+        if self.batch_invariant and self.tensor_parallel > 1:
+            raise ConfigError(
+                f"batch_invariant=True with tensor_parallel={self.tensor_parallel}: a row-parallel "
+                f"layer sums each row's partial products over the ranks, so the logits would "
+                f"depend on the parallel layout; use tensor_parallel=1")
         if self.expert_parallel > 1:
             if self.eplb is not None and self.eplb.num_gpus != self.expert_parallel:
                 raise ConfigError(

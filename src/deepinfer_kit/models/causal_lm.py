@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kit.comm.protocols import Communicator
-from deepinfer_kit.errors import CheckpointError
+from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.fused_ops import FusedOps, select_fused_ops
+from deepinfer_kit.models.invariant import select_numerics, set_numerics
 from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttention, RMSNorm
 from deepinfer_kit.models.parallel.shard import VocabShard, vocab_shard
 from deepinfer_kit.models.parallel.vocab import embed_vocab_parallel, gather_logits, load_vocab_rows
@@ -44,12 +45,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
                  attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
                  sparse_mlp: SparseMLP | None, ops: FusedOps, rope_kv: RopeKvOp | None,
-                 tp: Communicator | None = None) -> None:
+                 tp: Communicator | None = None, batch_invariant: bool = False) -> None:
         super().__init__()
         eps, size = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.self_attn = PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
-                                            dtype=dtype, device=device, rope_kv=rope_kv, tp=tp)
+                                            dtype=dtype, device=device, rope_kv=rope_kv, tp=tp,
+                                            batch_invariant=batch_invariant)
         self.post_attention_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
         self.is_sparse = sparse_mlp is not None
         self.mlp: nn.Module
@@ -126,17 +128,33 @@ class TransformerCausalLM(nn.Module):
             (``models.parallel``), the embedding and LM head by vocabulary rows (logits
             gathered before they are returned); the MoE MLPs stay whole on every rank
             (their experts may be split by expert parallelism). ``None``: one rank.
+        batch_invariant: every row's logits bitwise the same whatever else the batch holds
+            and however its request is chunked: every matmul through
+            :func:`~deepinfer_kit.models.invariant.select_numerics` (set on each
+            submodule with ``numerics``, the MoE routers and experts included), the
+            fused ops' invariant SiLU and the
+            invariant attention (docs/batch_invariance.md). Refused with ``tp``: a
+            row-parallel layer sums each row's partial products over the ranks.
 
     Raises:
-        ConfigError: an unknown ``attention_impl`` or ``fused_impl``.
+        ConfigError: an unknown ``attention_impl`` or ``fused_impl``; ``batch_invariant``
+            with ``tp`` or on a machine whose GEMMs fail the invariance probe.
         DeviceUnavailableError: ``"triton"`` without CUDA and without the interpreter.
     """
 
     def __init__(self, config: ModelConfig, *, attention_impl: Impl = "auto",
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  sparse_mlp_factory: SparseMLPFactory | None = None,
-                 fused_impl: Impl | None = None, tp: Communicator | None = None) -> None:
+                 fused_impl: Impl | None = None, tp: Communicator | None = None,
+                 batch_invariant: bool = False) -> None:
         super().__init__()
+        if batch_invariant and tp is not None and tp.world_size > 1:
+            raise ConfigError(
+                f"batch_invariant=True with tensor_parallel_size={tp.world_size}: a row-parallel "
+                f"layer sums each row's partial products over the ranks, so a row's logits "
+                f"depend on the parallel layout; run batch-invariant models on one rank")
+        self.numerics = select_numerics(batch_invariant, device)
+        self.batch_invariant = batch_invariant
         self.config = config
         self.tp = tp
         self.vocab: VocabShard | None = (
@@ -146,7 +164,7 @@ class TransformerCausalLM(nn.Module):
         self.fused_ops = select_fused_ops(
             attention_impl if fused_impl is None else fused_impl,
             on_cuda=torch.device(device).type == "cuda",
-            field="attention_impl" if fused_impl is None else "fused_impl")
+            field="attention_impl" if fused_impl is None else "fused_impl", batch_invariant=batch_invariant)
         ops = self.fused_ops
         self.rope_kv_reason: str | None = (
             "the fused ops are the torch references" if ops.rope_kv is None
@@ -165,7 +183,7 @@ class TransformerCausalLM(nn.Module):
                          device=device,
                          sparse_mlp=(sparse_mlp_factory(config, i, dtype=dtype, device=device)
                                      if i in sparse and sparse_mlp_factory else None), ops=ops,
-                         rope_kv=rope_kv, tp=tp)
+                         rope_kv=rope_kv, tp=tp, batch_invariant=batch_invariant)
             for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device,
@@ -174,6 +192,7 @@ class TransformerCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, rows, bias=False,
                                   dtype=dtype, device=device)
+        set_numerics(self, self.numerics)
 
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVStore) -> torch.Tensor:
         """Run one step; see :meth:`CausalLM.forward`. Returns ``[N, V]`` float32 logits.
@@ -218,7 +237,7 @@ class TransformerCausalLM(nn.Module):
         with torch.inference_mode():
             if self.tp is not None and self.vocab is not None:
                 return gather_logits(hidden, weight, self.vocab, self.tp)
-            return F.linear(hidden.to(weight.dtype), weight).float()
+            return self.numerics.linear(hidden.to(weight.dtype), weight, None).float()
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:

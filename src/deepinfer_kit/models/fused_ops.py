@@ -17,13 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_kit._kernels import resolve_impl
+from deepinfer_kit.models.invariant import invariant_silu
 
 if TYPE_CHECKING:
     from deepinfer_kit.models.rope_kv import RopeKvOp
 
 __all__ = [
     "rms_norm", "add_rms_norm", "silu_and_mul", "FusedOps", "REFERENCE_OPS", "select_fused_ops",
-    "RmsNormOp", "AddRmsNormOp", "SiluAndMulOp",
+    "RmsNormOp", "AddRmsNormOp", "SiluAndMulOp", "invariant_silu_and_mul", "INVARIANT_REFERENCE_OPS",
 ]  # fmt: skip
 
 RmsNormOp = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -127,18 +128,35 @@ REFERENCE_OPS = FusedOps("ref", rms_norm, add_rms_norm, silu_and_mul)
 """The torch references: the default of a layer built outside a model."""
 
 
-def select_fused_ops(impl: str, *, on_cuda: bool, field: str = "fused_impl") -> FusedOps:
+def invariant_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """:func:`silu_and_mul` with ``silu`` from ops that give an element the same value at
+    any tensor size (``models.invariant.invariant_silu``; torch's ``silu`` rounds the
+    elements of a vector loop's scalar tail differently). Same arguments and result shape;
+    mutates nothing."""
+    gate, up = torch.split(gate_up, gate_up.shape[-1] // 2, dim=-1)
+    return invariant_silu(gate) * up
+
+
+INVARIANT_REFERENCE_OPS = FusedOps("ref", rms_norm, add_rms_norm, invariant_silu_and_mul)
+"""The torch references of the batch-invariant mode on the CPU (the norms are row kernels
+already: each row computed alike at any row count)."""
+
+
+def select_fused_ops(impl: str, *, on_cuda: bool, field: str = "fused_impl",
+                     batch_invariant: bool = False) -> FusedOps:
     """Resolve ``impl`` once (see :func:`deepinfer_kit._kernels.resolve_impl`) and return
     the ops; imports ``fused_triton`` (and Triton) only when it is chosen.
 
-    Called at model construction, never per step.
+    Called at model construction, never per step. With ``batch_invariant`` the references
+    are :data:`INVARIANT_REFERENCE_OPS` (a CUDA kernel computes every element alike: the
+    Triton ops stay).
 
     Raises:
         ConfigError: ``impl`` is not ``"auto"``, ``"ref"`` or ``"triton"``.
         DeviceUnavailableError: ``"triton"`` without CUDA and without the interpreter.
     """
     if resolve_impl(impl, on_cuda=on_cuda, field=field) == "ref":
-        return REFERENCE_OPS
+        return INVARIANT_REFERENCE_OPS if batch_invariant else REFERENCE_OPS
     from deepinfer_kit.models import fused_triton, rope_kv_triton
 
     return FusedOps("triton", fused_triton.rms_norm, fused_triton.add_rms_norm,

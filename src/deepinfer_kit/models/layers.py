@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kit._kernels import Impl
@@ -19,6 +18,7 @@ from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.models.attention import PagedAttention
 from deepinfer_kit.models.config import ModelConfig
 from deepinfer_kit.models.fused_ops import REFERENCE_OPS, FusedOps, rms_norm
+from deepinfer_kit.models.invariant import PLAIN, Numerics
 from deepinfer_kit.models.parallel.linear import ColumnParallelLinear, RowBlock, RowParallelLinear
 from deepinfer_kit.models.parallel.shard import attention_shard, split_even
 from deepinfer_kit.models.protocols import PagedKVStore
@@ -33,7 +33,11 @@ Weights = Mapping[str, torch.Tensor]
 
 
 class Linear(nn.Module):
-    """``y = x W^T (+ b)`` with ``W`` ``[out, in]``; uninitialized until loaded."""
+    """``y = x W^T (+ b)`` with ``W`` ``[out, in]``; uninitialized until loaded.
+
+    ``numerics.linear`` computes it (:data:`~deepinfer_kit.models.invariant.PLAIN`; the
+    model sets the batch-invariant numerics once, at construction).
+    """
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool,
                  dtype: torch.dtype, device: str | torch.device) -> None:
@@ -42,10 +46,11 @@ class Linear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
                      if bias else None)
+        self.numerics: Numerics = PLAIN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, in]`` -> ``[T, out]``."""
-        return F.linear(x, self.weight, self.bias)
+        return self.numerics.linear(x, self.weight, self.bias)
 
     def load_parts(self, weights: Weights, names: list[str], sizes: list[int]) -> None:
         """Fill the rows from the tensors ``names`` (``<name>.weight`` / ``<name>.bias``),
@@ -162,7 +167,8 @@ class PagedSelfAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
                  attention_impl: Impl, dtype: torch.dtype, device: str | torch.device,
-                 rope_kv: RopeKvOp | None = None, tp: Communicator | None = None) -> None:
+                 rope_kv: RopeKvOp | None = None, tp: Communicator | None = None,
+                 batch_invariant: bool = False) -> None:
         super().__init__()
         self.layer = layer
         self.rope_kv = rope_kv
@@ -189,7 +195,8 @@ class PagedSelfAttention(nn.Module):
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
                                    self.head_dim**-0.5, impl=attention_impl,
-                                   sliding_window=config.sliding_window(layer), device=device)
+                                   sliding_window=config.sliding_window(layer), device=device,
+                                   batch_invariant=batch_invariant)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: PagedKVStore, meta: AttentionMetadata) -> torch.Tensor:

@@ -46,7 +46,8 @@ class LoadedModel:
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
                 sparse_mlp_factory: SparseMLPFactory | None = None,
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                attention_impl: Impl = "auto", tp: Communicator | None = None) -> TransformerCausalLM:
+                attention_impl: Impl = "auto", tp: Communicator | None = None,
+                batch_invariant: bool = False) -> TransformerCausalLM:
     """Build the model of ``config`` and fill it from Hugging Face-named ``weights``.
 
     Args:
@@ -55,6 +56,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
         tp: a tensor-parallel group: this rank builds and loads only its shard (reading
             only those slices of safetensors-backed ``weights``). Collective when used:
             every rank of ``tp`` builds its model.
+        batch_invariant: see :class:`TransformerCausalLM`.
 
     Raises:
         ConfigError: ``dtype`` is not float32, float16 or bfloat16; a sparse ``config``
@@ -68,7 +70,8 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
             "(deepinfer_kit.engine.runner.assemble passes the default MoE layers)"
         )
     model = TransformerCausalLM(config, attention_impl=attention_impl, dtype=dtype, device=device,
-                                sparse_mlp_factory=sparse_mlp_factory if config.is_moe else None, tp=tp)
+                                sparse_mlp_factory=sparse_mlp_factory if config.is_moe else None, tp=tp,
+                                batch_invariant=batch_invariant)
     model.load_hf_weights(weights)
     model.eval()
     return model
@@ -77,7 +80,8 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], *,
 def load_model(path: str | os.PathLike[str], *,
                sparse_mlp_factory: SparseMLPFactory | None = None,
                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               attention_impl: Impl = "auto", tp: Communicator | None = None) -> LoadedModel:
+               attention_impl: Impl = "auto", tp: Communicator | None = None,
+               batch_invariant: bool = False) -> LoadedModel:
     """Load a Hugging Face checkpoint folder (with ``tp``, this rank's shard only: see
     :func:`build_model`).
 
@@ -99,7 +103,8 @@ def load_model(path: str | os.PathLike[str], *,
     config = ModelConfig.from_pretrained(path)
     with SafetensorsWeights(path) as weights:
         model = build_model(config, weights, sparse_mlp_factory=sparse_mlp_factory, dtype=dtype,
-                            device=device, attention_impl=attention_impl, tp=tp)
+                            device=device, attention_impl=attention_impl, tp=tp,
+                            batch_invariant=batch_invariant)
     tokenizer = load_tokenizer(path, eos_token_id=config.eos_token_ids[0] if config.eos_token_ids else None,
                                bos_token_id=config.bos_token_id)
     return LoadedModel(model=model, config=config, tokenizer=tokenizer)
@@ -107,7 +112,8 @@ def load_model(path: str | os.PathLike[str], *,
 
 def build_tiny_model(*, sparse_mlp_factory: SparseMLPFactory, seed: int = 0,
                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                     attention_impl: Impl = "auto", tp: Communicator | None = None) -> LoadedModel:
+                     attention_impl: Impl = "auto", tp: Communicator | None = None,
+                     batch_invariant: bool = False) -> LoadedModel:
     """The embedded default: a tiny Qwen3-MoE-style model (2 layers, hidden 64, 8 experts
     top-2) with seeded random weights and the :class:`ByteTokenizer`, its sparse layers
     built by ``sparse_mlp_factory`` (with ``tp``, this rank's shard). No file, no
@@ -115,5 +121,5 @@ def build_tiny_model(*, sparse_mlp_factory: SparseMLPFactory, seed: int = 0,
     config = ModelConfig.from_hf_config(tiny_hf_config())
     model = build_model(config, tiny_hf_weights(config, seed=seed),
                         sparse_mlp_factory=sparse_mlp_factory, dtype=dtype, device=device,
-                        attention_impl=attention_impl, tp=tp)
+                        attention_impl=attention_impl, tp=tp, batch_invariant=batch_invariant)
     return LoadedModel(model=model, config=config, tokenizer=ByteTokenizer())

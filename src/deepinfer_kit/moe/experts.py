@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from deepinfer_kit._kernels import Impl, resolve_impl
+from deepinfer_kit.models.invariant import PLAIN, Numerics
 from deepinfer_kit.moe.records import Routing
 from deepinfer_kit.moe.ref_ops import grouped_swiglu, routed_swiglu, swiglu
 
@@ -60,6 +61,7 @@ class GroupedExperts(nn.Module):
         dev = torch.device(device) if device is not None else torch.device("cpu")
         self.impl = resolve_impl(impl, on_cuda=dev.type == "cuda")
         self._grouped, self._routed = _kernels(self.impl)
+        self.numerics: Numerics = PLAIN  # the reference's matmul and activation (the model sets it)
         self.gate_up = nn.Parameter(
             torch.zeros(num_slots, 2 * intermediate_size, hidden_size, dtype=dtype, device=dev),
             requires_grad=False,
@@ -75,6 +77,8 @@ class GroupedExperts(nn.Module):
         Returns:
             ``[M, H]`` unweighted expert outputs in the weight dtype. Mutates nothing.
         """
+        if self.impl == "ref":
+            return grouped_swiglu(x.to(self.gate_up.dtype), self.gate_up, self.down, counts, self.numerics)
         return self._grouped(x.to(self.gate_up.dtype), self.gate_up, self.down, counts)
 
     def routed(self, hidden: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +101,9 @@ class GroupedExperts(nn.Module):
             ConfigError: (``"ref"`` only) an id outside ``[0, S)``; the Triton path does
                 not check, since checking would read the device.
         """
+        if self.impl == "ref":
+            return routed_swiglu(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down,
+                                 self.numerics)
         return self._routed(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down)
 
 
@@ -136,11 +143,12 @@ class SharedExpert(nn.Module):
             if gated
             else None
         )
+        self.numerics: Numerics = PLAIN  # the model sets the batch-invariant one
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` -> ``[T, H]`` in the weight dtype. Mutates nothing."""
         x = x.to(self.gate_up.dtype)
-        out = swiglu(x, self.gate_up, self.down)
+        out = swiglu(x, self.gate_up, self.down, self.numerics)
         if self.gate is not None:
-            out = out * torch.sigmoid(torch.mm(x, self.gate.t()))
+            out = out * self.numerics.sigmoid(self.numerics.linear(x, self.gate, None))
         return out

@@ -7,13 +7,17 @@ tested against them. Shape symbols: ``T`` tokens, ``H`` hidden, ``E`` experts, `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from deepinfer_kit.moe.local_dispatcher import sort_by_expert
 from deepinfer_kit.moe.records import Routing
+
+if TYPE_CHECKING:
+    from deepinfer_kit.models.invariant import Numerics
 
 __all__ = [
     "softmax_topk",
@@ -54,6 +58,7 @@ def deepseek_v3_topk(
     topk_group: int,
     renormalize: bool,
     scaling: float,
+    sigmoid: Callable[[torch.Tensor], torch.Tensor] = torch.sigmoid,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 routing: biased, group-limited selection; unbiased combine weights.
 
@@ -71,11 +76,12 @@ def deepseek_v3_topk(
         topk_group: groups kept per token.
         renormalize: divide the chosen scores by their sum.
         scaling: ``routed_scaling_factor``.
+        sigmoid: the scores' sigmoid (the batch-invariant mode's, ``models.invariant``).
 
     Returns:
         ``(expert_ids [T, k] int64, weights [T, k] float32)``.
     """
-    scores = torch.sigmoid(logits.float())
+    scores = sigmoid(logits.float())
     choice = scores + bias.float()
     if n_group > 1:
         num_tokens, num_experts = choice.shape
@@ -91,21 +97,34 @@ def deepseek_v3_topk(
     return ids, weights * scaling
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def _mm(x: torch.Tensor, weight: torch.Tensor, numerics: Numerics | None) -> torch.Tensor:
+    """``x weight^T``: ``torch.mm`` by default, else through ``numerics.linear`` (the
+    batch-invariant mode's padded product, ``models.invariant``)."""
+    return torch.mm(x, weight.t()) if numerics is None else numerics.linear(x, weight, None)
+
+
+def _silu(x: torch.Tensor, numerics: Numerics | None) -> torch.Tensor:
+    """``silu(x)``: ``F.silu`` by default, else ``numerics.silu``."""
+    return F.silu(x) if numerics is None else numerics.silu(x)
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+           numerics: Numerics | None = None) -> torch.Tensor:
     """One SwiGLU MLP: ``down(silu(x W_g^T) * (x W_u^T))``.
 
     Args:
         x: ``[N, H]``.
         gate_up: ``[2I, H]``, gate rows first, then up rows.
         down: ``[H, I]``.
+        numerics: the matmul and activation (``None``: ``torch.mm`` and ``F.silu``).
 
     Returns:
         ``[N, H]`` in the dtype of ``x``.
     """
     inter = down.shape[1]
-    h = torch.mm(x, gate_up.t())
-    act = F.silu(h[:, :inter]).mul_(h[:, inter:])
-    return torch.mm(act, down.t())
+    h = _mm(x, gate_up, numerics)
+    act = _silu(h[:, :inter], numerics).mul_(h[:, inter:])
+    return _mm(act, down, numerics)
 
 
 def grouped_swiglu(
@@ -113,6 +132,7 @@ def grouped_swiglu(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     counts: Sequence[int],
+    numerics: Numerics | None = None,
 ) -> torch.Tensor:
     """SwiGLU experts over expert-contiguous rows: rows of expert ``e`` use its weights.
 
@@ -124,6 +144,9 @@ def grouped_swiglu(
         gate_up: ``[E, 2I, H]`` gate and up weights of each expert.
         down: ``[E, H, I]`` down weights.
         counts: ``E`` host ints summing to ``M``.
+        numerics: the matmul and activation (``None``: ``torch.mm`` and ``F.silu``; the
+            batch-invariant ones make a row's output independent of how many rows share
+            its expert).
 
     Returns:
         ``[M, H]`` expert outputs aligned with ``x`` (unweighted).
@@ -135,9 +158,12 @@ def grouped_swiglu(
         if count == 0:
             continue
         end = start + count
-        h = torch.mm(x[start:end], gate_up[expert].t())
-        act = F.silu(h[:, :inter]).mul_(h[:, inter:])
-        torch.mm(act, down[expert].t(), out=out[start:end])
+        h = _mm(x[start:end], gate_up[expert], numerics)
+        act = _silu(h[:, :inter], numerics).mul_(h[:, inter:])
+        if numerics is None:
+            torch.mm(act, down[expert].t(), out=out[start:end])
+        else:
+            out[start:end] = numerics.linear(act, down[expert], None)
         start = end
     return out
 
@@ -149,6 +175,7 @@ def gather_swiglu_scatter(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     counts: Sequence[int],
+    numerics: Numerics | None = None,
 ) -> torch.Tensor:
     """Single-device routed experts without materializing the permuted copies.
 
@@ -164,6 +191,9 @@ def gather_swiglu_scatter(
         gate_up: ``[E, 2I, H]``.
         down: ``[E, H, I]``.
         counts: ``E`` host ints summing to ``M``.
+        numerics: the matmul and activation (``None``: ``torch.mm`` and ``F.silu``). A
+            token's ``k`` copies are added in increasing expert order whatever the batch,
+            so the sum is batch-invariant whenever these are.
 
     Returns:
         ``[T, H]`` in the weight dtype: ``sum_j w_tj E_{e_tj}(x_t)``.
@@ -178,9 +208,9 @@ def gather_swiglu_scatter(
             continue
         end = start + count
         rows = token_index[start:end]
-        h = torch.mm(x.index_select(0, rows), gate_up[expert].t())
-        act = F.silu(h[:, :inter]).mul_(h[:, inter:]).mul_(w[start:end])
-        out.index_add_(0, rows, torch.mm(act, down[expert].t()))
+        h = _mm(x.index_select(0, rows), gate_up[expert], numerics)
+        act = _silu(h[:, :inter], numerics).mul_(h[:, inter:]).mul_(w[start:end])
+        out.index_add_(0, rows, _mm(act, down[expert], numerics))
         start = end
     return out
 
@@ -191,6 +221,7 @@ def routed_swiglu(
     weights: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    numerics: Numerics | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routed experts and their weighted combine: sort, host counts, gather-compute-scatter.
 
@@ -204,6 +235,7 @@ def routed_swiglu(
         weights: ``[T, k]`` combine weights.
         gate_up: ``[E, 2I, H]``.
         down: ``[E, H, I]``.
+        numerics: as :func:`gather_swiglu_scatter`.
 
     Returns:
         ``(y [T, H] in the weight dtype, counts [E] int64 on the host)``.
@@ -214,6 +246,7 @@ def routed_swiglu(
     order, counts = sort_by_expert(Routing(expert_ids=expert_ids, weights=weights), gate_up.shape[0])
     top_k = expert_ids.shape[1]
     out = gather_swiglu_scatter(
-        hidden, order // top_k, weights.reshape(-1).index_select(0, order), gate_up, down, counts.tolist()
+        hidden, order // top_k, weights.reshape(-1).index_select(0, order), gate_up, down, counts.tolist(),
+        numerics,
     )
     return out, counts

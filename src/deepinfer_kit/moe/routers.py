@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.invariant import PLAIN, Numerics
 from deepinfer_kit.moe.config import check_expert_groups
 from deepinfer_kit.moe.protocols import Router
 from deepinfer_kit.moe.records import Routing
@@ -46,6 +47,7 @@ class _GateRouter(nn.Module):
             torch.zeros(num_experts, hidden_size, dtype=torch.float32, device=device),
             requires_grad=False,
         )
+        self.numerics: Numerics = PLAIN  # the model sets the batch-invariant one
 
     @property
     def num_experts(self) -> int:
@@ -59,7 +61,7 @@ class _GateRouter(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[T, E]`` float32 router logits of ``hidden`` (``[T, H]``)."""
-        return torch.mm(hidden.float(), self.weight.t())
+        return self.numerics.linear(hidden.float(), self.weight, None)
 
     def __call__(self, hidden: torch.Tensor) -> Routing:
         """Route ``hidden`` (``[T, H]``); see ``forward``."""
@@ -164,6 +166,7 @@ class DeepSeekV3Router(_GateRouter):
             topk_group=self.topk_group,
             renormalize=self.renormalize,
             scaling=self.routed_scaling_factor,
+            sigmoid=self.numerics.sigmoid,
         )
         return Routing(expert_ids=ids, weights=weights)
 

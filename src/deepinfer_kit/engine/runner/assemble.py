@@ -68,7 +68,8 @@ def moe_layer_factory(impl: Impl = "auto", *, router: Factory[Router] | None = N
 def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", attention_impl: Impl = "auto",
                moe_impl: Impl = "auto", tp: Communicator | None = None,
-               sparse_mlp_factory: SparseMLPFactory | None = None) -> LoadedModel:
+               sparse_mlp_factory: SparseMLPFactory | None = None,
+               batch_invariant: bool = False) -> LoadedModel:
     """:func:`deepinfer_kit.models.loader.load_model` with the default MoE layers (with
     ``tp``, this rank's tensor-parallel shard).
 
@@ -76,22 +77,26 @@ def load_model(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float
         moe_impl: the expert kernels of a sparse checkpoint (ignored for a dense one).
         sparse_mlp_factory: the MoE layers instead (:func:`moe_layer_factory` with
             injected routers or dispatchers).
+        batch_invariant: the batch-invariant numerics (``TransformerCausalLM``).
 
     Raises:
         ConfigError, CheckpointError: as ``models.loader.load_model``.
     """
     sparse = sparse_mlp_factory if sparse_mlp_factory is not None else moe_layer_factory(moe_impl)
     return loader.load_model(path, sparse_mlp_factory=sparse, dtype=dtype,
-                             device=device, attention_impl=attention_impl, tp=tp)
+                             device=device, attention_impl=attention_impl, tp=tp,
+                             batch_invariant=batch_invariant)
 
 
 def build_tiny_model(*, seed: int = 0, dtype: torch.dtype = torch.float32,
                      device: str | torch.device = "cpu", attention_impl: Impl = "auto",
                      moe_impl: Impl = "auto", tp: Communicator | None = None,
-                     sparse_mlp_factory: SparseMLPFactory | None = None) -> LoadedModel:
+                     sparse_mlp_factory: SparseMLPFactory | None = None,
+                     batch_invariant: bool = False) -> LoadedModel:
     """:func:`deepinfer_kit.models.loader.build_tiny_model` with the default MoE layers
     (or ``sparse_mlp_factory``'s): the embedded tiny Qwen3-MoE-style model, the same for
     the same ``seed`` (with ``tp``, this rank's tensor-parallel shard)."""
     sparse = sparse_mlp_factory if sparse_mlp_factory is not None else moe_layer_factory(moe_impl)
     return loader.build_tiny_model(sparse_mlp_factory=sparse, seed=seed,
-                                   dtype=dtype, device=device, attention_impl=attention_impl, tp=tp)
+                                   dtype=dtype, device=device, attention_impl=attention_impl, tp=tp,
+                                   batch_invariant=batch_invariant)

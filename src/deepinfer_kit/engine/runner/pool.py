@@ -92,10 +92,12 @@ def load_shard(config: EngineConfig, dtype: torch.dtype, device: torch.device,
                                    context=context)
     if config.model == TINY:
         return build_tiny_model(seed=config.seed, dtype=dtype, device=device, attention_impl=attention_impl,
-                                moe_impl=moe_impl, tp=tp, sparse_mlp_factory=sparse)
+                                moe_impl=moe_impl, tp=tp, sparse_mlp_factory=sparse,
+                                batch_invariant=config.batch_invariant)
     path = embedded_checkpoint(config.model) if is_embedded(config.model) else config.model
     return load_model(path, dtype=dtype, device=device, attention_impl=attention_impl,
-                      moe_impl=moe_impl, tp=tp, sparse_mlp_factory=sparse)
+                      moe_impl=moe_impl, tp=tp, sparse_mlp_factory=sparse,
+                      batch_invariant=config.batch_invariant)
 
 
 def kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,

@@ -43,6 +43,12 @@ class PagedAttention:
             itself included); reference implementation only.
         device: where the tensors will live; ``None`` means CUDA when available. Only
             used to resolve ``impl="auto"``.
+        batch_invariant: each row's output is bitwise the same whatever else the batch
+            holds, however its request's query is chunked (decode row, verify row, prefill
+            chunk) and whether its keys were cached: the reference's
+            ``invariant_ref.paged_attention`` (keys in fixed chunks, padded products), or
+            the Triton kernel with splits of a fixed key count
+            (``triton_ops.paged_attention_invariant``).
 
     Raises:
         ConfigError: a size is not a positive int, ``num_heads % num_kv_heads != 0``,
@@ -62,6 +68,7 @@ class PagedAttention:
         impl: Literal["auto", "ref", "triton"] = "auto",
         sliding_window: int | None = None,
         device: torch.device | str | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         fields = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         if sliding_window is not None:
@@ -80,7 +87,8 @@ class PagedAttention:
         self.head_dim = head_dim
         self.scale = float(scale)
         self.sliding_window = sliding_window
-        self._op, self.impl = _select_op(impl, device, sliding_window)
+        self.batch_invariant = batch_invariant
+        self._op, self.impl = _select_op(impl, device, sliding_window, batch_invariant)
 
     def __call__(
         self,
@@ -120,7 +128,7 @@ class PagedAttention:
 
 
 def _select_op(
-    impl: str, device: torch.device | str | None, window: int | None
+    impl: str, device: torch.device | str | None, window: int | None, invariant: bool = False
 ) -> tuple[AttentionOp, Literal["ref", "triton"]]:
     on_cuda = (
         torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
@@ -131,9 +139,13 @@ def _select_op(
         )
     choice = resolve_impl(impl, on_cuda=on_cuda)
     if choice == "ref" or window is not None:
+        if invariant:
+            from deepinfer_kit.models.attention import invariant_ref
+
+            return invariant_ref.paged_attention, "ref"
         from deepinfer_kit.models.attention import ref_ops
 
         return ref_ops.paged_attention, "ref"
     import deepinfer_kit.models.attention.triton_ops as triton_ops
 
-    return triton_ops.paged_attention, "triton"
+    return (triton_ops.paged_attention_invariant if invariant else triton_ops.paged_attention), "triton"

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deepinfer_kit.comm.protocols import Communicator
+from deepinfer_kit.models.invariant import PLAIN, Numerics
 from deepinfer_kit.models.weights import take, take_slice
 
 __all__ = ["RowBlock", "ColumnParallelLinear", "RowParallelLinear"]
@@ -49,10 +49,11 @@ class ColumnParallelLinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
+        self.numerics: Numerics = PLAIN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, in]`` (every rank the same) -> ``[T, out/T]``, this rank's features."""
-        return F.linear(x, self.weight, self.bias)
+        return self.numerics.linear(x, self.weight, self.bias)
 
     def load_blocks(self, weights: Weights, blocks: Sequence[RowBlock]) -> None:
         """Fill the rows from ``blocks`` in order, reading only those rows of each tensor.
@@ -93,6 +94,7 @@ class RowParallelLinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype, device=device),
                                   requires_grad=False) if bias else None)
+        self.numerics: Numerics = PLAIN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[T, in/T]`` (this rank's features) -> ``[T, out]``, the same on every rank.
@@ -100,7 +102,7 @@ class RowParallelLinear(nn.Module):
         Raises:
             CollectiveError: the all-reduce failed or timed out.
         """
-        out = self.comm.all_reduce(F.linear(x, self.weight))
+        out = self.comm.all_reduce(self.numerics.linear(x, self.weight, None))
         return out if self.bias is None else out + self.bias
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
