@@ -77,6 +77,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="the heads file of --drafter dspark ('tiny-words': the shipped heads)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="on a GPU, run decode rounds eagerly instead of replaying captured graphs")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a sequence's logits (and a greedy or seeded request's tokens) bitwise the same "
+                        "whatever else runs beside it (docs/batch_invariance.md)")
     p.add_argument("--eplb-interval", type=int, default=0,
                    help="live expert rebalancing every N steps (0: off; needs an MoE model)")
     p.add_argument("--eplb-window", type=int, default=8, help="steps of expert counts a rebalance plans from")
@@ -166,6 +169,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         collective_timeout=getattr(args, "collective_timeout", 300.0),
         scheduler=args.scheduler,
         cuda_graphs=not (args.no_cuda_graphs or args.enforce_eager),
+        batch_invariant=args.batch_invariant,
         speculative=_speculative(args),
         eplb=({"interval": args.eplb_interval, "window": args.eplb_window, "policy": args.eplb_policy,
                "num_redundant": args.eplb_redundant, "num_gpus": args.eplb_gpus,

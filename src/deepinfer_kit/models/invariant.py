@@ -37,12 +37,16 @@ from torch import nn
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["MIN_ROWS", "LinearOp", "Numerics", "PLAIN", "INVARIANT", "plain_linear", "invariant_linear",
+__all__ = ["MIN_ROWS", "MIN_COLS", "LinearOp", "Numerics", "PLAIN", "INVARIANT", "plain_linear", "invariant_linear",
            "invariant_silu", "invariant_sigmoid", "select_numerics", "probe_row_invariance",
            "UsesNumerics", "set_numerics"]
 
 MIN_ROWS = 16
 """Rows a batch-invariant product is padded to at least (12 suffice on MKL; 16 leaves room)."""
+
+MIN_COLS = 16
+"""Output columns a batch-invariant product is padded to at least: a one-column product
+(a gate's ``[1, H]`` weight) sums its rows by the row count's parity."""
 
 LinearOp = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 """``op(x [T, K], weight [N, K], bias [N] | None) -> [T, N]``: ``x W^T (+ b)``."""
@@ -56,8 +60,9 @@ def plain_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x W^T (+ b)`` with ``x`` padded to at least :data:`MIN_ROWS` rows, so each row's
-    result is the same at any row count (the padded rows are computed and dropped).
+    """``x W^T (+ b)`` with ``x`` padded to at least :data:`MIN_ROWS` rows and ``W`` to at
+    least :data:`MIN_COLS` output columns, so each row's result is the same at any row
+    count (the padding is computed and dropped).
 
     Args:
         x: ``[T, K]`` (``T >= 0``), any float dtype and device.
@@ -67,11 +72,14 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     Returns:
         ``[T, N]`` in ``x.dtype``. Mutates nothing.
     """
-    rows = x.shape[0]
-    if rows >= MIN_ROWS:
-        return F.linear(x, weight, bias)
-    padded = torch.cat([x, x.new_zeros(MIN_ROWS - rows, *x.shape[1:])])
-    return F.linear(padded, weight, bias)[:rows]
+    rows, cols = x.shape[0], weight.shape[0]
+    if cols < MIN_COLS:
+        weight = torch.cat([weight, weight.new_zeros(MIN_COLS - cols, weight.shape[1])])
+        bias = None if bias is None else torch.cat([bias, bias.new_zeros(MIN_COLS - cols)])
+    if rows < MIN_ROWS:
+        x = torch.cat([x, x.new_zeros(MIN_ROWS - rows, *x.shape[1:])])
+    out = F.linear(x, weight, bias)
+    return out if rows >= MIN_ROWS and cols >= MIN_COLS else out[:rows, :cols]
 
 
 def invariant_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -170,21 +178,21 @@ def probe_row_invariance(device: torch.device) -> str | None:
 
 def _probe(device: torch.device) -> str | None:
     gen = torch.Generator().manual_seed(0)
-    for k, n in ((16, 64), (64, 64), (64, 192), (128, 256), (256, 1024)):
+    for k, n in ((16, 64), (64, 1), (64, 8), (64, 64), (64, 192), (128, 256), (256, 1024)):
         w = torch.randn(n, k, generator=gen).to(device)
         row = torch.randn(1, k, generator=gen).to(device)
-        ref = F.linear(torch.cat([row, torch.randn(MIN_ROWS - 1, k, generator=gen).to(device)]), w)[:1]
-        for rows in (*range(MIN_ROWS, MIN_ROWS + 20), 64, 257, 1000):
+        ref = invariant_linear(row, w)
+        for rows in (*range(2, MIN_ROWS + 20), 64, 257, 1000):
             others = torch.randn(rows, k, generator=gen).to(device)
-            for place in {0, rows // 2, rows - 3, rows - 2, rows - 1}:
+            for place in sorted({0, rows // 2, rows - 3, rows - 2, rows - 1} - {-1, -2, -3}):
                 x = others.clone()
                 x[place] = row[0]
-                if not torch.equal(F.linear(x, w)[place:place + 1], ref):
-                    return (f"row {place} of a [{rows}, {k}] x [{k}, {n}] product differs from the "
-                            f"same row in {MIN_ROWS} rows")
+                if not torch.equal(invariant_linear(x, w)[place:place + 1], ref):
+                    return (f"row {place} of a padded [{rows}, {k}] x [{k}, {n}] product differs "
+                            f"from the same row alone")
         x = torch.cat([row, torch.randn(MIN_ROWS - 1, k, generator=gen).to(device)])
         batched = torch.bmm(x.expand(5, -1, -1), w.t().expand(5, -1, -1))
-        if not torch.equal(batched[2, :1], ref):
+        if not torch.equal(batched[2, :1], F.linear(x, w)[:1]):
             return f"a batched [{MIN_ROWS}, {k}] x [{k}, {n}] product differs from the same unbatched"
     values = (torch.randn(70_003, generator=gen) * 4).to(device)
     whole = torch.exp(values)

@@ -74,14 +74,19 @@ def unpermute_and_sum(
         weights: ``[T, k]`` routing weights.
 
     Returns:
-        ``[T, H]`` in the dtype of ``rows``: ``sum_j weights[t, j] * row(t, j)``, one batched
-        matmul (deterministic, no atomics).
+        ``[T, H]`` in the dtype of ``rows``: ``sum_j weights[t, j] * row(t, j)``, added in
+        routing order ``j = 0, 1, ...`` by elementwise ops (deterministic, no atomics, and
+        batch-invariant: a token's sum reads only its own copies, whichever device or rank
+        computed them — a batched matmul's kernel would change with the token count).
     """
     num_tokens, top_k = weights.shape
     unsorted = torch.empty_like(rows).index_copy_(0, order, rows)
-    w = weights.to(rows.dtype).view(num_tokens, 1, top_k)
-    hidden_size = rows.shape[1]
-    return torch.bmm(w, unsorted.view(num_tokens, top_k, hidden_size)).view(num_tokens, hidden_size)
+    copies = unsorted.view(num_tokens, top_k, rows.shape[1])
+    w = weights.to(rows.dtype)
+    out = copies[:, 0] * w[:, :1]
+    for j in range(1, top_k):
+        out = out + copies[:, j] * w[:, j:j + 1]
+    return out
 
 
 class LocalDispatcher:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from deepinfer_kit.moe.local_dispatcher import sort_by_expert
+from deepinfer_kit.moe.local_dispatcher import sort_by_expert, unpermute_and_sum
 from deepinfer_kit.moe.records import Routing
 
 if TYPE_CHECKING:
@@ -245,6 +245,12 @@ def routed_swiglu(
     """
     order, counts = sort_by_expert(Routing(expert_ids=expert_ids, weights=weights), gate_up.shape[0])
     top_k = expert_ids.shape[1]
+    if numerics is not None and numerics.invariant:
+        # each copy's output, then the routing-order sum the dispatchers' combine takes: the
+        # same bits on one device, with replicas, or with the experts split over ranks
+        rows = grouped_swiglu(hidden.to(gate_up.dtype).index_select(0, order // top_k), gate_up, down,
+                              counts.tolist(), numerics)
+        return unpermute_and_sum(rows, order, weights), counts
     out = gather_swiglu_scatter(
         hidden, order // top_k, weights.reshape(-1).index_select(0, order), gate_up, down, counts.tolist(),
         numerics,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_kit.testing.suite import Check, ConformanceError, Suite, expect
 
 if TYPE_CHECKING:
+    from deepinfer_kit.testing.batch_invariance import BATCH_INVARIANCE_SUITE
     from deepinfer_kit.testing.cache import (
         BLOCK_ALLOCATOR_SUITE, KV_CACHE_MANAGER_SUITE, PREFIX_INDEX_SUITE, kv_cache_manager_suite,
         prefix_index_suite,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.testing.spec_distribution import SPECULATIVE_DISTRIBUTION_SUITE
 
 _LAZY = {
+    "BATCH_INVARIANCE_SUITE": "deepinfer_kit.testing.batch_invariance",
     "BLOCK_ALLOCATOR_SUITE": "deepinfer_kit.testing.cache",
     "KV_CACHE_MANAGER_SUITE": "deepinfer_kit.testing.cache",
     "PREFIX_INDEX_SUITE": "deepinfer_kit.testing.cache",

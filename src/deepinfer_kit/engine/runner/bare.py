@@ -43,7 +43,8 @@ def bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCach
     if config.speculative is not None:
         verifier = build(parts.draft_verifier, attrs.evolve(ctx, sampler=sampler))
         if verifier is None:
-            verifier = RejectionVerifier(sampler, cast(Impl, config.sampler_impl))
+            verifier = RejectionVerifier(sampler, cast(Impl, config.sampler_impl),
+                                         match_only=config.batch_invariant)
     runner = ModelRunner(
         loaded.model, kv_cache, sampler, device=device,
         generator=torch.Generator(device=device).manual_seed(config.seed),

@@ -122,37 +122,39 @@ def _attend(
     k = k.view(num, chunks, CHUNK_KEYS, hkv, d).permute(0, 3, 1, 2, 4)  # [n, Hkv, C#, C, D]
     v = v.view(num, chunks, CHUNK_KEYS, hkv, d).permute(0, 3, 1, 2, 4)
 
-    # query rows: the G heads of a KV head are its rows, padded to `rows`
+    # query rows: the G heads of a KV head are its rows (`real` of them), padded to `rows`
+    # for the products only
+    real = qmax * g
     step = torch.arange(qmax, device=dev)
     valid = step[None, :] < counts[:, None]  # [n, Qmax]
     token = first[:, None] + torch.minimum(step[None, :], counts[:, None] - 1)
     q = query[token].float().view(num, qmax, hkv, g, d).permute(0, 2, 1, 3, 4)
-    q = q.reshape(num, hkv, qmax * g, d)
-    if rows > qmax * g:
-        q = torch.cat([q, q.new_zeros(num, hkv, rows - qmax * g, d)], dim=2)
+    q = q.reshape(num, hkv, real, d)
+    if rows > real:
+        q = torch.cat([q, q.new_zeros(num, hkv, rows - real, d)], dim=2)
     position = (needed - counts)[:, None] + torch.minimum(step[None, :], counts[:, None] - 1)  # [n, Qmax]
-    row_pos = position[:, :, None].expand(num, qmax, g).reshape(num, qmax * g)
-    if rows > qmax * g:
-        row_pos = torch.cat([row_pos, row_pos.new_zeros(num, rows - qmax * g)], dim=1)  # pad rows: key 0
+    row_pos = position[:, :, None].expand(num, qmax, g).reshape(num, real)
 
     batch = num * hkv * chunks
     qb = q[:, :, None].expand(num, hkv, chunks, rows, d).reshape(batch, rows, d)
     scores = torch.bmm(qb, k.reshape(batch, CHUNK_KEYS, d).transpose(1, 2))
-    scores = scores.view(num, hkv, chunks, rows, CHUNK_KEYS).mul_(scale)
+    scores = scores.view(num, hkv, chunks, rows, CHUNK_KEYS)[:, :, :, :real].mul_(scale)
     key_pos = (torch.arange(chunks, device=dev)[:, None] * CHUNK_KEYS
                + torch.arange(CHUNK_KEYS, device=dev)[None, :])  # [C#, C]
     rp = row_pos[:, None, None, :, None]
     visible = key_pos[None, None, :, None, :] <= rp
     if window is not None:
         visible &= key_pos[None, None, :, None, :] > rp - window
-    scores.masked_fill_(~visible, float("-inf"))
-    peak = scores.amax(dim=(2, 4), keepdim=True)  # [n, Hkv, 1, rows, 1], exact
-    probs = torch.exp(scores - peak)
-    last = (row_pos // CHUNK_KEYS)[:, None, None, :].expand(num, hkv, 1, rows)  # [n, Hkv, 1, rows]
-    denom = probs.sum(dim=-1).cumsum(dim=2).gather(2, last)  # [n, Hkv, 1, rows]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    peak = scores.amax(dim=(2, 4), keepdim=True)  # [n, Hkv, 1, real, 1], exact
+    probs = torch.exp(scores.sub_(peak))
+    last = (row_pos // CHUNK_KEYS)[:, None, None, :].expand(num, hkv, 1, real)  # [n, Hkv, 1, real]
+    denom = probs.sum(dim=-1).cumsum(dim=2).gather(2, last)  # [n, Hkv, 1, real]
+    if rows > real:
+        probs = torch.cat([probs, probs.new_zeros(num, hkv, chunks, rows - real, CHUNK_KEYS)], dim=3)
     pv = torch.bmm(probs.reshape(batch, rows, CHUNK_KEYS), v.reshape(batch, CHUNK_KEYS, d))
-    acc = pv.view(num, hkv, chunks, rows, d).cumsum(dim=2)
-    acc = acc.gather(2, last[..., None].expand(num, hkv, 1, rows, d))  # [n, Hkv, 1, rows, D]
-    res = (acc / denom[..., None])[:, :, 0, : qmax * g]  # [n, Hkv, Qmax * G, D]
+    acc = pv.view(num, hkv, chunks, rows, d)[:, :, :, :real].cumsum(dim=2)
+    acc = acc.gather(2, last[..., None].expand(num, hkv, 1, real, d))  # [n, Hkv, 1, real, D]
+    res = (acc / denom[..., None])[:, :, 0]  # [n, Hkv, Qmax * G, D]
     res = res.view(num, hkv, qmax, g, d).permute(0, 2, 1, 3, 4).reshape(num, qmax, hq, d)
     out[token[valid]] = res[valid].to(out.dtype)

@@ -44,6 +44,12 @@ class RejectionVerifier:
         impl: the acceptance and residual draw of probabilistic drafts: ``"ref"`` (torch),
             ``"triton"`` (one fused kernel per call), or ``"auto"`` (Triton when CUDA is
             available). Chosen once here; both draw identical tokens from the same uniforms.
+        match_only: verify probabilistic drafts as deterministic ones too (the sampler's
+            own draw at each row, drafts kept while they equal it): a seeded request's
+            tokens are then those plain decoding draws, whatever was drafted — what the
+            batch-invariant mode needs — at the price of fewer accepted sampled drafts
+            (``sum_x q(x) p(x)`` instead of ``sum_x min(p(x), q(x))`` per position). Exact
+            either way.
 
     Raises:
         ConfigError: an unknown ``impl``.
@@ -51,8 +57,9 @@ class RejectionVerifier:
             ``TRITON_INTERPRET=1``, or without Triton installed.
     """
 
-    def __init__(self, sampler: Sampler, impl: Impl = "auto") -> None:
+    def __init__(self, sampler: Sampler, impl: Impl = "auto", *, match_only: bool = False) -> None:
         self.sampler = sampler
+        self.match_only = match_only
         self._ops, self.impl = select_verify_ops(impl)
 
     def verify(self, rows: VerifyRows, draft_probs: torch.Tensor | None = None) -> VerifyResult:
@@ -64,7 +71,7 @@ class RejectionVerifier:
             InvariantError: rows that disagree, or a history token outside ``[0, V)``.
         """
         width = check_rows(rows, draft_probs)
-        if draft_probs is None:
+        if draft_probs is None or self.match_only:
             tokens: list[int] = self.sampler(rows.logits, rows.batch).token_ids.tolist()
             return accept_matching(rows, tokens)
         return self._strict(draft_probs[:, :width], rows, width + 1)
