@@ -13,9 +13,15 @@ import torch
 from deepinfer_kit.models.records import AttentionMetadata
 
 __all__ = ["choose_num_splits", "num_splits_for", "split_target", "num_splits_witnesses",
-           "decode_context_buckets"]
+           "decode_context_buckets", "INVARIANT_SPLIT_KEYS", "invariant_num_splits",
+           "invariant_split_programs"]
 
 MAX_SPLITS = 64
+
+INVARIANT_SPLIT_KEYS = 256
+"""Keys per split of the batch-invariant attention (``triton_ops.paged_attention_invariant``):
+a row's splits start at multiples of this count whatever the batch, so its partial sums
+and their merge are the same in every batch."""
 
 
 def num_splits_for(max_query_len: int, num_requests: int, max_seq_len: int, num_kv_heads: int,
@@ -105,3 +111,26 @@ def decode_context_buckets(sizes: list[int], max_model_len: int, num_kv_heads: i
                 counts.append(count)
         buckets[size] = kept
     return buckets
+
+
+def invariant_num_splits(max_seq_len: int) -> int:
+    """Split programs per query tile of the batch-invariant attention when it splits across
+    programs: ``ceil(max_seq_len / INVARIANT_SPLIT_KEYS)`` (at least 1), one per
+    :data:`INVARIANT_SPLIT_KEYS` keys of the longest context; a shorter row's trailing
+    splits are empty and merge as exact no-ops. The count is a runtime argument of the
+    kernels (never a ``tl.constexpr``), so no count needs its own compilation or warm-up.
+    Called by ``paged_attention_invariant`` once per launch; host only, pure."""
+    return max(1, -(-max_seq_len // INVARIANT_SPLIT_KEYS))
+
+
+def invariant_split_programs(max_query_len: int, num_requests: int, max_seq_len: int,
+                             num_kv_heads: int, target_programs: int) -> bool:
+    """Whether the batch-invariant attention spreads a row's splits over programs (partials
+    merged by a second kernel) rather than merging them in the query tile's own program:
+    exactly when :func:`num_splits_for` would split (short queries, few programs, at least
+    two splits' worth of keys), so every round of :func:`num_splits_witnesses` with a count
+    above 1 runs (and warms) the split path. Both paths give bitwise the same output; the
+    choice only trades parallelism for partial buffers. Called by
+    ``paged_attention_invariant`` once per launch unless its caller forces a path; host
+    only, pure."""
+    return num_splits_for(max_query_len, num_requests, max_seq_len, num_kv_heads, target_programs) > 1

@@ -14,6 +14,10 @@ CUDA graph captured with one batch replays correctly with others: the number of 
 tiles is a runtime argument (never specialized), and each program computes its context
 split from its own request's ``seq_lens`` entry. Only the head layout, block sizes and the
 split count are ``tl.constexpr``.
+
+The batch-invariant variant (fixed tiles, splits of a fixed key count merged in a fixed
+order) lives in ``triton_invariant`` and is re-exported here as
+:func:`paged_attention_invariant`.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import triton.language as tl
 
 from deepinfer_kit.models.attention import splits
 from deepinfer_kit.models.attention.splits import choose_num_splits
+from deepinfer_kit.models.attention.triton_invariant import paged_attention_invariant
 from deepinfer_kit.models.records import AttentionMetadata
 
-__all__ = ["paged_attention", "choose_num_splits"]
+__all__ = ["paged_attention", "paged_attention_invariant", "choose_num_splits"]
 
 @triton.jit(do_not_specialize=["table_stride", "num_m_tiles"])
 def _paged_attn_kernel(
