@@ -23,10 +23,15 @@ import triton.language as tl
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.align import BlockSchedule, align_block_size
 
-__all__ = ["choose_block_m", "grouped_swiglu", "routed_swiglu"]
+__all__ = ["choose_block_m", "grouped_swiglu", "routed_swiglu", "INVARIANT_BLOCK_M"]
 
 _BLOCK_N = 32
 _BLOCK_K = 32
+
+INVARIANT_BLOCK_M = 16
+"""Rows per tile of the batch-invariant mode (``invariant=True``), whatever the copy
+counts: :func:`choose_block_m` picks the tile from the batch, and a GPU may run a tile
+of other rows with another instruction shape, which sums a row differently."""
 
 
 @triton.jit
@@ -190,6 +195,8 @@ def routed_swiglu(
     weights: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    *,
+    invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routed SwiGLU experts and their weighted combine, with no host synchronisation.
 
@@ -207,6 +214,12 @@ def routed_swiglu(
         weights: ``[T, k]`` combine weights.
         gate_up: ``[E, 2I, H]``.
         down: ``[E, H, I]``.
+        invariant: batch-invariant mode: tiles of :data:`INVARIANT_BLOCK_M` rows whatever
+            the copy counts, and the ``k`` slots of a token added one after the other in
+            slot order (``((y_0 + y_1) + y_2) + ...``, elementwise) rather than by a
+            reduction kernel whose grouping may follow the batch's size; so a token's
+            output does not depend on the other tokens of the call. Default: the tile
+            by :func:`choose_block_m` and a ``sum`` over the slots.
 
     Returns:
         ``(y [T, H] in the weight dtype, counts [E] int64)``, both on the device of
@@ -217,12 +230,19 @@ def routed_swiglu(
     down = down.contiguous()
     num_tokens, top_k = expert_ids.shape
     num_experts, hidden_size = gate_up.shape[0], down.shape[1]
-    schedule = align_block_size(expert_ids, num_experts, choose_block_m(num_tokens * top_k, num_experts))
+    block_m = INVARIANT_BLOCK_M if invariant else choose_block_m(num_tokens * top_k, num_experts)
+    schedule = align_block_size(expert_ids, num_experts, block_m)
     rows = torch.empty(num_tokens * top_k, hidden_size, dtype=torch.float32, device=x.device)
     scale = weights.reshape(-1).float().contiguous()
     _swiglu_on_schedule(x, gate_up, down, schedule, top_k, rows, scale)
-    out = rows.view(num_tokens, top_k, hidden_size).sum(dim=1).to(x.dtype)
-    return out, schedule.expert_counts
+    slots = rows.view(num_tokens, top_k, hidden_size)
+    if invariant:
+        total = slots[:, 0].clone()
+        for slot in range(1, top_k):
+            total += slots[:, slot]
+    else:
+        total = slots.sum(dim=1)
+    return total.to(x.dtype), schedule.expert_counts
 
 
 def grouped_swiglu(
@@ -230,6 +250,8 @@ def grouped_swiglu(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     counts: Sequence[int],
+    *,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """SwiGLU experts over expert-contiguous rows: ``ref_ops.grouped_swiglu`` on Triton.
 
@@ -237,6 +259,9 @@ def grouped_swiglu(
     ``counts``: ``E`` host ints -> ``[M, H]`` in the dtype of ``x``); fp32 accumulation.
     The rows' expert ids are expanded from ``counts`` (one host-to-device copy) and run
     through the same block schedule and kernels as :func:`routed_swiglu` with ``k = 1``.
+    With ``invariant`` (batch-invariant mode) the tiles are :data:`INVARIANT_BLOCK_M`
+    rows whatever the counts, so a row's output does not depend on how many rows share
+    its expert; default: :func:`choose_block_m`. Mutates nothing.
 
     Raises:
         ConfigError: ``counts`` does not have ``E`` entries summing to ``M``.
@@ -252,7 +277,8 @@ def grouped_swiglu(
         torch.tensor(list(counts), dtype=torch.int64, device=x.device),
         output_size=rows,
     )
-    schedule = align_block_size(ids.view(rows, 1), num_experts, choose_block_m(rows, num_experts))
+    block_m = INVARIANT_BLOCK_M if invariant else choose_block_m(rows, num_experts)
+    schedule = align_block_size(ids.view(rows, 1), num_experts, block_m)
     out = torch.empty(rows, down.shape[1], dtype=x.dtype, device=x.device)
     _swiglu_on_schedule(x, gate_up, down, schedule, 1, out, None)
     return out
