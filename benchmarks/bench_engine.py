@@ -13,6 +13,8 @@ transformers configuration, and how many requests' greedy tokens agree between t
 
     .venv/bin/python benchmarks/bench_engine.py            # the full comparison
     .venv/bin/python benchmarks/bench_engine.py --quick    # a smoke run
+    .venv/bin/python benchmarks/bench_engine.py --batch-invariant   # + the batch-invariant
+        # mode on the same requests, its cost as a same-run ratio (target >= 0.8x on CPU)
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def make_requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
 
 
 def run_engine(
-    path: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace, overlap: bool = False
+    path: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace, overlap: bool = False,
+    batch_invariant: bool = False,
 ) -> tuple[float, list[list[int]]]:
     from deepinfer_kit import LLM, SamplingParams
 
@@ -74,6 +77,7 @@ def run_engine(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_mb=1024,  # the pool's size on CPU and on CUDA alike (same pool every run)
+        batch_invariant=batch_invariant,
     )
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in reqs]
     llm.generate([reqs[0][0]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
@@ -140,6 +144,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     parser.add_argument("--overlap", action="store_true",
                         help="also run the engine with overlap=True and print its gain")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="also run the engine with batch_invariant=True (alternating with the "
+                             "default engine, --repeats times each) and print its cost")
+    parser.add_argument("--repeats", type=int, default=3, help="--batch-invariant: runs of each engine")
     args = parser.parse_args()
     if args.quick:
         args.num_requests, args.max_prompt, args.max_new, args.min_new = 8, 48, 12, 4
@@ -157,6 +165,12 @@ def main() -> None:
         if args.overlap:
             over_s, over_tokens = run_engine(path, reqs, args, overlap=True)
             overlapped = ("deepinfer_kit Engine, overlap=True", over_s, over_tokens)
+        if args.batch_invariant:
+            pairs = []
+            for _ in range(args.repeats):  # alternate, so drift on a shared machine hits both
+                base_s, _ = run_engine(path, reqs, args)
+                inv_s, inv_tokens = run_engine(path, reqs, args, batch_invariant=True)
+                pairs.append((base_s, inv_s))
         for bs in args.batch_sizes:
             hf_s, hf_tokens = run_transformers(path, reqs, bs, args.device)
             rows.append((f"transformers generate, batch {bs}", hf_s, hf_tokens))
@@ -170,6 +184,14 @@ def main() -> None:
         print(f"{name:36s} {secs:9.2f} {useful / secs:10.1f} {agree:>6d}/{len(reqs):<6d}")
     best = min(secs for _, secs, _ in rows[1:])
     print(f"ratio vs best transformers configuration: {best / ours_s:.2f}x output tokens/s")
+    if args.batch_invariant:
+        ratios = sorted(b / i for b, i in pairs)
+        inv_best = min(i for _, i in pairs)
+        agree = sum(a == b for a, b in zip(inv_tokens, ours_tokens))
+        print(f"{'deepinfer_kit Engine, batch_invariant':36s} {inv_best:9.2f} {useful / inv_best:10.1f} "
+              f"{agree:>6d}/{len(reqs):<6d}")
+        print(f"batch-invariant vs default engine, output tokens/s, {len(pairs)} alternating pairs: "
+              f"median {ratios[len(ratios) // 2]:.2f}x (pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
     if args.overlap:
         name, secs, toks = overlapped
         agree = sum(a == b for a, b in zip(toks, ours_tokens))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -15,20 +15,22 @@ from deepinfer_kit.moe.ref_ops import grouped_swiglu, routed_swiglu, swiglu
 
 __all__ = ["GroupedExperts", "SharedExpert"]
 
-GroupedFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
-RoutedFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    tuple[torch.Tensor, torch.Tensor],
-]
+class _TritonExperts(Protocol):
+    """The two entry points of ``moe.triton_ops`` (imported only when chosen)."""
+
+    def grouped_swiglu(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                       counts: Sequence[int], *, invariant: bool = False) -> torch.Tensor: ...
+
+    def routed_swiglu(self, hidden: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                      gate_up: torch.Tensor, down: torch.Tensor, *,
+                      invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def _kernels(impl: Literal["ref", "triton"]) -> tuple[GroupedFn, RoutedFn]:
-    if impl == "ref":
-        return grouped_swiglu, routed_swiglu
+def _triton_kernels() -> _TritonExperts:
     # Lazy: importing deepinfer_kit must never import triton.
     from deepinfer_kit.moe import triton_ops
 
-    return triton_ops.grouped_swiglu, triton_ops.routed_swiglu
+    return cast(_TritonExperts, triton_ops)
 
 
 class GroupedExperts(nn.Module):
@@ -60,7 +62,7 @@ class GroupedExperts(nn.Module):
         super().__init__()
         dev = torch.device(device) if device is not None else torch.device("cpu")
         self.impl = resolve_impl(impl, on_cuda=dev.type == "cuda")
-        self._grouped, self._routed = _kernels(self.impl)
+        self._triton = _triton_kernels() if self.impl == "triton" else None
         self.numerics: Numerics = PLAIN  # the reference's matmul and activation (the model sets it)
         self.gate_up = nn.Parameter(
             torch.zeros(num_slots, 2 * intermediate_size, hidden_size, dtype=dtype, device=dev),
@@ -77,9 +79,11 @@ class GroupedExperts(nn.Module):
         Returns:
             ``[M, H]`` unweighted expert outputs in the weight dtype. Mutates nothing.
         """
-        if self.impl == "ref":
-            return grouped_swiglu(x.to(self.gate_up.dtype), self.gate_up, self.down, counts, self.numerics)
-        return self._grouped(x.to(self.gate_up.dtype), self.gate_up, self.down, counts)
+        x = x.to(self.gate_up.dtype)
+        if self._triton is None:
+            return grouped_swiglu(x, self.gate_up, self.down, counts, self.numerics)
+        return self._triton.grouped_swiglu(x, self.gate_up, self.down, counts,
+                                           invariant=self.numerics.invariant)
 
     def routed(self, hidden: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
         """Every token through its ``k`` experts, weighted and summed; all slots local.
@@ -101,10 +105,11 @@ class GroupedExperts(nn.Module):
             ConfigError: (``"ref"`` only) an id outside ``[0, S)``; the Triton path does
                 not check, since checking would read the device.
         """
-        if self.impl == "ref":
+        if self._triton is None:
             return routed_swiglu(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down,
                                  self.numerics)
-        return self._routed(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down)
+        return self._triton.routed_swiglu(hidden, routing.expert_ids, routing.weights, self.gate_up,
+                                          self.down, invariant=self.numerics.invariant)
 
 
 class SharedExpert(nn.Module):
