@@ -135,23 +135,27 @@ def _attend(
     position = (needed - counts)[:, None] + torch.minimum(step[None, :], counts[:, None] - 1)  # [n, Qmax]
     row_pos = position[:, :, None].expand(num, qmax, g).reshape(num, real)
 
-    batch = num * hkv * chunks
-    qb = q[:, :, None].expand(num, hkv, chunks, rows, d).reshape(batch, rows, d)
-    scores = torch.bmm(qb, k.reshape(batch, CHUNK_KEYS, d).transpose(1, 2))
-    scores = scores.view(num, hkv, chunks, rows, CHUNK_KEYS)[:, :, :, :real].mul_(scale)
+    # scores of every chunk in one product per (piece, head): [rows, D] x [D, W] (a row's
+    # result does not depend on W, a multiple of the chunk, nor on the row count >= rows)
+    heads = num * hkv
+    kt = k.reshape(heads, width, d)  # [n * Hkv, W, D]
+    scores = torch.bmm(q.reshape(heads, rows, d), kt.transpose(1, 2))  # [n * Hkv, rows, W]
+    scores = scores.view(num, hkv, rows, chunks, CHUNK_KEYS)[:, :, :real].permute(0, 1, 3, 2, 4)
+    scores = scores.mul(scale)  # [n, Hkv, C#, real, C]
     key_pos = (torch.arange(chunks, device=dev)[:, None] * CHUNK_KEYS
                + torch.arange(CHUNK_KEYS, device=dev)[None, :])  # [C#, C]
     rp = row_pos[:, None, None, :, None]
     visible = key_pos[None, None, :, None, :] <= rp
     if window is not None:
         visible &= key_pos[None, None, :, None, :] > rp - window
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores.masked_fill_(~visible, float("-inf"))
     peak = scores.amax(dim=(2, 4), keepdim=True)  # [n, Hkv, 1, real, 1], exact
     probs = torch.exp(scores.sub_(peak))
     last = (row_pos // CHUNK_KEYS)[:, None, None, :].expand(num, hkv, 1, real)  # [n, Hkv, 1, real]
     denom = probs.sum(dim=-1).cumsum(dim=2).gather(2, last)  # [n, Hkv, 1, real]
     if rows > real:
         probs = torch.cat([probs, probs.new_zeros(num, hkv, chunks, rows - real, CHUNK_KEYS)], dim=3)
+    batch = heads * chunks
     pv = torch.bmm(probs.reshape(batch, rows, CHUNK_KEYS), v.reshape(batch, CHUNK_KEYS, d))
     acc = pv.view(num, hkv, chunks, rows, d)[:, :, :, :real].cumsum(dim=2)
     acc = acc.gather(2, last[..., None].expand(num, hkv, 1, real, d))  # [n, Hkv, 1, real, D]
