@@ -47,7 +47,7 @@ PY
 mapfile -t files < <(grep -rlE "pytest\.mark\.cuda|mark\.cuda\b" tests --include='test_*.py' | sort)
 workers=()
 if "$PYTHON" -c "import xdist" 2>/dev/null; then workers=(-n 8 --dist load); fi
-step cuda_tier 160 "$PYTHON" -m pytest -q -o addopts="-ra --strict-markers" -m cuda \
+step cuda_tier 240 "$PYTHON" -m pytest -q -o addopts="-ra --strict-markers" -m cuda \
     -p no:cacheprovider --continue-on-collection-errors "${workers[@]}" "${files[@]}"
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -11,9 +11,10 @@ from deepinfer_kit import Engine, RequestOutput, SamplingParams, build_engine
 Outcome = dict[str, list[tuple[tuple[int, ...], str | None, Any]]]
 
 
-def workload(seed: int, num: int) -> list[tuple[str, list[int], SamplingParams]]:
+def workload(seed: int, num: int, vocab: int = 250) -> list[tuple[str, list[int], SamplingParams]]:
     """``num`` seeded requests mixing greedy, penalties with ``min_tokens``, forks,
-    logprobs, frequent stop tokens and shared prefixes."""
+    logprobs, frequent stop tokens and shared prefixes; prompt ids in ``[1, vocab)``
+    (``vocab`` >= 140, the stop ids' range)."""
     rng = random.Random(seed)
     reqs = []
     for i in range(num):
@@ -31,7 +32,7 @@ def workload(seed: int, num: int) -> list[tuple[str, list[int], SamplingParams]]
             params = SamplingParams(temperature=0.8, top_p=0.9, logprobs=2, **common)
         else:  # stop tokens frequent enough to stop mid-run
             params = SamplingParams(temperature=1.0, stop_token_ids=list(range(40, 140)), **common)
-        prompt = [rng.randrange(1, 250) for _ in range(rng.randint(1, 50))]
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(1, 50))]
         if i % 3 == 0:
             prompt = [11] * 20 + prompt[:6]  # prefix hits
         reqs.append((f"r{i}", prompt, params))

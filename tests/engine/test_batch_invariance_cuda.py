@@ -22,7 +22,10 @@ def _factory(dtype: str) -> Any:
     # one factory object per dtype: the suite caches each factory's alone traces
     if dtype not in _FACTORIES:
         def factory(**overrides: Any) -> LLM:
-            return LLM("tiny-words", batch_invariant=True, device="cuda", dtype=dtype, **overrides)
+            # a fixed pool: pytest-xdist workers share the GPU, so none may size it from
+            # the free memory
+            return LLM("tiny-words", batch_invariant=True, device="cuda", dtype=dtype,
+                       num_blocks=1024, max_model_len=1024, **overrides)
         _FACTORIES[dtype] = factory
     return _FACTORIES[dtype]
 

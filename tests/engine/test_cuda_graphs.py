@@ -37,6 +37,11 @@ def _model(kind: str, tmp_path: Path) -> str:
     return str(tmp_path)
 
 
+def _vocab(kind: str) -> int:
+    """The prompt ids' bound for ``workload``: the tiny model's 250, the test checkpoint's 160."""
+    return 250 if kind == "tiny" else 160
+
+
 def _jit_kernels() -> list[Any]:
     from triton.runtime.jit import JITFunction
 
@@ -63,7 +68,7 @@ def _compiled(kernels: list[Any]) -> int:
 @pytest.mark.parametrize("kind", ["tiny", "dense"])
 def test_captured_decode_equals_eager_decode(kind: str, dtype: str, tmp_path: Path) -> None:
     model = _model(kind, tmp_path)
-    reqs = workload(0, 24)
+    reqs = workload(0, 24, _vocab(kind))
     want, eager = run_workload(reqs, model=model, dtype=dtype, cuda_graphs=False,
                                static_decode=True, **CONFIG)
     got, engine = run_workload(reqs, model=model, dtype=dtype, **CONFIG)
@@ -116,7 +121,7 @@ def test_no_triton_compilation_after_warm_up(kind: str, tmp_path: Path) -> None:
     assert kernels, "no Triton kernel was loaded: the engine is not on the Triton path"
     before = compiled_variants()
     assert before == _compiled(kernels) > 0
-    run_workload(workload(1, 24), engine=engine)
+    run_workload(workload(1, 24, _vocab(kind)), engine=engine)
     assert compiled_variants() - before == 0
 
 

@@ -94,4 +94,6 @@ def apply_penalties(x: torch.Tensor, batch: SamplingBatch) -> None:
             banned.add(eos)
         masked.extend(i * vocab + t for t in sorted(banned) if t < vocab)
     if masked:
-        flat[to_device(masked, torch.int64, device)] = float("-inf")
+        # index_fill_ takes the value as a kernel argument: an indexed assignment of a
+        # Python float copies a CPU scalar tensor to the device, a synchronising copy
+        flat.index_fill_(0, to_device(masked, torch.int64, device), float("-inf"))

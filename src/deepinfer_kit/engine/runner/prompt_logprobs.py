@@ -9,6 +9,7 @@ import torch
 from deepinfer_kit._staging import to_device
 from deepinfer_kit.engine.runner.step_outputs import asked_top
 from deepinfer_kit.outputs import Logprob
+from deepinfer_kit.sample.logprobs import row_logsumexp
 from deepinfer_kit.sched.records import ScheduledChunk
 
 __all__ = ["PromptMaps", "PromptRows"]
@@ -69,8 +70,7 @@ class PromptRows:
         back here. A row whose logits are all ``-inf`` reports ``-inf``, never NaN.
         """
         x = logits.to(torch.float32)
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)
-        lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+        lse = row_logsumexp(x)[:, None]
         target = to_device(self.targets, torch.int64, x.device)
         chosen = x.gather(1, target[:, None])
         ranks = (x > chosen).sum(dim=-1) + 1
