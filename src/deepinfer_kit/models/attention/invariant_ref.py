@@ -117,10 +117,9 @@ def _attend(
     col = (pos // page).clamp_(max=tables.shape[1] - 1)
     slots = tables[:, col] * page + pos % page
     slots = torch.where(pos[None, :] < needed[:, None], slots, torch.zeros_like(slots))
-    k = key_cache.reshape(-1, hkv, d)[slots].float()  # [n, W, Hkv, D]
-    v = value_cache.reshape(-1, hkv, d)[slots].float()
-    k = k.view(num, chunks, CHUNK_KEYS, hkv, d).permute(0, 3, 1, 2, 4)  # [n, Hkv, C#, C, D]
-    v = v.view(num, chunks, CHUNK_KEYS, hkv, d).permute(0, 3, 1, 2, 4)
+    flat = slots.reshape(-1)
+    k = key_cache.reshape(-1, hkv, d).index_select(0, flat).float().view(num, width, hkv, d)
+    v = value_cache.reshape(-1, hkv, d).index_select(0, flat).float().view(num, width, hkv, d)
 
     # query rows: the G heads of a KV head are its rows (`real` of them), padded to `rows`
     # for the products only
@@ -136,10 +135,10 @@ def _attend(
     row_pos = position[:, :, None].expand(num, qmax, g).reshape(num, real)
 
     # scores of every chunk in one product per (piece, head): [rows, D] x [D, W] (a row's
-    # result does not depend on W, a multiple of the chunk, nor on the row count >= rows)
-    heads = num * hkv
-    kt = k.reshape(heads, width, d)  # [n * Hkv, W, D]
-    scores = torch.bmm(q.reshape(heads, rows, d), kt.transpose(1, 2))  # [n * Hkv, rows, W]
+    # result does not depend on W, a multiple of the chunk, nor on the row count >= rows);
+    # one call per KV head reads the gathered keys in place (rows hkv * D apart)
+    qh = q.reshape(num, hkv, rows, d)
+    scores = torch.stack([torch.bmm(qh[:, h], k[:, :, h].transpose(1, 2)) for h in range(hkv)], dim=1)
     scores = scores.view(num, hkv, rows, chunks, CHUNK_KEYS)[:, :, :real].permute(0, 1, 3, 2, 4)
     scores = scores.mul(scale)  # [n, Hkv, C#, real, C]
     key_pos = (torch.arange(chunks, device=dev)[:, None] * CHUNK_KEYS
@@ -150,13 +149,18 @@ def _attend(
         visible &= key_pos[None, None, :, None, :] > rp - window
     scores.masked_fill_(~visible, float("-inf"))
     peak = scores.amax(dim=(2, 4), keepdim=True)  # [n, Hkv, 1, real, 1], exact
-    probs = torch.exp(scores.sub_(peak))
+    # the exponentials, written into the products' operand (rows past `real` stay zeros)
+    padded = scores.new_zeros(num, hkv, chunks, rows, CHUNK_KEYS)
+    probs = torch.exp(scores.sub_(peak), out=padded[:, :, :, :real])
     last = (row_pos // CHUNK_KEYS)[:, None, None, :].expand(num, hkv, 1, real)  # [n, Hkv, 1, real]
     denom = probs.sum(dim=-1).cumsum(dim=2).gather(2, last)  # [n, Hkv, 1, real]
-    if rows > real:
-        probs = torch.cat([probs, probs.new_zeros(num, hkv, chunks, rows - real, CHUNK_KEYS)], dim=3)
-    batch = heads * chunks
-    pv = torch.bmm(probs.reshape(batch, rows, CHUNK_KEYS), v.reshape(batch, CHUNK_KEYS, d))
+    probs = padded
+    vc = v.view(num, chunks, CHUNK_KEYS, hkv, d)
+    pv = torch.stack([
+        torch.bmm(probs[:, h].reshape(num * chunks, rows, CHUNK_KEYS),
+                  vc[:, :, :, h].reshape(num * chunks, CHUNK_KEYS, d)).view(num, chunks, rows, d)
+        for h in range(hkv)
+    ], dim=1)  # [n, Hkv, C#, rows, D]: one fixed-shape product per chunk
     acc = pv.view(num, hkv, chunks, rows, d)[:, :, :, :real].cumsum(dim=2)
     acc = acc.gather(2, last[..., None].expand(num, hkv, 1, real, d))  # [n, Hkv, 1, real, D]
     res = (acc / denom[..., None])[:, :, 0]  # [n, Hkv, Qmax * G, D]
