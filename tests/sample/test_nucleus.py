@@ -4,6 +4,8 @@ and the Triton kernel."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -129,3 +131,100 @@ def test_triton_candidate_path_and_its_fallback_match_the_reference(
     assert torch.equal(triton_ops.nucleus_draw(*case), ref_ops.nucleus_draw(*case))
     kept = calls[0]
     assert bool((kept == -1).any()) and bool((kept > 0).any())  # both paths ran
+
+
+def _top_p_off_case() -> Case:
+    """Rows with ``p == 1`` (top-p off): the nucleus is every token with ``w >= min_p``.
+
+    Row 0 is built so that the row's total as ``row_norm`` sums it (float32 chunk sums)
+    falls short of its float64 token-by-token sum: each 1024-token chunk holds one token
+    of weight 1 and one of weight ~2^-30, which the float32 chunk sum loses. A cut at
+    ``p * z`` (``z = 4``) would close the nucleus at the fourth weight-1 token and never
+    reach the small ones; top-p off keeps them, so the draw at ``u -> 1`` is the last
+    small token in canonical order (token 3310). Rows 2-5: flat rows, every token kept
+    (wider than any candidate set); rows 6-7: min-p leaves a few tokens."""
+    gen = torch.Generator().manual_seed(5)
+    vocab, rows = 4096, 8
+    x = torch.randn(rows, vocab, generator=gen)
+    x[0] = float("-inf")
+    x[0, [10, 1100, 2200, 3300]] = 0.0
+    x[0, [20, 1110, 2210, 3310]] = -30 * math.log(2.0)
+    x[1] = float("-inf")  # nothing finite
+    x[2:6] *= 0.05
+    x[4, ::3] = float("-inf")
+    x[5] = 1.0  # all tied
+    x[6:8] *= 4.0
+    inv_t = torch.ones(rows)
+    p = torch.ones(rows, dtype=torch.float64)
+    min_p = torch.zeros(rows)
+    min_p[6:8] = 0.05
+    u = torch.rand(rows, dtype=torch.float64, generator=gen)
+    u[0] = u[5] = 1.0 - 2.0**-53
+    return x, torch.arange(rows), inv_t, p, min_p, u
+
+
+def test_top_p_off_draws_over_the_whole_row() -> None:
+    """``p == 1``: the reference draws over every token (no cut against differently rounded
+    sums), as ``candidate_draw`` over the full sort does."""
+    case = _top_p_off_case()
+    x, _, _, _, _, _ = case
+    assert float(ref_ops.row_norm(x, torch.arange(1), torch.ones(1))) == 4.0  # the small ones lost
+    got = ref_ops.nucleus_draw(*case)
+    assert int(got[0]) == 3310 and int(got[5]) == x.shape[1] - 1
+    assert torch.equal(got, _sorted_draw(case))
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("width", [4, 8, 1024])
+def test_triton_top_p_off_matches_the_reference(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``p == 1`` rows through the Triton op: settled among the ``width`` candidates only
+    when fewer than ``width`` tokens survive min-p, every other row through the
+    whole-row fallback, whose search must then not cut at ``p * z`` either (row 0 at
+    widths 4 and 8). Before the fix a ``p == 1`` row was drawn among the
+    ``W`` largest logits alone (the GPU mismatch at vocabularies 4096 and 151936)."""
+    from deepinfer_kit.sample import triton_ops
+
+    calls: list[torch.Tensor] = []
+    draw = triton_ops.candidate_draw
+
+    def recording(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tok, kept = draw(*args)
+        calls.append(kept)
+        return tok, kept
+
+    monkeypatch.setattr(triton_ops, "NUCLEUS_CANDIDATES", width)
+    monkeypatch.setattr(triton_ops, "candidate_draw", recording)
+    case = _top_p_off_case()
+    want = ref_ops.nucleus_draw(*case)
+    assert torch.equal(triton_ops.nucleus_draw(*case), want)
+    assert int(want[0]) == 3310
+    x, _, _, _, min_p, _ = case
+    w = torch.exp(x - x.amax(dim=1, keepdim=True).nan_to_num(neginf=0.0))
+    survivors = ((w >= min_p.unsqueeze(1)) & (w > 0)).sum(dim=1)
+    assert torch.equal(calls[0] == -1, survivors >= width)  # the fallback: W too few
+    assert bool((calls[0] == -1).any()) and bool((calls[0] >= 0).any())
+
+
+@pytest.mark.triton
+def test_triton_matches_the_reference_on_the_native_check_s_rows() -> None:
+    """The rows of ``test_kernels_native.test_sampler_draws_match_the_reference`` at
+    vocabulary 4096 (30% of rows with ``p == 1``), under the interpreter: rows 0, 2 and
+    12 differed on the GPU and here alike before the fix."""
+    from deepinfer_kit.sample import triton_ops
+
+    vocab, n = 4096, 24
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(n, vocab, generator=gen) * (1 + 3 * torch.rand(n, 1, generator=gen))
+    x[torch.rand(n, vocab, generator=gen) < 0.3] = float("-inf")
+    x[1] = float("-inf")
+    x[3] = 1.0
+    rows = torch.randperm(n, generator=gen)
+    inv_t = (0.3 + 2 * torch.rand(n, generator=gen)).float()
+    min_p = torch.where(torch.rand(n, generator=gen) < 0.5, 0.0, 0.2 * torch.rand(n, generator=gen)).float()
+    p = torch.where(torch.rand(n, generator=gen) < 0.3, 1.0, torch.rand(n, generator=gen).double())
+    u = torch.rand(n, dtype=torch.float64, generator=gen)
+    case = (x, rows, inv_t, p, min_p, u)
+    assert int((p == 1.0).sum()) >= 3
+    want = ref_ops.nucleus_draw(*case)
+    assert torch.equal(triton_ops.nucleus_draw(*case), want)
+    assert torch.equal(want, _sorted_draw(case))

@@ -180,7 +180,9 @@ def _slab_draw(
     # One scatter for the slab (rows in parallel, each summed in token order, as a
     # per-row bincount would): about half of bincount's time per row.
     cum = s.hist[:r].zero_().scatter_add_(1, bins, w64).cumsum(dim=-1)
-    target = p * z
+    # top-p off (p >= 1): no cut, the nucleus is the whole row (its last bin and token with
+    # weight), never a comparison of p * z with the histogram's differently rounded sums
+    target = torch.where(p >= 1.0, torch.full_like(z, float("inf")), p * z)
     cut, draw_lo, draw_hi = _crossing_bins(cum, target, u)
     ids, ww, bb = _gather_members(x, rows, bins, w, _chosen(cut, draw_lo, draw_hi))
     run = _running_weights(cum, ww, bb)
@@ -206,8 +208,11 @@ def nucleus_draw(
     Draws what ``ref_ops.candidate_draw`` draws over the row's full canonical order with
     top-k off and ``z = ref_ops.row_norm`` (up to float rounding at a boundary): the
     nucleus is the canonical prefix ending at the first token whose running weight
-    reaches ``p * z``, cut to the tokens with ``w >= min_p``; the token is the first of
-    the nucleus whose running weight exceeds ``u`` times the nucleus weight. ``z`` is
+    reaches ``p * z`` (the whole row when it never does, and always when ``p >= 1``: top-p
+    off compares no sums), cut to the tokens with ``w >= min_p``; the token is the first
+    of the nucleus whose running weight exceeds ``u`` times the nucleus weight. So a
+    ``p >= 1`` row draws over every token with ``w >= min_p`` in canonical order (by
+    logit, ties by id) — not ``full_draw``'s vocabulary order. ``z`` is
     summed here from the same weights, exactly as ``row_norm`` sums it. One pass bins
     every token by its log-weight ``(x - max) * inv_t`` (:data:`BINS_PER_NAT` bins per
     unit; bins follow the canonical order, ties share a bin) and sums the weight per bin

@@ -40,10 +40,12 @@ def _nucleus_search(
 ):  # fmt: skip
     """The key of the first token (canonical order, weight > 0, keys above ``floor_key``
     plus ``floor_mass`` for the tokens kept at it) whose running weight reaches ``target``,
-    its tie rank, the number of tokens at that key and one token's weight there."""
+    its tie rank, the number of tokens at that key and one token's weight there. A target
+    the row's total never reaches (``+inf`` included) settles on the last token with
+    weight."""
     lanes = tl.arange(0, SPLITS)
     lo = floor_key * 0
-    above = target * 0.0
+    above = floor_mass * 0.0  # not target * 0: target may be +inf (top-p off)
     use_gt = strict
     for level in tl.static_range(8):
         step = tl.full([], 1, tl.int64) << (28 - 4 * level)
@@ -65,7 +67,7 @@ def _nucleus_search(
         above = tl.where(pick < SPLITS - 1, nxt, above)
         lo = lo + pick.to(tl.int64) * step
     ties = lo * 0
-    w_at = target * 0.0
+    w_at = floor_mass * 0.0
     for start in range(0, V, BLOCK):
         offs, key, w = _nucleus_chunk(base, start, V, top, inv_t, min_p, BLOCK)
         at = (key == lo) & (w > 0)
@@ -92,10 +94,14 @@ def nucleus_kernel(
     else:
         pid, base, inv_t, min_p, top = row_start(x_ptr, rows_ptr, inv_t_ptr, min_p_ptr, stride, V, BLOCK)
         none = tl.full([], -1, tl.int64)
-        zero = tl.load(p_ptr + pid) * 0.0
+        p = tl.load(p_ptr + pid)
+        zero = p * 0.0
         z = row_total(base, V, top, inv_t, 0.0, Z_BLOCK)  # in the chunks of _row_norm_kernel
+        # p >= 1: no cut, the nucleus is the whole row (the search settles on its last
+        # token with weight), never a comparison of two differently rounded sums
+        cut_at = tl.where(p >= 1.0, float("inf"), p * z)
         cut, cut_rank, ties, above, w_at = _nucleus_search(
-            base, V, top, inv_t, min_p, tl.load(p_ptr + pid) * z, 0, none, zero, BLOCK, SPLITS,
+            base, V, top, inv_t, min_p, cut_at, 0, none, zero, BLOCK, SPLITS,
         )  # fmt: skip
         mass = above + cut_rank.to(tl.float64) * w_at
         # the draw searches the nucleus: keys above the cut, plus cut_rank tokens at it

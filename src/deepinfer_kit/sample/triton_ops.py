@@ -199,7 +199,9 @@ def nucleus_draw(
        (``settle_ties``: one compare and prefix-count pass);
     3. :func:`candidate_draw` over them with ``z`` (top-p of the whole row's mass): ``W``
        candidates, four passes. A row whose nucleus closes inside them is exact there
-       (the nucleus is a canonical prefix, and every token of it is a candidate);
+       (the nucleus is a canonical prefix, and every token of it is a candidate). A row
+       with ``p >= 1`` (top-p off: the nucleus is every token with ``w >= min_p``) is
+       settled there only when fewer than ``W`` candidates survive min-p (or ``W = V``);
     4. one launch of ``nucleus_kernel``: each settled row stores its token, each other
        row (``kept = -1``: the mass was not reached in ``W`` candidates) is drawn over the
        whole row by the 19-pass bisection, one program per row.
@@ -217,6 +219,11 @@ def nucleus_draw(
     idx = settle_ties(x, rows, vals, idx)
     no_k = torch.full((n,), vocab, dtype=torch.int64, device=x.device)
     tok, kept = candidate_draw(vals, idx, inv_t, no_k, p, min_p, z, u)
+    if width < vocab:
+        # top-p off (p >= 1): candidate_draw keeps all W candidates and calls the row
+        # settled, but the row's nucleus is all of its tokens with w >= min_p; it lies
+        # inside the candidates only when fewer than W of them survive min-p.
+        kept.masked_fill_((p >= 1.0) & (kept >= width), -1)
     nucleus_kernel[(n,)](
         x, rows, inv_t.contiguous(), p.contiguous(), min_p.contiguous(), u.contiguous(), tok, kept,
         out, x.stride(0), vocab, BLOCK=NUCLEUS_BLOCK, SPLITS=SPLITS, Z_BLOCK=BLOCK,
