@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from deepinfer_kit import SamplingParams, build_engine
-from deepinfer_kit.engine.runner.kernel_keys import compiled_variants
+from deepinfer_kit.engine.runner.kernel_keys import compiled_keys, compiled_variants
 from differential import run_workload, workload
 
 pytestmark = pytest.mark.cuda
@@ -45,11 +45,11 @@ def _vocab(kind: str) -> int:
 def _jit_kernels() -> list[Any]:
     from triton.runtime.jit import JITFunction
 
-    found = []
+    found: dict[int, Any] = {}  # each kernel once, whichever modules import it
     for name, module in list(sys.modules.items()):
         if name.startswith("deepinfer_kit") and module is not None:
-            found += [v for v in vars(module).values() if isinstance(v, JITFunction)]
-    return found
+            found.update((id(v), v) for v in vars(module).values() if isinstance(v, JITFunction))
+    return list(found.values())
 
 
 def _compiled(kernels: list[Any]) -> int:
@@ -62,6 +62,14 @@ def _compiled(kernels: list[Any]) -> int:
         else:
             total += sum(len(c) for c in getattr(fn, "cache", {}).values())
     return total
+
+
+def _compiled_since(before: dict[str, set[str]]) -> str:
+    """The kernels that gained compiled variants since ``before`` (a ``compiled_keys()``),
+    one line per new key (Triton's cache key, as ``kernel_keys.launch_key`` and
+    scripts/count_warmup_variants.py --workload print it); empty when none did."""
+    return "\n".join(f"{name}: {key}" for name, keys in sorted(compiled_keys().items())
+                     for key in sorted(keys - before.get(name, set())))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -121,8 +129,9 @@ def test_no_triton_compilation_after_warm_up(kind: str, tmp_path: Path) -> None:
     assert kernels, "no Triton kernel was loaded: the engine is not on the Triton path"
     before = compiled_variants()
     assert before == _compiled(kernels) > 0
+    keys = compiled_keys()
     run_workload(workload(1, 24, _vocab(kind)), engine=engine)
-    assert compiled_variants() - before == 0
+    assert compiled_variants() - before == 0, "compiled after warm-up:\n" + _compiled_since(keys)
 
 
 def test_a_real_shape_bf16_head_dim_128_model_captures_and_matches_eager(tmp_path: Path) -> None:
@@ -141,10 +150,10 @@ def test_a_real_shape_bf16_head_dim_128_model_captures_and_matches_eager(tmp_pat
     engine = build_engine(model=str(tmp_path), dtype="bfloat16", **config)
     static = engine.runner.static
     assert static is not None and static.captured_sizes
-    before = compiled_variants()
+    before = compiled_keys()
     got, _ = run_workload(reqs, engine=engine)
     assert got == want
-    assert compiled_variants() == before
+    assert not _compiled_since(before), "compiled after warm-up:\n" + _compiled_since(before)
 
 
 def test_graphs_share_one_logits_buffer_and_a_second_engine_sizes_its_pool() -> None:
@@ -252,9 +261,9 @@ def test_captured_decode_per_context_bucket_equals_eager_at_short_and_long_conte
         return forward(batch, size)
 
     static.forward = recording  # type: ignore[method-assign]
-    before = compiled_variants()
+    before = compiled_keys()
     for rid, prompt, params in reqs:  # one at a time: batch-of-one rounds at each length
         got, _ = run_workload([(rid, prompt, params)], engine=engine)
         assert got[rid] == want[rid]
-    assert compiled_variants() == before
+    assert not _compiled_since(before), "compiled after warm-up:\n" + _compiled_since(before)
     assert len({b for s, b in replayed if s == 1}) >= 3  # short and long buckets both replayed

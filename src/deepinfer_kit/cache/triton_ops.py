@@ -59,7 +59,8 @@ def write_kv(
     )  # fmt: skip
 
 
-@triton.jit
+# the ids are one staged buffer: dst starts len(src) * 8 bytes in, 16-byte aligned or not
+@triton.jit(do_not_specialize_on_alignment=["src_ptr", "dst_ptr"])
 def _copy_blocks_kernel(
     kv_ptr, src_ptr, dst_ptr, num_blocks,
     BLOCK_NUMEL: tl.constexpr, CHUNK: tl.constexpr,

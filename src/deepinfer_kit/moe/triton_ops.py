@@ -45,7 +45,7 @@ def _dot(x, w, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(x, w, acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_copies"])  # T * k: any value, one variant
 def _scheduled_linear_kernel(
     x_ptr,
     w_ptr,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["LaunchKey", "compiled_variants", "launch_key", "record_launches",
+__all__ = ["LaunchKey", "compiled_keys", "compiled_variants", "launch_key", "record_launches",
            "shared_memory_bytes"]
 
 LaunchKey = tuple[str, str]  # (kernel's qualified name, Triton's cache key of the launch)
@@ -106,21 +106,36 @@ def record_launches() -> Iterator[Counter[LaunchKey]]:
             setattr(cls, "run", original)
 
 
-def compiled_variants() -> int:
-    """Compiled variants held by every loaded ``deepinfer_kit`` Triton kernel (0 under the
-    interpreter, which compiles nothing). Read it after warm-up and after serving: any
-    growth is a compilation inside a step."""
+def compiled_keys() -> dict[str, set[str]]:
+    """The cache keys of the compiled variants of every loaded ``deepinfer_kit`` Triton
+    kernel, by the kernel's qualified name (each kernel once, whichever modules import
+    it; kernels with no variant left out; empty under the interpreter, which compiles
+    nothing). Diff two reads to see what compiled in between."""
     from triton.runtime.jit import JITFunction
 
-    total = 0
+    found: dict[str, set[str]] = {}
+    seen: set[int] = set()
     for name, module in list(sys.modules.items()):
         if not name.startswith(_PREFIX) or module is None:
             continue
         for value in list(vars(module).values()):
-            if isinstance(value, JITFunction):
-                caches = getattr(value, "device_caches", {})
-                total += sum(len(entry[0]) for entry in list(caches.values()))
-    return total
+            if not isinstance(value, JITFunction) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            caches = getattr(value, "device_caches", {})
+            keys = {str(key) for entry in list(caches.values()) for key in list(entry[0])}
+            if keys:
+                fn = _python_fn(value)
+                found[f"{fn.__module__}.{fn.__qualname__}"] = keys
+    return found
+
+
+def compiled_variants() -> int:
+    """Compiled variants held by every loaded ``deepinfer_kit`` Triton kernel (0 under the
+    interpreter, which compiles nothing), each kernel counted once. Read it after warm-up
+    and after serving: any growth is a compilation inside a step (:func:`compiled_keys`
+    says which)."""
+    return sum(len(keys) for keys in compiled_keys().values())
 
 
 def shared_memory_bytes(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,

@@ -7,10 +7,13 @@ integer is 1 or divisible by 16. Warm-up reaches every key a serving round can p
 forwards of each tile regime (lone prefills short and as long as a step allows, decode
 batches, mixed and multi-token verify rounds, every split count, every static ladder
 size), each sampler path (greedy, full-vocabulary, nucleus, candidate sets of every
-block size, penalties, logprobs), the block copy of copy-on-write, and the verify
-kernels when the engine speculates. Dummy rounds write their K/V only to the pool's
-scratch slot (:attr:`PagedKVCache.pad_slot`) and read blocks they never write, so the
-addressable blocks keep their contents.
+block size, penalties, logprobs and their row normaliser), the block copy of
+copy-on-write, and the verify kernels when the engine speculates. Integers that take
+any value in serving (the MoE's copy count, the attention's table width and tile count)
+and the block copy's id pointers (at an 8-byte offset for an odd number of copies) are
+not specialised by their kernels, so they add no key. Dummy rounds write their K/V only
+to the pool's scratch slot (:attr:`PagedKVCache.pad_slot`) and read blocks they never
+write, so the addressable blocks keep their contents.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from deepinfer_kit.models.packing import last_token_batch
 from deepinfer_kit.models.attention.splits import num_splits_witnesses, split_target
 
 SPLIT_MAX_QUERY = 8  # the longest query per request whose round may split (splits.num_splits_for)
+from deepinfer_kit.sample.logprobs import row_logsumexp
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.sample.plan import MAX_TOPK_WIDTH, MIN_TOPK_WIDTH
 from deepinfer_kit.sample.records import SamplingBatch
@@ -116,7 +120,9 @@ def warm_up(
 def _dummy_round(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]) -> None:
     """One forward and sampling round (:func:`dummy_forward`, then every sampler variant)."""
     with torch.inference_mode():
-        _sample_variants(runner, dummy_forward(runner, query_lens, seq_lens))
+        logits = dummy_forward(runner, query_lens, seq_lens)
+        _sample_variants(runner, logits)
+        _warm_row_norm(runner, logits)
 
 
 def dummy_forward(runner: ModelRunner, query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
@@ -170,6 +176,24 @@ def _sample_variants(runner: ModelRunner, logits: torch.Tensor) -> None:
                 generator=runner.generator,
             )
             runner.sampler(logits[:count], batch)
+
+
+def _warm_row_norm(runner: ModelRunner, logits: torch.Tensor) -> None:
+    """Run the logprobs' normaliser (:func:`row_logsumexp`: the sampler's Triton
+    ``row_norm`` on CUDA, every row, ``1 / T = 1``) over the float32 ``logits`` and over
+    its rows after the first (prompt logprobs read the rows after the sampled ones: a view
+    whose start need not be 16-byte aligned, another variant); and the sampler's own
+    ``row_norm`` over the same views (on a :class:`VectorizedSampler`: so a CPU run
+    under the interpreter launches, and counts, what a GPU compiles here)."""
+    raw = logits.to(torch.float32)
+    views = [raw, raw[1:]] if raw.shape[0] > 1 else [raw]
+    sampler = runner.sampler
+    for x in views:
+        row_logsumexp(x)
+        if isinstance(sampler, VectorizedSampler):
+            n, dev = x.shape[0], x.device
+            sampler.ops_for(dev).row_norm(x, torch.arange(n, device=dev),
+                                          torch.ones(n, dtype=torch.float32, device=dev))
 
 
 def _warm_candidates(runner: ModelRunner) -> None:
