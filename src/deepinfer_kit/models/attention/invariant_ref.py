@@ -9,8 +9,8 @@ fixed, the rows padded to at least ``invariant.MIN_ROWS``: each row summed alike
 row count); the row's maximum is exact whatever the order; each chunk's exponentials are
 summed over exactly ``CHUNK_KEYS`` positions (masked ones are exact zeros) and multiplied
 into the values by another fixed-shape product; the chunks' partial sums are accumulated
-by a sequential scan (``cumsum``) and read at the row's own last chunk, so chunks past it
-(other rows' longer contexts in the same call) are never added. Requests are grouped into
+one after the other in chunk order; chunks past the row's own last one (other rows' longer
+contexts in the same call) hold exact zeros, so adding them changes no bit. Requests are grouped into
 calls for speed; the grouping changes no row's arithmetic.
 
 Same signature as ``ref_ops.paged_attention`` (the default reference, the test oracle);
@@ -152,17 +152,22 @@ def _attend(
     # the exponentials, written into the products' operand (rows past `real` stay zeros)
     padded = scores.new_zeros(num, hkv, chunks, rows, CHUNK_KEYS)
     probs = torch.exp(scores.sub_(peak), out=padded[:, :, :, :real])
-    last = (row_pos // CHUNK_KEYS)[:, None, None, :].expand(num, hkv, 1, real)  # [n, Hkv, 1, real]
-    denom = probs.sum(dim=-1).cumsum(dim=2).gather(2, last)  # [n, Hkv, 1, real]
-    probs = padded
+    # chunk partial sums added in chunk order, one chunk after the other: chunks past a
+    # row's own last one hold exact zeros (masked), so adding them changes no bit, and a
+    # row's sums never depend on how many chunks the call spans
+    sums = probs.sum(dim=-1)  # [n, Hkv, C#, real], each over exactly CHUNK_KEYS positions
+    denom = sums[:, :, 0].clone()
+    for c in range(1, chunks):
+        denom += sums[:, :, c]
     vc = v.view(num, chunks, CHUNK_KEYS, hkv, d)
-    pv = torch.stack([
-        torch.bmm(probs[:, h].reshape(num * chunks, rows, CHUNK_KEYS),
-                  vc[:, :, :, h].reshape(num * chunks, CHUNK_KEYS, d)).view(num, chunks, rows, d)
-        for h in range(hkv)
-    ], dim=1)  # [n, Hkv, C#, rows, D]: one fixed-shape product per chunk
-    acc = pv.view(num, hkv, chunks, rows, d)[:, :, :, :real].cumsum(dim=2)
-    acc = acc.gather(2, last[..., None].expand(num, hkv, 1, real, d))  # [n, Hkv, 1, real, D]
-    res = (acc / denom[..., None])[:, :, 0]  # [n, Hkv, Qmax * G, D]
+    heads_out = []
+    for h in range(hkv):  # one fixed-shape [rows, C] x [C, D] product per chunk
+        pv = torch.bmm(padded[:, h].reshape(num * chunks, rows, CHUNK_KEYS),
+                       vc[:, :, :, h].reshape(num * chunks, CHUNK_KEYS, d)).view(num, chunks, rows, d)
+        acc = pv[:, 0, :real].clone()
+        for c in range(1, chunks):
+            acc += pv[:, c, :real]
+        heads_out.append(acc)
+    res = torch.stack(heads_out, dim=1) / denom[..., None]  # [n, Hkv, Qmax * G, D]
     res = res.view(num, hkv, qmax, g, d).permute(0, 2, 1, 3, 4).reshape(num, qmax, hq, d)
     out[token[valid]] = res[valid].to(out.dtype)
