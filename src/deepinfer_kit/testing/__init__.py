@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.testing.replica_selector import REPLICA_SELECTOR_SUITE
     from deepinfer_kit.testing.spec import DRAFT_VERIFIER_SUITE, VERIFY_PLANNER_SUITE
     from deepinfer_kit.testing.spec_distribution import SPECULATIVE_DISTRIBUTION_SUITE
+    from deepinfer_kit.testing.structured import GRAMMAR_BACKEND_SUITE
 
 _LAZY = {
     "BATCH_INVARIANCE_SUITE": "deepinfer_kit.testing.batch_invariance",
@@ -66,6 +67,7 @@ _LAZY = {
     "DRAFT_VERIFIER_SUITE": "deepinfer_kit.testing.spec",
     "VERIFY_PLANNER_SUITE": "deepinfer_kit.testing.spec",
     "SPECULATIVE_DISTRIBUTION_SUITE": "deepinfer_kit.testing.spec_distribution",
+    "GRAMMAR_BACKEND_SUITE": "deepinfer_kit.testing.structured",
 }
 
 __all__ = [
@@ -98,6 +100,7 @@ __all__ = [
     "ROUTER_SUITE",
     "DISPATCHER_SUITE",
     "PLACEMENT_POLICY_SUITE",
+    "GRAMMAR_BACKEND_SUITE",
 ]
 
 
