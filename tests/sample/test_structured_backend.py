@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.sample.structured.params import StructuredOutputError, StructuredOutputsParams
 from deepinfer_kit.testing import ConformanceError
 from deepinfer_kit.testing.structured import GRAMMAR_BACKEND_SUITE, SUITE_EOS, GrammarBackendFactory
@@ -114,3 +114,15 @@ def test_compile_cache_hits_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "xgrammar", None)
     with pytest.raises(ConfigError, match=r"pip install 'deepinfer_kit\[structured\]'"):
         XGrammarBackend.from_tokenizer(["a", "<eos>"], 2, [1])
+
+
+def test_num_accepted_follows_rollback_and_reset() -> None:
+    backend = _xgrammar(["a", "b", "<eos>"], 2)
+    matcher = backend.matcher(backend.compile(StructuredOutputsParams(regex="a*b")), max_rollback=3)
+    assert matcher.accept_token(0) and matcher.accept_token(0) and matcher.accept_token(1)
+    matcher.rollback(2)
+    assert matcher.num_accepted == 1
+    with pytest.raises(InvariantError, match=r"num_tokens must be in \[0, 1\]"):
+        matcher.rollback(2)
+    matcher.reset()
+    assert matcher.num_accepted == 0

@@ -200,6 +200,16 @@ def check_rollback_restores_the_bitmask(factory: GrammarBackendFactory) -> None:
     expect(_allowed(matcher, backend.vocab_size) == masks[1], "a refused rollback changed the state")
     matcher.reset()
     expect(_allowed(matcher, backend.vocab_size) == masks[0], "reset() did not return to the start")
+    short = backend.matcher(backend.compile(StructuredOutputsParams(regex="(ab|c)+")), max_rollback=1)
+    expect(short.max_rollback == 1, f"max_rollback is {short.max_rollback}, built with 1")
+    for token in ("ab", "c"):
+        short.accept_token(SUITE_VOCAB.index(token))
+    try:
+        short.rollback(2)
+    except Exception:  # noqa: BLE001
+        pass
+    else:
+        expect(False, "rollback(2) on a matcher built with max_rollback=1 did not raise")
 
 
 @GRAMMAR_BACKEND_SUITE.check
