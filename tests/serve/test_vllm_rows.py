@@ -50,7 +50,7 @@ def test_row_n_with_greedy() -> None:
 
 
 def test_row_best_of_and_missing_fields() -> None:
-    for name in ("best_of", "logits_processors", "structured_outputs", "guided_decoding", "extra_args"):
+    for name in ("best_of", "logits_processors", "guided_decoding", "extra_args"):
         with pytest.raises(TypeError):
             SamplingParams(**{name: None})
 

@@ -12,6 +12,7 @@ import attrs
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.request import Request
 from deepinfer_kit.sample.params import SamplingParams
+from deepinfer_kit.sample.structured.check import GrammarCheck
 
 if TYPE_CHECKING:
     from deepinfer_kit.models.tokenizer import Tokenizer
@@ -54,6 +55,8 @@ class RequestBuilder:
         self.never_fits = never_fits
         self.tokenizer_note = tokenizer_note
         self.max_model_len = max_model_len
+        stops = ((eos_token_id,) if eos_token_id is not None else ()) + self.extra_eos_token_ids
+        self.grammar = GrammarCheck(tokenizer, vocab_size, stops)
 
     def encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
         """Token ids (and text) of a prompt, validated (length rules are the scheduler's).
@@ -106,6 +109,8 @@ class RequestBuilder:
                 ``logprobs`` or ``prompt_logprobs`` above ``max_logprobs``,
                 ``truncate_prompt_tokens`` above ``max_model_len``, a non-int ``priority``, or a request
                 ``never_fits`` refuses (the message names the limit).
+            StructuredOutputError: (a ConfigError) ``structured_outputs`` that does not
+                compile within its time limit (:class:`GrammarCheck`).
         """
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -115,6 +120,8 @@ class RequestBuilder:
             raise ConfigError(f"priority must be an int, got {priority!r}")
         ids, text = self.encode(prompt)
         params = self._logit_fields(params)
+        if params.structured_outputs is not None:
+            self.grammar.check(params.structured_outputs)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-self._truncation(params.truncate_prompt_tokens):]  # vLLM keeps the end
         if self.extra_eos_token_ids and not params.ignore_eos:

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sample.structured.params import StructuredOutputsParams
 
 __all__ = ["RequestOutputKind", "SamplingParams"]
 
@@ -108,6 +109,18 @@ def _require_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def _to_structured(value: object) -> StructuredOutputsParams | None:
+    """``structured_outputs``: a :class:`StructuredOutputsParams`, a dict of its fields
+    (as a JSON body carries it) or ``None``."""
+    if value is None or isinstance(value, StructuredOutputsParams):
+        return value
+    if isinstance(value, dict):
+        return StructuredOutputsParams(**value)
+    raise ConfigError(
+        f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got {value!r}"
+    )
+
+
 @attrs.frozen(slots=True)
 class SamplingParams:
     """How to pick the tokens of one request.
@@ -181,6 +194,12 @@ class SamplingParams:
             those of ``bad_words`` (the field may also be given directly, without a
             tokenizer).
 
+        structured_outputs: constrain the output to a JSON schema, a regex, a choice
+            or a grammar (:class:`~deepinfer_kit.sample.structured.StructuredOutputsParams`,
+            or a dict of its fields); the engine masks every token the grammar does not
+            allow at each step, EOS included until the grammar may end
+            (docs/structured_outputs.md). Needs the ``structured`` extra (xgrammar).
+
     Token ids of ``logit_bias`` / ``allowed_token_ids`` / ``bad_words_token_ids`` are
     checked against the model's vocabulary at ``add_request``.
     """
@@ -216,6 +235,9 @@ class SamplingParams:
     bad_words: tuple[str, ...] = attrs.field(default=(), converter=_to_words)
     bad_words_token_ids: tuple[tuple[int, ...], ...] = attrs.field(
         default=(), converter=_to_sequences
+    )
+    structured_outputs: StructuredOutputsParams | None = attrs.field(
+        default=None, converter=_to_structured
     )
 
     def __attrs_post_init__(self) -> None:

@@ -58,7 +58,8 @@ def add_chunk(
                 req.seed,
                 req.prompt_token_ids,
                 req.eos_token_id,
-                bool(params.min_tokens) or params.has_penalties or bool(params.bad_words_token_ids),
+                bool(params.min_tokens) or params.has_penalties or bool(params.bad_words_token_ids)
+                or params.structured_outputs is not None,  # the grammar follows the tokens
             )
         if row.needs_history or room:
             history = tuple(req.output_token_ids)

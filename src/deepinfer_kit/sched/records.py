@@ -56,7 +56,8 @@ class SamplingRow:
         prompt_token_ids: the prompt (never mutated; shared, not copied).
         eos_token_id: the EOS id masked while ``min_tokens`` is not reached, or ``None``.
         needs_history: the parameters read the generated tokens (penalties,
-            ``min_tokens``, bad words), so chunks carry a copy of them.
+            ``min_tokens``, bad words, a structured-output grammar), so chunks carry a
+            copy of them.
     """
 
     params: SamplingParams

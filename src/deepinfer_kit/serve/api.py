@@ -35,7 +35,8 @@ Choice = Callable[[int, Any, bool], dict[str, Any]]
 T = TypeVar("T")
 _FIELDS = ("max_tokens", "n", "logprobs", "top_logprobs", "prompt_logprobs", "logit_bias",
            "allowed_token_ids", "bad_words", "stop_token_ids", "stop", "truncate_prompt_tokens",
-           "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "prompt", "messages")
+           "temperature", "top_k", "top_p", "min_p", "seed", "min_tokens", "structured_outputs",
+           "prompt", "messages")
 
 
 async def _merged(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -12,6 +12,7 @@ import attrs
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 from deepinfer_kit.serve.options import ServeOptions, short
+from deepinfer_kit.serve.structured_fields import structured_from_body
 from deepinfer_kit.serve.responses import (
     chat_choice, chat_logprobs, completion_choice, completion_logprobs, envelope, error_body, new_id,
     usage,
@@ -75,7 +76,6 @@ _SAMPLING_FIELDS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
 # Fields that would change the answer and are not supported: refused unless default.
 _UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
                 "tools": (None, []), "tool_choice": (None, "none"),
-                "response_format": (None, {"type": "text"}), "structured_outputs": (None,),
                 "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
                 "guided_grammar": (None,), "guided_decoding_backend": (None,),
                 "logits_processors": (None,), "use_beam_search": (None, False),
@@ -85,7 +85,7 @@ _KNOWN = {"model", "prompt", "messages", "stream", "stream_options", "max_tokens
           "max_completion_tokens", "logprobs", "top_logprobs", "stop", "logit_bias", "user",
           "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
           "request_id", "priority", "add_special_tokens", "documents", "parallel_tool_calls",
-          "metadata", "store", "service_tier"}
+          "metadata", "store", "service_tier", "response_format", "structured_outputs"}
 
 
 def _field(body: Mapping[str, Any], name: str, types: tuple[type, ...], default: Any = None) -> Any:
@@ -165,6 +165,11 @@ def _sampling(body: Mapping[str, Any], max_tokens: int | None, logprobs: int | N
     kwargs["stop"] = _stop(body, options)
     kwargs["logit_bias"] = _logit_bias(body)
     kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    try:
+        kwargs["structured_outputs"] = structured_from_body(body)
+    except ConfigError as exc:
+        field = "response_format" if str(exc).startswith("response_format") else "structured_outputs"
+        raise BadRequest(_cut(str(exc)), field) from None
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, output_kind=kind, **kwargs)
     except ConfigError as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -37,10 +38,12 @@ from deepinfer_kit.engine.runner.balance import ExpertBalancer, moe_layers
 from deepinfer_kit.engine.runner.bare import bare_runner
 from deepinfer_kit.engine.runner.drafting import RunnerDrafting
 from deepinfer_kit.engine.runner.expert_shards import shard_experts
+from deepinfer_kit.engine.runner.grammar_stage import GrammarStage
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.engine.runner.speculative import ServingRunner, SpeculativeRunner
 from deepinfer_kit.engine.runner.pool import check_kernel_impls, engine_device, kv_pool, load_shard, model_dtype
 from deepinfer_kit.engine.runner.speculation import device_speculation
+from deepinfer_kit.sample.structured.check import tokenizer_backend
 
 if TYPE_CHECKING:
     from deepinfer_kit.comm.world import ParallelGroups
@@ -121,6 +124,8 @@ def build_device(config: EngineConfig, *, depth: int, components: Components | N
         static_decode=bare.static, verifier=bare.verifier, balancer=balancer,
         token_slots=bare.token_slots,
         draft_probs=speculation.draft_probs if speculation is not None else None,
+        grammar=GrammarStage(partial(tokenizer_backend, loaded.tokenizer, loaded.config.vocab_size,
+                                     loaded.config.eos_token_ids), pin_memory=device.type == "cuda"),
     )
     runner: ServingRunner = plain
     if speculation is not None:

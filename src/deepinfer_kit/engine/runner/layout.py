@@ -59,6 +59,7 @@ class RoundLayout:
     eos: list[int | None] = attrs.field(factory=list)  # [N]
     routes: SlotRoutes = attrs.field(factory=SlotRoutes)
     hole_rows: list[tuple[int, str]] = attrs.field(factory=list)  # rows whose history needs the hole's token
+    grammar_rows: list[tuple[int, str]] = attrs.field(factory=list)  # (row, sequence id) under a grammar
     verified: list[VerifiedChunk] = attrs.field(factory=list)
     prompt: PromptRows = attrs.field(factory=PromptRows)
 
@@ -78,6 +79,8 @@ class RoundLayout:
         """One sampling row of ``chunk`` (which must have a sampling row)."""
         row = chunk.sampling
         assert row is not None
+        if row.params.structured_outputs is not None:
+            self.grammar_rows.append((len(self.params), chunk.request_id))
         self.logits_rows.append(logits_row)
         self.params.append(row.params)
         self.seeds.append(seed)

@@ -13,10 +13,12 @@ from deepinfer_kit.engine.runner.layout import lay_out
 from deepinfer_kit.models.packing import pack_inputs, unpack_inputs, unpack_tail
 from deepinfer_kit.engine.runner.launched import LaunchedStep
 from deepinfer_kit.engine.runner.step_outputs import chunk_results, copy_back, finite_rows, host_rows, logprob_maps
+from deepinfer_kit.engine.runner.grammar_stage import GrammarStage
 from deepinfer_kit.engine.runner.token_slots import UNSAMPLED
 from deepinfer_kit.spec.verify.step import verify_round
 from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.logit_mask import MaskMemo
+from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
@@ -62,6 +64,9 @@ class ModelRunner:
             the verifier reads for a chunk's drafts (the speculation's
             :meth:`~deepinfer_kit.spec.speculation.Speculation.draft_probs`). Speculation
             itself wraps this runner (:class:`~deepinfer_kit.engine.runner.speculative.SpeculativeRunner`).
+        grammar: masks the rows under a structured-output grammar before anything reads
+            their logits (:class:`~deepinfer_kit.engine.runner.grammar_stage.GrammarStage`);
+            ``None`` refuses such rows (``InvariantError``).
 
     Every part is given here, once: nothing is attached to a runner after it is built
     (:func:`~deepinfer_kit.engine.runner.build.build_device` warms a bare runner up, then
@@ -81,6 +86,7 @@ class ModelRunner:
         balancer: ExpertBalancer | None = None,
         token_slots: TokenSlots | None = None,
         draft_probs: Callable[[str, Sequence[int]], torch.Tensor | None] | None = None,
+        grammar: GrammarStage | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -98,6 +104,7 @@ class ModelRunner:
         self.balancer = balancer
         self.token_slots = token_slots
         self.draft_probs = draft_probs
+        self.grammar = grammar
 
     @property
     def num_blocks(self) -> int:
@@ -168,7 +175,7 @@ class ModelRunner:
         return PreparedStep(
             plan=plan, forward=forward, sampling=out.sampling(self.generator), row_counts=out.row_counts,
             logits_rows=logits_rows, staged=staged, routes=out.routes, slot_tail=slot_tail,
-            placeholder_rows=out.hole_rows, verified=out.verified, prompt=prompt,
+            placeholder_rows=out.hole_rows, grammar_rows=out.grammar_rows, verified=out.verified, prompt=prompt,
             record_expert_counts=record_expert_counts,
         )
 
@@ -236,6 +243,10 @@ class ModelRunner:
                                   slot_counts=host_rows(slot_counts))
                 return LaunchedStep(ordinal=ordinal, done=done, prompt_maps=prompt_maps)
             finite, clean = finite_rows(logits)
+            if step.grammar_rows:
+                if self.grammar is None:
+                    raise InvariantError("rows under a structured-output grammar, and no grammar stage")
+                finite = finite & self.grammar.apply(clean, step.grammar_rows, step.sampling.params, histories)
             raw = self._masks.edit(clean, step.sampling, pin_memory=self._pin)
             emitted: list[int] = []
             if step.verified:

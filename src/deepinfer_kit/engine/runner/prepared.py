@@ -35,6 +35,10 @@ class PreparedStep:
         placeholder_rows: ``(sampling row, sequence id)`` of rows whose token history
             (penalties, ``min_tokens``) must include that in-flight token (appended on
             the host from the previous step's copy back).
+        grammar_rows: ``(sampling row, sequence id)`` of rows under a structured-output
+            grammar (their histories are whole: ``SamplingRow.needs_history``); the
+            runner's :class:`~deepinfer_kit.engine.runner.grammar_stage.GrammarStage`
+            masks them.
         verified: the chunks whose drafts this round verifies (``1 + len(drafts)`` rows
             each), in row order.
         prompt: the prompt-logprob rows (logits rows after the sampling rows).
@@ -51,6 +55,7 @@ class PreparedStep:
     staged: StagedDecode | None = None
     routes: SlotRoutes = attrs.field(factory=SlotRoutes)
     placeholder_rows: list[tuple[int, str]] = attrs.field(factory=list)
+    grammar_rows: list[tuple[int, str]] = attrs.field(factory=list)
     verified: list[VerifiedChunk] = attrs.field(factory=list)
     prompt: PromptRows = attrs.field(factory=PromptRows)
     slot_tail: torch.Tensor | None = None

@@ -155,6 +155,7 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = attrs.field(default=False, validator=_check_bool)
     whitespace_pattern: str | None = attrs.field(default=None, validator=_check_optional_str)
     structural_tag: str | None = attrs.field(default=None, validator=_check_structural_tag)
+    _key: tuple[str, str, bool, bool, str | None] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         set_fields = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
@@ -163,6 +164,7 @@ class StructuredOutputsParams:
             raise StructuredOutputError(
                 "structured outputs take exactly one of " + ", ".join(CONSTRAINT_FIELDS)
                 + f"; got {got}")
+        object.__setattr__(self, "_key", self._canonical())  # once: the engine compares specs every step
 
     @property
     def kind(self) -> StructuredKind:
@@ -173,6 +175,10 @@ class StructuredOutputsParams:
         raise AssertionError("unreachable: validated at construction")
 
     def key(self) -> tuple[str, str, bool, bool, str | None]:
+        """:meth:`_canonical`, computed once at construction."""
+        return self._key
+
+    def _canonical(self) -> tuple[str, str, bool, bool, str | None]:
         """A canonical, hashable key for a compile cache: ``(kind, payload,
         disable_any_whitespace, disable_additional_properties, whitespace_pattern)``.
 
@@ -200,7 +206,7 @@ class StructuredOutputsParams:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StructuredOutputsParams):
             return NotImplemented
-        return self.key() == other.key()
+        return self is other or self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self.key())
+        return hash(self._key)
