@@ -195,6 +195,19 @@ def test_row_allowed_token_ids_and_bad_words(llm: Any) -> None:
     assert first not in banned
 
 
+def test_row_structured_outputs(llm: Any) -> None:
+    pytest.importorskip("xgrammar")
+    from deepinfer_kit.sample.structured import StructuredOutputError, StructuredOutputsParams
+
+    out = one(llm, temperature=1.0, seed=3, max_tokens=20,
+              structured_outputs=StructuredOutputsParams(choice=["alpha", "beta"])).outputs[0]
+    assert out.text in ("alpha", "beta") and out.finish_reason == "stop"
+    with pytest.raises(StructuredOutputError, match="exactly one of"):
+        StructuredOutputsParams(regex="a", choice=["b"])
+    with pytest.raises(StructuredOutputError, match="whitespace_pattern"):  # the row's difference
+        one(llm, structured_outputs={"json_object": True, "whitespace_pattern": " *"})
+
+
 def test_row_clone() -> None:
     p = SamplingParams(temperature=0.3, logit_bias={1: 2.0})
     q = p.clone()
@@ -344,7 +357,7 @@ def test_row_server_rows_are_tested_where_named() -> None:
     checked in the files named here; this test fails if one of them is gone."""
     here = Path(__file__).parent
     sources = {name: (here / name).read_text() for name in ("test_hostile.py", "test_observe.py",
-                                                            "test_server.py")}
+                                                            "test_server.py", "test_structured_serve.py")}
     wanted = {
         "test_hostile.py": ["test_the_api_key_is_required", "test_request_chat_templates_are_refused",
                             "test_over_the_cap_and_refused_fields", "test_a_text_plain_post",
@@ -353,6 +366,8 @@ def test_row_server_rows_are_tested_where_named() -> None:
                             "test_tokenize_and_detokenize", "test_sampling_fields_in_the_body_are_honoured"],
         "test_server.py": ["test_raw_sse_ends_with_done", "test_a_client_that_disconnects_mid_stream",
                            "test_bad_requests_get_400_naming_the_field"],
+        "test_structured_serve.py": ["test_completions_follow_a_regex", "test_chat_response_format",
+                                     "test_a_streamed_answer_follows_its_choice"],
     }
     for name, tests in wanted.items():
         for t in tests:
