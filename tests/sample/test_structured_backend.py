@@ -126,3 +126,32 @@ def test_num_accepted_follows_rollback_and_reset() -> None:
         matcher.rollback(2)
     matcher.reset()
     assert matcher.num_accepted == 0
+
+
+def test_json_strings_never_take_raw_control_characters() -> None:
+    """xgrammar 0.2.9 lets a string with minLength / maxLength take raw control
+    characters (invalid JSON); the backend's guard bans them (and, for compact JSON, tab,
+    newline and carriage return), in the mask and in accept_token."""
+    pytest.importorskip("xgrammar")
+    from deepinfer_kit.models.tokenizer import ByteTokenizer
+    from deepinfer_kit.sample.structured import StructuredOutputsParams
+    from deepinfer_kit.sample.structured.bitmask import allocate_bitmask
+    from deepinfer_kit.sample.structured.xgrammar_backend import XGrammarBackend
+
+    backend = XGrammarBackend.from_tokenizer(ByteTokenizer(), 259, [257])
+    for compact in (False, True):
+        for schema in ({"type": "string", "minLength": 1}, {"type": "string", "maxLength": 5}):
+            spec = StructuredOutputsParams(json=schema, disable_any_whitespace=compact)
+            matcher = backend.matcher(backend.compile(spec), max_rollback=4)
+            assert matcher.accept_token(ord('"'))
+            bitmask = allocate_bitmask(1, 259)
+            matcher.fill_bitmask(bitmask, 0)
+            words = bitmask[0].tolist()
+            allowed = {t for t in range(259) if (words[t // 32] >> (t % 32)) & 1}
+            # free whitespace is JSON's between tokens, so only compact JSON bans it everywhere
+            never = set(range(0x20)) - (set() if compact else {0x09, 0x0A, 0x0D})
+            assert not allowed & never, (schema, compact, sorted(allowed & never))
+            assert ord("a") in allowed
+            assert not matcher.accept_token(0x01)
+    regex = backend.matcher(backend.compile(StructuredOutputsParams(regex="a\nb")), max_rollback=4)
+    assert regex.accept_token(ord("a")) and regex.accept_token(0x0A)  # not a JSON grammar: no guard

@@ -12,7 +12,7 @@ import attrs
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.structured.compile_cache import CompileCache
 from deepinfer_kit.sample.structured.params import StructuredOutputError, StructuredOutputsParams
-from deepinfer_kit.sample.structured.xgrammar_matcher import XGrammarMatcher
+from deepinfer_kit.sample.structured.xgrammar_matcher import TokenGuard, XGrammarMatcher, json_guard
 from deepinfer_kit.sample.structured.xgrammar_vocab import (
     import_xgrammar, tokenizer_info_from, tokenizer_key,
 )
@@ -86,6 +86,7 @@ class XGrammarBackend:
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=max_threads)
         self._cache: CompileCache[XGrammarCompiled] = cache if cache is not None else CompileCache(256)
         self.tokenizer_key = tokenizer_key(tokenizer_info)
+        self._guards: dict[bool, TokenGuard] = {}  # JSON grammars' token guards (json_guard), by compactness
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] | None = None,
@@ -175,8 +176,15 @@ class XGrammarBackend:
             raise ConfigError(f"max_rollback must be an int >= 0, got {max_rollback!r}")
         if not isinstance(grammar, XGrammarCompiled) or grammar.tokenizer_key != self.tokenizer_key:
             raise ConfigError(f"grammar must come from this backend's compile, got {type(grammar).__name__}")
+        guard = None
+        if grammar.spec.kind in ("json", "json_object"):
+            compact = grammar.spec.disable_any_whitespace
+            guard = self._guards.get(compact)
+            if guard is None:
+                guard = self._guards[compact] = json_guard(self._info.decoded_vocab, self._vocab_size,
+                                                           compact=compact)
         return XGrammarMatcher(self._xgr.GrammarMatcher(grammar.handle), vocab_size=self._vocab_size,
-                               stop_ids=self._stop_ids, max_rollback=max_rollback)
+                               stop_ids=self._stop_ids, max_rollback=max_rollback, guard=guard)
 
 
 if TYPE_CHECKING:

@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 
 from deepinfer_kit.errors import ConfigError, InvariantError
 
-__all__ = ["XGrammarMatcher", "check_bitmask_row"]
+__all__ = ["XGrammarMatcher", "TokenGuard", "json_guard", "check_bitmask_row"]
+
+_NEVER_IN_JSON = frozenset(range(0x20)) - {0x09, 0x0A, 0x0D}
+"""Bytes that JSON text never holds raw: control characters other than its whitespace."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class TokenGuard:
+    """Tokens a grammar's masks never allow, whatever its backend says (see :func:`json_guard`).
+
+    Attributes:
+        banned: their ids.
+        allowed: int32 ``[ceil(V / 32)]`` host words, every bit set but the banned ids'
+            (AND-ed into each mask row).
+    """
+
+    banned: frozenset[int]
+    allowed: torch.Tensor
+
+
+def json_guard(decoded_vocab: Sequence[bytes], vocab_size: int, *, compact: bool) -> TokenGuard:
+    """The guard of a JSON grammar: tokens holding a byte JSON text never holds raw (control
+    characters; with ``compact`` — no free whitespace — also tab, newline and carriage
+    return, which JSON allows only between tokens).
+
+    xgrammar 0.2.9 lets a string with ``minLength`` / ``maxLength`` (and some ``pattern`` s)
+    take raw control characters, which no JSON parser accepts; this closes that for every
+    tokenizer (a token is banned when any of its bytes is). O(total bytes of the vocabulary).
+    """
+    never = _NEVER_IN_JSON | ({0x09, 0x0A, 0x0D} if compact else set())
+    banned = frozenset(i for i, raw in enumerate(decoded_vocab[:vocab_size]) if any(b in never for b in raw))
+    words = [0] * ((vocab_size + 31) // 32)
+    for t in range(vocab_size):
+        if t not in banned:
+            words[t // 32] |= 1 << (t % 32)
+    signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+    return TokenGuard(banned, torch.tensor(signed, dtype=torch.int32))
 
 
 def check_bitmask_row(bitmask: torch.Tensor, row: int, vocab_size: int) -> None:
@@ -41,10 +79,11 @@ class XGrammarMatcher:
     raising as xgrammar does.
     """
 
-    __slots__ = ("_m", "_vocab_size", "_stop_ids", "_max_rollback", "_accepted")
+    __slots__ = ("_m", "_vocab_size", "_stop_ids", "_max_rollback", "_accepted", "_guard")
 
     def __init__(self, matcher: Any, *, vocab_size: int, stop_ids: tuple[int, ...],
-                 max_rollback: int, accepted: int = 0) -> None:
+                 max_rollback: int, accepted: int = 0, guard: TokenGuard | None = None) -> None:
+        self._guard = guard
         self._m = matcher
         self._vocab_size = vocab_size
         self._stop_ids = stop_ids
@@ -69,10 +108,14 @@ class XGrammarMatcher:
             bitmask[row] = torch.tensor(words, dtype=torch.int32)
             return
         self._m.fill_next_token_bitmask(bitmask, row)
+        if self._guard is not None:
+            bitmask[row].bitwise_and_(self._guard.allowed)
 
     def accept_token(self, token: int) -> bool:
         """See ``GrammarMatcher.accept_token``."""
         if not 0 <= token < self._vocab_size or self._m.is_terminated():
+            return False
+        if self._guard is not None and token in self._guard.banned:
             return False
         if not self._m.accept_token(token):
             return False
@@ -106,7 +149,7 @@ class XGrammarMatcher:
     def fork(self) -> XGrammarMatcher:
         """See ``GrammarMatcher.fork`` (xgrammar's own fork: a deep copy of the state)."""
         return XGrammarMatcher(self._m.fork(), vocab_size=self._vocab_size, stop_ids=self._stop_ids,
-                               max_rollback=self._max_rollback, accepted=self._accepted)
+                               max_rollback=self._max_rollback, accepted=self._accepted, guard=self._guard)
 
 
 if TYPE_CHECKING:
