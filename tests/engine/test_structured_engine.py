@@ -129,3 +129,19 @@ def test_greedy_speculation_gives_the_plain_tokens(llm: LLM) -> None:
     plain = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
     drafted = [o.outputs[0].text for o in spec.generate(prompts, params, use_tqdm=False)]
     assert drafted == plain
+
+
+def test_preemption_by_recompute_keeps_each_grammar(llm: LLM) -> None:
+    from deepinfer_kit import build_engine
+    from deepinfer_kit.engine.trace import StepTrace
+
+    params = _params({"regex": REGEX}, 16, max_tokens=40)
+    want = [text for text, _ in _texts(llm, params, prompt="The engine said")]
+    traces: list[StepTrace] = []
+    engine = build_engine(model="tiny-words", num_blocks=12, block_size=8, max_model_len=64,
+                          trace=traces.append)
+    ids = [engine.add_request(None, "The engine said", p) for p in params]
+    outs = {o.request_id: o for o in engine.run()}
+    engine.check_idle()
+    assert any(t.preempted for t in traces), "the small pool should force a preemption"
+    assert [outs[i].outputs[0].text for i in ids] == want
