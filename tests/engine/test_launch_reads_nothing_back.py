@@ -1,13 +1,15 @@
 """A step's layout and launch read nothing back from the device, so on CUDA the host can
 queue step k + 1 while step k's forward runs (the runner's two phases): every serving
 row kind (greedy, top-p, top-k with top-p and min-p, logprobs, prompt logprobs, logit
-bias, allowed ids, bad words, forks, penalties with ``min_tokens``) on the static decode
+bias, allowed ids, bad words, forks, penalties with ``min_tokens``, a structured-output
+grammar) on the static decode
 path of an overlapped EPLB engine with dispatch-time balancing, rebalancing on the way,
 whose rounds are traced. CPU stand-in for ``torch.cuda.set_sync_debug_mode("error")``: every
 kernel on Triton (the interpreter), ops checked by :class:`host_reads.DeviceReads`."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -34,6 +36,8 @@ KINDS = [
     P(temperature=0.9, bad_words_token_ids=[[7], [8, 9]], max_tokens=4, seed=6),
     P(temperature=1.0, n=2, top_k=20, top_p=0.9, max_tokens=4, seed=7),
     P(temperature=0.9, presence_penalty=0.5, repetition_penalty=1.2, min_tokens=2, max_tokens=4, seed=8),
+    *([P(temperature=0.9, max_tokens=4, seed=9, structured_outputs={"regex": "[a-z]{2,5}"})]
+      if importlib.util.find_spec("xgrammar") else []),  # a grammar's bitmask: built on the host
 ]
 REQUESTS = [(f"x{i}", [3 + i, 17, 29, 3 + i, 17] * (1 + i % 3), p) for i, p in enumerate(KINDS)]
 TRITON = {"attention_impl": "triton", "sampler_impl": "triton", "moe_impl": "triton", "num_blocks": 100,

@@ -72,3 +72,57 @@ def test_chat_response_format(app: App, fmt: dict[str, Any]) -> None:
             jsonschema.validate(value, SCHEMA)
     else:  # cut by max_tokens: reported as length, never as a finished answer
         assert choice["finish_reason"] == "length" and text.startswith("{")
+
+
+def test_asyncllm_compiles_a_grammar_off_the_engine_thread() -> None:
+    """While a spec compiles (held here), the engine serves an unconstrained request; a spec
+    that does not compile raises from the constrained request's first iteration only."""
+    import asyncio
+    import threading
+
+    from deepinfer_kit import SamplingParams
+    from deepinfer_kit.sample.structured import StructuredOutputError
+    from deepinfer_kit.sample.structured.check import GrammarCheck
+    from deepinfer_kit.serve import AsyncLLM
+
+    llm = AsyncLLM("tiny-words")
+    builder = llm.engine._builder  # the test holds the engine's compile check
+    real = builder.grammar
+    release = threading.Event()
+
+    class Held:
+        vocab_size = real._vocab_size
+
+        def compile(self, spec: Any) -> Any:
+            release.wait(30)
+            return real._backend.compile(spec) if real._backend is not None else spec
+
+        def matcher(self, grammar: Any, *, max_rollback: int) -> Any:
+            raise NotImplementedError
+
+    builder.grammar = GrammarCheck(None, real._vocab_size, [0], backend=Held())  # type: ignore[arg-type]
+
+    async def last(gen: Any) -> Any:
+        out = None
+        async for out in gen:
+            pass
+        return out
+
+    async def scenario() -> None:
+        constrained = asyncio.create_task(last(llm.generate(
+            "Pick:", SamplingParams(max_tokens=20, temperature=1.0, seed=1,
+                                    structured_outputs={"choice": ["yes", "no"]}))))
+        plain = await asyncio.wait_for(last(llm.generate("Hello", SamplingParams(max_tokens=4))), 30)
+        assert plain.finished and not constrained.done()  # served while the grammar compiles
+        release.set()
+        out = await asyncio.wait_for(constrained, 30)
+        assert out.outputs[0].text in ("yes", "no")
+        builder.grammar = real
+        with pytest.raises(StructuredOutputError, match="structured_outputs"):
+            await last(llm.generate("x", SamplingParams(structured_outputs={"regex": "(unclosed"})))
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        llm.shutdown()

@@ -137,6 +137,8 @@ class AsyncLLM:
             params = attrs.evolve(params, output_kind=RequestOutputKind.CUMULATIVE)
         prompt = one_prompt(prompt, "prompt")
         self._check_running()
+        if params.structured_outputs is not None:  # its grammar compiles here, off the engine thread
+            await asyncio.to_thread(self.engine.check_request, prompt, params, priority=priority)
         rid = request_id if request_id is not None else f"async-{next(self._keys)}"
         if rid in self._live:
             raise ConfigError(f"request_id {rid!r} is already in use by a live request")

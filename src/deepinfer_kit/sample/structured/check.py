@@ -7,6 +7,7 @@ process; the backend caches compiled grammars)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -44,10 +45,15 @@ class GrammarCheck:
         self._backend: GrammarBackend | None = backend
         self._pool: ThreadPoolExecutor | None = None
         self._checked: set[StructuredOutputsParams] = set()
+        self._lock = threading.Lock()
 
     def check(self, spec: StructuredOutputsParams) -> None:
         """Compile ``spec`` (once per distinct spec). Called by the request builder for a
-        request with ``structured_outputs``; blocks the caller up to the time limit.
+        request with ``structured_outputs``; blocks the caller up to the time limit. The
+        server and ``AsyncLLM.generate`` call it from a worker thread first (the engine's
+        check at ``add_request`` then finds the spec checked), so the engine's thread never
+        waits on a compile; ``LLM.generate`` compiles on its own (the engine's) thread.
+        Thread-safe.
 
         Raises:
             StructuredOutputError: the spec does not compile, took longer than the limit,
@@ -55,10 +61,11 @@ class GrammarCheck:
         """
         if spec in self._checked:
             return
-        if self._backend is None:
-            self._backend = tokenizer_backend(self._tokenizer, self._vocab_size, self._stop)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
+        with self._lock:  # the server checks from several threads at once
+            if self._backend is None:
+                self._backend = tokenizer_backend(self._tokenizer, self._vocab_size, self._stop)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
         future = self._pool.submit(self._backend.compile, spec)
         try:
             future.result(timeout=self._timeout)
