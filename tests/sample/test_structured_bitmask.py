@@ -96,3 +96,20 @@ def test_matches_xgrammar() -> None:
         apply_bitmask(ours, mask)
         xgr.apply_token_bitmask_inplace(logits, mask)
         assert torch.equal(ours, logits)
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_mask_equals_the_cpu_one_and_reads_nothing_back() -> None:
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(9, 1000, generator=gen)
+    bitmask = torch.randint(-(1 << 31), 1 << 31, (4, 32), generator=gen, dtype=torch.int64).to(torch.int32)
+    rows = torch.tensor([7, 0, 3, 8])
+    want = logits.clone()
+    apply_bitmask(want, bitmask, rows)
+    got = logits.cuda()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        apply_bitmask(got, bitmask.pin_memory().cuda(non_blocking=True), rows.cuda())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(got.cpu(), want)
