@@ -109,7 +109,7 @@ def test_on_cuda_the_mask_equals_the_cpu_one_and_reads_nothing_back() -> None:
     got = logits.cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        apply_bitmask(got, bitmask.pin_memory().cuda(non_blocking=True), rows.cuda())
+        apply_bitmask(got, bitmask.pin_memory(), rows.pin_memory())  # copied inside, non-blocking
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(got.cpu(), want)

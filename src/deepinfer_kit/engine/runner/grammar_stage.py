@@ -95,9 +95,10 @@ class GrammarStage:
             if _move_to(tracked, histories[r]):
                 tracked.matcher.fill_bitmask(bitmask, i)
         self._tracked = current
-        device = logits.device
         index = torch.tensor([r for r, _ in rows], dtype=torch.int64)
-        apply_bitmask(logits, bitmask.to(device, non_blocking=self._pin), index.to(device, non_blocking=self._pin))
+        if self._pin:  # a pageable host tensor's copy would make the host wait
+            index = index.pin_memory()
+        apply_bitmask(logits, bitmask, index)  # both copied to the device there, non-blocking
         return logits.amax(dim=-1) > float("-inf")
 
     def compiled(self, spec: StructuredOutputsParams) -> CompiledGrammar:
