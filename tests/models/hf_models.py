@@ -36,6 +36,9 @@ def _configs() -> dict[str, Callable[[], Any]]:
         "llama-linear": lambda: T.LlamaConfig(
             **COMMON, intermediate_size=96,
             rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 3.0}),
+        "mistral": lambda: T.MistralConfig(**COMMON, intermediate_size=96, head_dim=32),
+        # every layer slides (window 5: the oracle prompts and decodes run past it)
+        "mistral-sliding": lambda: T.MistralConfig(**COMMON, intermediate_size=96, sliding_window=5),
         "qwen2-yarn": lambda: T.Qwen2Config(
             **COMMON, intermediate_size=96,
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,

@@ -32,6 +32,7 @@ __all__ = ["ModelConfig", "RopeConfig", "SUPPORTED_ARCHITECTURES"]
 #: architecture name (``config.json`` ``architectures[0]``) -> ``model_type``.
 SUPPORTED_ARCHITECTURES: Mapping[str, str] = {
     "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen2MoeForCausalLM": "qwen2_moe",
@@ -278,7 +279,7 @@ def _sliding_windows(
     config: Mapping[str, Any], model_type: str, num_layers: int
 ) -> tuple[int | None, ...]:
     window = config.get("sliding_window")
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "mistral"):  # every layer slides when a window is set
         return (as_int(config, "sliding_window"),) * num_layers if window is not None else ()
     qwen = model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
     if not qwen or not as_bool(config, "use_sliding_window", False):
