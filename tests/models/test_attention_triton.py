@@ -17,17 +17,18 @@ from deepinfer_kit.models.records import AttentionMetadata
 pytestmark = pytest.mark.triton
 
 
-def _triton(case, num_splits=None, meta=None) -> torch.Tensor:
+def _triton(case, num_splits=None, meta=None, window=None) -> torch.Tensor:
     from deepinfer_kit.models.attention import triton_ops
 
     return triton_ops.paged_attention(
-        case.query, case.key_cache, case.value_cache, meta or case.meta, case.scale, None,
+        case.query, case.key_cache, case.value_cache, meta or case.meta, case.scale, window,
         num_splits,
     )
 
 
-def _ref(case) -> torch.Tensor:
-    return ref_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale)
+def _ref(case, window=None) -> torch.Tensor:
+    return ref_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale,
+                                   window)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -192,3 +193,37 @@ def test_split_choice_only_for_decode_batches_with_long_context() -> None:
     assert choose_num_splits(long_decode, 2, target_programs=1) == 1
     assert choose_num_splits(meta([1, 1], [100, 50]), 2, target_programs=264) == 1
     assert choose_num_splits(meta([9, 1], [1024, 700]), 2, target_programs=264) == 1
+
+
+@pytest.mark.parametrize("window", [1, 5, 32, 33, 70])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("lengths", [
+    pytest.param([(1, 90), (1, 5), (1, 40)], id="decode"),
+    pytest.param([(20, 90), (7, 7), (3, 66)], id="prefill-chunks-and-verify"),
+])
+def test_sliding_window_matches_reference(lengths: list[tuple[int, int]], num_splits: int, window: int) -> None:
+    """Windows shorter than a key tile, a tile and one past it, and longer than some
+    contexts; whole tiles before the window are skipped (also across splits)."""
+    case = make_case(lengths, block_size=16, num_heads=6, num_kv_heads=2, seed=window)
+    want = _ref(case, window)
+    torch.testing.assert_close(_triton(case, num_splits, window=window), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(want.double(), dense_attention(case, sliding_window=window), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_the_backend_runs_sliding_windows_on_triton() -> None:
+    attn = PagedAttention(4, 2, 16, 0.25, impl="triton", sliding_window=8)
+    assert attn.impl == "triton"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("window", [7, 64, 200])
+def test_sliding_window_on_cuda_matches_reference(window: int) -> None:
+    rng = random.Random(window)
+    lengths = random_lengths(rng, 8, max_ctx=300)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        case = make_case(lengths, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype,
+                         device="cuda", seed=window)
+        for splits in (1, 4):
+            torch.testing.assert_close(_triton(case, splits, window=window).float(),
+                                       _ref(case, window).float(), atol=tol, rtol=tol)

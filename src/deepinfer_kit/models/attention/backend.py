@@ -40,7 +40,8 @@ class PagedAttention:
         scale: softmax scale, usually ``D ** -0.5``.
         impl: ``"auto"`` (Triton when ``device`` is CUDA), ``"ref"`` or ``"triton"``.
         sliding_window: attend only to the last ``sliding_window`` positions (the token
-            itself included); reference implementation only.
+            itself included); the torch reference and the Triton kernel both (with
+            ``batch_invariant`` the invariant torch reference, on any device).
         device: where the tensors will live; ``None`` means CUDA when available. Only
             used to resolve ``impl="auto"``.
         batch_invariant: each row's output is bitwise the same whatever else the batch
@@ -53,7 +54,7 @@ class PagedAttention:
     Raises:
         ConfigError: a size is not a positive int, ``num_heads % num_kv_heads != 0``,
             ``scale`` is not a positive finite number, ``impl`` is unknown, or
-            ``sliding_window`` is asked for with the Triton implementation.
+            ``sliding_window`` is not a positive int.
         DeviceUnavailableError: ``impl="triton"`` without CUDA and without
             ``TRITON_INTERPRET=1``, or Triton is not installed.
     """
@@ -133,12 +134,8 @@ def _select_op(
     on_cuda = (
         torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     )
-    if window is not None and impl == "triton":
-        raise ConfigError(
-            f"sliding_window is not supported by impl='triton', got sliding_window={window}"
-        )
     choice = resolve_impl(impl, on_cuda=on_cuda)
-    if choice == "ref" or window is not None:
+    if choice == "ref" or (invariant and window is not None):  # the invariant kernel has no window
         if invariant:
             from deepinfer_kit.models.attention import invariant_ref
 

@@ -33,13 +33,13 @@ from deepinfer_kit.models.records import AttentionMetadata
 
 __all__ = ["paged_attention", "paged_attention_invariant", "choose_num_splits"]
 
-@triton.jit(do_not_specialize=["table_stride", "num_m_tiles"])
+@triton.jit(do_not_specialize=["table_stride", "num_m_tiles", "window"])
 def _paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_ml_ptr,
     tables_ptr, qstart_ptr, seqlen_ptr,
     sm_scale,
     q_st, q_sh, k_sb, k_sp, k_sh, v_sb, v_sp, v_sh, o_st, o_sh, table_stride,
-    num_m_tiles,
+    num_m_tiles, window,
     NUM_HQ: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -79,6 +79,10 @@ def _paged_attn_kernel(
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len - q_len + last_tok + 1)
+    # sliding window: a row at p sees (p - window, p]; tiles before the tile's first row's
+    # window start are skipped (the start rounded down to a tile, so splits stay aligned)
+    first_pos = seq_len - q_len + row0 // GROUPS
+    lo = tl.maximum(lo, ((first_pos - window + 1) // BLOCK_N) * BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -101,7 +105,7 @@ def _paged_attn_kernel(
             other=0.0,
         )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = (j[None, :] <= pos[:, None]) & j_ok[None, :]
+        visible = (j[None, :] <= pos[:, None]) & (j[None, :] > pos[:, None] - window) & j_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -176,7 +180,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal paged attention; see ``ref_ops.paged_attention`` for the contract.
 
-    ``sliding_window`` must be ``None`` (``PagedAttention`` rejects it at construction).
+    ``sliding_window``: a row at position ``p`` attends to ``(p - W, p]`` (key tiles wholly
+    before the window are not read); ``None``: the whole causal context.
     ``num_splits`` forces the split-K factor (``None``: ``splits.choose_num_splits`` with
     ``splits.split_target`` of the device; warm-up enumerates the same choices). fp32
     inputs use IEEE fp32 dot products (no TF32), so they match the reference tightly.
@@ -191,8 +196,7 @@ def paged_attention(
     Returns:
         ``[T, Hq, D]`` in ``query.dtype``.
     """
-    if sliding_window is not None:
-        raise ValueError("the Triton paged attention does not implement sliding_window")
+    window = sliding_window if sliding_window is not None else 1 << 30
     num_tokens, num_hq, head_dim = query.shape
     page, num_hkv = key_cache.shape[1], key_cache.shape[2]
     groups = num_hq // num_hkv
@@ -223,7 +227,7 @@ def paged_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         out.stride(0), out.stride(1), meta.block_tables.stride(0),
-        num_m_tiles,
+        num_m_tiles, window,
         NUM_HQ=num_hq, GROUPS=groups, HEAD_DIM=head_dim, PAGE=page,
         NUM_SPLITS=num_splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
