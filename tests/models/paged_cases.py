@@ -97,8 +97,10 @@ def make_case(
     )
 
 
-def dense_attention(case: PagedCase, sliding_window: int | None = None) -> torch.Tensor:
-    """Plain causal attention per request on the unpaged K/V, in float64: ``[T, Hq, D]``."""
+def dense_attention(case: PagedCase, sliding_window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain causal attention per request on the unpaged K/V, in float64: ``[T, Hq, D]``;
+    ``sinks`` ``[Hq]``: each head's softmax also holds ``exp(sinks[h])`` (a valueless key)."""
     outs = []
     start = 0
     for q_len, k, v in zip(case.meta.query_lens_host, case.keys, case.values):
@@ -115,5 +117,10 @@ def dense_attention(case: PagedCase, sliding_window: int | None = None) -> torch
         if sliding_window is not None:
             allowed &= keys > pos - sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.einsum("hqs,shd->qhd", torch.softmax(scores, dim=-1), vv))
+        if sinks is not None:
+            sink = sinks.double().cpu()[:, None, None].expand(-1, q_len, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        outs.append(torch.einsum("hqs,shd->qhd", probs, vv))
     return torch.cat(outs)

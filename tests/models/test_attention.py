@@ -127,3 +127,38 @@ def test_shape_mismatch_is_an_invariant_error() -> None:
     attn = PagedAttention(4, 1, 16, 0.25, impl="ref")
     with pytest.raises(InvariantError, match="Hkv=1"):
         attn(case.query, case.key_cache, case.value_cache, case.meta)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("lengths", [
+    pytest.param([(1, 40), (1, 3), (2, 19)], id="decode-and-verify"),  # the batched (padded) path
+    pytest.param([(30, 30), (20, 45)], id="prefill"),  # one request at a time
+])
+def test_sinks_match_dense(lengths: list[tuple[int, int]], window: int | None) -> None:
+    from paged_cases import dense_attention, make_case
+
+    from deepinfer_kit.models.attention import ref_ops
+
+    case = make_case(lengths, block_size=8, num_heads=6, num_kv_heads=2, seed=3)
+    sinks = torch.tensor([-1.0, 0.0, 2.5, 1.0, -3.0, 4.0])
+    got = ref_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale,
+                                  window, sinks=sinks).double()
+    torch.testing.assert_close(got, dense_attention(case, window, sinks), atol=1e-5, rtol=1e-5)
+    plain = dense_attention(case, window)
+    assert not torch.allclose(got, plain, atol=1e-3)  # the sinks take weight off every key
+
+
+def test_paged_attention_takes_sinks_on_both_implementations() -> None:
+    pytest.importorskip("triton")
+    case = make_case([(1, 30), (5, 12)], block_size=8, num_heads=4, num_kv_heads=2, seed=5)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    want = dense_attention(case, None, sinks)
+    impls = ["ref"] + (["triton"] if torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") else [])
+    for impl in impls:
+        attn = PagedAttention(4, 2, case.query.shape[2], case.scale, impl=impl, sinks=sinks)
+        got = attn(case.query, case.key_cache, case.value_cache, case.meta).double()
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="sinks"):
+        PagedAttention(4, 2, 16, 0.25, sinks=torch.zeros(3))
+    with pytest.raises(ConfigError, match="sinks"):
+        PagedAttention(4, 2, 16, 0.25, sinks=torch.zeros(4), batch_invariant=True)

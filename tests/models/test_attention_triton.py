@@ -227,3 +227,19 @@ def test_sliding_window_on_cuda_matches_reference(window: int) -> None:
         for splits in (1, 4):
             torch.testing.assert_close(_triton(case, splits, window=window).float(),
                                        _ref(case, window).float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_sinks_match_reference(num_splits: int, window: int | None) -> None:
+    """Attention sinks folded in after the keys (one split) or at the merge (several)."""
+    case = make_case([(1, 90), (4, 40), (20, 20), (1, 3)], block_size=16, num_heads=6, num_kv_heads=2, seed=8)
+    sinks = torch.tensor([-2.0, 0.5, 3.0, 1.0, -0.5, 6.0])
+    from deepinfer_kit.models.attention import triton_ops
+
+    got = triton_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale, window,
+                                     num_splits, sinks=sinks)
+    want = ref_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale, window,
+                                   sinks=sinks)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(want.double(), dense_attention(case, window, sinks), atol=1e-5, rtol=1e-5)

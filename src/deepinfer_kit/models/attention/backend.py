@@ -39,6 +39,9 @@ class PagedAttention:
         head_dim: ``D``.
         scale: softmax scale, usually ``D ** -0.5``.
         impl: ``"auto"`` (Triton when ``device`` is CUDA), ``"ref"`` or ``"triton"``.
+        sinks: ``[Hq]`` attention-sink logits (gpt-oss: a learned per-head logit added to
+            each row's softmax denominator, with no value), or ``None``; both
+            implementations; refused with ``batch_invariant``.
         sliding_window: attend only to the last ``sliding_window`` positions (the token
             itself included); the torch reference and the Triton kernel both (with
             ``batch_invariant`` the invariant torch reference, on any device).
@@ -70,6 +73,7 @@ class PagedAttention:
         sliding_window: int | None = None,
         device: torch.device | str | None = None,
         batch_invariant: bool = False,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         fields = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         if sliding_window is not None:
@@ -88,6 +92,15 @@ class PagedAttention:
         self.head_dim = head_dim
         self.scale = float(scale)
         self.sliding_window = sliding_window
+        if sinks is not None:
+            if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (num_heads,) \
+                    or not sinks.is_floating_point():
+                raise ConfigError(f"sinks must be a float [{num_heads}] tensor (one logit per query head), "
+                                  f"got {sinks!r}")
+            if batch_invariant:
+                raise ConfigError("sinks are not supported with batch_invariant=True (the invariant "
+                                  "kernels have no sink term)")
+        self.sinks = sinks
         self.batch_invariant = batch_invariant
         self._op, self.impl = _select_op(impl, device, sliding_window, batch_invariant)
 
@@ -125,6 +138,10 @@ class PagedAttention:
                 f"PagedAttention(Hq={hq}, Hkv={hkv}, D={d}) got query {list(query.shape)}, "
                 f"key_cache {list(key_cache.shape)}, value_cache {list(value_cache.shape)}"
             )
+        if self.sinks is not None:  # both implementations take sinks by keyword (the ops' contract)
+            op: Callable[..., torch.Tensor] = self._op
+            sinks = self.sinks.to(device=query.device, dtype=torch.float32)
+            return op(query, key_cache, value_cache, meta, self.scale, self.sliding_window, sinks=sinks)
         return self._op(query, key_cache, value_cache, meta, self.scale, self.sliding_window)
 
 

@@ -31,6 +31,8 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    *,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each new token over its request's cached context.
 
@@ -45,6 +47,10 @@ def paged_attention(
         meta: the batch layout; ``block_tables`` covers every request's ``seq_lens``.
         scale: multiplies ``q . k`` (usually ``D ** -0.5``).
         sliding_window: attend to at most this many most recent positions, or ``None``.
+        sinks: ``[Hq]`` float32 attention-sink logits (gpt-oss), or ``None``: head ``h``'s
+            softmax denominator gains ``exp(sinks[h])``, a key every row sees with a zero
+            value (so a row may give little weight to all its keys). Computed here as one
+            extra zero key whose score is the sink (an additive mask column).
 
     Returns:
         ``[T, Hq, D]`` in ``query.dtype``.
@@ -53,13 +59,13 @@ def paged_attention(
     qlens = meta.query_lens_host
     short = [r for r, q in enumerate(qlens) if 0 < q <= BATCHED_MAX_QUERY_LEN]
     if short:
-        _attend_batched(query, key_cache, value_cache, meta, short, scale, sliding_window, out)
+        _attend_batched(query, key_cache, value_cache, meta, short, scale, sliding_window, out, sinks)
     if meta.max_query_len > BATCHED_MAX_QUERY_LEN:
         starts = _host_starts(qlens)
         for r, qlen in enumerate(qlens):
             if qlen > BATCHED_MAX_QUERY_LEN:
                 _attend_one(
-                    query, key_cache, value_cache, meta, r, starts[r], scale, sliding_window, out
+                    query, key_cache, value_cache, meta, r, starts[r], scale, sliding_window, out, sinks
                 )
     return out
 
@@ -81,6 +87,7 @@ def _attend_one(
     scale: float,
     window: int | None,
     out: torch.Tensor,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """One request, exact context length, via SDPA (memory efficient for long prefill)."""
     qlen, slen = meta.query_lens_host[r], meta.seq_lens_host[r]
@@ -93,12 +100,17 @@ def _attend_one(
     if groups > 1:
         k = k.repeat_interleave(groups, dim=0)
         v = v.repeat_interleave(groups, dim=0)
-    if qlen == slen and window is None:
+    if qlen == slen and window is None and sinks is None:
         res = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
         pos = torch.arange(slen - qlen, slen, device=query.device)[:, None]
         mask = _allowed(pos, torch.arange(slen, device=query.device), window)
-        res = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        if sinks is not None:
+            bias = _with_sink(mask[None].expand(q.shape[0], qlen, slen), sinks[:, None, None])
+            k, v = _zero_key(k, 1), _zero_key(v, 1)
+            res = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        else:
+            res = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     out[start : start + qlen] = res.transpose(0, 1).to(out.dtype)
 
 
@@ -108,6 +120,21 @@ def _allowed(pos: torch.Tensor, keys: torch.Tensor, window: int | None) -> torch
     if window is not None:
         mask &= keys > pos - window
     return mask
+
+
+def _with_sink(mask: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """An additive float mask from bool ``mask`` ``[..., S]`` (0 visible, -inf not) with one
+    more column holding ``sink`` (broadcast to ``[..., 1]``): the score of the sink key."""
+    bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+    column = sink.to(torch.float32).expand(*mask.shape[:-1], 1)
+    return torch.cat([bias, column], dim=-1)
+
+
+def _zero_key(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``t`` with one zero position appended along ``dim`` (the sink's key and value)."""
+    shape = list(t.shape)
+    shape[dim] = 1
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)
 
 
 def _length_buckets(
@@ -152,6 +179,7 @@ def _attend_batched(
     scale: float,
     window: int | None,
     out: torch.Tensor,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Short-query requests, in buckets of similar context length (one padded batch each)."""
     row_bytes = 4 * key_cache.shape[2] * key_cache.shape[3]  # one key position, fp32
@@ -174,6 +202,7 @@ def _attend_batched(
         _attend_padded(
             query, key_cache, value_cache, meta.block_tables[sel], meta.seq_lens[sel].long(),
             starts[sel], qlens[sel], qmax, smax, scale, window, out, whole=isinstance(sel, slice),
+            sinks=sinks,
         )  # fmt: skip
 
 
@@ -191,6 +220,7 @@ def _attend_padded(
     window: int | None,
     out: torch.Tensor,
     whole: bool,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """``B`` requests padded to ``Qmax`` queries and ``Smax`` keys; one SDPA call.
 
@@ -221,9 +251,12 @@ def _attend_padded(
         mask = mask[:, None, :, None, :].expand(nreq, 1, qmax, g, skeys)
         mask = mask.reshape(nreq, 1, qmax * g, skeys)
     # K/V as [B, Hkv, S', D] strided views; the G query heads of a KV head are its rows.
-    res = F.scaled_dot_product_attention(
-        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
-    )  # [B, Hkv, Qmax * G, D]
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    if sinks is not None:  # row (t, g) of KV head h is query head h * G + g
+        head_sink = sinks.view(1, hkv, 1, g).expand(1, hkv, qmax, g).reshape(1, hkv, qmax * g, 1)
+        mask = _with_sink(mask.expand(nreq, hkv, qmax * g, skeys), head_sink)
+        kt, vt = _zero_key(kt, 2), _zero_key(vt, 2)
+    res = F.scaled_dot_product_attention(q, kt, vt, attn_mask=mask, scale=scale)  # [B, Hkv, Qmax * G, D]
     res = res.view(nreq, hkv, qmax, g, d).transpose(1, 2)
     res_q = res.reshape(nreq, qmax, hq, d).to(out.dtype)
     if qmax == 1 and whole:

@@ -36,12 +36,12 @@ __all__ = ["paged_attention", "paged_attention_invariant", "choose_num_splits"]
 @triton.jit(do_not_specialize=["table_stride", "num_m_tiles", "window"])
 def _paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_ml_ptr,
-    tables_ptr, qstart_ptr, seqlen_ptr,
+    tables_ptr, qstart_ptr, seqlen_ptr, sinks_ptr,
     sm_scale,
     q_st, q_sh, k_sb, k_sp, k_sh, v_sb, v_sp, v_sh, o_st, o_sh, table_stride,
     num_m_tiles, window,
     NUM_HQ: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -117,6 +117,12 @@ def _paged_attn_kernel(
 
     out_mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
+        if HAS_SINKS:  # the sink: one more term of the denominator, with no value
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            m_f = tl.maximum(m_i, sink)
+            rescale = tl.exp2(m_i - m_f)
+            l_i = l_i * rescale + tl.exp2(sink - m_f)
+            acc = acc * rescale[:, None]
         res = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + t_idx[:, None] * o_st + head[:, None] * o_sh + d[None, :],
@@ -132,9 +138,9 @@ def _paged_attn_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_out_ptr, part_ml_ptr, out_ptr, o_st, o_sh,
+    part_out_ptr, part_ml_ptr, out_ptr, sinks_ptr, o_st, o_sh,
     NUM_HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -151,8 +157,13 @@ def _merge_splits_kernel(
         other=0.0,
     )
     m_all = tl.max(m, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m_all = tl.maximum(m_all, sink)
     w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_all))  # empty splits weigh 0
     den = tl.sum(l_s * w, 0)
+    if HAS_SINKS:
+        den += tl.exp2(sink - m_all)
     res = tl.sum(acc * w[:, None], 0) / tl.where(den == 0.0, 1.0, den)
     tl.store(out_ptr + t * o_st + h * o_sh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
@@ -177,11 +188,15 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     num_splits: int | None = None,
+    *,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention; see ``ref_ops.paged_attention`` for the contract.
 
     ``sliding_window``: a row at position ``p`` attends to ``(p - W, p]`` (key tiles wholly
-    before the window are not read); ``None``: the whole causal context.
+    before the window are not read); ``None``: the whole causal context. ``sinks``: ``[Hq]``
+    attention-sink logits on the query's device, as in ``ref_ops.paged_attention`` (one
+    more denominator term per head, folded in after the keys or at the split merge).
     ``num_splits`` forces the split-K factor (``None``: ``splits.choose_num_splits`` with
     ``splits.split_target`` of the device; warm-up enumerates the same choices). fp32
     inputs use IEEE fp32 dot products (no TF32), so they match the reference tightly.
@@ -218,10 +233,11 @@ def paged_attention(
         )
     else:
         part_out = part_ml = out  # unused by the kernel when NUM_SPLITS == 1
+    sink_arg = sinks.contiguous() if sinks is not None else out  # unread when there are none
     grid = (meta.num_requests, num_hkv, num_m_tiles * num_splits)
     _paged_attn_kernel[grid](
         query, key_cache, value_cache, out, part_out, part_ml,
-        meta.block_tables, meta.query_start_loc, meta.seq_lens,
+        meta.block_tables, meta.query_start_loc, meta.seq_lens, sink_arg,
         scale,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -229,15 +245,15 @@ def paged_attention(
         out.stride(0), out.stride(1), meta.block_tables.stride(0),
         num_m_tiles, window,
         NUM_HQ=num_hq, GROUPS=groups, HEAD_DIM=head_dim, PAGE=page,
-        NUM_SPLITS=num_splits,
+        NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if query.dtype == torch.float32 else None,
     )  # fmt: skip
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_hq)](
-            part_out, part_ml, out, out.stride(0), out.stride(1),
+            part_out, part_ml, out, sink_arg, out.stride(0), out.stride(1),
             NUM_HQ=num_hq, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out
 
