@@ -155,3 +155,25 @@ def test_json_strings_never_take_raw_control_characters() -> None:
             assert not matcher.accept_token(0x01)
     regex = backend.matcher(backend.compile(StructuredOutputsParams(regex="a\nb")), max_rollback=4)
     assert regex.accept_token(ord("a")) and regex.accept_token(0x0A)  # not a JSON grammar: no guard
+
+
+def test_a_schema_xgrammar_may_loosen_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    from deepinfer_kit.models.tokenizer import ByteTokenizer
+    from deepinfer_kit.sample.structured.schema_scan import loosened_keywords
+
+    assert loosened_keywords({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"},
+                                                                          {"type": "number"}]}}}) == ("oneOf",)
+    assert loosened_keywords({"allOf": [{"type": "object"}]}) == ()  # one schema: merged exactly
+    assert loosened_keywords({"allOf": [{}, {}], "if": {}, "then": {}, "format": "uri"}) == ("allOf", "if", "format")
+    assert loosened_keywords({"properties": {"format": {"type": "string"}, "if": {}}}) == ()  # properties named so
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):  # iterative: no recursion limit
+        node["items"] = {}
+        node = node["items"]
+    assert loosened_keywords(deep) == ()
+    backend = XGrammarBackend.from_tokenizer(ByteTokenizer(), 259, [257])
+    with caplog.at_level("WARNING", logger="deepinfer_kit.structured"):
+        grammar = backend.compile(StructuredOutputsParams(json={"oneOf": [{"type": "integer"}, {"type": "number"}]}))
+    assert grammar.loosened == ("oneOf",) and "oneOf" in caplog.text
+    assert backend.compile(StructuredOutputsParams(json={"type": "integer"})).loosened == ()

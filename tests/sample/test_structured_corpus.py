@@ -99,6 +99,8 @@ def _check(name: str, backend: XGrammarBackend) -> None:
             backend.compile(spec)
         return
     grammar = backend.compile(spec)
+    if name in APPROXIMATED and name != "circle-ci":  # circle-ci: its own patterns are the issue
+        assert grammar.loosened, f"{name}: the backend does not say the schema may be loosened"
     rng = random.Random(name)
     texts = [t for t in (_walk(backend, grammar, rng) for _ in range(WALKS)) if t is not None]
     assert texts, f"{name}: no walk ended"

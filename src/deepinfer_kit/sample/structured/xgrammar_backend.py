@@ -4,6 +4,7 @@ compiled grammars keyed by spec and tokenizer."""
 from __future__ import annotations
 
 import json as json_mod
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,12 +13,15 @@ import attrs
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.structured.compile_cache import CompileCache
 from deepinfer_kit.sample.structured.params import StructuredOutputError, StructuredOutputsParams
+from deepinfer_kit.sample.structured.schema_scan import loosened_keywords
 from deepinfer_kit.sample.structured.xgrammar_matcher import TokenGuard, XGrammarMatcher, json_guard
 from deepinfer_kit.sample.structured.xgrammar_vocab import (
     import_xgrammar, tokenizer_info_from, tokenizer_key,
 )
 
 __all__ = ["XGrammarBackend", "XGrammarCompiled", "choice_as_ebnf"]
+
+log = logging.getLogger("deepinfer_kit.structured")
 
 _EBNF_ESCAPES = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
 
@@ -49,6 +53,7 @@ class XGrammarCompiled:
     spec: StructuredOutputsParams
     handle: Any  # xgrammar.CompiledGrammar: immutable, shared by every matcher made of it
     tokenizer_key: str  # the backend's tokenizer fingerprint; a matcher checks it
+    loosened: tuple[str, ...] = ()  # schema keywords xgrammar may enforce loosely (schema_scan)
 
 
 class XGrammarBackend:
@@ -143,7 +148,13 @@ class XGrammarBackend:
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with C++ context
             message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             raise StructuredOutputError(f"{kind} could not be compiled: {message}") from exc
-        compiled = XGrammarCompiled(spec, handle, self.tokenizer_key)
+        loose: tuple[str, ...] = ()
+        if spec.json is not None:
+            loose = loosened_keywords(json_mod.loads(spec.json) if isinstance(spec.json, str) else spec.json)
+            if loose:
+                log.warning("structured_outputs json: the schema uses %s, which xgrammar may enforce "
+                            "loosely (outputs can then fail the schema)", ", ".join(loose))
+        compiled = XGrammarCompiled(spec, handle, self.tokenizer_key, loose)
         self._cache.put(key, compiled)
         return compiled
 
