@@ -7,8 +7,9 @@ Importing the package needs neither a GPU nor Triton. The engine-level names (``
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from deepinfer_kit._lazy import lazy_attribute
 
 from deepinfer_kit.errors import (
     CapacityError,
@@ -69,7 +70,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer_kit' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return lazy_attribute(__name__, _LAZY, name)

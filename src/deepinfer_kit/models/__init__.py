@@ -9,8 +9,9 @@ costs nothing until one is used): :func:`load_model`, :func:`build_tiny_model`,
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from deepinfer_kit._lazy import lazy_attribute
 
 _LAZY = {
     "load_model": "deepinfer_kit.models.loader",
@@ -26,7 +27,4 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer_kit.models' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return lazy_attribute(__name__, _LAZY, name)

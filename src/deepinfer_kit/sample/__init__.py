@@ -8,8 +8,9 @@ samplers, their Protocols and records) are resolved on first use (PEP 562), so
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from deepinfer_kit._lazy import lazy_attribute
 
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 
@@ -44,10 +45,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer_kit.sample' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return lazy_attribute(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:

@@ -6,8 +6,9 @@ Names are resolved on first use (PEP 562), so the host-only records (``SpecConfi
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from deepinfer_kit._lazy import lazy_attribute
 
 if TYPE_CHECKING:  # the names mypy sees (``X as X``: re-exported)
     from deepinfer_kit.spec.drafters.ngram import NgramDrafter as NgramDrafter
@@ -44,10 +45,7 @@ __all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer_kit.spec' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return lazy_attribute(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:

@@ -10,8 +10,9 @@ only the sampler's), so a third party checking one component pays for that one.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from deepinfer_kit._lazy import lazy_attribute
 
 from deepinfer_kit.testing.suite import Check, ConformanceError, Suite, expect
 
@@ -105,7 +106,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer_kit.testing' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return lazy_attribute(__name__, _LAZY, name)

@@ -8,8 +8,9 @@ importing this package needs neither torch nor xgrammar. xgrammar ships in the
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from deepinfer_kit._lazy import lazy_attribute
 
 from deepinfer_kit.sample.structured.params import StructuredOutputError, StructuredOutputsParams
 
@@ -43,7 +44,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deepinfer_kit.sample.structured' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return lazy_attribute(__name__, _LAZY, name)
