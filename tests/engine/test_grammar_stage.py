@@ -12,6 +12,7 @@ import torch
 
 from deepinfer_kit import SamplingParams
 from deepinfer_kit.engine.runner.grammar_stage import GrammarStage
+from deepinfer_kit.sample.structured.bitmask import bitmask_row
 
 V = 64
 
@@ -25,12 +26,7 @@ class _Matcher:
         self.max_rollback = 2
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        bitmask[row] = 0
-        words = bitmask[row].tolist()
-        for k in range(4):
-            t = (sum(self.history) + k) % V
-            words[t // 32] |= 1 << (t % 32)
-        bitmask[row] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+        bitmask[row] = bitmask_row(((sum(self.history) + k) % V for k in range(4)), V)
 
     def accept_token(self, token: int) -> bool:
         if token == 63:
@@ -120,3 +116,11 @@ def test_on_cuda_nothing_is_read_back() -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert _allowed(logits.cpu(), 1) == {4, 5, 6, 7} and alive.cpu().tolist() == [True, True]
+
+
+def test_grammars_are_kept_only_while_a_sequence_uses_them() -> None:
+    stage, _ = _stage()
+    specs = [SamplingParams(structured_outputs={"regex": f"x{i}"}) for i in range(50)]
+    for i, p in enumerate(specs):
+        stage.apply(torch.zeros(1, V), [(0, f"s{i}")], [p], [(1,)])
+    assert len(stage._compiled) == 1 and len(stage._tracked) == 1  # the last step's only

@@ -95,6 +95,9 @@ class GrammarStage:
             if _move_to(tracked, histories[r]):
                 tracked.matcher.fill_bitmask(bitmask, i)
         self._tracked = current
+        # grammars only of the specs still tracked: a server meets unboundedly many specs
+        live = {t.spec for t in current.values()}
+        self._compiled = {spec: g for spec, g in self._compiled.items() if spec in live}
         index = torch.tensor([r for r, _ in rows], dtype=torch.int64)
         if self._pin:  # a pageable host tensor's copy would make the host wait
             index = index.pin_memory()
@@ -102,8 +105,9 @@ class GrammarStage:
         return logits.amax(dim=-1) > float("-inf")
 
     def compiled(self, spec: StructuredOutputsParams) -> CompiledGrammar:
-        """The compiled grammar of ``spec`` (compiled once per stage; the backend caches
-        across stages). Raises ``StructuredOutputError`` for a spec that does not compile."""
+        """The compiled grammar of ``spec``, kept while a tracked sequence uses it (a backend
+        need not cache; xgrammar's does, bounded). Raises ``StructuredOutputError`` for a
+        spec that does not compile."""
         grammar = self._compiled.get(spec)
         if grammar is None:
             grammar = self._compiled[spec] = self.backend.compile(spec)

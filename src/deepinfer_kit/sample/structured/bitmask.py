@@ -3,16 +3,27 @@ their device (torch only: bits unpacked by shifts, no host read, no loop over ro
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["allocate_bitmask", "apply_bitmask", "bitmask_words"]
+__all__ = ["allocate_bitmask", "apply_bitmask", "bitmask_words", "bitmask_row"]
 
 
 def bitmask_words(vocab_size: int) -> int:
     """``ceil(V / 32)``: int32 words per bitmask row."""
     return (vocab_size + 31) // 32
+
+
+def bitmask_row(allowed: Iterable[int], vocab_size: int) -> torch.Tensor:
+    """One host int32 bitmask row ``[ceil(V / 32)]`` allowing exactly the ids in ``allowed``
+    (each in ``[0, V)``): bit ``t % 32`` of word ``t // 32``, words as signed int32."""
+    words = [0] * bitmask_words(vocab_size)
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
 
 
 def allocate_bitmask(num_rows: int, vocab_size: int, *, pin_memory: bool = False) -> torch.Tensor:

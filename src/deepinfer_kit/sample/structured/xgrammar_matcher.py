@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from deepinfer_kit.errors import ConfigError, InvariantError
+from deepinfer_kit.sample.structured.bitmask import bitmask_row, bitmask_words
 
 __all__ = ["XGrammarMatcher", "TokenGuard", "json_guard", "check_bitmask_row"]
 
@@ -41,32 +42,19 @@ def json_guard(decoded_vocab: Sequence[bytes], vocab_size: int, *, compact: bool
     """
     never = _NEVER_IN_JSON | ({0x09, 0x0A, 0x0D} if compact else set())
     banned = frozenset(i for i, raw in enumerate(decoded_vocab[:vocab_size]) if any(b in never for b in raw))
-    words = [0] * ((vocab_size + 31) // 32)
-    for t in range(vocab_size):
-        if t not in banned:
-            words[t // 32] |= 1 << (t % 32)
-    signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
-    return TokenGuard(banned, torch.tensor(signed, dtype=torch.int32))
+    return TokenGuard(banned, bitmask_row((t for t in range(vocab_size) if t not in banned), vocab_size))
 
 
 def check_bitmask_row(bitmask: torch.Tensor, row: int, vocab_size: int) -> None:
     """Raise ConfigError unless ``bitmask`` is a host int32 ``[N, ceil(V / 32)]`` tensor and
     ``row`` is in ``[0, N)``."""
-    words = (vocab_size + 31) // 32
+    words = bitmask_words(vocab_size)
     if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2 \
             or bitmask.shape[1] != words:
         raise ConfigError(f"bitmask must be a host int32 [N, {words}] tensor (V = {vocab_size}), got "
                           f"{bitmask.dtype} {tuple(bitmask.shape)} on {bitmask.device}")
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < bitmask.shape[0]:
         raise ConfigError(f"row must be an int in [0, {bitmask.shape[0]}), got {row!r}")
-
-
-def _stop_only_words(stop_ids: tuple[int, ...], words: int) -> list[int]:
-    """The int32 words of a row allowing only ``stop_ids``."""
-    row = [0] * words
-    for t in stop_ids:
-        row[t // 32] |= 1 << (t % 32)
-    return [w - (1 << 32) if w >= 1 << 31 else w for w in row]
 
 
 class XGrammarMatcher:
@@ -104,8 +92,7 @@ class XGrammarMatcher:
         """See ``GrammarMatcher.fill_bitmask``: O(V / 32) plus xgrammar's mask work."""
         check_bitmask_row(bitmask, row, self._vocab_size)
         if self._m.is_terminated():
-            words = _stop_only_words(self._stop_ids, bitmask.shape[1])
-            bitmask[row] = torch.tensor(words, dtype=torch.int32)
+            bitmask[row] = bitmask_row(self._stop_ids, self._vocab_size)  # only the stop tokens
             return
         self._m.fill_next_token_bitmask(bitmask, row)
         if self._guard is not None:
