@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,17 @@ def assert_kernels_compile(
         pytest.skip("no ptxas on this machine")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiled" in done.stdout
+
+
+class LaunchCapture:
+    """Stands in for a Triton kernel: keeps each launch's arguments, runs nothing (to read
+    the launch configuration a wrapper picks)."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.launches.append((args, kwargs))
+
+        return launch

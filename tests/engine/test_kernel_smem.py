@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from kernel_compile import LaunchCapture
+
 from deepinfer_kit.engine.runner.kernel_keys import shared_memory_bytes
 from deepinfer_kit.models.packing import last_token_batch
 
@@ -27,26 +29,13 @@ SM90_MAX_SHARED = 227 * 1024  # per thread block, opt-in, on compute capability 
 HQ, HKV, HEAD_DIM, PAGE = 16, 8, 128, 16
 
 
-class _Capture:
-    """Stands in for the kernel: keeps the launch's arguments, runs nothing."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def __getitem__(self, grid: Any) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> None:
-            self.launches.append((args, kwargs))
-
-        return launch
-
-
 def _gpu_launch(dtype: torch.dtype, query_lens: list[int],
                 seq_lens: list[int]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The attention kernel's launch as ``paged_attention`` makes it on a CUDA device
     (this process only: it patches the module)."""
     from deepinfer_kit.models.attention import triton_ops
 
-    kernel, capture, tiles = triton_ops._paged_attn_kernel, _Capture(), triton_ops.tile_config
+    kernel, capture, tiles = triton_ops._paged_attn_kernel, LaunchCapture(), triton_ops.tile_config
     triton_ops._paged_attn_kernel = capture  # type: ignore[assignment]
     triton_ops.tile_config = lambda q, g, d, on_cuda: tiles(q, g, d, True)  # type: ignore[assignment]
     tables = [list(range(-(-s // PAGE))) for s in seq_lens]
@@ -78,7 +67,8 @@ def test_attention_tiles_fit_sm90_shared_memory(
     dtype: str, query_lens: list[int], seq_lens: list[int], block_m: int,
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+    here = os.path.dirname(__file__)
+    code = (f"import sys; sys.path[:0] = [{here!r}, {os.path.dirname(here)!r}]; "
             f"import test_kernel_smem as t; t._measure({dtype!r}, {query_lens!r}, {seq_lens!r})")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=600)

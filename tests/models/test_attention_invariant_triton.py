@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from kernel_compile import assert_kernels_compile
+from kernel_compile import LaunchCapture, assert_kernels_compile
 from paged_cases import HEAD_LAYOUTS, dense_attention, make_case, random_lengths
 from row_dot import row_invariant_dot  # noqa: F401 (fixture)
 
@@ -196,27 +196,14 @@ def _early_row_in_its_tile(pool: _Pool, pos: int) -> None:
             assert torch.equal(pool.run((lo, pos + 40), [(1, 3)], split_programs)[pos - lo], alone)
 
 
-class _Capture:
-    """Stands in for a kernel: keeps each launch's arguments, runs nothing."""
-
-    def __init__(self) -> None:
-        self.launches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def __getitem__(self, grid: Any) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> None:
-            self.launches.append((args, kwargs))
-
-        return launch
-
-
 def test_one_tile_configuration_for_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode, verify and prefill batches, short and long contexts, split or not: the
     kernel's constexprs (tiles, split size) never change."""
     from deepinfer_kit.models.attention import triton_invariant
 
-    capture = _Capture()
+    capture = LaunchCapture()
     monkeypatch.setattr(triton_invariant, "_invariant_attn_kernel", capture)
-    monkeypatch.setattr(triton_invariant, "_invariant_merge_kernel", _Capture())
+    monkeypatch.setattr(triton_invariant, "_invariant_merge_kernel", LaunchCapture())
     for lengths in ([(1, 5)], [(1, 900)] * 3, [(5, 300), (5, 40)], [(64, 64)], [(200, 900), (1, 3)]):
         case = make_case(lengths, block_size=16, num_heads=8, num_kv_heads=2, seed=0)
         for split_programs in (False, True):

@@ -45,6 +45,24 @@ def _sorted_draw(case: Case) -> torch.Tensor:
     return ref_ops.candidate_draw(vals, idx, inv_t, k, p, min_p, z, u)[0]
 
 
+def _record_candidate_draws(monkeypatch: pytest.MonkeyPatch, width: int) -> list[torch.Tensor]:
+    """Set the Triton nucleus draw's candidate width to ``width`` and record each
+    ``candidate_draw``'s ``kept`` counts (the list it returns fills as draws run)."""
+    from deepinfer_kit.sample import triton_ops
+
+    calls: list[torch.Tensor] = []
+    draw = triton_ops.candidate_draw
+
+    def recording(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tok, kept = draw(*args)
+        calls.append(kept)
+        return tok, kept
+
+    monkeypatch.setattr(triton_ops, "NUCLEUS_CANDIDATES", width)
+    monkeypatch.setattr(triton_ops, "candidate_draw", recording)
+    return calls
+
+
 @pytest.mark.parametrize("vocab", [1, 8, 9, 300, 5000])  # 8, 5000: the 8-byte-word scan
 @pytest.mark.parametrize("ties", [False, True])
 def test_reference_draws_what_the_full_sort_draws(vocab: int, ties: bool) -> None:
@@ -114,16 +132,7 @@ def test_triton_candidate_path_and_its_fallback_match_the_reference(
     tokens (ties at the candidates' last value included)."""
     from deepinfer_kit.sample import triton_ops
 
-    calls: list[torch.Tensor] = []
-    draw = triton_ops.candidate_draw
-
-    def recording(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        tok, kept = draw(*args)
-        calls.append(kept)
-        return tok, kept
-
-    monkeypatch.setattr(triton_ops, "NUCLEUS_CANDIDATES", width)
-    monkeypatch.setattr(triton_ops, "candidate_draw", recording)
+    calls = _record_candidate_draws(monkeypatch, width)
     x, rows, inv_t, p, min_p, u = _case(width + ties, 24, 600, ties)
     x[5:12] *= 0.02  # nearly flat rows: nuclei of hundreds of tokens, wider than the set
     x[12:18] *= 8.0  # peaked rows: nuclei of a few tokens
@@ -184,16 +193,7 @@ def test_triton_top_p_off_matches_the_reference(width: int, monkeypatch: pytest.
     ``W`` largest logits alone (the GPU mismatch at vocabularies 4096 and 151936)."""
     from deepinfer_kit.sample import triton_ops
 
-    calls: list[torch.Tensor] = []
-    draw = triton_ops.candidate_draw
-
-    def recording(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        tok, kept = draw(*args)
-        calls.append(kept)
-        return tok, kept
-
-    monkeypatch.setattr(triton_ops, "NUCLEUS_CANDIDATES", width)
-    monkeypatch.setattr(triton_ops, "candidate_draw", recording)
+    calls = _record_candidate_draws(monkeypatch, width)
     case = _top_p_off_case()
     want = ref_ops.nucleus_draw(*case)
     assert torch.equal(triton_ops.nucleus_draw(*case), want)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,10 @@ from deepinfer_kit.spec.records import SpecConfig, SpsCurve
 from deepinfer_kit.spec.sps_online import MeasuredSps
 from deepinfer_kit.spec.speculation import build_speculation
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from spec_staircase import random_staircase  # noqa: E402  (the benchmark's curves, the same draws)
+
 LADDER = SpsCurve.ladder([64, 128, 256, 512, 1024, 2048], [9e-3, 9.5e-3, 10e-3, 12e-3, 20e-3, 40e-3])
 
 
@@ -28,15 +34,6 @@ def _theta(conf: list[list[float]], lengths: list[int] | tuple[int, ...], curve:
     tau = num_req + sum(sum(survival(c, n)) for c, n in zip(conf, lengths))
     prefill_s = curve.step_time(num_req + other) - curve.step_time(num_req)
     return tau / (curve.step_time(num_req + other + sum(lengths)) - prefill_s)
-
-
-def _random_staircase(rng: random.Random, steps: int, top: int) -> SpsCurve:
-    sizes = sorted(rng.sample(range(1, top), steps - 1)) + [top]
-    times, t = [], rng.uniform(1e-3, 1e-2)
-    for _ in sizes:
-        t += rng.choice([0.0, rng.uniform(0.0, 2e-3), rng.uniform(0.0, 2e-2)])
-        times.append(t)
-    return SpsCurve.ladder(sizes, times)
 
 
 def _random_linear(rng: random.Random, top: int) -> SpsCurve:
@@ -72,7 +69,7 @@ def test_the_whole_walk_equals_brute_force_over_prefix_closed_selections(seed: i
         max_lengths = [rng.randint(0, gamma) for _ in range(num_req)]
         other = rng.choice([0, 0, rng.randint(1, 6)])
         top = num_req * (gamma + 1) + other
-        curve = (_random_staircase(rng, rng.randint(1, top), top) if top > 1 and rng.random() < 0.7
+        curve = (random_staircase(rng, rng.randint(1, top), top) if top > 1 and rng.random() < 0.7
                  else _random_linear(rng, top + 1))
         lengths = DSparkPlanner(curve).plan_budgeted(conf, max_lengths, other, conf)
         assert all(0 <= n <= m for n, m in zip(lengths, max_lengths))
@@ -91,7 +88,7 @@ def test_within_1_percent_of_the_optimum_on_1000_random_staircases() -> None:
         num_req, gamma = rng.randint(16, 256), rng.randint(1, 8)
         conf = _random_conf(rng, num_req, gamma)
         top = num_req * (gamma + 1)
-        curve = _random_staircase(rng, rng.randint(8, 32), top + rng.randint(0, top))
+        curve = random_staircase(rng, rng.randint(8, 32), top + rng.randint(0, top))
         ranked = sorted((a for row in conf for a in survival(row, gamma) if a > 0.0), reverse=True)
         prefix = [float(num_req)]
         for a in ranked:
@@ -217,7 +214,7 @@ def test_the_python_and_tensor_walks_agree() -> None:
         max_lengths = [rng.randint(0, gamma) for _ in range(num_req)]
         other = rng.choice([0, rng.randint(1, 20)])
         top = num_req * (gamma + 1) + other
-        curve = _random_staircase(rng, rng.randint(1, top), top) if top > 1 and rng.random() < 0.5 \
+        curve = random_staircase(rng, rng.randint(1, top), top) if top > 1 and rng.random() < 0.5 \
             else _random_linear(rng, top + 1)
         py, vec = Walk(conf, max_lengths, vectorise=False), Walk(conf, max_lengths, vectorise=True)
         assert list(py.survival) == pytest.approx(vec.survival.tolist(), rel=1e-12)  # type: ignore[union-attr]
