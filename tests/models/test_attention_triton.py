@@ -243,3 +243,22 @@ def test_sinks_match_reference(num_splits: int, window: int | None) -> None:
                                    sinks=sinks)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(want.double(), dense_attention(case, window, sinks), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("window", [None, 64])
+def test_sinks_on_cuda_match_reference(window: int | None) -> None:
+    """The compiled kernel's sink term (after the keys, and at the split merge) in fp32 and bf16."""
+    from deepinfer_kit.models.attention import triton_ops
+
+    lengths = random_lengths(random.Random(5), 8, max_ctx=300)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        case = make_case(lengths, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype,
+                         device="cuda", seed=3)
+        sinks = torch.linspace(-3.0, 5.0, 8, device="cuda")
+        want = ref_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta, case.scale,
+                                       window, sinks=sinks).float()
+        for splits in (1, 4):
+            got = triton_ops.paged_attention(case.query, case.key_cache, case.value_cache, case.meta,
+                                             case.scale, window, splits, sinks=sinks)
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
