@@ -62,6 +62,45 @@ def _configs() -> dict[str, Callable[[], Any]]:
             moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
             topk_group=1, first_k_dense_replace=1, n_shared_experts=1,
             routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True),
+        # multi-head latent attention: q through a rank-24 latent, a 32-dim KV latent plus an
+        # 8-dim shared rotary key (interleaved pairs; the 40-dim cache row differs from every
+        # per-head width), YaRN whose mscale_all_dim scales the softmax; DeepSeek routing
+        # (groups, correction bias, shared expert) after a dense layer.
+        "deepseek_v3": lambda: T.DeepseekV3Config(
+            **(COMMON | {"num_hidden_layers": 3, "num_key_value_heads": 4}), intermediate_size=96,
+            moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+            topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5,
+            q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                             "original_max_position_embeddings": 32, "mscale": 1.0,
+                             "mscale_all_dim": 1.0}),
+        # MLA without the query latent (one q_proj), rotate-half RoPE, biased a/o projections,
+        # v_head_dim != qk_nope_head_dim; ungrouped routing without renormalisation.
+        "deepseek_v3-plain": lambda: T.DeepseekV3Config(
+            **(COMMON | {"num_key_value_heads": 4}), intermediate_size=96,
+            moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+            topk_group=1, first_k_dense_replace=1, n_shared_experts=1, norm_topk_prob=False,
+            q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+            v_head_dim=20, rope_interleave=False, attention_bias=True),
+        # attention sinks, q/k/v/o biases, sliding (window 5) / full layers alternating,
+        # YaRN over a 16-token original context; MoE on every layer with a biased
+        # top-k-then-softmax router and biased experts whose clamped SwiGLU clamps at 1.5
+        # (not 7.0, so the clamp bites at these scales); 2I = 48 != H = 64 (no square mix-up).
+        "gpt_oss": lambda: T.GptOssConfig(
+            **(COMMON | {"num_hidden_layers": 4}), head_dim=16, intermediate_size=24,
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=5, swiglu_limit=1.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 16}),
+        # 5 local : 1 global layers, window 5 (prompts and decodes run past it), softmax
+        # scale from query_pre_attn_scalar != head_dim, local and global RoPE bases differ,
+        # linear scaling on the global layers only; (1 + w) norms, GELU-tanh, tied.
+        "gemma3": lambda: T.Gemma3TextConfig(
+            **(COMMON | {"num_hidden_layers": 6}), intermediate_size=96, head_dim=32,
+            sliding_window=5, query_pre_attn_scalar=20,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 2000.0},
+                             "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                "rope_theta": 50000.0}}),
     }
 
 
@@ -72,10 +111,15 @@ FAMILIES = tuple(_configs())
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Re-draw every parameter (and the routing bias buffers) from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
+    # Gemma 3 multiplies its embeddings by sqrt(H): unit-variance ones would swamp the
+    # residual stream, and greedy decoding would repeat the last token whatever attention does.
+    embed_std = 1.0 if getattr(model.config, "model_type", "") != "gemma3_text" else None
     for name, param in model.named_parameters():
         if param.ndim >= 2:
-            std = 1.0 if "embed" in name else param.shape[-1] ** -0.5
+            std = (embed_std or param.shape[-1] ** -0.5) if "embed" in name else param.shape[-1] ** -0.5
             param.copy_(torch.randn(param.shape, generator=gen) * std)
+        elif name.endswith("sinks"):  # gpt-oss: some heads mostly sink, some barely
+            param.copy_(2.0 * torch.randn(param.shape, generator=gen))
         elif "norm" in name:
             param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
         else:

@@ -59,8 +59,10 @@ class PagedDriver:
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.cache = PagedKVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads,
-                                  cfg.head_dim, dtype=model.dtype, impl=kv_impl)  # type: ignore[arg-type]
+        row = cfg.cache_row()  # K/V heads, or DeepSeek-V3's keys-only latent row
+        self.cache = PagedKVCache(cfg.num_layers, num_blocks, block_size, row.num_heads, row.head_dim,
+                                  dtype=model.dtype, impl=kv_impl,  # type: ignore[arg-type]
+                                  keys_only=row.keys_only)
         # Hand out blocks in a scrambled order so tables are not contiguous ranges.
         order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
         self.free: list[int] = order

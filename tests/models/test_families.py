@@ -80,7 +80,7 @@ def test_greedy_paged_decoding_matches_transformers(family: str, checkpoints: Ch
     assert hit.table[:2] == first[0].table[:2]
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "deepseek_v3"])
 def test_expert_counts_follow_the_last_forward(family: str, checkpoints: Checkpoints) -> None:
     hf, folder = checkpoints[family]
     model = load_model(folder).model

@@ -115,6 +115,9 @@ def test_architecture_may_come_from_model_type_alone() -> None:
         raw = {k: v for k, v in tiny_hf_config().items() if k != "architectures"}
         raw |= {"model_type": model_type, "n_routed_experts": 8, "num_local_experts": 8,
                 "moe_intermediate_size": 16}
+        raw |= {"kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}  # MLA
+        if model_type == "gemma3_text":  # its rope_parameters are keyed by layer type
+            raw.pop("rope_parameters")
         assert ModelConfig.from_hf_config(raw).architecture == arch
 
 
@@ -122,6 +125,8 @@ def test_architecture_may_come_from_model_type_alone() -> None:
     ({"model_type": "qwen3_moe", "mlp_only_layers": [0, 3]}, (1, 2)),
     ({"model_type": "qwen3_moe", "decoder_sparse_step": 2}, (1, 3)),
     ({"model_type": "glm4_moe", "first_k_dense_replace": 3, "n_routed_experts": 8}, (3,)),
+    ({"model_type": "deepseek_v3", "first_k_dense_replace": 2, "n_routed_experts": 8, "kv_lora_rank": 16,
+      "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}, (2, 3)),
     ({"model_type": "mixtral", "num_local_experts": 8}, (0, 1, 2, 3)),
 ])
 def test_sparse_layers_follow_the_family_rule(raw: dict[str, Any], sparse: tuple[int, ...]) -> None:

@@ -27,8 +27,9 @@ from paged_driver import PagedDriver, one_thread  # noqa: E402,F401
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # dense with KV heads = T, MQA + tied + biases (KV heads < T), tied + q/k norm, MoE with a
-# shared expert, MoE with shared experts and a dense first layer, plain routed MoE.
-FAMILIES = ("llama", "llama-llama3", "qwen3", "qwen2_moe", "glm4_moe", "qwen3_moe")
+# shared expert, MoE with shared experts and a dense first layer, plain routed MoE, Gemma 3
+# (scaled vocab-parallel embeddings, sandwich norms after the row-parallel all-reduce).
+FAMILIES = ("llama", "llama-llama3", "qwen3", "qwen2_moe", "glm4_moe", "qwen3_moe", "gemma3")
 PROMPTS = ([3, 17, 99, 4, 150, 8, 61], [120, 5, 5, 42])
 
 

@@ -3,6 +3,8 @@
 Token position ``t`` of a request with block table ``table`` lives at slot
 ``table[t // P] * P + t % P``; slot ``s`` is row ``s % P`` of block ``s // P``. The pool
 is one tensor ``[L, 2, NB, P, Hkv, D]``; layer ``l``'s K and V are contiguous views of it.
+A keys-only pool (``keys_only=True``: DeepSeek-V3's latent rows, one per token and layer)
+is ``[L, 1, NB, P, Hkv, D]``: no value plane.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ class PagedKVCache:
     implementation of both (torch reference or Triton kernels) is chosen once here:
     ``impl="auto"`` picks Triton on a CUDA device, the reference elsewhere.
 
+    ``keys_only=True`` holds one tensor per token and layer instead of a key and a value
+    (the multi-head latent attention row of DeepSeek-V3: ``Hkv = 1``, ``D = kv_lora_rank +
+    qk_rope_head_dim``; ``ModelConfig.cache_row`` says which a model needs): half the
+    bytes of a K/V pool of the same ``Hkv x D``, nothing stored twice. Its
+    :meth:`value_cache` is the keys view (the latent attention reads its values out of
+    the same rows), :meth:`write` stores only ``key``, and block copies use the torch
+    reference op whatever ``impl`` (the Triton copy kernel addresses two planes per layer).
+
     Raises:
         ConfigError: a size is not a positive int, ``dtype`` is not floating point, or
             ``impl`` is unknown.
@@ -59,7 +69,10 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         impl: Impl = "auto",
+        keys_only: bool = False,
     ) -> None:
+        if not isinstance(keys_only, bool):
+            raise ConfigError(f"keys_only must be a bool, got {keys_only!r}")
         require_ints_at_least(1, 
             num_layers=num_layers,
             num_blocks=num_blocks,
@@ -73,17 +86,24 @@ class PagedKVCache:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError(f"device {str(dev)!r} asked for, but CUDA is not available")
         self._write_op, self._copy_op, self._impl = _select_ops(impl, dev)
+        self._keys_only = keys_only
+        if keys_only:  # the Triton copy kernel walks two planes per layer
+            from deepinfer_kit.cache import ref_ops
+
+            self._copy_op = ref_ops.copy_blocks
         # num_blocks + 1: the last block is the scratch block of ``pad_slot``.
-        shape = (num_layers, 2, num_blocks + 1, block_size, num_kv_heads, head_dim)
+        shape = (num_layers, 1 if keys_only else 2, num_blocks + 1, block_size, num_kv_heads, head_dim)
         try:
             self._kv = _zeroed(shape, dtype, dev)
         except (RuntimeError, MemoryError, OSError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            per_block = self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+            per_block = self.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype,
+                                             keys_only=keys_only)
             nbytes = num_blocks * per_block
+            planes = "keys only" if keys_only else "K and V"
             raise CapacityError(
                 f"cannot allocate the KV cache pool on {dev}: {nbytes} bytes for "
                 f"num_blocks={num_blocks} (blocks of {block_size} tokens x {num_layers} layers x "
-                f"{num_kv_heads} KV heads x {head_dim} dims, {dtype}, K and V); lower num_blocks "
+                f"{num_kv_heads} KV heads x {head_dim} dims, {dtype}, {planes}); lower num_blocks "
                 f"(the engine's num_blocks or kv_cache_memory_mb): {str(exc).splitlines()[0]}"
             ) from exc
 
@@ -135,27 +155,35 @@ class PagedKVCache:
         """The implementation chosen at construction."""
         return self._impl
 
+    @property
+    def keys_only(self) -> bool:
+        """One tensor per token and layer (no value plane); see the class docstring."""
+        return self._keys_only
+
     def key_cache(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s keys, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
         return self._kv[layer, 0, :-1]
 
     def value_cache(self, layer: int) -> torch.Tensor:
-        """Layer ``layer``'s values, ``[NB, P, Hkv, D]``: a contiguous view (writes show)."""
-        return self._kv[layer, 1, :-1]
+        """Layer ``layer``'s values, ``[NB, P, Hkv, D]``: a contiguous view (writes show).
+        A keys-only pool has no values: the keys view."""
+        return self._kv[layer, -1, :-1]
 
     def slot_caches(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s K and V with the scratch block, ``[NB + 1, P, Hkv, D]`` each:
         contiguous views that slot ``s`` (``[0, NB * P]``, :attr:`pad_slot` included)
         addresses as row ``s``. Called by the model's fused RoPE + KV-write kernel, which
-        writes them in place."""
-        return self._kv[layer, 0], self._kv[layer, 1]
+        writes them in place. A keys-only pool returns its keys twice."""
+        return self._kv[layer, 0], self._kv[layer, -1]
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store the new tokens' K/V of one layer; called by the model before attention.
 
         Args:
             layer: in ``[0, L)``.
-            key, value: ``[T, Hkv, D]`` on the pool's device; cast to the pool dtype.
+            key, value: ``[T, Hkv, D]`` on the pool's device; cast to the pool dtype. A
+                keys-only pool stores ``key`` and does not read ``value`` beyond its shape
+                (pass the key again).
             slot_mapping: ``[T]`` int64 distinct slots in ``[0, NB * P)``, or
                 :attr:`pad_slot` (which may repeat) for a padded row (not checked on the
                 device: an out-of-range slot is a caller bug).
@@ -171,11 +199,14 @@ class PagedKVCache:
                 f"key {list(key.shape)}, value {list(value.shape)}, "
                 f"slot_mapping {list(slot_mapping.shape)}"
             )
-        if t:
+        if t and self._keys_only:  # the ops write both planes: the key twice, same values
+            self._write_op(self._kv[layer, 0], self._kv[layer, 0], key, key, slot_mapping)
+        elif t:
             self._write_op(self._kv[layer, 0], self._kv[layer, 1], key, value, slot_mapping)
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Copy block ``src`` onto block ``dst`` in every layer, K and V (copy-on-write).
+        """Copy block ``src`` onto block ``dst`` in every layer, K and V (copy-on-write;
+        the keys of a keys-only pool).
 
         Called by the runner before the forward whose writes go to ``dst``. Other blocks
         are unchanged.
@@ -207,16 +238,22 @@ class PagedKVCache:
         scratch = torch.full((1,), self.num_blocks, dtype=torch.int64, device=self._kv.device)
         self._copy_op(self._kv, scratch, scratch)
 
+    def nbytes(self) -> int:
+        """Bytes of the pool's addressable blocks (the scratch block not counted)."""
+        return self._kv[:, :, :-1].numel() * self._kv.element_size()
+
     @staticmethod
     def bytes_per_block(
-        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        *, keys_only: bool = False,
     ) -> int:
-        """Bytes one block takes across all layers, K and V: ``2 * L * P * Hkv * D * itemsize``.
+        """Bytes one block takes across all layers, K and V: ``2 * L * P * Hkv * D * itemsize``
+        (``keys_only``: ``L * P * Hkv * D * itemsize``).
 
         Use it to size the pool from a memory budget: ``num_blocks = budget // bytes``.
         """
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+        return (1 if keys_only else 2) * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
 
 def _select_ops(impl: str, device: torch.device) -> tuple[_WriteOp, _CopyOp, Literal["ref", "triton"]]:

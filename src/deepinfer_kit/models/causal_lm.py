@@ -4,6 +4,9 @@ Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral and GLM-4-MoE differ only in flags read 
 :class:`ModelConfig` (projection biases, q/k norm, RoPE variant and partial rotary, sliding
 windows, which layers are sparse) and in their expert naming; the sparse MLPs come from an
 injected :class:`SparseMLPFactory` (the engine's default builds ``deepinfer_kit.moe`` layers).
+Gemma 3's flags (``models.gemma3_config``) add sandwich norms, ``(1 + weight)`` norms and
+a GELU MLP (``fused_ops.family_ops``), scaled embeddings and a second RoPE for the sliding
+layers.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from torch import nn
 from deepinfer_kit.comm.protocols import Communicator
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.models.config import ModelConfig
-from deepinfer_kit.models.fused_ops import FusedOps, select_fused_ops
+from deepinfer_kit.models.fused_ops import FusedOps, family_ops, select_fused_ops
 from deepinfer_kit.models.invariant import select_numerics, set_numerics
 from deepinfer_kit.models.layers import GatedMLP, Impl, Linear, PagedSelfAttention, RMSNorm
 from deepinfer_kit.models.parallel.shard import VocabShard, vocab_shard
 from deepinfer_kit.models.parallel.vocab import embed_vocab_parallel, gather_logits, load_vocab_rows
 from deepinfer_kit.models.protocols import CausalLM, PagedKVStore, SparseMLP, SparseMLPFactory
-from deepinfer_kit.models.records import ForwardBatch
+from deepinfer_kit.models.layer_attention import attention_by_layer
+from deepinfer_kit.models.mla import LatentSelfAttention
+from deepinfer_kit.models.records import AttentionMetadata, ForwardBatch
 from deepinfer_kit.models.rope import RotaryEmbedding
 from deepinfer_kit.models.rope_kv import RopeKvOp, rope_kv_unsupported
 from deepinfer_kit.models.weights import TrackedWeights, take
@@ -40,6 +45,8 @@ class DecoderLayer(nn.Module):
 
     The layer returns its MLP output and the residual stream separately; the next layer's
     input norm (or the model's final norm) adds them. Same values as the unfused block.
+    With ``config.sandwich_norms`` (Gemma 3) the attention output and the MLP output are
+    each normed (``attn_out_norm``, ``mlp_out_norm``) before their residual adds.
     """
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
@@ -49,10 +56,22 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, size = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
-        self.self_attn = PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
-                                            dtype=dtype, device=device, rope_kv=rope_kv, tp=tp,
-                                            batch_invariant=batch_invariant)
+        self.self_attn: PagedSelfAttention | LatentSelfAttention = (
+            LatentSelfAttention(config, layer, rotary, attention_impl=attention_impl, dtype=dtype,
+                                device=device, ops=ops, tp=tp, batch_invariant=batch_invariant)
+            if config.mla is not None else  # DeepSeek-V3: multi-head latent attention
+            PagedSelfAttention(config, layer, rotary, attention_impl=attention_impl,
+                               dtype=dtype, device=device, rope_kv=rope_kv, tp=tp,
+                               batch_invariant=batch_invariant))
         self.post_attention_layernorm = RMSNorm(size, eps, dtype=dtype, device=device, ops=ops)
+        # Gemma 3 sandwich norms: the attention and MLP outputs are normed before their adds
+        # (its checkpoint's post_attention_layernorm is attn_out_norm; the pre-MLP norm above
+        # reads pre_feedforward_layernorm).
+        sandwich = config.sandwich_norms
+        self.attn_out_norm: RMSNorm | None = (
+            RMSNorm(size, eps, dtype=dtype, device=device, ops=ops) if sandwich else None)
+        self.mlp_out_norm: RMSNorm | None = (
+            RMSNorm(size, eps, dtype=dtype, device=device, ops=ops) if sandwich else None)
         self.is_sparse = sparse_mlp is not None
         self.mlp: nn.Module
         if sparse_mlp is not None:
@@ -66,8 +85,8 @@ class DecoderLayer(nn.Module):
             self.mlp_prefix = "mlp."
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, kv_cache: PagedKVStore,
-                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+                sin: torch.Tensor, kv_cache: PagedKVStore, batch: ForwardBatch,
+                attn: AttentionMetadata | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer over ``T`` tokens; writes their K/V into this layer's cache.
 
         Args:
@@ -75,6 +94,8 @@ class DecoderLayer(nn.Module):
                 first layer.
             residual: ``[T, H]`` the residual stream before ``hidden`` is added; ``None``
                 for the first layer (the embeddings are the stream).
+            attn: this layer's attention metadata (its cache group's slots and blocks,
+                ``models.layer_attention``); ``None``: ``batch.attn``.
 
         Returns:
             ``(mlp_out, residual)``, both ``[T, H]``: the layer's output is their sum.
@@ -83,16 +104,25 @@ class DecoderLayer(nn.Module):
             residual, attn_in = hidden, self.input_layernorm.forward(hidden)
         else:
             attn_in, residual = self.input_layernorm.forward_add(hidden, residual)
-        attn_out = self.self_attn.forward(attn_in, cos, sin, kv_cache, batch.attn)
+        attn_out = self.self_attn.forward(attn_in, cos, sin, kv_cache, attn or batch.attn)
+        if self.attn_out_norm is not None:
+            attn_out = self.attn_out_norm.forward(attn_out)
         mlp_in, residual = self.post_attention_layernorm.forward_add(attn_out, residual)
         real = batch.real_rows
         out: torch.Tensor = self.mlp(mlp_in) if real is None or not self.is_sparse else self.mlp(mlp_in, real)
+        if self.mlp_out_norm is not None:
+            out = self.mlp_out_norm.forward(out)
         return out, residual
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
         """Load ``prefix`` (``model.layers.<i>.``) tensors. Raises CheckpointError."""
         self.input_layernorm.load_hf_weights(weights, f"{prefix}input_layernorm.")
-        self.post_attention_layernorm.load_hf_weights(weights, f"{prefix}post_attention_layernorm.")
+        if self.attn_out_norm is not None and self.mlp_out_norm is not None:
+            self.attn_out_norm.load_hf_weights(weights, f"{prefix}post_attention_layernorm.")
+            self.mlp_out_norm.load_hf_weights(weights, f"{prefix}post_feedforward_layernorm.")
+            self.post_attention_layernorm.load_hf_weights(weights, f"{prefix}pre_feedforward_layernorm.")
+        else:
+            self.post_attention_layernorm.load_hf_weights(weights, f"{prefix}post_attention_layernorm.")
         self.self_attn.load_hf_weights(weights, f"{prefix}self_attn.")
         sparse = self.sparse_mlp
         if sparse is not None:
@@ -165,6 +195,12 @@ class TransformerCausalLM(nn.Module):
             attention_impl if fused_impl is None else fused_impl,
             on_cuda=torch.device(device).type == "cuda",
             field="attention_impl" if fused_impl is None else "fused_impl", batch_invariant=batch_invariant)
+        self.fused_ops = family_ops(config, self.fused_ops, batch_invariant=batch_invariant)
+        # Rounded as transformers' Gemma 3 rounds it: a float32 buffer cast to the model dtype.
+        self.embed_multiplier: float | None = (
+            None if config.embed_scale is None
+            else float(torch.tensor(config.embed_scale, dtype=torch.float32).to(dtype)))
+        """Multiplies the embeddings (Gemma 3's ``sqrt(H)`` in the model dtype); ``None``: 1."""
         ops = self.fused_ops
         self.rope_kv_reason: str | None = (
             "the fused ops are the torch references" if ops.rope_kv is None
@@ -175,6 +211,9 @@ class TransformerCausalLM(nn.Module):
             torch.empty(rows, config.hidden_size, dtype=dtype, device=device),
             requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, device=device)
+        self.local_rotary = (None if config.local_rope is None
+                             else RotaryEmbedding(config.local_rope, device=device))
+        """The sliding layers' RoPE when ``config.local_rope`` (Gemma 3), else ``None``."""
         sparse = set(config.sparse_layers)
         if sparse and sparse_mlp_factory is None:
             raise ValueError(f"{config.architecture} has sparse layers: pass sparse_mlp_factory")
@@ -220,15 +259,32 @@ class TransformerCausalLM(nn.Module):
         with torch.inference_mode():
             hidden = (F.embedding(batch.input_ids, self.embed_tokens) if self.tp is None or self.vocab is None
                       else embed_vocab_parallel(batch.input_ids, self.embed_tokens, self.vocab, self.tp))
-            cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
+            if self.embed_multiplier is not None:
+                hidden = hidden * self.embed_multiplier
+            ropes = self._layer_cos_sin(batch.positions, hidden.dtype)
             residual: torch.Tensor | None = None
-            for layer in self.decoder_layers[:num_layers]:
-                hidden, residual = layer.forward(hidden, residual, cos, sin, kv_cache, batch)
+            layers = self.decoder_layers[:num_layers]
+            per_layer = attention_by_layer(kv_cache, batch.attn, len(layers))
+            for i, (layer, attn) in enumerate(zip(layers, per_layer)):
+                cos, sin = ropes[i]
+                hidden, residual = layer.forward(hidden, residual, cos, sin, kv_cache, batch, attn)
             rows = batch.logits_indices
             if residual is None:
                 return self.norm.forward(hidden[rows])
             normed, _ = self.norm.forward_add(hidden[rows], residual[rows])
             return normed
+
+    def _layer_cos_sin(self, positions: torch.Tensor,
+                       dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the ``(cos, signed_sin)`` ``[T, 1, rot]`` of ``positions`` ``[T]``:
+        :attr:`local_rotary`'s on the sliding layers when set, else :attr:`rotary`'s (each
+        computed once per step)."""
+        whole = self.rotary.cos_sin(positions, dtype)
+        if self.local_rotary is None:
+            return [whole] * self.config.num_layers
+        local = self.local_rotary.cos_sin(positions, dtype)
+        return [whole if self.config.sliding_window(i) is None else local
+                for i in range(self.config.num_layers)]
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, H]`` final-normed hidden states -> ``[N, V]`` float32 logits (the LM head,
@@ -288,8 +344,8 @@ def _ignorable(name: str, config: ModelConfig) -> bool:
         return True
     if name == "lm_head.weight" and config.tie_word_embeddings:
         return True
-    # GLM-4-MoE ships its multi-token-prediction layers after the decoder layers.
-    if config.model_type == "glm4_moe" and name.startswith("model.layers."):
+    # GLM-4-MoE and DeepSeek-V3 ship their multi-token-prediction layers after the decoder layers.
+    if config.model_type in ("glm4_moe", "deepseek_v3") and name.startswith("model.layers."):
         index = name.split(".")[2]
         return index.isdigit() and int(index) >= config.num_layers
     return False

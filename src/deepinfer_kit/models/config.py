@@ -25,6 +25,9 @@ from deepinfer_kit.models.config_parts import (
     parse_rope,
     sparse_layer_indices,
 )
+from deepinfer_kit.models.gemma3_config import GEMMA3_TEXT, gemma3_fields
+from deepinfer_kit.models.mla_config import CacheRow, MLAConfig, parse_mla
+from deepinfer_kit.models.gpt_oss import gpt_oss_hf_config, layer_type_windows
 from deepinfer_kit.moe.config import MoEConfig
 
 __all__ = ["ModelConfig", "RopeConfig", "SUPPORTED_ARCHITECTURES"]
@@ -39,6 +42,9 @@ SUPPORTED_ARCHITECTURES: Mapping[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "Glm4MoeForCausalLM": "glm4_moe",
+    "Gemma3ForCausalLM": GEMMA3_TEXT,
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 _BY_MODEL_TYPE = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}
 
@@ -77,6 +83,25 @@ class ModelConfig:
         moe: the MoE layer shape and routing (``deepinfer_kit.moe.MoEConfig``) shared by
             every sparse layer, ``None`` for dense models.
         sparse_layers: indices of the layers whose MLP is ``moe`` (the others are dense).
+        mla: DeepSeek-V3 multi-head latent attention (``models.mla_config.MLAConfig``),
+            ``None`` for the other families; with it ``num_kv_heads`` is 1 and ``head_dim``
+            ``kv_lora_rank + qk_rope_head_dim``: the one latent row each token caches (as
+            vLLM counts an MLA cache; a pool built from them has the row's shape), and
+            ``rope`` rotates ``qk_rope_head_dim`` dims. The per-head sizes are ``mla``'s.
+        hidden_act: the gated MLP's activation: ``"silu"`` (SwiGLU) or
+            ``"gelu_pytorch_tanh"`` (GeGLU, Gemma 3's ``hidden_activation``).
+        norm_offset: every RMSNorm (q/k norms and the final norm included) scales by
+            ``1 + weight`` in float32 (Gemma 3; ``fused_ops.offset_rms_norm``).
+        sandwich_norms: each layer also norms its attention output and its MLP output
+            before their residual adds (Gemma 3: four norms per layer).
+        embed_scale: the embeddings are multiplied by this (rounded to float32, then to the
+            model dtype, as transformers' Gemma 3 does); ``None``: not scaled.
+        attn_scale: the softmax scale; ``None``: ``head_dim ** -0.5`` (Gemma 3:
+            ``query_pre_attn_scalar ** -0.5``).
+        local_rope: the rotary embedding of the sliding-window layers (Gemma 3's local base
+            frequency); ``None``: every layer uses ``rope``.
+        attention_sinks: every attention layer has a learned per-query-head sink logit
+            (``self_attn.sinks`` ``[num_heads]``, gpt-oss) in its softmax denominator.
         raw: the ``config.json`` dict as read (not compared, not printed).
         folder: the checkpoint folder it was read from (:meth:`from_pretrained`), else
             ``None`` (not compared); lets errors about the folder's other files name them.
@@ -104,6 +129,14 @@ class ModelConfig:
     sliding_windows: tuple[int | None, ...] = ()
     moe: MoEConfig | None = None
     sparse_layers: tuple[int, ...] = ()
+    mla: MLAConfig | None = None
+    hidden_act: str = "silu"
+    norm_offset: bool = False
+    sandwich_norms: bool = False
+    embed_scale: float | None = None
+    attn_scale: float | None = None
+    local_rope: RopeConfig | None = None
+    attention_sinks: bool = False
     raw: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
     folder: str | None = attrs.field(default=None, eq=False)
 
@@ -120,6 +153,8 @@ class ModelConfig:
             )
         if not self.rms_norm_eps > 0:
             raise ConfigError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise ConfigError(f"hidden_act must be 'silu' or 'gelu_pytorch_tanh', got {self.hidden_act!r}")
         if len(self.sliding_windows) not in (0, self.num_layers):
             raise ConfigError(
                 f"sliding_windows must have num_layers={self.num_layers} entries, "
@@ -147,6 +182,15 @@ class ModelConfig:
         """The attention window of ``layer`` in tokens, ``None`` for full causal attention."""
         return self.sliding_windows[layer] if self.sliding_windows else None
 
+    def cache_row(self, num_kv_heads: int | None = None) -> CacheRow:
+        """What one token of one layer stores in the KV pool (the engine's pool is built
+        and sized from it): with :attr:`mla` one keys-only row of ``kv_lora_rank +
+        qk_rope_head_dim``; else a key and a value of ``num_kv_heads`` (this rank's heads;
+        default all) x ``head_dim``. Pure."""
+        if self.mla is not None:
+            return self.mla.cache_row()
+        return CacheRow(self.num_kv_heads if num_kv_heads is None else num_kv_heads, self.head_dim)
+
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelConfig:
         """Parse a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout).
@@ -157,40 +201,48 @@ class ModelConfig:
         """
         architecture = _architecture(config)
         model_type = SUPPORTED_ARCHITECTURES[architecture]
+        if model_type == "gpt_oss":  # transformers' GptOssConfig defaults for absent keys
+            config = gpt_oss_hf_config(config)
+        gemma = model_type == GEMMA3_TEXT
         act = config.get("hidden_act", "silu")
-        if act != "silu":
+        if act != "silu" and not gemma:  # Gemma 3 reads hidden_activation (gemma3_fields)
             raise ConfigError(f"hidden_act must be 'silu', got {act!r}")
         hidden = as_int(config, "hidden_size")
         heads = as_int(config, "num_attention_heads")
-        # transformers reads a missing, null or 0 head_dim as hidden_size // heads.
-        head_dim = as_optional_int(config, "head_dim") or (hidden // heads if heads else 0)
+        # transformers reads a missing, null or 0 head_dim as hidden_size // heads (Gemma 3: 256).
+        head_dim = as_optional_int(config, "head_dim") or (256 if gemma else hidden // heads if heads else 0)
+        mla = parse_mla(config, model_type)  # DeepSeek-V3 (its head_dim names the rope dims)
         num_layers = as_int(config, "num_hidden_layers")
         max_pos = as_int(config, "max_position_embeddings", 2048)
+        # Gemma 3's norms, activation, scales, layer types and two RoPEs replace the generic parse.
+        family = (gemma3_fields(config, hidden_size=hidden, head_dim=head_dim, num_layers=num_layers,
+                                max_pos=max_pos) if gemma else {})
         attention_bias = as_bool(config, "attention_bias", False)
         # Per-family attention layout (what the transformers reference builds).
         qkv_bias = {"qwen2": True, "qwen2_moe": as_bool(config, "qkv_bias", True),
                     "mixtral": False}.get(model_type, attention_bias)
-        o_bias = attention_bias if model_type in ("llama", "qwen3", "qwen3_moe") else False
+        o_bias = attention_bias if model_type in ("llama", "qwen3", "qwen3_moe", "gpt_oss") else False
         qk_norm = model_type in ("qwen3", "qwen3_moe") or (
             model_type == "glm4_moe" and as_bool(config, "use_qk_norm", False)
         )
         sparse = sparse_layer_indices(config, model_type, num_layers)
-        return cls(
+        parsed = cls(
             architecture=architecture,
             model_type=model_type,
             vocab_size=as_int(config, "vocab_size"),
             hidden_size=hidden,
             num_layers=num_layers,
             num_heads=heads,
-            num_kv_heads=as_int(config, "num_key_value_heads", heads),
-            head_dim=head_dim,
+            num_kv_heads=as_int(config, "num_key_value_heads", heads) if mla is None else 1,
+            head_dim=head_dim if mla is None else mla.latent_row,
             max_position_embeddings=max_pos,
             eos_token_ids=_token_ids(config.get("eos_token_id"), "eos_token_id"),
             bos_token_id=_optional_token(config.get("bos_token_id"), "bos_token_id"),
-            tie_word_embeddings=as_bool(config, "tie_word_embeddings", False),
+            tie_word_embeddings=as_bool(config, "tie_word_embeddings", gemma),
             rms_norm_eps=as_float(config, "rms_norm_eps", 1e-6),
             intermediate_size=as_int(config, "intermediate_size"),
-            rope=parse_rope(config, model_type, head_dim, max_pos),
+            rope=family["rope"] if gemma else parse_rope(
+                config, model_type, head_dim if mla is None else mla.qk_rope_head_dim, max_pos),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=model_type == "llama" and as_bool(config, "mlp_bias", False),
@@ -198,8 +250,11 @@ class ModelConfig:
             sliding_windows=_sliding_windows(config, model_type, num_layers),
             moe=MoEConfig.from_hf(config) if sparse else None,
             sparse_layers=sparse,
+            mla=mla,
+            attention_sinks=model_type == "gpt_oss",
             raw=dict(config),
         )
+        return attrs.evolve(parsed, **family) if family else parsed
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str]) -> ModelConfig:
@@ -278,6 +333,8 @@ def _optional_token(value: Any, field: str) -> int | None:
 def _sliding_windows(
     config: Mapping[str, Any], model_type: str, num_layers: int
 ) -> tuple[int | None, ...]:
+    if model_type == "gpt_oss":  # layer_types alternate sliding / full
+        return layer_type_windows(config, num_layers)
     window = config.get("sliding_window")
     if model_type in ("mixtral", "mistral"):  # every layer slides when a window is set
         return (as_int(config, "sliding_window"),) * num_layers if window is not None else ()

@@ -164,7 +164,8 @@ def sparse_layer_indices(config: Mapping[str, Any], model_type: str, num_layers:
     """Indices of the layers whose MLP is a mixture of experts (as transformers builds them).
 
     Qwen-MoE: not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``;
-    Mixtral: every layer; GLM-4-MoE: from ``first_k_dense_replace`` on; dense families: none.
+    Mixtral and gpt-oss: every layer; GLM-4-MoE and DeepSeek-V3: from ``first_k_dense_replace`` on (its
+    default 1 and 3, as their transformers configs); dense families: none.
     """
     if model_type in ("qwen3_moe", "qwen2_moe"):
         key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
@@ -175,9 +176,9 @@ def sparse_layer_indices(config: Mapping[str, Any], model_type: str, num_layers:
             raise ConfigError(f"decoder_sparse_step must be >= 1, got {step}")
         return tuple(i for i in range(num_layers)
                      if i not in dense_only and experts > 0 and (i + 1) % step == 0)
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "gpt_oss"):
         return tuple(range(num_layers))
-    if model_type == "glm4_moe":
-        first = as_int(config, "first_k_dense_replace", 1)
+    if model_type in ("glm4_moe", "deepseek_v3"):
+        first = as_int(config, "first_k_dense_replace", 1 if model_type == "glm4_moe" else 3)
         return tuple(range(max(first, 0), num_layers))
     return ()

@@ -17,14 +17,17 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_kit._kernels import resolve_impl
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.invariant import invariant_silu
 
 if TYPE_CHECKING:
+    from deepinfer_kit.models.config import ModelConfig
     from deepinfer_kit.models.rope_kv import RopeKvOp
 
 __all__ = [
     "rms_norm", "add_rms_norm", "silu_and_mul", "FusedOps", "REFERENCE_OPS", "select_fused_ops",
     "RmsNormOp", "AddRmsNormOp", "SiluAndMulOp", "invariant_silu_and_mul", "INVARIANT_REFERENCE_OPS",
+    "offset_rms_norm", "offset_add_rms_norm", "gelu_tanh_and_mul", "family_ops",
 ]  # fmt: skip
 
 RmsNormOp = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -102,6 +105,39 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: ``(x / sqrt(mean(x^2) + eps)) * (1 + weight)``, all in float32, then
+    rounded once to ``x.dtype`` (the checkpoint stores the scale's offset from 1).
+
+    Called by every norm of a ``ModelConfig.norm_offset`` model, the per-head q/k norm
+    included. Same arguments and result shape as :func:`rms_norm` (``weight`` ``[H]`` or
+    broadcasting, e.g. ``[heads, H]``); mutates nothing.
+    """
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).to(x.dtype)
+
+
+def offset_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`add_rms_norm` with :func:`offset_rms_norm`: ``(offset_rms_norm(x + residual),
+    x + residual)``, new ``[T, H]`` tensors in ``x.dtype``. Mutates nothing."""
+    new_residual = x + residual
+    return offset_rms_norm(new_residual, weight, eps), new_residual
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU activation: ``gelu_tanh(gate) * up`` where ``gate_up = [gate | up]`` (``gelu``
+    with ``approximate="tanh"``, transformers' ``gelu_pytorch_tanh``).
+
+    Called by the gated MLP of a ``ModelConfig.hidden_act == "gelu_pytorch_tanh"`` model.
+    Same arguments, result and rounding as :func:`silu_and_mul`; mutates nothing.
+    """
+    gate, up = torch.split(gate_up, gate_up.shape[-1] // 2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 @attrs.frozen
 class FusedOps:
     """The three ops one model uses, all reference or all Triton, chosen at construction.
@@ -161,3 +197,28 @@ def select_fused_ops(impl: str, *, on_cuda: bool, field: str = "fused_impl",
 
     return FusedOps("triton", fused_triton.rms_norm, fused_triton.add_rms_norm,
                     fused_triton.silu_and_mul, rope_kv_triton.rope_kv_write)
+
+
+def family_ops(config: ModelConfig, ops: FusedOps, *, batch_invariant: bool) -> FusedOps:
+    """The ops a model of ``config`` runs, given the ``ops`` :func:`select_fused_ops` chose.
+
+    Called once at model construction. Returns ``ops`` itself unless ``config`` has
+    ``norm_offset`` or a GELU MLP (Gemma 3); then the torch references for its norms
+    (:func:`offset_rms_norm`, :func:`offset_add_rms_norm`) and activation
+    (:func:`gelu_tanh_and_mul`) — the Triton kernels compute ``w * x`` and SiLU — with no
+    fused RoPE + KV write.
+
+    Raises:
+        ConfigError: ``batch_invariant`` with such a config (those ops have no
+            batch-invariant kernels).
+    """
+    if not config.norm_offset and config.hidden_act == "silu":
+        return ops
+    if batch_invariant:
+        raise ConfigError(
+            f"batch_invariant=True is not supported for {config.model_type}: its (1 + weight) norms "
+            f"and {config.hidden_act} MLP run as torch ops with no batch-invariant kernels")
+    offset = config.norm_offset
+    return FusedOps("ref", offset_rms_norm if offset else rms_norm,
+                    offset_add_rms_norm if offset else add_rms_norm,
+                    gelu_tanh_and_mul if config.hidden_act == "gelu_pytorch_tanh" else silu_and_mul)

@@ -15,9 +15,10 @@ from torch import nn
 
 from deepinfer_kit._kernels import Impl
 from deepinfer_kit.comm.protocols import Communicator
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.models.attention import PagedAttention
 from deepinfer_kit.models.config import ModelConfig
-from deepinfer_kit.models.fused_ops import REFERENCE_OPS, FusedOps, rms_norm
+from deepinfer_kit.models.fused_ops import REFERENCE_OPS, FusedOps, offset_rms_norm, rms_norm
 from deepinfer_kit.models.invariant import PLAIN, Numerics
 from deepinfer_kit.models.parallel.linear import ColumnParallelLinear, RowBlock, RowParallelLinear
 from deepinfer_kit.models.parallel.shard import attention_shard, split_even
@@ -25,7 +26,7 @@ from deepinfer_kit.models.protocols import PagedKVStore
 from deepinfer_kit.models.records import AttentionMetadata
 from deepinfer_kit.models.rope import RotaryEmbedding
 from deepinfer_kit.models.rope_kv import RopeKvOp
-from deepinfer_kit.models.weights import take
+from deepinfer_kit.models.weights import take, take_slice
 
 __all__ = ["Linear", "RMSNorm", "GatedMLP", "PagedSelfAttention", "Impl"]
 
@@ -157,12 +158,18 @@ class PagedSelfAttention(nn.Module):
     context, output projection. Queries and keys are adjacent in the fused projection, so
     their norm and rotation run as one op over ``Hq + Hkv`` heads. With ``rope_kv`` (the
     fused kernel, chosen once by the model) the norm, rotation and cache write are one
-    launch that stores into :meth:`PagedKVStore.slot_caches`.
+    launch that stores into :meth:`PagedKVStore.slot_caches`. The q/k norm is
+    ``fused_ops.offset_rms_norm`` when ``config.norm_offset`` (Gemma 3) and the softmax
+    scale ``config.attn_scale`` when set (else ``head_dim ** -0.5``).
 
     With ``tp`` (a tensor-parallel group) this rank holds the heads of
     :func:`~deepinfer_kit.models.parallel.shard.attention_shard`: q/k/v column-parallel by
     heads, its cache layer only those KV heads, o_proj row-parallel (one all-reduce).
     Raises ConfigError when the heads do not split over the group.
+
+    With ``config.attention_sinks`` (gpt-oss) it holds ``sinks`` ``[Hq]`` (its own query
+    heads' entries under ``tp``), passed to :class:`PagedAttention`; ConfigError with
+    ``batch_invariant`` (no invariant kernel has the sink term).
     """
 
     def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding, *,
@@ -187,16 +194,25 @@ class PagedSelfAttention(nn.Module):
             if tp is None else RowParallelLinear(config.num_heads * self.head_dim, config.hidden_size,
                                                  bias=config.o_bias, comm=tp, dtype=dtype, device=device))
         self.eps = config.rms_norm_eps
+        # gpt-oss: a learned sink logit per query head (this rank's heads) in the softmax denominator.
+        self.sinks: nn.Parameter | None = None
+        if config.attention_sinks:
+            if batch_invariant:
+                raise ConfigError(f"batch_invariant=True is not supported for {config.architecture}: its "
+                                  f"attention sinks have no batch-invariant kernel")
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype, device=device), requires_grad=False)
         # q_norm.weight repeated over the Hq query heads, then k_norm.weight over the Hkv heads.
         self.qk_norm_weight = (
             nn.Parameter(torch.ones(self.num_heads + self.num_kv_heads, self.head_dim, dtype=dtype,
                                     device=device), requires_grad=False)
             if config.qk_norm else None)
+        self.qk_norm = offset_rms_norm if config.norm_offset else rms_norm
         self.rotary = rotary
+        scale = self.head_dim**-0.5 if config.attn_scale is None else config.attn_scale
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
-                                   self.head_dim**-0.5, impl=attention_impl,
+                                   scale, impl=attention_impl,
                                    sliding_window=config.sliding_window(layer), device=device,
-                                   batch_invariant=batch_invariant)
+                                   batch_invariant=batch_invariant, sinks=self.sinks)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: PagedKVStore, meta: AttentionMetadata) -> torch.Tensor:
@@ -214,7 +230,7 @@ class PagedSelfAttention(nn.Module):
             qk = qkv[:, : (hq + hkv) * d].view(tokens, hq + hkv, d)
             v = qkv[:, (hq + hkv) * d:].view(tokens, hkv, d)
             if self.qk_norm_weight is not None:
-                qk = rms_norm(qk, self.qk_norm_weight, self.eps)
+                qk = self.qk_norm(qk, self.qk_norm_weight, self.eps)
             qk = self.rotary.rotate(qk, cos, sin)
             q = qk[:, :hq]
             kv_cache.write(self.layer, qk[:, hq:], v, meta.slot_mapping)
@@ -222,7 +238,8 @@ class PagedSelfAttention(nn.Module):
         return self.o_proj.forward(out.reshape(tokens, hq * d))
 
     def load_hf_weights(self, weights: Weights, prefix: str) -> None:
-        """Load ``prefix + q_proj/k_proj/v_proj/o_proj`` (and ``q_norm``/``k_norm``).
+        """Load ``prefix + q_proj/k_proj/v_proj/o_proj`` (and ``q_norm``/``k_norm``, and
+        this rank's entries of ``sinks`` ``[num_heads]``).
 
         Raises:
             CheckpointError: a missing or mis-shaped tensor (named).
@@ -232,6 +249,11 @@ class PagedSelfAttention(nn.Module):
         else:
             self.qkv_proj.load_parts(weights, [f"{prefix}{p}_proj" for p in "qkv"], self.sizes)
         self.o_proj.load_hf_weights(weights, f"{prefix}o_proj.")
+        if self.sinks is not None:
+            start = self.shard.q_start if self.shard is not None else 0
+            with torch.no_grad():
+                self.sinks.copy_(take_slice(weights, f"{prefix}sinks", (self.config.num_heads,), 0,
+                                            start, start + self.num_heads))
         if self.qk_norm_weight is not None:
             shape = (self.head_dim,)
             with torch.no_grad():

@@ -85,8 +85,11 @@ def rope_kv_unsupported(config: ModelConfig) -> str | None:
     Called once at model construction; the layers of an unsupported model take the unfused
     path (norm, rotate, ``PagedKVStore.write``). The kernel covers the "rotate half" layout
     of every RoPE scaling variant (they differ only in ``cos``/``sin``), partial rotary,
-    per-head q/k norm or none, and any ``D`` up to :data:`MAX_HEAD_DIM`.
+    per-head q/k norm or none, and any ``D`` up to :data:`MAX_HEAD_DIM`; not Gemma 3's
+    ``(1 + weight)`` q/k norm (``config.norm_offset``).
     """
+    if config.norm_offset:
+        return "the q/k norms scale by (1 + weight) (norm_offset); the kernel multiplies by weight"
     if config.head_dim > MAX_HEAD_DIM:
         return f"head_dim {config.head_dim} > {MAX_HEAD_DIM}"
     rot = config.rope.rotary_dim

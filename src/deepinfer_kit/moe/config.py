@@ -11,11 +11,14 @@ import attrs
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["MoEConfig", "RoutingKind", "SUPPORTED_HF_MODEL_TYPES", "check_expert_groups"]
+__all__ = ["MoEConfig", "RoutingKind", "ExpertActivationKind", "ExpertLayout",
+           "SUPPORTED_HF_MODEL_TYPES", "check_expert_groups"]
 
-RoutingKind = Literal["softmax", "deepseek_v3"]
+RoutingKind = Literal["softmax", "deepseek_v3", "topk_softmax"]
+ExpertActivationKind = Literal["swiglu", "clamped_swiglu"]
+ExpertLayout = Literal["standard", "gpt_oss"]
 
-SUPPORTED_HF_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe")
+SUPPORTED_HF_MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral", "glm4_moe", "gpt_oss", "deepseek_v3")
 """``model_type`` values :meth:`MoEConfig.from_hf` understands."""
 
 
@@ -66,10 +69,12 @@ class MoEConfig:
         num_experts: ``E``, routed (logical) experts.
         top_k: ``k``, experts per token; ``1 <= k <= E``.
         intermediate_size: SwiGLU intermediate size of each routed expert.
-        routing: ``"softmax"`` (softmax over all experts, then top-k: Mixtral, Qwen-MoE) or
+        routing: ``"softmax"`` (softmax over all experts, then top-k: Mixtral, Qwen-MoE),
             ``"deepseek_v3"`` (sigmoid scores, biased group-limited selection: GLM-4-MoE,
-            DeepSeek-V3).
-        norm_topk_prob: renormalize the ``k`` selected weights to sum to 1.
+            DeepSeek-V3) or ``"topk_softmax"`` (top-k of the logits, then a softmax over
+            those ``k``: gpt-oss).
+        norm_topk_prob: renormalize the ``k`` selected weights to sum to 1 (no effect with
+            ``"topk_softmax"``, whose ``k`` weights already sum to 1).
         n_group: expert groups for group-limited selection (``E`` divisible by it).
         topk_group: groups kept per token; ``1 <= topk_group <= n_group``.
         routed_scaling_factor: multiplies the routed weights (after renormalization).
@@ -79,6 +84,20 @@ class MoEConfig:
         shared_expert_gate: Qwen2-MoE style: the shared output is scaled by
             ``sigmoid(x @ w_gate)`` with ``w_gate`` of shape ``[1, H]``.
         hidden_act: the expert activation; only ``"silu"`` (SwiGLU) is supported.
+        router_bias: the router's linear has a bias ``[E]`` (gpt-oss ``router.bias``);
+            softmax routings only.
+        expert_bias: each routed expert's gate/up and down projections have biases
+            (``[2I]`` and ``[H]``: gpt-oss).
+        expert_activation: ``"swiglu"`` (``silu(gate) * up``) or ``"clamped_swiglu"``
+            (gpt-oss: ``g = min(gate, limit)``, ``u = clamp(up, -limit, limit)``,
+            ``(u + 1) * g * sigmoid(alpha * g)``).
+        swiglu_alpha: ``alpha`` of ``"clamped_swiglu"`` (finite, > 0).
+        swiglu_limit: ``limit`` of ``"clamped_swiglu"`` (finite, > 0).
+        expert_layout: how the checkpoint names and stores the layer's tensors:
+            ``"standard"`` (``gate.weight``, per-expert or ``[E, 2I, H]`` fused experts) or
+            ``"gpt_oss"`` (``router.weight``/``router.bias``, ``experts.gate_up_proj``
+            ``[E, H, 2I]`` with gate and up interleaved in its columns, its bias
+            ``[E, 2I]``, ``experts.down_proj`` ``[E, I, H]`` and ``down_proj_bias``).
     """
 
     hidden_size: int = attrs.field(validator=int_at_least(1))
@@ -86,7 +105,7 @@ class MoEConfig:
     top_k: int = attrs.field(validator=int_at_least(1))
     intermediate_size: int = attrs.field(validator=int_at_least(1))
     routing: RoutingKind = attrs.field(
-        default="softmax", validator=one_of(("softmax", "deepseek_v3"))
+        default="softmax", validator=one_of(("softmax", "deepseek_v3", "topk_softmax"))
     )
     norm_topk_prob: bool = attrs.field(default=True, validator=_is_bool)
     n_group: int = attrs.field(default=1, validator=int_at_least(1))
@@ -96,8 +115,17 @@ class MoEConfig:
     shared_intermediate_size: int = attrs.field(default=0, validator=int_at_least(0))
     shared_expert_gate: bool = attrs.field(default=False, validator=_is_bool)
     hidden_act: str = attrs.field(default="silu", validator=one_of(("silu",)))
+    router_bias: bool = attrs.field(default=False, validator=_is_bool)
+    expert_bias: bool = attrs.field(default=False, validator=_is_bool)
+    expert_activation: ExpertActivationKind = attrs.field(
+        default="swiglu", validator=one_of(("swiglu", "clamped_swiglu")))
+    swiglu_alpha: float = attrs.field(default=1.702, validator=_positive_finite)
+    swiglu_limit: float = attrs.field(default=7.0, validator=_positive_finite)
+    expert_layout: ExpertLayout = attrs.field(default="standard", validator=one_of(("standard", "gpt_oss")))
 
     def __attrs_post_init__(self) -> None:
+        if self.router_bias and self.routing == "deepseek_v3":
+            raise ConfigError("router_bias needs a softmax routing, got routing 'deepseek_v3'")
         if self.top_k > self.num_experts:
             raise ConfigError(
                 f"top_k must be <= num_experts ({self.num_experts}), got {self.top_k}"
@@ -112,12 +140,17 @@ class MoEConfig:
             )
         if self.shared_expert_gate and self.num_shared_experts == 0:
             raise ConfigError("shared_expert_gate must be False when num_shared_experts == 0, got True")
+        if self.expert_layout == "gpt_oss" and self.num_shared_experts:
+            raise ConfigError(f"expert_layout 'gpt_oss' has no shared experts, got "
+                              f"num_shared_experts={self.num_shared_experts}")
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> MoEConfig:
         """Read the MoE layer of a Hugging Face ``config.json`` dict.
 
-        Supports ``model_type`` ``qwen3_moe``, ``qwen2_moe``, ``mixtral`` and ``glm4_moe``.
+        Supports ``model_type`` ``qwen3_moe``, ``qwen2_moe``, ``mixtral``, ``glm4_moe``,
+        ``gpt_oss`` and ``deepseek_v3`` (read as ``glm4_moe``: transformers' DeepSeek-V3 router,
+        experts and shared experts are GLM-4-MoE's).
         Which layers are MoE (``first_k_dense_replace``, ``decoder_sparse_step``,
         ``mlp_only_layers``) is the model's business, not this config's.
 
@@ -198,9 +231,27 @@ def _glm4_moe(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpt_oss(config: Mapping[str, Any]) -> dict[str, Any]:
+    # transformers' GptOssExperts ignore hidden_act: the clamped SwiGLU is the family's.
+    return _common(config) | {
+        "intermediate_size": _get(config, "intermediate_size"),
+        "routing": "topk_softmax",
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "router_bias": True,
+        "expert_bias": True,
+        "expert_activation": "clamped_swiglu",
+        "swiglu_alpha": _get(config, "swiglu_alpha", default=1.702),
+        "swiglu_limit": _get(config, "swiglu_limit", default=7.0),
+        "expert_layout": "gpt_oss",
+    }
+
+
 _READERS = {
     "qwen3_moe": _qwen3_moe,
     "qwen2_moe": _qwen2_moe,
     "mixtral": _mixtral,
     "glm4_moe": _glm4_moe,
+    "gpt_oss": _gpt_oss,
+    "deepseek_v3": _glm4_moe,
 }

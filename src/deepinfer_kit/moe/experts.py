@@ -10,6 +10,7 @@ from torch import nn
 
 from deepinfer_kit._kernels import Impl, resolve_impl
 from deepinfer_kit.models.invariant import PLAIN, Numerics
+from deepinfer_kit.moe.expert_variants import ExpertActivation, grouped_experts, routed_experts
 from deepinfer_kit.moe.records import Routing
 from deepinfer_kit.moe.ref_ops import grouped_swiglu, routed_swiglu, swiglu
 
@@ -19,11 +20,15 @@ class _TritonExperts(Protocol):
     """The two entry points of ``moe.triton_ops`` (imported only when chosen)."""
 
     def grouped_swiglu(self, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                       counts: Sequence[int], *, invariant: bool = False) -> torch.Tensor: ...
+                       counts: Sequence[int], *, invariant: bool = False,
+                       gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                       activation: ExpertActivation | None = None) -> torch.Tensor: ...
 
     def routed_swiglu(self, hidden: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
                       gate_up: torch.Tensor, down: torch.Tensor, *,
-                      invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
+                      invariant: bool = False, gate_up_bias: torch.Tensor | None = None,
+                      down_bias: torch.Tensor | None = None,
+                      activation: ExpertActivation | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def _triton_kernels() -> _TritonExperts:
@@ -40,6 +45,10 @@ class GroupedExperts(nn.Module):
     ``down`` ``[S, H, I]``, the layout of Hugging Face's fused experts, so a grouped GEMM
     reads each expert's weights as one contiguous block.
 
+    With ``bias`` or a clamped ``activation`` (gpt-oss) both implementations run the
+    variant: :mod:`~deepinfer_kit.moe.expert_variants` (reference) or the same Triton
+    kernels with their bias and clamp options; otherwise the plain SwiGLU paths, unchanged.
+
     Args:
         num_slots: ``S``, experts held here (all ``E`` on one device).
         hidden_size: ``H``.
@@ -47,6 +56,9 @@ class GroupedExperts(nn.Module):
         impl: ``"auto" | "ref" | "triton"``, resolved once here (see :func:`deepinfer_kit._kernels.resolve_impl`).
         dtype: weight dtype.
         device: weight device.
+        bias: hold ``gate_up_bias`` ``[S, 2I]`` (gate then up, like ``gate_up``) and
+            ``down_bias`` ``[S, H]``, zeros until loaded.
+        activation: the activation; ``None``: SwiGLU.
     """
 
     def __init__(
@@ -58,6 +70,8 @@ class GroupedExperts(nn.Module):
         impl: Impl = "auto",
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        bias: bool = False,
+        activation: ExpertActivation | None = None,
     ) -> None:
         super().__init__()
         dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -72,6 +86,22 @@ class GroupedExperts(nn.Module):
             torch.zeros(num_slots, hidden_size, intermediate_size, dtype=dtype, device=dev),
             requires_grad=False,
         )
+        self.gate_up_bias: nn.Parameter | None = None
+        self.down_bias: nn.Parameter | None = None
+        if bias:
+            self.gate_up_bias = nn.Parameter(
+                torch.zeros(num_slots, 2 * intermediate_size, dtype=dtype, device=dev), requires_grad=False)
+            self.down_bias = nn.Parameter(
+                torch.zeros(num_slots, hidden_size, dtype=dtype, device=dev), requires_grad=False)
+        self.activation = activation if activation is not None else ExpertActivation()
+        self.variant = bias or self.activation.clamped
+        """Biases or a clamped activation: the ``expert_variants`` paths run."""
+
+    def slot_tensors(self) -> tuple[nn.Parameter, ...]:
+        """Every ``[S, ...]`` weight (``gate_up``, ``down``, then the biases when held): what
+        moves with a slot when replicas or expert parallelism rearrange the slots."""
+        extra = tuple(b for b in (self.gate_up_bias, self.down_bias) if b is not None)
+        return (self.gate_up, self.down, *extra)
 
     def forward(self, x: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
         """Run expert ``s`` on its ``counts[s]`` rows of ``x`` (``[M, H]``, grouped by slot).
@@ -80,6 +110,15 @@ class GroupedExperts(nn.Module):
             ``[M, H]`` unweighted expert outputs in the weight dtype. Mutates nothing.
         """
         x = x.to(self.gate_up.dtype)
+        if self.variant:
+            if self._triton is None:
+                return grouped_experts(x, self.gate_up, self.down, counts, self.activation,
+                                       gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
+                                       numerics=self.numerics)
+            return self._triton.grouped_swiglu(x, self.gate_up, self.down, counts,
+                                               invariant=self.numerics.invariant,
+                                               gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
+                                               activation=self.activation)
         if self._triton is None:
             return grouped_swiglu(x, self.gate_up, self.down, counts, self.numerics)
         return self._triton.grouped_swiglu(x, self.gate_up, self.down, counts,
@@ -105,6 +144,15 @@ class GroupedExperts(nn.Module):
             ConfigError: (``"ref"`` only) an id outside ``[0, S)``; the Triton path does
                 not check, since checking would read the device.
         """
+        if self.variant:
+            if self._triton is None:
+                return routed_experts(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down,
+                                      self.activation, gate_up_bias=self.gate_up_bias,
+                                      down_bias=self.down_bias, numerics=self.numerics)
+            return self._triton.routed_swiglu(hidden, routing.expert_ids, routing.weights, self.gate_up,
+                                              self.down, invariant=self.numerics.invariant,
+                                              gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
+                                              activation=self.activation)
         if self._triton is None:
             return routed_swiglu(hidden, routing.expert_ids, routing.weights, self.gate_up, self.down,
                                  self.numerics)

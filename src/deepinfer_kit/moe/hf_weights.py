@@ -12,7 +12,13 @@ Accepted names under the layer prefix (``model.layers.N.mlp.`` or, for Mixtral f
   ``experts.gate_up_proj`` ``[E, 2I, H]`` and ``experts.down_proj`` ``[E, H, I]``;
 - shared experts: ``shared_experts.{gate,up,down}_proj.weight`` (GLM-4-MoE, DeepSeek) or
   ``shared_expert.{gate,up,down}_proj.weight`` plus ``shared_expert_gate.weight`` ``[1, H]``
-  (Qwen2-MoE).
+  (Qwen2-MoE);
+- gpt-oss (``MoEConfig.expert_layout == "gpt_oss"``): ``router.weight`` ``[E, H]`` and
+  ``router.bias`` ``[E]``; ``experts.gate_up_proj`` ``[E, H, 2I]`` (``x @ W``, gate and up
+  interleaved in its columns: gate ``[..., 0::2]``, up ``[..., 1::2]``),
+  ``experts.gate_up_proj_bias`` ``[E, 2I]`` (interleaved alike), ``experts.down_proj``
+  ``[E, I, H]`` and ``experts.down_proj_bias`` ``[E, H]``; stored de-interleaved and
+  transposed into the kit's layout.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ class LayerTensors:
         shared_gate_up: ``[2 I_s, H]`` or None.
         shared_down: ``[H, I_s]`` or None.
         shared_gate: ``[1, H]`` or None.
+        gate_bias: ``[E]`` router logit bias (gpt-oss) or None.
+        gate_up_bias: ``[S, 2I]`` the local experts' gate then up biases, or None.
+        down_bias: ``[S, H]`` or None.
     """
 
     gate: torch.Tensor | None = None  # [E, H]
@@ -54,6 +63,9 @@ class LayerTensors:
     shared_gate_up: torch.Tensor | None = None  # [2 I_s, H]
     shared_down: torch.Tensor | None = None  # [H, I_s]
     shared_gate: torch.Tensor | None = None  # [1, H]
+    gate_bias: torch.Tensor | None = None  # [E]
+    gate_up_bias: torch.Tensor | None = None  # [S, 2I]
+    down_bias: torch.Tensor | None = None  # [S, H]
 
 
 class _Reader:
@@ -117,6 +129,25 @@ def _read_routed(
     out.down = torch.stack(down)
 
 
+def _read_gpt_oss(
+    reader: _Reader, cfg: MoEConfig, local_experts: Sequence[int], out: LayerTensors
+) -> None:
+    """gpt-oss's router and fused experts (see the module docstring), de-interleaved:
+    column ``2j`` of ``gate_up_proj`` is gate unit ``j``, column ``2j + 1`` up unit ``j``."""
+    e, h, i = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+    out.gate = reader.take("router.weight", (e, h))
+    if cfg.router_bias:
+        out.gate_bias = reader.take("router.bias", (e,))
+    idx = torch.tensor(list(local_experts), dtype=torch.int64)
+    gate_up = reader.take("experts.gate_up_proj", (e, h, 2 * i)).index_select(0, idx)
+    out.gate_up = torch.cat([gate_up[..., 0::2], gate_up[..., 1::2]], dim=2).transpose(1, 2).contiguous()
+    out.down = reader.take("experts.down_proj", (e, i, h)).index_select(0, idx).transpose(1, 2).contiguous()
+    if cfg.expert_bias:
+        bias = reader.take("experts.gate_up_proj_bias", (e, 2 * i)).index_select(0, idx)
+        out.gate_up_bias = torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1)
+        out.down_bias = reader.take("experts.down_proj_bias", (e, h)).index_select(0, idx)
+
+
 def _read_shared(reader: _Reader, cfg: MoEConfig, out: LayerTensors) -> None:
     if cfg.num_shared_experts == 0:
         return
@@ -156,6 +187,10 @@ def read_moe_layer(
         prefix += "."
     reader = _Reader(weights, prefix)
     out = LayerTensors()
+    if cfg.expert_layout == "gpt_oss":
+        _read_gpt_oss(reader, cfg, local_experts, out)
+        reader.check_unexpected()
+        return out
     out.gate = reader.take("gate.weight", (cfg.num_experts, cfg.hidden_size))
     if cfg.routing == "deepseek_v3":
         out.bias = reader.take("gate.e_score_correction_bias", (cfg.num_experts,))

@@ -11,6 +11,7 @@ from deepinfer_kit._kernels import Impl
 from deepinfer_kit.errors import CheckpointError, ConfigError
 from deepinfer_kit.moe.config import MoEConfig
 from deepinfer_kit.moe.counts import copies_per_id
+from deepinfer_kit.moe.expert_variants import ExpertActivation
 from deepinfer_kit.moe.experts import GroupedExperts, SharedExpert
 from deepinfer_kit.moe.hf_weights import read_moe_layer
 from deepinfer_kit.moe.ep_dispatcher import ExpertParallelDispatcher
@@ -28,12 +29,14 @@ def make_router(
     config: MoEConfig, *, device: torch.device | str | None = None
 ) -> SoftmaxTopKRouter | DeepSeekV3Router:
     """The router ``config.routing`` names, with zero weights (load or set them after)."""
-    if config.routing == "softmax":
+    if config.routing in ("softmax", "topk_softmax"):
         return SoftmaxTopKRouter(
             config.hidden_size,
             config.num_experts,
             config.top_k,
             renormalize=config.norm_topk_prob,
+            bias=config.router_bias,
+            softmax_after_topk=config.routing == "topk_softmax",
             device=device,
         )
     return DeepSeekV3Router(
@@ -58,7 +61,9 @@ class MoELayer(nn.Module):
     call :meth:`load_hf_weights` or set them.
 
     Args:
-        config: the layer shape and routing rule.
+        config: the layer shape and routing rule (and gpt-oss's options: the router's
+            bias, the experts' biases and clamped SwiGLU, which the experts and
+            :meth:`load_hf_weights` then hold and read).
         impl: grouped-GEMM implementation, ``"auto" | "ref" | "triton"`` (resolved once).
         dtype: expert weight dtype (the router stays float32).
         device: where weights live.
@@ -129,6 +134,8 @@ class MoELayer(nn.Module):
             impl=impl,
             dtype=dtype,
             device=device,
+            bias=config.expert_bias,
+            activation=ExpertActivation.of(config),
         )
         self.shared_experts: SharedExpert | None = (
             SharedExpert(
@@ -236,6 +243,11 @@ class MoELayer(nn.Module):
             self.gate.get_buffer("e_score_correction_bias").copy_(tensors.bias)
         self.experts.gate_up.copy_(tensors.gate_up)
         self.experts.down.copy_(tensors.down)
+        for held_param, read in ((self.gate.bias, tensors.gate_bias),
+                                 (self.experts.gate_up_bias, tensors.gate_up_bias),
+                                 (self.experts.down_bias, tensors.down_bias)):
+            if held_param is not None and read is not None:  # both follow the config's flags
+                held_param.copy_(read)
         shared = self.shared_experts
         if shared is not None and tensors.shared_gate_up is not None:
             shared.gate_up.copy_(tensors.shared_gate_up)
@@ -287,9 +299,10 @@ class MoELayer(nn.Module):
 
     def _keep_slots(self, slot_experts: Sequence[int]) -> None:
         """Replace the expert weights by one row per slot, slot ``s`` a copy of expert
-        ``slot_experts[s]`` (from the full local weights)."""
+        ``slot_experts[s]`` (from the full local weights; the biases too, when held)."""
         index = torch.tensor(list(slot_experts), device=self.experts.gate_up.device)
-        for name in ("gate_up", "down"):
+        names = ("gate_up", "down") + (("gate_up_bias", "down_bias") if self.experts.gate_up_bias is not None else ())
+        for name in names:
             old = getattr(self.experts, name)
             setattr(self.experts, name, nn.Parameter(old.index_select(0, index), requires_grad=False))
 
@@ -310,14 +323,14 @@ class MoELayer(nn.Module):
         if isinstance(dispatcher, ExpertParallelDispatcher):
             old = dispatcher.phy2log
             plan_transfers(old, phy2log, dispatcher.world_size)  # checks before any collective
-            moved = exchange_slots((self.experts.gate_up, self.experts.down), old, phy2log,
+            moved = exchange_slots(self.experts.slot_tensors(), old, phy2log,
                                    dispatcher.rank, dispatcher.world_size, dispatcher.group)
             dispatcher.assign(phy2log)
             return moved
         table = self.replicas
         if table is None:
             raise ConfigError("apply_placement needs physical slots: call use_replicas first")
-        moved = move_slots((self.experts.gate_up, self.experts.down), table.sources(phy2log))
+        moved = move_slots(self.experts.slot_tensors(), table.sources(phy2log))
         table.assign(phy2log)
         return moved
 

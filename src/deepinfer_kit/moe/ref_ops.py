@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "softmax_topk",
+    "topk_softmax",
     "deepseek_v3_topk",
     "grouped_swiglu",
     "swiglu",
@@ -47,6 +48,24 @@ def softmax_topk(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return ids, weights
+
+
+def topk_softmax(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the ``k`` largest logits, then a softmax over those ``k`` only (gpt-oss).
+
+    Selects the same experts as :func:`softmax_topk` (softmax is monotone) and, up to
+    rounding, the same weights as its renormalized form; this is the order transformers'
+    ``GptOssTopKRouter`` computes in.
+
+    Args:
+        logits: ``[T, E]`` router logits (any float dtype; computed in float32).
+        top_k: ``k``.
+
+    Returns:
+        ``(expert_ids [T, k] int64, weights [T, k] float32)``, largest weight first.
+    """
+    values, ids = torch.topk(logits.float(), top_k, dim=-1)
+    return ids, torch.softmax(values, dim=-1)
 
 
 def deepseek_v3_topk(

@@ -16,7 +16,7 @@ from deepinfer_kit.models.invariant import PLAIN, Numerics
 from deepinfer_kit.moe.config import check_expert_groups
 from deepinfer_kit.moe.protocols import Router
 from deepinfer_kit.moe.records import Routing
-from deepinfer_kit.moe.ref_ops import deepseek_v3_topk, softmax_topk
+from deepinfer_kit.moe.ref_ops import deepseek_v3_topk, softmax_topk, topk_softmax
 
 __all__ = ["SoftmaxTopKRouter", "DeepSeekV3Router"]
 
@@ -48,6 +48,7 @@ class _GateRouter(nn.Module):
             requires_grad=False,
         )
         self.numerics: Numerics = PLAIN  # the model sets the batch-invariant one
+        self.bias: nn.Parameter | None = None  # [E] float32 logit bias (gpt-oss), when the router has one
 
     @property
     def num_experts(self) -> int:
@@ -60,8 +61,9 @@ class _GateRouter(nn.Module):
         return self._top_k
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[T, E]`` float32 router logits of ``hidden`` (``[T, H]``)."""
-        return self.numerics.linear(hidden.float(), self.weight, None)
+        """``[T, E]`` float32 router logits of ``hidden`` (``[T, H]``), plus :attr:`bias`
+        when the router has one."""
+        return self.numerics.linear(hidden.float(), self.weight, self.bias)
 
     def __call__(self, hidden: torch.Tensor) -> Routing:
         """Route ``hidden`` (``[T, H]``); see ``forward``."""
@@ -76,7 +78,12 @@ class SoftmaxTopKRouter(_GateRouter):
         num_experts: ``E``.
         top_k: ``k``.
         renormalize: divide the ``k`` weights by their sum (Mixtral: True; Qwen3-MoE:
-            ``norm_topk_prob``).
+            ``norm_topk_prob``); no effect with ``softmax_after_topk``.
+        bias: the logits carry a learned bias :attr:`bias` (``[E]`` float32, zeros until
+            loaded; gpt-oss ``router.bias``).
+        softmax_after_topk: keep the top ``k`` logits, then a softmax over those ``k``
+            (gpt-oss's order, :func:`~deepinfer_kit.moe.ref_ops.topk_softmax`) instead of
+            a softmax over all ``E`` first.
         device: where the gate weight lives.
 
     Raises:
@@ -90,10 +97,16 @@ class SoftmaxTopKRouter(_GateRouter):
         top_k: int,
         *,
         renormalize: bool = True,
+        bias: bool = False,
+        softmax_after_topk: bool = False,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(hidden_size, num_experts, top_k, device=device)
         self.renormalize = renormalize
+        self.softmax_after_topk = softmax_after_topk
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32, device=device),
+                                     requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> Routing:
         """Route ``hidden`` (``[T, H]``, any float dtype) to ``k`` experts each.
@@ -101,7 +114,10 @@ class SoftmaxTopKRouter(_GateRouter):
         Returns:
             ids ``[T, k]`` int64 and float32 weights, on the device of ``hidden``. Pure.
         """
-        ids, weights = softmax_topk(self.logits(hidden), self._top_k, renormalize=self.renormalize)
+        if self.softmax_after_topk:
+            ids, weights = topk_softmax(self.logits(hidden), self._top_k)
+        else:
+            ids, weights = softmax_topk(self.logits(hidden), self._top_k, renormalize=self.renormalize)
         return Routing(expert_ids=ids, weights=weights)
 
 

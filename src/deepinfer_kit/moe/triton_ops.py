@@ -22,6 +22,7 @@ import triton.language as tl
 
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.moe.align import BlockSchedule, align_block_size
+from deepinfer_kit.moe.expert_variants import ExpertActivation
 
 __all__ = ["choose_block_m", "grouped_swiglu", "routed_swiglu", "INVARIANT_BLOCK_M"]
 
@@ -60,6 +61,10 @@ def _scheduled_linear_kernel(
     stride_we,
     stride_wn,
     stride_om,
+    bias_ptr,
+    stride_be,
+    alpha,
+    limit,
     GATHER_DIV: tl.constexpr,
     SCATTER: tl.constexpr,
     SWIGLU: tl.constexpr,
@@ -69,13 +74,17 @@ def _scheduled_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BIAS: tl.constexpr = False,
+    CLAMPED: tl.constexpr = False,
 ):
     """One ``BLOCK_M x BLOCK_N`` tile of ``out = x W_e^T`` for the tile's expert ``e``.
 
     Input row of padded row ``r``: ``row_source[r] // GATHER_DIV`` when ``GATHER_DIV > 0``
     (token rows of the hidden states), else ``r`` (padded activations). Output row:
     ``row_source[r]`` when ``SCATTER``, else ``r``. Rows with ``row_source >= num_copies``
-    are padding: neither loaded nor stored.
+    are padding: neither loaded nor stored. ``BIAS``: add row ``e`` of ``bias``
+    (``[S, N]``, or ``[S, 2N]`` gate then up with ``SWIGLU``) before the epilogue and the
+    scale. ``CLAMPED``: gpt-oss's clamped SwiGLU (``alpha``, ``limit``) in place of SwiGLU.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -114,7 +123,16 @@ def _scheduled_linear_kernel(
                 w_base + (cols[None, :] + N) * stride_wn + ks[:, None], mask=w_mask, other=0.0
             )
             acc_up = _dot(x, w_up, acc_up, IEEE, UPCAST)
-    if SWIGLU:
+    if BIAS:
+        b_base = bias_ptr + expert.to(tl.int64) * stride_be
+        acc += tl.load(b_base + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc_up += tl.load(b_base + cols + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU and CLAMPED:
+        gate = tl.minimum(acc, limit)
+        up = tl.minimum(tl.maximum(acc_up, -limit), limit)
+        acc = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    elif SWIGLU:
         acc = acc * tl.sigmoid(acc) * acc_up
     if SCALE:
         acc = acc * tl.load(scale_ptr + source, mask=row_ok, other=0.0)[:, None]
@@ -140,6 +158,8 @@ def _scheduled_linear(
     scatter: bool,
     swiglu: bool,
     scale: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    clamp: ExpertActivation | None = None,
 ) -> None:
     n_out = out.shape[1]
     tiles = schedule.tile_expert.shape[0]
@@ -160,6 +180,10 @@ def _scheduled_linear(
         w.stride(0),
         w.stride(1),
         out.stride(0),
+        bias if bias is not None else out,  # unread without BIAS
+        bias.stride(0) if bias is not None else 0,
+        clamp.alpha if clamp is not None else 1.0,
+        clamp.limit if clamp is not None else 0.0,
         GATHER_DIV=gather_div,
         SCATTER=scatter,
         SWIGLU=swiglu,
@@ -170,6 +194,8 @@ def _scheduled_linear(
         BLOCK_M=schedule.block_m,
         BLOCK_N=_BLOCK_N,
         BLOCK_K=_BLOCK_K,
+        BIAS=bias is not None,
+        CLAMPED=clamp is not None,
     )
 
 
@@ -181,12 +207,24 @@ def _swiglu_on_schedule(
     gather_div: int,
     out: torch.Tensor,
     scale: torch.Tensor | None,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ExpertActivation | None = None,
 ) -> None:
-    """Both GEMMs: ``x`` rows gathered per ``row_source``, outputs stored at ``row_source``."""
+    """Both GEMMs: ``x`` rows gathered per ``row_source``, outputs stored at ``row_source``
+    (the biases, ``[S, 2I]`` and ``[S, H]``, and a clamped ``activation`` when given)."""
     inter = down.shape[2]
     act = torch.empty(schedule.row_source.shape[0], inter, dtype=x.dtype, device=x.device)
-    _scheduled_linear(x, gate_up, act, schedule, gather_div=gather_div, scatter=False, swiglu=True, scale=None)
-    _scheduled_linear(act, down, out, schedule, gather_div=0, scatter=True, swiglu=False, scale=scale)
+    clamp = activation if activation is not None and activation.clamped else None
+    _scheduled_linear(x, gate_up, act, schedule, gather_div=gather_div, scatter=False, swiglu=True, scale=None,
+                      bias=_rows(gate_up_bias), clamp=clamp)
+    _scheduled_linear(act, down, out, schedule, gather_div=0, scatter=True, swiglu=False, scale=scale,
+                      bias=_rows(down_bias))
+
+
+def _rows(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``bias`` with unit stride along its last dim (what the kernel indexes), or None."""
+    return None if bias is None else bias.contiguous()
 
 
 def routed_swiglu(
@@ -197,6 +235,9 @@ def routed_swiglu(
     down: torch.Tensor,
     *,
     invariant: bool = False,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ExpertActivation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Routed SwiGLU experts and their weighted combine, with no host synchronisation.
 
@@ -220,6 +261,11 @@ def routed_swiglu(
             reduction kernel whose grouping may follow the batch's size; so a token's
             output does not depend on the other tokens of the call. Default: the tile
             by :func:`choose_block_m` and a ``sum`` over the slots.
+        gate_up_bias, down_bias: ``[E, 2I]`` and ``[E, H]`` projection biases, added in
+            fp32 before the activation and before the combine weight scales a copy
+            (``expert_variants`` is their torch reference); ``None``: no bias.
+        activation: a clamped SwiGLU (gpt-oss) in place of SwiGLU; ``None`` or a plain
+            ``"swiglu"``: SwiGLU.
 
     Returns:
         ``(y [T, H] in the weight dtype, counts [E] int64)``, both on the device of
@@ -234,7 +280,7 @@ def routed_swiglu(
     schedule = align_block_size(expert_ids, num_experts, block_m)
     rows = torch.empty(num_tokens * top_k, hidden_size, dtype=torch.float32, device=x.device)
     scale = weights.reshape(-1).float().contiguous()
-    _swiglu_on_schedule(x, gate_up, down, schedule, top_k, rows, scale)
+    _swiglu_on_schedule(x, gate_up, down, schedule, top_k, rows, scale, gate_up_bias, down_bias, activation)
     slots = rows.view(num_tokens, top_k, hidden_size)
     if invariant:
         total = slots[:, 0].clone()
@@ -252,8 +298,13 @@ def grouped_swiglu(
     counts: Sequence[int],
     *,
     invariant: bool = False,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    activation: ExpertActivation | None = None,
 ) -> torch.Tensor:
-    """SwiGLU experts over expert-contiguous rows: ``ref_ops.grouped_swiglu`` on Triton.
+    """SwiGLU experts over expert-contiguous rows: ``ref_ops.grouped_swiglu`` on Triton
+    (with biases and a clamped activation: ``expert_variants.grouped_experts``, as in
+    :func:`routed_swiglu`).
 
     Same arguments and result (``x [M, H]``, ``gate_up [E, 2I, H]``, ``down [E, H, I]``,
     ``counts``: ``E`` host ints -> ``[M, H]`` in the dtype of ``x``); fp32 accumulation.
@@ -280,5 +331,5 @@ def grouped_swiglu(
     block_m = INVARIANT_BLOCK_M if invariant else choose_block_m(rows, num_experts)
     schedule = align_block_size(ids.view(rows, 1), num_experts, block_m)
     out = torch.empty(rows, down.shape[1], dtype=x.dtype, device=x.device)
-    _swiglu_on_schedule(x, gate_up, down, schedule, 1, out, None)
+    _swiglu_on_schedule(x, gate_up, down, schedule, 1, out, None, gate_up_bias, down_bias, activation)
     return out

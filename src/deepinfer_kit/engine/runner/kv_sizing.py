@@ -165,3 +165,4 @@ def size_kv_pool(
         )
         served = capacity
     return num_blocks, served
+

@@ -13,7 +13,9 @@ import torch
 
 from deepinfer_kit._dtypes import torch_dtype
 from deepinfer_kit._kernels import Impl
+from deepinfer_kit.cache.hybrid_kv import HybridKVCache
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.layer_groups import KVLayout
 from deepinfer_kit.components import BuildContext, Components
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.runner.assemble import build_tiny_model, load_model, moe_layer_factory
@@ -101,8 +103,11 @@ def load_shard(config: EngineConfig, dtype: torch.dtype, device: torch.device,
 
 
 def kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
-             groups: ParallelGroups | None) -> tuple[PagedKVCache, int, int]:
-    """The KV pool (this rank's KV heads), its block count and the engine's length limit.
+             groups: ParallelGroups | None) -> tuple[PagedKVCache | HybridKVCache, int, int]:
+    """The KV pool (this rank's KV heads), its block count and the engine's length limit;
+    per-group pools (:class:`HybridKVCache`) for a model with sliding-window layers under
+    ``config.hybrid_kv_cache``; a keys-only pool of one latent row per token and layer,
+    sized from the budget by that row's bytes, for DeepSeek-V3 (``ModelConfig.cache_row``).
 
     Raises:
         ConfigError: ``max_model_len`` beyond the model's, or a KV budget too small for it.
@@ -121,11 +126,58 @@ def kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: t
             mc, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, dtype=dtype),
     )
+    layout = config.kv_layout(mc)
+    if layout is not None:
+        return _hybrid_pool(config, mc, layout, kv_heads, dtype, device, budget, source)
+    row = mc.cache_row(kv_heads)  # DeepSeek-V3: one keys-only latent row per token and layer
+    blocks = config.num_blocks
+    if row.keys_only and budget is not None:  # size_kv_pool counts a K and a V plane
+        per_block = PagedKVCache.bytes_per_block(mc.num_layers, config.block_size, row.num_heads,
+                                                 row.head_dim, dtype, keys_only=True)
+        blocks = budget // per_block
+        if blocks < 1:
+            raise ConfigError(f"{source} ({per_block} bytes per latent block) holds no KV block of "
+                              f"{config.block_size} tokens; give the KV cache more memory")
     num_blocks, max_model_len = size_kv_pool(
-        model=attrs.evolve(mc, num_kv_heads=kv_heads), block_size=config.block_size, dtype=dtype,
-        budget_bytes=budget, budget_source=source, num_blocks=config.num_blocks,
-        max_model_len=config.max_model_len,
+        model=attrs.evolve(mc, num_kv_heads=row.num_heads, head_dim=row.head_dim),
+        block_size=config.block_size, dtype=dtype, budget_bytes=budget, budget_source=source,
+        num_blocks=blocks, max_model_len=config.max_model_len,
     )
-    kv_cache = PagedKVCache(mc.num_layers, num_blocks, config.block_size, kv_heads, mc.head_dim,
-                            dtype=dtype, device=device, impl=cast(Impl, config.attention_impl))
+    kv_cache = PagedKVCache(mc.num_layers, num_blocks, config.block_size, row.num_heads, row.head_dim,
+                            dtype=dtype, device=device, impl=cast(Impl, config.attention_impl),
+                            keys_only=row.keys_only)
+    return kv_cache, num_blocks, max_model_len
+
+
+def _hybrid_pool(config: EngineConfig, mc: ModelConfig, layout: KVLayout, kv_heads: int, dtype: torch.dtype,
+                 device: torch.device, budget: int | None, source: str) -> tuple[HybridKVCache, int, int]:
+    """Per-group pools: each sliding group sized for its windows
+    (:meth:`EngineConfig.sliding_pool_sizes`), the full group from what the budget leaves (or
+    ``config.num_blocks``). A model whose every layer slides has a full group without
+    storage: its block ids are only names (as many as ``max_num_seqs`` sequences of
+    ``max_model_len`` tokens, twice over for the prefix cache)."""
+    P = config.block_size
+    sizes = config.sliding_pool_sizes(layout)
+    per_layer_block = PagedKVCache.bytes_per_block(1, P, kv_heads, mc.head_dim, dtype)
+    sliding_bytes = sum(n * len(layout.layers_of(g)) * per_layer_block for (g, _), n in zip(layout.sliding(), sizes))
+    full_layers = len(layout.layers_of(0))
+    num_blocks = config.num_blocks
+    if num_blocks is None and not full_layers:
+        longest = config.max_model_len or mc.max_position_embeddings
+        num_blocks = 2 * config.max_num_seqs * -(-longest // P) + 1
+    if budget is not None and num_blocks is None:
+        if budget <= sliding_bytes:
+            raise ConfigError(
+                f"{source}: {budget} bytes do not hold the sliding-window layers' pools ({sliding_bytes} bytes for "
+                f"{sizes} blocks of {P} tokens); give the KV cache more memory or lower max_num_seqs")
+        budget -= sliding_bytes
+    num_blocks, max_model_len = size_kv_pool(
+        # the full group's layers only (one when it has none: its blocks are names, given above)
+        model=attrs.evolve(mc, num_kv_heads=kv_heads, num_layers=max(full_layers, 1), sliding_windows=(),
+                           sparse_layers=(), moe=None),
+        block_size=P, dtype=dtype,
+        budget_bytes=budget, budget_source=source, num_blocks=num_blocks, max_model_len=config.max_model_len,
+    )
+    kv_cache = HybridKVCache(layout, num_blocks, sizes, P, kv_heads, mc.head_dim, dtype=dtype, device=device,
+                             impl=cast(Impl, config.attention_impl))
     return kv_cache, num_blocks, max_model_len
