@@ -8,11 +8,13 @@ import attrs
 
 from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit.cache.layer_groups import KVLayout
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
 
 if TYPE_CHECKING:
     from deepinfer_kit.eplb.config import EplbConfig
+    from deepinfer_kit.models.config import ModelConfig
 
 __all__ = ["DEFAULT_KV_CACHE_MEMORY_MB", "EngineConfig"]
 
@@ -101,6 +103,10 @@ class EngineConfig:
         max_num_batched_tokens: token budget of one round.
         long_prefill_token_threshold: cap on one prefill chunk (0: no cap).
         enable_prefix_caching: reuse cached prompt blocks across requests.
+        hybrid_kv_cache: a model with sliding-window layers keeps, in those layers, only
+            each sequence's window (plus room for a speculative rollback) in pools of their
+            own (``cache.hybrid_manager``, docs/hybrid_kv_cache.md); ``False``: every layer
+            keeps every token, as a full-attention layer does.
         prefix_index: ``"radix"`` (radix tree, the default) or ``"hash"`` (hash chain);
             both give the same hits and evictions (exact LRU), the radix tree faster.
         scheduler: ``"continuous"`` or ``"static"`` batching.
@@ -194,6 +200,7 @@ class EngineConfig:
     max_num_batched_tokens: int = attrs.field(default=2048, validator=int_at_least(1))
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
     enable_prefix_caching: bool = True
+    hybrid_kv_cache: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     prefix_index: str = attrs.field(default="radix", validator=one_of(("hash", "radix")))
     scheduler: str = attrs.field(default="continuous", validator=one_of(("continuous", "static")))
     scheduler_policy: str = attrs.field(default="fcfs", validator=one_of(("fcfs", "priority")))
@@ -234,6 +241,21 @@ class EngineConfig:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
+
+    def kv_layout(self, model: ModelConfig) -> KVLayout | None:
+        """The cache groups of ``model`` under this config: a layout with sliding-window
+        groups when :attr:`hybrid_kv_cache` and some layer slides (rollback room: the
+        drafts of a round plus one, and one token for the round in flight when the next
+        is planned), else ``None`` (one pool, every layer keeps every token). Read alike by
+        the device side (the pools) and the host side (the manager)."""
+        if not self.hybrid_kv_cache or not any(w is not None for w in model.sliding_windows):
+            return None
+        backtrack = 1 + (self.speculative.num_draft + 1 if self.speculative is not None else 0)
+        return KVLayout.from_windows(model.sliding_windows, backtrack)
+
+    def sliding_pool_sizes(self, layout: KVLayout) -> list[int]:
+        """Blocks of each sliding group's pool for this config's round shape."""
+        return layout.sliding_pool_blocks(self.block_size, self.max_num_seqs, self.max_num_batched_tokens)
 
     def _check_parallel(self) -> None:
         """Multi-rank models: a worker kind that runs one process per rank, CPU ranks."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
+from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
 from deepinfer_kit.components import BuildContext, Components, build
@@ -24,6 +25,7 @@ from deepinfer_kit.sched.scheduler import BatchScheduler
 
 if TYPE_CHECKING:
     from deepinfer_kit.cache.protocols import EvictionPolicy
+    from deepinfer_kit.models.config import ModelConfig
 
 __all__ = ["build_host_components", "scheduler_config"]
 
@@ -46,6 +48,7 @@ def build_host_components(
     max_model_len: int,
     components: Components | None = None,
     clock: Callable[[], float] = time.monotonic,
+    model: ModelConfig | None = None,
 ) -> tuple[Scheduler, KVCacheManager]:
     """The KV cache manager (block pool and prefix index) and the scheduler of ``config``,
     ``components`` replacing the built-ins part by part.
@@ -66,6 +69,9 @@ def build_host_components(
     ctx = BuildContext(config=config, clock=clock, block_size=config.block_size, num_blocks=num_blocks,
                        max_model_len=max_model_len)
     cache = _cache_manager(config, parts, ctx)
+    layout = config.kv_layout(model) if model is not None else None
+    if layout is not None and not hasattr(cache, "drain_table_updates"):
+        cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout))
     sched_config = scheduler_config(config, max_model_len)
     ctx = attrs.evolve(ctx, cache=cache, scheduler_config=sched_config)
     scheduler = build(parts.scheduler, ctx)

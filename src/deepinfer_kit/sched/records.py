@@ -277,6 +277,10 @@ class SchedulePlan:
             admitted (or resumed) this round; counted at this round's match, for traces.
         decodes: the plain decodes of the round (:class:`DecodeRows`), laid out first.
             A plan built by hand may leave them empty and hold plain decodes as records.
+        table_updates: ``(group, full_block, group_block)`` block mappings of the cache's
+            sliding-window groups set while this round was planned
+            (``HybridKVCacheManager.drain_table_updates``), applied on the device before
+            the block copies and the forward; empty for a cache without groups.
     """
 
     step_id: int
@@ -288,6 +292,7 @@ class SchedulePlan:
     token_budget: int = 0
     num_cached_tokens: int = 0
     decodes: DecodeRows = attrs.field(factory=DecodeRows)
+    table_updates: list[tuple[int, int, int]] = attrs.field(factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -79,6 +79,9 @@ class BatchScheduler:
         self.victim: PreemptionPolicy = victim if victim is not None else default_victim
         order = admission if admission is not None else default_admission
         self.state = SchedulerState(config, cache, make_waiting_queue(order), clock)
+        # A cache with sliding-window groups hands each plan the block mappings it set.
+        self._drain_table_updates: Callable[[], list[tuple[int, int, int]]] | None = getattr(
+            cache, "drain_table_updates", None)
 
     # ---------------------------------------------------------------- the round
 
@@ -110,6 +113,9 @@ class BatchScheduler:
         budget, preempted = plan_running(state, entry, budget, victim)
         budget = self.batching.admit(state, entry, budget, preempted)
         plan.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        drain = self._drain_table_updates
+        if drain is not None and not plan.is_empty:  # an empty plan never runs: keep them
+            plan.table_updates = drain()
         return plan
 
     def commit(self, plan: SchedulePlan, result: StepResult) -> list[RequestOutput]:

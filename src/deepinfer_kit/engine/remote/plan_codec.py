@@ -143,7 +143,7 @@ class PlanEncoder:
         body = (
             message, forget_rows, forget_tables, plan.step_id, decodes, chunks, plan.block_copies,
             plan.preempted_ids, plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
-            plan.num_cached_tokens,
+            plan.num_cached_tokens, plan.table_updates,
         )  # fmt: skip
         data = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
         self._next += 1
@@ -186,7 +186,8 @@ class PlanDecoder:
             pickle.UnpicklingError, AttributeError, ImportError: undecodable bytes.
         """
         (message, forget_rows, forget_tables, step_id, (ids, starts, tokens, table_codes, epochs, row_codes, outs),
-         encoded, block_copies, preempted, finished, num_batched, budget, num_cached) = pickle.loads(data)  # fmt: skip
+         encoded, block_copies, preempted, finished, num_batched, budget, num_cached,
+         table_updates) = pickle.loads(data)  # fmt: skip
         rows, tables = self._rows, self._tables
         new_rows: dict[str, SamplingRow] = {}
         new_tables: dict[str, list[int]] = {}
@@ -220,7 +221,7 @@ class PlanDecoder:
         rows.update(new_rows)
         tables.update(new_tables)
         plan = SchedulePlan(step_id, chunks, block_copies, preempted, finished, num_batched, budget, num_cached,
-                            decodes)
+                            decodes, table_updates)
         return message, plan
 
     @property

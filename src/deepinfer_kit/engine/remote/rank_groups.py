@@ -125,8 +125,7 @@ class RankMeter:
         model = parts.loaded.model
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         kv = parts.runner.kv_cache
-        self.kv_bytes = parts.num_blocks * kv.bytes_per_block(
-            parts.loaded.config.num_layers, kv.block_size, kv.num_kv_heads, kv.head_dim, parts.dtype)
+        self.kv_bytes = kv.nbytes()
 
     def stamp(self, result: StepResult, run_s: float) -> StepResult:
         """Set ``result.ranks`` to this rank's stats of the round that took ``run_s`` (the

@@ -12,7 +12,7 @@ import attrs
 import torch
 
 from deepinfer_kit._kernels import Impl
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.components import BuildContext, Components, build
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["bare_runner"]
 
 
-def bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: PagedKVCache, max_model_len: int,
+def bare_runner(config: EngineConfig, loaded: LoadedModel, kv_cache: KVStorage, max_model_len: int,
                  device: torch.device, parts: Components, ctx: BuildContext, depth: int, *,
                  static: bool) -> ModelRunner:
     """A runner with neither drafting nor a balancer, warmed up (and its decode graphs

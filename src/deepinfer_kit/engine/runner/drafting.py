@@ -157,7 +157,7 @@ class RunnerDrafting:
                     chunks[j] = attrs.evolve(chunks[j], num_tokens=1 + len(cut), spec_token_ids=cut)
         resolved = SchedulePlan(plan.step_id, chunks, plan.block_copies, plan.preempted_ids,
                                 plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
-                                plan.num_cached_tokens)
+                                plan.num_cached_tokens, table_updates=plan.table_updates)
         return resolved, kept, errors
 
     def release(self, seq_ids: list[str]) -> None:

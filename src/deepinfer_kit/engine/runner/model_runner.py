@@ -20,6 +20,7 @@ from deepinfer_kit.sample.logprobs import attach_logprobs
 from deepinfer_kit.sample.logit_mask import MaskMemo
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.step import StepResult
+from deepinfer_kit.cache.hybrid_kv import HybridKVCache
 
 if TYPE_CHECKING:
     from deepinfer_kit.models.protocols import CausalLM
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.sample.protocols import Sampler
     from deepinfer_kit.sched.records import SchedulePlan
     from deepinfer_kit.spec.protocols import DraftVerifier
-    from deepinfer_kit.cache.kv_cache import PagedKVCache
+    from deepinfer_kit.cache.hybrid_kv import KVStorage
     from deepinfer_kit.engine.runner.balance import ExpertBalancer
     from deepinfer_kit.engine.protocols import StepRunner
 
@@ -76,7 +77,7 @@ class ModelRunner:
     def __init__(
         self,
         model: CausalLM,
-        kv_cache: PagedKVCache,
+        kv_cache: KVStorage,
         sampler: Sampler,
         *,
         device: torch.device,
@@ -232,6 +233,9 @@ class ModelRunner:
         for r, sid in step.placeholder_rows:
             if sid in last:
                 histories[r] = (*histories[r], last[sid])
+        if step.plan.table_updates:
+            assert isinstance(self.kv_cache, HybridKVCache), "table updates for a cache without groups"
+            self.kv_cache.apply_table_updates(step.plan.table_updates)
         if step.plan.block_copies:
             self.kv_cache.copy_blocks(step.plan.block_copies)
         with torch.inference_mode():

@@ -15,7 +15,7 @@ from deepinfer_kit.engine.runner.launched import LaunchedStep
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 
 if TYPE_CHECKING:
-    from deepinfer_kit.cache.kv_cache import PagedKVCache
+    from deepinfer_kit.cache.hybrid_kv import KVStorage
     from deepinfer_kit.engine.protocols import StepRunner
     from deepinfer_kit.engine.runner.balance import ExpertBalancer
     from deepinfer_kit.engine.runner.static_decode import StaticDecode
@@ -90,7 +90,7 @@ class SpeculativeRunner:
         self.runner.sampler = sampler
 
     @property
-    def kv_cache(self) -> PagedKVCache:
+    def kv_cache(self) -> KVStorage:
         """The KV pool."""
         return self.runner.kv_cache
 

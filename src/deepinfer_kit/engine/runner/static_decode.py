@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.models.packing import aligned_len, append_tables, int64_host
 from deepinfer_kit.errors import ConfigError, GraphCaptureError
@@ -45,7 +46,7 @@ def batch_ladder(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
-def device_buckets(kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int) -> dict[int, list[int]]:
+def device_buckets(kv_cache: KVStorage, max_num_seqs: int, max_model_len: int) -> dict[int, list[int]]:
     """The context buckets of an engine's decode graphs (:class:`StaticDecode`'s
     ``context_buckets``): :func:`~deepinfer_kit.models.attention.splits.decode_context_buckets`
     of its ladder, asked with the pool's KV heads (this rank's) and the split target of its
@@ -97,7 +98,7 @@ class StaticDecode:
     """
 
     def __init__(
-        self, model: CausalLM, kv_cache: PagedKVCache, *, max_num_seqs: int, max_model_len: int,
+        self, model: CausalLM, kv_cache: KVStorage, *, max_num_seqs: int, max_model_len: int,
         context_buckets: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         self.model = model

@@ -1,0 +1,127 @@
+"""The hybrid KV cache through the whole engine: a 5 local : 1 global model (Qwen2 with
+``layer_types``, window 5) keeps only each sequence's window in its sliding layers, in a
+pool of their own, and its tokens stay transformers' greedy tokens — for prompts and decodes
+far past the window, chunked prefill, prefix hits whose windows are cached, speculative
+rounds rolled back, overlapped rounds — and equal the engine's with the cache off."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepinfer_kit import SamplingParams, build_engine
+from deepinfer_kit.cache.hybrid_kv import HybridKVCache
+from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+from hf_models import COMMON, hf_logits, randomize  # noqa: E402
+
+NEW_TOKENS = 12
+WINDOW = 5
+
+
+@pytest.fixture(scope="module")
+def local_global(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    import transformers as T
+
+    folder = tmp_path_factory.mktemp("qwen2_5to1")
+    config = T.Qwen2Config(**(COMMON | {"num_hidden_layers": 6}), intermediate_size=96,
+                           use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0,
+                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    config.architectures = ["Qwen2ForCausalLM"]
+    model = T.Qwen2ForCausalLM(config).eval()
+    randomize(model, 3)
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def _expected(model: Any, prompt: list[int]) -> list[int]:
+    seq = list(prompt)
+    for _ in range(NEW_TOKENS):
+        seq.append(int(hf_logits(model, seq)[-1].argmax()))
+    return seq[len(prompt):]
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(160) for _ in range(23)]
+    return [shared + [rng.randrange(160) for _ in range(n)] for n in (3, 14)] + [[rng.randrange(160)] * 2]
+
+
+def _run(folder: Path, prompts: list[list[int]], params: SamplingParams, **config: Any) -> list[list[int]]:
+    engine = build_engine(model=str(folder), block_size=4, attention_impl="ref", **config)
+    ids = [engine.add_request(None, p, params) for p in prompts]
+    outs = {o.request_id: o for o in engine.run()}
+    engine.check_idle()
+    return [list(outs[i].outputs[0].token_ids) for i in ids]
+
+
+def test_the_sliding_layers_get_a_pool_of_their_own(local_global: tuple[Path, Any]) -> None:
+    folder, _ = local_global
+    engine = build_engine(model=str(folder), block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
+    kv, cache = engine.runner.kv_cache, engine.cache
+    assert isinstance(kv, HybridKVCache) and isinstance(cache, HybridKVCacheManager)
+    assert kv.layout.group_of_layer == (1, 1, 1, 1, 1, 0)
+    sliding = kv.pool(1)
+    assert sliding is not None and sliding.num_layers == 5
+    # every sequence's window (5 tokens + 1 of rollback room + 1 new: 3 blocks), a round's
+    # new tokens (8 blocks), as much again for idle windows
+    assert sliding.num_blocks == 4 * 3 + 8 + 1 + 4 * 3
+    assert build_engine(model=str(folder), hybrid_kv_cache=False).runner.kv_cache.num_layers == 6
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param({}, id="plain"),
+    pytest.param({"max_num_batched_tokens": 8}, id="chunked"),
+    pytest.param({"speculative": {"drafter": "ngram", "num_draft": 3}}, id="speculative"),
+    pytest.param({"overlap": True}, id="overlap"),
+])
+def test_greedy_tokens_equal_transformers(local_global: tuple[Path, Any], config: dict[str, Any]) -> None:
+    folder, hf_model = local_global
+    prompts = _prompts(4)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert _run(folder, prompts, params, **config) == [_expected(hf_model, p) for p in prompts]
+
+
+def test_prefix_hits_read_the_cached_windows(local_global: tuple[Path, Any]) -> None:
+    """Later requests sharing a 23-token prefix hit it (the first request's windows stay
+    idle in the sliding pool) and still decode transformers' tokens."""
+    folder, hf_model = local_global
+    prompts = _prompts(5)
+    engine = build_engine(model=str(folder), block_size=4, attention_impl="ref")
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    first = engine.add_request(None, prompts[0], params)
+    engine.run()
+    later = [engine.add_request(None, p, params) for p in prompts[1:2]]
+    outs = {o.request_id: o for o in engine.run()}
+    engine.check_idle()
+    assert outs[later[0]].num_cached_tokens >= 20, "the shared prefix was not hit"
+    assert [list(outs[i].outputs[0].token_ids) for i in later] == [_expected(hf_model, p) for p in prompts[1:2]]
+    assert first
+
+
+def test_seeded_sampling_equals_the_cache_off(local_global: tuple[Path, Any]) -> None:
+    folder, _ = local_global
+    prompts = _prompts(6)
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=NEW_TOKENS, ignore_eos=True)
+    on = _run(folder, prompts, params, max_num_batched_tokens=8)
+    assert on == _run(folder, prompts, params, max_num_batched_tokens=8, hybrid_kv_cache=False)
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_and_triton_read_the_group_tables(local_global: tuple[Path, Any]) -> None:
+    """On the GPU the captured decode gathers each group's tables inside the graph."""
+    folder, hf_model = local_global
+    prompts = _prompts(7)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    engine = build_engine(model=str(folder), device="cuda", dtype="float32", block_size=4, num_blocks=256)
+    assert isinstance(engine.runner.kv_cache, HybridKVCache)
+    ids = [engine.add_request(None, p, params) for p in prompts]
+    outs = {o.request_id: o for o in engine.run()}
+    engine.check_idle()
+    assert [list(outs[i].outputs[0].token_ids) for i in ids] == [_expected(hf_model, p) for p in prompts]
