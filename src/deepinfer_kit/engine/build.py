@@ -131,7 +131,7 @@ def _engine(
     """The host half: scheduler, cache manager and tokenizer around ``runner``."""
     try:
         scheduler, cache = build_host_components(
-            config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, model=mc)
+            config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, windows=mc.sliding_windows)
         eos = mc.eos_token_ids
         if config.tokenizer is not None:
             tokenizer = load_tokenizer(config.tokenizer, eos_token_id=eos[0] if eos else None,

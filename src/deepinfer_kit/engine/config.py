@@ -13,8 +13,9 @@ from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from deepinfer_kit.eplb.config import EplbConfig
-    from deepinfer_kit.models.config import ModelConfig
 
 __all__ = ["DEFAULT_KV_CACHE_MEMORY_MB", "EngineConfig"]
 
@@ -242,16 +243,17 @@ class EngineConfig:
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
 
-    def kv_layout(self, model: ModelConfig) -> KVLayout | None:
-        """The cache groups of ``model`` under this config: a layout with sliding-window
-        groups when :attr:`hybrid_kv_cache` and some layer slides (rollback room: the
+    def kv_layout(self, windows: Sequence[int | None]) -> KVLayout | None:
+        """The cache groups of a model whose layers have these sliding ``windows``
+        (``ModelConfig.sliding_windows``; ``None``: full attention) under this config: a
+        layout with sliding-window groups when :attr:`hybrid_kv_cache` and some layer slides (rollback room: the
         drafts of a round plus one, and one token for the round in flight when the next
         is planned), else ``None`` (one pool, every layer keeps every token). Read alike by
         the device side (the pools) and the host side (the manager)."""
-        if not self.hybrid_kv_cache or not any(w is not None for w in model.sliding_windows):
+        if not self.hybrid_kv_cache or not any(w is not None for w in windows):
             return None
         backtrack = 1 + (self.speculative.num_draft + 1 if self.speculative is not None else 0)
-        return KVLayout.from_windows(model.sliding_windows, backtrack)
+        return KVLayout.from_windows(windows, backtrack)
 
     def sliding_pool_sizes(self, layout: KVLayout) -> list[int]:
         """Blocks of each sliding group's pool for this config's round shape."""

@@ -24,8 +24,9 @@ from deepinfer_kit.sched.records import SchedulerConfig
 from deepinfer_kit.sched.scheduler import BatchScheduler
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from deepinfer_kit.cache.protocols import EvictionPolicy
-    from deepinfer_kit.models.config import ModelConfig
 
 __all__ = ["build_host_components", "scheduler_config"]
 
@@ -48,7 +49,7 @@ def build_host_components(
     max_model_len: int,
     components: Components | None = None,
     clock: Callable[[], float] = time.monotonic,
-    model: ModelConfig | None = None,
+    windows: Sequence[int | None] = (),
 ) -> tuple[Scheduler, KVCacheManager]:
     """The KV cache manager (block pool and prefix index) and the scheduler of ``config``,
     ``components`` replacing the built-ins part by part.
@@ -57,7 +58,9 @@ def build_host_components(
     the built-in schedulers (the simulator passes its virtual clock) and reaches every
     factory (:class:`BuildContext`). The scheduler built is checked to talk to the very
     cache manager returned (the one the engine's trace, idle check and
-    ``reset_prefix_cache`` read).
+    ``reset_prefix_cache`` read). ``windows``: the model's per-layer sliding windows
+    (``ModelConfig.sliding_windows``); with one set and ``config.hybrid_kv_cache`` the
+    manager is wrapped in a :class:`HybridKVCacheManager` over its layer groups.
 
     Raises:
         ConfigError: a field the scheduler or cache config rejects, a component of the
@@ -69,7 +72,7 @@ def build_host_components(
     ctx = BuildContext(config=config, clock=clock, block_size=config.block_size, num_blocks=num_blocks,
                        max_model_len=max_model_len)
     cache = _cache_manager(config, parts, ctx)
-    layout = config.kv_layout(model) if model is not None else None
+    layout = config.kv_layout(windows)
     if layout is not None and not hasattr(cache, "drain_table_updates"):
         cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout))
     sched_config = scheduler_config(config, max_model_len)

@@ -29,18 +29,32 @@ __all__ = ["build_simulator", "build_spec_simulator", "pool_blocks"]
 def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> int:
     """Blocks in the simulated pool: ``config.num_blocks``, or as many as
     ``kv_cache_memory_mb`` holds at ``model``'s KV bytes per token (the same rule as
-    the engine's ``size_kv_pool``, on a shape instead of a loaded model).
+    the engine's ``size_kv_pool``, on a shape instead of a loaded model); with sliding
+    layers under ``config.hybrid_kv_cache``, the full layers' blocks from what the
+    sliding layers' pools leave.
 
     Raises:
         ConfigError: the pool holds fewer than ``max_model_len`` tokens.
     """
     P = config.block_size
+    layout = config.kv_layout(model.windows)
     if config.num_blocks is not None:
         num_blocks = config.num_blocks
     else:
         mb = config.kv_cache_memory_mb
-        mb = DEFAULT_KV_CACHE_MEMORY_MB if mb is None else mb
-        num_blocks = (mb << 20) // (model.kv_bytes_per_token * P)
+        budget = (DEFAULT_KV_CACHE_MEMORY_MB if mb is None else mb) << 20
+        per_token = model.kv_bytes_per_token
+        if layout is not None:  # the sliding layers' pools first, as the engine sizes them
+            sliding = sum(config.sliding_pool_sizes(layout)) * P * model.sliding_kv_bytes_per_token
+            if sliding >= budget:
+                raise ConfigError(
+                    f"kv_cache_memory_mb holds {budget} bytes, not the sliding-window layers' pools "
+                    f"({sliding} bytes for max_num_seqs={config.max_num_seqs} windows of {model.sliding_window} "
+                    f"tokens, twice over); raise kv_cache_memory_mb or lower max_num_seqs")
+            budget -= sliding
+            per_token -= model.sliding_kv_bytes_per_token
+        num_blocks = budget // (max(per_token, 1) * P) if per_token else 2 * config.max_num_seqs * -(
+            -max_model_len // P) + 1
     if num_blocks * P < max_model_len:
         raise ConfigError(
             f"the KV pool holds {num_blocks} blocks of {P} tokens = {num_blocks * P} tokens, "
@@ -96,6 +110,7 @@ def build_simulator(
     clock = VirtualClock()
     scheduler, cache = build_host_components(
         config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, clock=clock,
+        windows=model.windows,
     )
     ctx = BuildContext(config=config, clock=clock, block_size=config.block_size, num_blocks=num_blocks,
                        max_model_len=max_model_len, cache=cache, vocab_size=model.vocab_size)

@@ -45,6 +45,10 @@ def add_sim_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                         "on this CPU now), or a JSON file of ProfiledCost coefficients")
     c.add_argument("--step-overhead-ms", type=float, default=None,
                    help="per-round overhead of the analytic GPU (default 0.3)")
+    c.add_argument("--sliding-window", type=int, default=None,
+                   help="analytic model: the window of its sliding layers (with --sliding-layers)")
+    c.add_argument("--sliding-layers", type=int, default=0,
+                   help="analytic model: how many of its 28 layers slide (Gemma 3 slides 5 in 6)")
     x = p.add_argument_group("experts (a simulated MoE router and placement policy; on with "
                              "--eplb-policy or an eplb.* sweep)")
     x.add_argument("--eplb-policy", default=None,
@@ -121,7 +125,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
         gpu = H200
         if args.step_overhead_ms is not None:
             gpu = attrs.evolve(gpu, step_overhead_s=args.step_overhead_ms / 1e3)
-        cost = AnalyticCost(QWEN3_1_7B, gpu)
+        model = attrs.evolve(model, sliding_window=args.sliding_window, sliding_layers=args.sliding_layers)
+        cost = AnalyticCost(model, gpu)
     elif args.cost == "profiled":
         from deepinfer_kit.sim.profile import profile_cost
 

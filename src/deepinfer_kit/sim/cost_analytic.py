@@ -8,6 +8,7 @@ import attrs
 
 from deepinfer_kit._validators import int_at_least
 from deepinfer_kit._validators import positive
+from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.records import StepShape
 
 __all__ = ["ModelShape", "GpuSpec", "AnalyticCost", "QWEN3_1_7B", "TINY", "H200"]
@@ -22,6 +23,10 @@ class ModelShape:
         intermediate_size, vocab_size: as in a Hugging Face ``config.json``.
         dtype_bytes: bytes per weight and per KV element (2 for bf16).
         max_position_embeddings: the model's longest sequence.
+        sliding_window: the window of the sliding-window layers (``None``: none slides).
+        sliding_layers: how many of the ``num_layers`` layers slide (Gemma 3's 5 in 6).
+            They read (and, with the hybrid KV cache, hold) at most their window of each
+            sequence's keys.
     """
 
     hidden_size: int = attrs.field(validator=int_at_least(1))
@@ -33,6 +38,19 @@ class ModelShape:
     vocab_size: int = attrs.field(validator=int_at_least(2))
     dtype_bytes: int = attrs.field(default=2, validator=int_at_least(1))
     max_position_embeddings: int = attrs.field(default=40960, validator=int_at_least(1))
+    sliding_window: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(1)))
+    sliding_layers: int = attrs.field(default=0, validator=int_at_least(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.sliding_layers > self.num_layers or (self.sliding_layers > 0) != (self.sliding_window is not None):
+            raise ConfigError(
+                f"sliding_layers must be in [1, num_layers={self.num_layers}] with a sliding_window, 0 "
+                f"without; got sliding_layers={self.sliding_layers}, sliding_window={self.sliding_window}")
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Per layer, the sliding window or ``None`` (the sliding layers first)."""
+        return (self.sliding_window,) * self.sliding_layers + (None,) * (self.num_layers - self.sliding_layers)
 
     @property
     def layer_params(self) -> int:
@@ -50,6 +68,11 @@ class ModelShape:
     def kv_bytes_per_token(self) -> int:
         """K and V bytes one token occupies over all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def sliding_kv_bytes_per_token(self) -> int:
+        """K and V bytes one token occupies over the sliding layers."""
+        return 2 * self.sliding_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
 
 @attrs.frozen(slots=True)
@@ -93,17 +116,18 @@ H200 = GpuSpec("H200", memory_bandwidth=4.3e12, peak_flops=790e12, step_overhead
 class AnalyticCost:
     """A round costs ``max(bytes / bandwidth, flops / peak) + overhead``.
 
-    Bytes: every weight once, plus the KV the round reads (``num_context_tokens``) and
-    writes (``num_tokens``). FLOPs: ``2 * layer_params`` per token fed, ``2 * H * V``
+    Bytes: every weight once, plus the KV the round reads (``num_context_tokens``; the
+    sliding layers ``num_window_context_tokens``) and writes (``num_tokens``). FLOPs: ``2 * layer_params`` per token fed, ``2 * H * V``
     per sampled row and per verified draft (the LM head), ``4 * L * q_heads * head_dim`` per attention pair
-    (``QK^T`` and ``PV``).
+    (``QK^T`` and ``PV``; a sliding layer's from ``window_attention_pairs``).
 
     Args:
         model: the model's shape.
         gpu: the GPU's spec.
     """
 
-    __slots__ = ("model", "gpu", "_weights_s", "_kv_s", "_tok_f", "_row_f", "_pair_f", "_over")
+    __slots__ = ("model", "gpu", "window", "_weights_s", "_kv_s", "_slide_s", "_tok_f", "_row_f", "_pair_f",
+                 "_slide_f", "_over")
 
     def __init__(self, model: ModelShape, gpu: GpuSpec) -> None:
         self.model = model
@@ -111,10 +135,14 @@ class AnalyticCost:
         bw = gpu.memory_bandwidth * gpu.bandwidth_efficiency
         peak = gpu.peak_flops * gpu.flops_efficiency
         self._weights_s = model.num_params * model.dtype_bytes / bw
-        self._kv_s = model.kv_bytes_per_token / bw
+        self.window = model.sliding_window
+        """The sliding layers' window the shapes must count (``None``: none)."""
+        self._slide_s = model.sliding_kv_bytes_per_token / bw
+        self._kv_s = model.kv_bytes_per_token / bw - self._slide_s
         self._tok_f = 2.0 * model.layer_params / peak
         self._row_f = 2.0 * model.hidden_size * model.vocab_size / peak
-        self._pair_f = 4.0 * model.num_layers * model.num_q_heads * model.head_dim / peak
+        self._slide_f = 4.0 * model.sliding_layers * model.num_q_heads * model.head_dim / peak
+        self._pair_f = 4.0 * model.num_layers * model.num_q_heads * model.head_dim / peak - self._slide_f
         self._over = gpu.step_overhead_s
 
     def step_time(self, shape: StepShape) -> float:
@@ -127,12 +155,22 @@ class AnalyticCost:
             + self._row_f * (shape.num_sampled_rows + spec)
             + self._pair_f * shape.attention_pairs
         )
+        if self.window is not None:
+            memory += self._slide_s * (shape.num_window_context_tokens + tokens)
+            compute += self._slide_f * shape.window_attention_pairs
         return (memory if memory > compute else compute) + self._over
 
     def decode_round_times(self, num_seqs: int, context: int, start: float, until: float,
                            max_rounds: int) -> list[float]:
         """See :meth:`DecodeRoundCost.decode_round_times`: :meth:`step_time`'s arithmetic,
-        in its order, for one plain-decode round after another. Pure; O(rounds)."""
+        in its order, for one plain-decode round after another. Pure; O(rounds).
+
+        Raises:
+            ConfigError: the model has sliding layers (a round's window reads depend on each
+                sequence's length, not only their sum: price those rounds one by one).
+        """
+        if self.window is not None:
+            raise ConfigError("decode_round_times prices a sum of contexts; sliding layers need each one")
         weights, kv, over = self._weights_s, self._kv_s, self._over
         per_row = self._tok_f * num_seqs + self._row_f * num_seqs  # tokens and LM-head rows
         pair_f = self._pair_f

@@ -62,6 +62,10 @@ class StepShape:
         num_chunks: chunks in the round.
         num_spec_tokens: draft tokens verified (fed after a decode chunk's known token;
             each is a token of work and an LM-head row).
+        num_window_context_tokens: KV positions a sliding-window layer reads, ``sum
+            min(end_i, window + q_i - 1)`` (0 when the shape was built without a window).
+        window_attention_pairs: (query, key) pairs of a sliding-window layer (each query
+            reads at most ``window`` keys).
     """
 
     num_prefill_tokens: int = 0
@@ -71,6 +75,8 @@ class StepShape:
     attention_pairs: int = 0
     num_chunks: int = 0
     num_spec_tokens: int = 0
+    num_window_context_tokens: int = 0
+    window_attention_pairs: int = 0
 
     @property
     def num_tokens(self) -> int:

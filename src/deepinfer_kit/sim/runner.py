@@ -36,7 +36,7 @@ class SimRunner:
         num_steps: rounds executed; busy_time: their summed durations (seconds).
     """
 
-    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times")
+    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times", "_window")
 
     def __init__(self, cost: CostModel, tokens: SyntheticTokens,
                  experts: ExpertSim | None = None) -> None:
@@ -45,13 +45,15 @@ class SimRunner:
         self.experts = experts
         self.num_steps = 0
         self.busy_time = 0.0
-        self._round_times = cost.decode_round_times if isinstance(cost, DecodeRoundCost) else None
+        self._window: int | None = getattr(cost, "window", None)  # a cost model pricing sliding layers
+        self._round_times = (cost.decode_round_times
+                             if isinstance(cost, DecodeRoundCost) and self._window is None else None)
 
     def prepare(self, plan: SchedulePlan) -> SimStep:
         """The round's :class:`StepShape` and its duration from the cost model (stretched
         by the expert imbalance when ``experts`` is set, which routes the round's tokens
         and may rebalance: its only mutation). O(chunks)."""
-        shape = plan_shape(plan)
+        shape = plan_shape(plan, self._window)
         duration = self.cost.step_time(shape)
         if self.experts is not None:
             duration = self.experts.on_step(shape.num_tokens, duration)
@@ -72,7 +74,7 @@ class SimRunner:
         plain-decode rounds may be priced by :meth:`plain_decode_times` instead."""
         cls = type(self)
         return (
-            self.experts is None and cls.prepare is SimRunner.prepare
+            self.experts is None and self._window is None and cls.prepare is SimRunner.prepare
             and cls.execute is SimRunner.execute
         )
 

@@ -126,7 +126,7 @@ def kv_pool(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: t
             mc, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, dtype=dtype),
     )
-    layout = config.kv_layout(mc)
+    layout = config.kv_layout(mc.sliding_windows)
     if layout is not None:
         return _hybrid_pool(config, mc, layout, kv_heads, dtype, device, budget, source)
     row = mc.cache_row(kv_heads)  # DeepSeek-V3: one keys-only latent row per token and layer
