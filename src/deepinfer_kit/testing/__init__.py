@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         prefix_index_suite,
     )
     from deepinfer_kit.testing.drafter import DRAFTER_SUITE
+    from deepinfer_kit.testing.hybrid_cache import HYBRID_KV_CACHE_MANAGER_SUITE
     from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
     from deepinfer_kit.testing.eviction import EVICTION_POLICY_SUITE, LRU_POLICY_SUITE
     from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
@@ -45,6 +46,7 @@ _LAZY = {
     "BATCH_INVARIANCE_SUITE": "deepinfer_kit.testing.batch_invariance",
     "BLOCK_ALLOCATOR_SUITE": "deepinfer_kit.testing.cache",
     "KV_CACHE_MANAGER_SUITE": "deepinfer_kit.testing.cache",
+    "HYBRID_KV_CACHE_MANAGER_SUITE": "deepinfer_kit.testing.hybrid_cache",
     "PREFIX_INDEX_SUITE": "deepinfer_kit.testing.cache",
     "kv_cache_manager_suite": "deepinfer_kit.testing.cache",
     "prefix_index_suite": "deepinfer_kit.testing.cache",
@@ -79,6 +81,7 @@ __all__ = [
     "BLOCK_ALLOCATOR_SUITE",
     "PREFIX_INDEX_SUITE",
     "KV_CACHE_MANAGER_SUITE",
+    "HYBRID_KV_CACHE_MANAGER_SUITE",
     "prefix_index_suite",
     "kv_cache_manager_suite",
     "EVICTION_POLICY_SUITE",
