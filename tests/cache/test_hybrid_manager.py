@@ -32,3 +32,28 @@ def test_plain_manager_suite_through_the_groups(check: Check[object]) -> None:
 @pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
 def test_sliding_window_suite(check: Check[object], kind: str) -> None:
     check(lambda num_blocks, block_size, layout, sliding: _hybrid(kind, num_blocks, block_size, layout, sliding))
+
+
+def test_window_stats_price_the_hits_the_windows_cost() -> None:
+    """A hit whose window was evicted is shortened; the stats count the tokens lost and what
+    a bounded replay (``replay_bound`` tokens at most) would have recomputed instead."""
+    from deepinfer_kit.testing.cache_manager_checks import make_request
+
+    layout = KVLayout.from_windows([None, 5, 5, 3])
+    assert layout.replay_bound == (4 + 4 + 2) + 5
+    assert KVLayout.from_windows([None, None]).replay_bound == 0
+    m = _hybrid("radix", 64, 4, layout, 4)
+    a = make_request("a", list(range(40)))
+    for start in range(0, 40, 4):  # prefilled in chunks: its window moves on, early windows are freed
+        m.allocate(a, 4)
+        a.num_computed_tokens = start + 4
+        m.cache_full_blocks(a, a.num_computed_tokens)
+    m.free(a)
+    other = make_request("o", [99] * 12)
+    m.allocate(other, 12)  # takes the sliding pool: a's idle windows are evicted
+    m.free(other)
+    b = make_request("b", list(range(40)) + [7])
+    hit = m.match_prefix(b)
+    w = m.window_stats
+    assert (w.queries, w.full_hit_tokens, w.kept_tokens) == (1, 40, hit)
+    assert hit < 40 and w.replay_tokens == min(40 - hit, layout.replay_bound) > 0

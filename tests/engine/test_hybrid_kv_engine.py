@@ -70,8 +70,8 @@ def test_the_sliding_layers_get_a_pool_of_their_own(local_global: tuple[Path, An
     sliding = kv.pool(1)
     assert sliding is not None and sliding.num_layers == 5
     # every sequence's window (5 tokens + 1 of rollback room + 1 new: 3 blocks), a round's
-    # new tokens (8 blocks), as much again for idle windows
-    assert sliding.num_blocks == 4 * 3 + 8 + 1 + 4 * 3
+    # new tokens (8 blocks), three times the windows again for idle windows
+    assert sliding.num_blocks == 4 * 3 + 8 + 1 + 3 * 4 * 3
     assert build_engine(model=str(folder), hybrid_kv_cache=False).runner.kv_cache.num_layers == 6
 
 

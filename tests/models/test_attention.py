@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import attrs
 import pytest
 import torch
 from paged_cases import HEAD_LAYOUTS, dense_attention, make_case, random_lengths
@@ -55,6 +57,19 @@ def test_sliding_window_matches_dense(window: int) -> None:
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     if window < 30:  # a window that cuts the context must change the result
         assert not torch.allclose(got, dense_attention(case), atol=1e-3)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("window", [1, 3, 9])
+def test_a_window_reads_only_its_blocks_and_still_matches_dense(window: int, table_dtype: torch.dtype) -> None:
+    """Contexts many blocks past the window: the reference gathers only the blocks from the
+    first new token's window on (decodes, short verify queries, a long prefill chunk), with
+    the tables' int32 or int64 ids; a table row wider than a request's blocks is padded."""
+    lengths = [(1, 97), (3, 60), (1, 5), (6, 33), (40, 89), (20, 63), (17, 64), (2, 2)]
+    case = make_case(lengths, block_size=4, num_heads=4, num_kv_heads=2, seed=window)
+    case = dataclasses.replace(case, meta=attrs.evolve(case.meta, block_tables=case.meta.block_tables.to(table_dtype)))
+    torch.testing.assert_close(_run(case, sliding_window=window).double(), dense_attention(case, sliding_window=window),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_bf16_within_tolerance() -> None:

@@ -31,11 +31,29 @@ from deepinfer_kit.cache.window_map import WindowBlockMap
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 
-__all__ = ["HybridKVCacheManager", "TableUpdate"]
+__all__ = ["HybridKVCacheManager", "TableUpdate", "WindowHitStats"]
 
 TableUpdate = tuple[int, int, int]
 """``(group, full_block, group_block)``: from now on, the sliding group ``group`` holds the
 K/V of full-group block ``full_block`` in its block ``group_block``."""
+
+
+@attrs.define(slots=True)
+class WindowHitStats:
+    """What the windows cost the prefix cache (live counters of :meth:`match_prefix`).
+
+    Attributes:
+        queries: matches with a full-group hit.
+        full_hit_tokens: tokens the full group's index matched.
+        kept_tokens: tokens kept after the window check (the rest is recomputed).
+        replay_tokens: what a bounded replay would recompute instead of the tokens lost,
+            ``sum min(lost, KVLayout.replay_bound)`` (a replay is not built: this prices it).
+    """
+
+    queries: int = 0
+    full_hit_tokens: int = 0
+    kept_tokens: int = 0
+    replay_tokens: int = 0
 
 
 @attrs.define(slots=True)
@@ -76,6 +94,9 @@ class HybridKVCacheManager:
         self._groups: list[tuple[int, SlidingWindowSpec, WindowBlockMap]] = [
             (g, spec, WindowBlockMap(n, self._P)) for (g, spec), n in zip(sliding, sizes)]
         self._windows: dict[str, list[_Window]] = {}
+        self._replay_bound = layout.replay_bound
+        self.window_stats = WindowHitStats()
+        """Live counters of the hits the windows shortened."""
 
     # ---------------------------------------------------------------- reading
 
@@ -142,8 +163,14 @@ class HybridKVCacheManager:
         blocks = st.hits if isinstance(st, PrefixState) else []
         P = self._P
         hit = min(hit, len(blocks) * P)
+        stats = self.window_stats
+        stats.queries += 1
+        stats.full_hit_tokens += hit
+        full = hit
         while hit > 0 and not self._window_cached(blocks, hit):
             hit -= P
+        stats.kept_tokens += hit
+        stats.replay_tokens += min(full - hit, self._replay_bound)
         return hit
 
     def _window_cached(self, blocks: list[int], end: int) -> bool:

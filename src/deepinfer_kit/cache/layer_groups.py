@@ -111,6 +111,20 @@ class KVLayout:
         """``(group, spec)`` of every sliding group."""
         return [(g, s) for g, s in enumerate(self.specs) if isinstance(s, SlidingWindowSpec)]
 
+    @property
+    def replay_bound(self) -> int:
+        """Tokens before a prefix hit's end that a recompute must start from for the
+        sliding layers' K/V of the window before it to come out exact, when those windows
+        are gone but the full layers' K/V is cached: each sliding layer moves the first
+        exact position ``window - 1`` tokens on (its keys before the recompute are
+        missing), the full layers do not (they read the cached K/V), and the window itself
+        must be exact: ``sum (window - 1)`` over the sliding layers plus the largest
+        window. 0 without sliding layers."""
+        sliding = [(s.window, len(self.layers_of(g))) for g, s in self.sliding()]
+        if not sliding:
+            return 0
+        return sum((w - 1) * n for w, n in sliding) + max(w for w, _ in sliding)
+
     def kv_tokens(self, num_tokens: int, block_size: int) -> int:
         """Token-layers of KV one sequence of ``num_tokens`` tokens holds in decode, summed
         over layers: ``num_tokens`` per full layer, at most the window's blocks per
@@ -122,13 +136,16 @@ class KVLayout:
             total += blocks * block_size * len(self.layers_of(g))
         return total
 
-    def sliding_pool_blocks(self, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    def sliding_pool_blocks(self, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                            idle_windows: int = 3) -> list[int]:
         """Blocks for each sliding group's pool (in group order): every running sequence's
         window at once (:meth:`SlidingWindowSpec.max_blocks` of a one-token step), the
-        blocks of one round's new tokens beyond that, and as much again for windows kept
-        idle for prefix hits."""
+        blocks of one round's new tokens beyond that, and ``idle_windows`` times the running
+        sequences' windows for windows kept idle for prefix hits (a hit needs its window:
+        3 kept the hit rate of an all-full cache in the same memory on the long-prefix
+        multi-turn workload of ``benchmarks/bench_hybrid_kv.py``; 1 lost 0.13 of it)."""
         sizes = []
         for _, spec in self.sliding():
-            live = max_num_seqs * spec.max_blocks(block_size) + -(-max_num_batched_tokens // block_size) + 1
-            sizes.append(live + max_num_seqs * spec.max_blocks(block_size))
+            windows = max_num_seqs * spec.max_blocks(block_size)
+            sizes.append(windows + -(-max_num_batched_tokens // block_size) + 1 + idle_windows * windows)
         return sizes

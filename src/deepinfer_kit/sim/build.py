@@ -50,7 +50,7 @@ def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> 
                 raise ConfigError(
                     f"kv_cache_memory_mb holds {budget} bytes, not the sliding-window layers' pools "
                     f"({sliding} bytes for max_num_seqs={config.max_num_seqs} windows of {model.sliding_window} "
-                    f"tokens, twice over); raise kv_cache_memory_mb or lower max_num_seqs")
+                    f"tokens, running and idle); raise kv_cache_memory_mb or lower max_num_seqs")
             budget -= sliding
             per_token -= model.sliding_kv_bytes_per_token
         num_blocks = budget // (max(per_token, 1) * P) if per_token else 2 * config.max_num_seqs * -(

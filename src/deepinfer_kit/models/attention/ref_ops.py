@@ -92,9 +92,11 @@ def _attend_one(
     """One request, exact context length, via SDPA (memory efficient for long prefill)."""
     qlen, slen = meta.query_lens_host[r], meta.seq_lens_host[r]
     p = key_cache.shape[1]
-    blocks = meta.block_tables[r, : -(-slen // p)].long()
-    k = key_cache[blocks].flatten(0, 1)[:slen].transpose(0, 1).float()  # [Hkv, S, D]
-    v = value_cache[blocks].flatten(0, 1)[:slen].transpose(0, 1).float()
+    # a window reads only its blocks: keys from the first new token's window on
+    base = max(0, slen - qlen - window + 1) // p * p if window is not None else 0
+    blocks = meta.block_tables[r, base // p : -(-slen // p)].long()
+    k = key_cache[blocks].flatten(0, 1)[: slen - base].transpose(0, 1).float()  # [Hkv, S - base, D]
+    v = value_cache[blocks].flatten(0, 1)[: slen - base].transpose(0, 1).float()
     q = query[start : start + qlen].transpose(0, 1).float()  # [Hq, Q, D]
     groups = q.shape[0] // k.shape[0]
     if groups > 1:
@@ -104,9 +106,9 @@ def _attend_one(
         res = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     else:
         pos = torch.arange(slen - qlen, slen, device=query.device)[:, None]
-        mask = _allowed(pos, torch.arange(slen, device=query.device), window)
+        mask = _allowed(pos, torch.arange(base, slen, device=query.device), window)
         if sinks is not None:
-            bias = _with_sink(mask[None].expand(q.shape[0], qlen, slen), sinks[:, None, None])
+            bias = _with_sink(mask[None].expand(q.shape[0], qlen, slen - base), sinks[:, None, None])
             k, v = _zero_key(k, 1), _zero_key(v, 1)
             res = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
         else:
@@ -233,7 +235,17 @@ def _attend_padded(
     g = hq // hkv
     nblk = -(-smax // page)
     nreq, skeys = tables.shape[0], nblk * page
-    blocks = tables[:, :nblk].reshape(-1).long()
+    keys: torch.Tensor = torch.arange(skeys, device=dev)  # [S'] key positions, or [B, 1, S']
+    span = -(-(qmax + window - 1) // page) + 1 if window is not None else nblk
+    if span < nblk:  # a window reads only its blocks: from each request's first one needed
+        assert window is not None
+        first = torch.clamp(seq_lens - qlens - window + 1, min=0) // page  # [B]
+        cols = first[:, None] + torch.arange(span, device=dev)  # past a table's end: masked keys
+        blocks = tables.gather(1, cols.clamp(max=tables.shape[1] - 1)).reshape(-1).long()
+        skeys = span * page
+        keys = (first[:, None] * page + torch.arange(skeys, device=dev))[:, None, :]
+    else:
+        blocks = tables[:, :nblk].reshape(-1).long()
     # [B, S', Hkv, D] contiguous: a gather of whole blocks; per-head views need no copy.
     k = key_cache[blocks].view(nreq, skeys, hkv, d).float()
     v = value_cache[blocks].view(nreq, skeys, hkv, d).float()
@@ -244,7 +256,7 @@ def _attend_padded(
     q = q.reshape(nreq, hkv, qmax * g, d)
 
     pos = (seq_lens - qlens)[:, None] + last  # [B, Qmax]
-    mask = _allowed(pos[:, :, None], torch.arange(skeys, device=dev), window)  # [B, Qmax, S']
+    mask = _allowed(pos[:, :, None], keys, window)  # [B, Qmax, S']
     if qmax == 1:
         mask = mask[:, None]  # [B, 1, 1, S'], broadcast over heads and the G rows
     else:
