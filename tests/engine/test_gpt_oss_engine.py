@@ -64,3 +64,26 @@ def test_batch_invariant_engine_is_refused(gpt_oss: tuple[Path, Any]) -> None:
     folder, _ = gpt_oss
     with pytest.raises(ConfigError, match="batch_invariant=True is not supported for GptOssForCausalLM"):
         build_engine(model=str(folder), batch_invariant=True)
+
+
+def test_eplb_rebalances_its_biased_experts_and_keeps_the_tokens(gpt_oss: tuple[Path, Any]) -> None:
+    """EPLB over gpt-oss: replicas and rebalances move the experts' biases with their
+    weights (a slot's bytes count them), and greedy tokens stay transformers'."""
+    folder, hf_model = gpt_oss
+    rng = random.Random(9)
+    prompts = [[rng.randrange(160) for _ in range(n)] for n in (13, 9, 21)]
+    engine = build_engine(model=str(folder), attention_impl="ref", moe_impl="ref",
+                          eplb={"window": 2, "interval": 2, "num_redundant": 2, "num_gpus": 2})
+    balancer = engine.balancer
+    assert balancer is not None
+    experts = balancer.layers[0].experts
+    assert experts.gate_up_bias is not None and experts.down_bias is not None
+    assert balancer.expert_bytes == sum(t[0].numel() * t.element_size() for t in experts.slot_tensors())
+    assert balancer.expert_bytes > experts.gate_up[0].numel() * experts.gate_up.element_size() + (
+        experts.down[0].numel() * experts.down.element_size())
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    ids = [engine.add_request(None, p, params) for p in prompts]
+    outs = {o.request_id: o for o in engine.run()}
+    engine.check_idle()
+    assert balancer.history, "no rebalance ran"
+    assert [outs[i].outputs[0].token_ids for i in ids] == [_expected(hf_model, p, 8) for p in prompts]

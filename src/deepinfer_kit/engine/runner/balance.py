@@ -96,9 +96,8 @@ class ExpertBalancer:
         self.num_experts = experts.pop()
         groups = layers[0].config.n_group if layers[0].config.routing == "deepseek_v3" else 1
         self.topology: Topology = config.topology(self.num_experts, groups)
-        gate_up, down = layers[0].experts.gate_up, layers[0].experts.down
-        self.expert_bytes = (gate_up[0].numel() * gate_up.element_size()
-                             + down[0].numel() * down.element_size())
+        # every [S, ...] tensor a slot carries (gpt-oss's expert biases too)
+        self.expert_bytes = sum(t[0].numel() * t.element_size() for t in layers[0].experts.slot_tensors())
         self.policy: PlacementPolicy = policy if policy is not None else make_policy(config, self.expert_bytes)
         self.window = LoadWindow(len(layers), self.num_experts, config.window, device=device)
         first = first_placement(config, layers)
