@@ -125,3 +125,16 @@ def test_cuda_graphs_and_triton_read_the_group_tables(local_global: tuple[Path, 
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
     assert [list(outs[i].outputs[0].token_ids) for i in ids] == [_expected(hf_model, p) for p in prompts]
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param({"worker": "process"}, id="worker-process"),
+    pytest.param({"worker": "process", "tensor_parallel": 2}, id="tensor-parallel"),
+])
+def test_the_plan_carries_the_mappings_to_workers(local_global: tuple[Path, Any], config: dict[str, Any]) -> None:
+    """A worker process (and each tensor-parallel rank) applies the plan's table updates to
+    its own pools: the tokens are transformers'."""
+    folder, hf_model = local_global
+    prompts = _prompts(8)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert _run(folder, prompts, params, **config) == [_expected(hf_model, p) for p in prompts]
