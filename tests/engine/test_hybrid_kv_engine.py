@@ -138,3 +138,21 @@ def test_the_plan_carries_the_mappings_to_workers(local_global: tuple[Path, Any]
     prompts = _prompts(8)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     assert _run(folder, prompts, params, **config) == [_expected(hf_model, p) for p in prompts]
+
+
+def test_the_viewer_records_each_sequences_windows(local_global: tuple[Path, Any]) -> None:
+    from deepinfer_kit.viewer.recorder import TraceRecorder
+    from deepinfer_kit.viewer.schema import validate
+
+    folder, _ = local_global
+    engine = build_engine(model=str(folder), block_size=4, attention_impl="ref")
+    recorder = TraceRecorder.attach(engine)
+    for p in _prompts(9)[:2]:
+        engine.add_request(None, p, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    engine.run()
+    doc = recorder.document()
+    validate(doc)
+    last = [s["blocks"] for s in doc["steps"] if s["blocks"]["tables"]][-1]
+    for rid, table in last["tables"].items():
+        (window,) = last["windows"][rid]
+        assert window == table[-len(window):] and len(window) < len(table)  # the tail only

@@ -254,3 +254,40 @@ def test_viewer_shows_eplb_placement_and_rebalance(browser: Any, tmp_path: Path)
         assert (browser.find_elements(By.CSS_SELECTOR, '.slot[data-changed="1"]') != []) == (i in at and any(
             doc["steps"][i]["eplb"]["rebalance"]["changed"]))  # type: ignore[index]
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_blocks_that_left_every_window_are_marked(browser: Any, tmp_path: Path) -> None:
+    """A model with sliding-window layers: each table's blocks carry whether a sliding
+    group still holds them, as the trace's ``windows`` says, step by step."""
+    import transformers as T
+
+    from deepinfer_kit import SamplingParams, build_engine
+    from deepinfer_kit.viewer import TraceRecorder
+
+    folder = tmp_path / "sliding"
+    config = T.Qwen2Config(vocab_size=160, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=1, intermediate_size=48, use_sliding_window=True, sliding_window=5,
+                           max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    config.architectures = ["Qwen2ForCausalLM"]
+    T.Qwen2ForCausalLM(config).save_pretrained(folder)
+    engine = build_engine(model=str(folder), block_size=4, num_blocks=48, max_model_len=64)
+    recorder = TraceRecorder.attach(engine)
+    for n in (21, 9):
+        engine.add_request(None, list(range(1, n + 1)), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.run()
+    doc = recorder.document()
+    path = tmp_path / "sliding.html"
+    write_html(recorder, path)
+    browser.get(path.resolve().as_uri())
+    marks = "return Array.from(document.querySelectorAll('#tables > .trow')).map(r => [r.dataset.request, " \
+            "Array.from(r.querySelectorAll('.blk')).map(b => b.getAttribute('data-window'))])"
+    nxt = browser.find_element("id", "btn-next")
+    for i, step in enumerate(doc["steps"]):
+        if i:
+            nxt.click()
+        b = step["blocks"]
+        want = [[rid, ["1" if p in {x for g in b["windows"][rid] for x in g} else "0" for p in table]]
+                for rid, table in b["tables"].items()]
+        assert browser.execute_script(marks) == want, f"step index {i}"
+    assert any(p not in {x for g in s["blocks"]["windows"][rid] for x in g}
+               for s in doc["steps"] for rid, t in s["blocks"]["tables"].items() for p in t), "no block left a window"

@@ -18,13 +18,13 @@ refused before the full group changes, so a failed call changes nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import attrs
 
 from deepinfer_kit.cache.layer_groups import KVLayout, SlidingWindowSpec
 from deepinfer_kit.cache.prefix_state import PrefixState
-from deepinfer_kit.cache.protocols import KVCacheManager, PrefixIndex
+from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
 from deepinfer_kit.cache.records import PrefixCacheStats, SlotGrant
 from deepinfer_kit.cache.slots import allocate_slots
 from deepinfer_kit.cache.window_map import WindowBlockMap
@@ -104,6 +104,20 @@ class HybridKVCacheManager:
     def inner(self) -> KVCacheManager:
         """The full group's manager (read it; mutate only through this manager)."""
         return self._inner
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The full group's block pool, when its manager exposes one (read it only).
+
+        Raises:
+            AttributeError: the full group's manager has no ``allocator``.
+        """
+        return cast(BlockAllocator, getattr(self._inner, "allocator"))
+
+    @property
+    def index(self) -> PrefixIndex | None:
+        """The full group's prefix index (``None``: caching off or none exposed)."""
+        return _index_of(self._inner)
 
     @property
     def block_size(self) -> int:

@@ -275,7 +275,7 @@ class TraceRecorder:
         evicted = sorted(self._cached - cached)
         self._cached = cached
         P = allocator.block_size
-        return {
+        doc: BlocksDoc = {
             "tables": {r.request_id: list(r.block_table) for r in self._queues.running},
             "ref_counts": refs,
             "cached": sorted(cached),
@@ -289,6 +289,10 @@ class TraceRecorder:
             "num_evicted": trace.blocks_evicted,
             "num_free": self._engine.cache.num_free_blocks,
         }
+        window_blocks = getattr(self._pool, "window_blocks", None)  # a cache with sliding-window groups
+        if window_blocks is not None:
+            doc["windows"] = {r.request_id: window_blocks(r) for r in self._queues.running}
+        return doc
 
 
 def _chunk_doc(chunk: TracedChunk) -> ChunkDoc:

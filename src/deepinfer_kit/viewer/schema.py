@@ -92,6 +92,7 @@ class BlocksDoc(TypedDict):
     evicted: list[int]
     num_evicted: int
     num_free: int
+    windows: NotRequired[dict[str, list[list[int]]]]
 
 
 class CandidateDoc(TypedDict):

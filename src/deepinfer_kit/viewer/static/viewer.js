@@ -87,17 +87,20 @@
     sync($("tables"), rows, function (r) { return r[0]; }, function (r) {
       var row = el("div", "trow"); row.appendChild(el("span", "name", {}, r[0])); return row;
     }, function (row, r) {
-      var hits = b.prefix_hits[r[0]] || [];
+      var hits = b.prefix_hits[r[0]] || [], win = {};
+      ((b.windows || {})[r[0]] || []).forEach(function (g) { g.forEach(function (x) { win[x] = (win[x] || 0) + 1; }); });
       setData(row, { request: r[0] });
       sync(row, r[1], function (phys, i) { return i; }, function () { return el("div", "blk"); },
         function (node, phys, i) {
           setData(node, { logical: i, physical: phys, ref: b.ref_counts[phys], shared: shared[phys] ? 1 : 0,
-            hit: i < hits.length ? 1 : 0, copy: phys in copies ? 1 : 0 });
+            hit: i < hits.length ? 1 : 0, copy: phys in copies ? 1 : 0,
+            window: b.windows ? (win[phys] ? 1 : 0) : "" });
           node.innerHTML = "";
           node.appendChild(document.createTextNode(String(phys)));
           node.appendChild(el("small", "", {}, "ref " + b.ref_counts[phys]));
           node.title = r[0] + ": logical " + i + " (tokens " + i * P + "-" + ((i + 1) * P - 1) + ") -> physical " + phys +
-            (phys in copies ? ", copy of " + copies[phys] : "");
+            (phys in copies ? ", copy of " + copies[phys] : "") +
+            (b.windows ? (win[phys] ? ", in a sliding window" : ", left every sliding window") : "");
         }, row.querySelector(".name"));
     });
     var cached = {}, evicted = {};
