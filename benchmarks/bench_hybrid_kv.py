@@ -14,10 +14,9 @@ global model, against the same model keeping every token in every layer (same ru
    the median decode step (steps after every prompt is in) over ``--repeats`` runs, and
    the ratio.
 3. **Prefix reuse** on a long-prefix multi-turn workload in the simulator (the real
-   scheduler and managers): prompt tokens served from the cache and computed, every layer
-   full vs hybrid in the same KV memory; for the hybrid cache, the hit tokens lost because
-   a window was evicted, and what a bounded replay would recompute instead (priced by the
-   manager's ``window_stats``; the replay itself is not built).
+   scheduler and managers): prompt tokens served from the cache, replayed and computed,
+   every layer full vs the hybrid cache without and with bounded replay, in the same KV
+   memory (a window of ``--replay-window`` tokens, whose replay bound fits a round).
 
     .venv/bin/python benchmarks/bench_hybrid_kv.py
 """
@@ -142,8 +141,9 @@ def throughput(args: argparse.Namespace) -> None:
 
 def prefix_reuse(args: argparse.Namespace) -> None:
     """Part 3: a long-prefix multi-turn workload in the simulator (the real scheduler and
-    cache managers, the H200 analytic cost) on the Gemma-3-like shape, every layer full vs
-    the hybrid cache in the same memory."""
+    cache managers, the H200 analytic cost), every layer full vs the hybrid cache without
+    and with bounded replay, in the same KV memory. Prefill tokens computed = prompt tokens
+    - tokens served from the cache + tokens a replay recomputed."""
     import attrs
 
     from deepinfer_kit.engine.config import EngineConfig
@@ -152,7 +152,7 @@ def prefix_reuse(args: argparse.Namespace) -> None:
     from deepinfer_kit.sim.lengths import LengthDist
     from deepinfer_kit.sim.workload import WorkloadConfig, generate
 
-    windowed = attrs.evolve(QWEN3_1_7B, num_layers=args.layers, sliding_window=args.window,
+    windowed = attrs.evolve(QWEN3_1_7B, num_layers=args.layers, sliding_window=args.replay_window,
                             sliding_layers=args.layers - args.layers // 6)
     full = attrs.evolve(windowed, sliding_window=None, sliding_layers=0)
     reqs = generate(WorkloadConfig(
@@ -161,28 +161,28 @@ def prefix_reuse(args: argparse.Namespace) -> None:
         followup_len=LengthDist("lognormal", 200, 0.5, 8, 2000), think_time=2.0,
         prompt_len=LengthDist("lognormal", 4000, 0.3, 3100, 12000),
         output_len=LengthDist("lognormal", 150, 0.5, 8, 1000)))
-    config = EngineConfig(kv_cache_memory_mb=args.sim_memory_mb, max_model_len=32768, max_num_seqs=64)
-    print(f"3. prefix reuse on a long-prefix multi-turn workload (simulator, {len(reqs)} requests: 8 system "
-          f"prompts of 3000 tokens, 70% of conversations 4 turns; {args.sim_memory_mb} MiB of KV, "
-          f"max_num_seqs 64, the shape of part 1 on the H200 analytic cost)")
-    print(f"   {'cache':22} {'prompt tok':>11} {'from cache':>11} {'computed':>10} {'hit rate':>9} "
-          f"{'out tok/s':>10} {'TTFT p50 ms':>12}")
-    for name, model in (("every layer full", full), ("hybrid", windowed)):
+    prompt = sum(r.prompt_len for r in reqs)
+    base = EngineConfig(kv_cache_memory_mb=args.sim_memory_mb, max_model_len=32768, max_num_seqs=64)
+    print(f"3. prefix reuse on a long-prefix multi-turn workload (simulator, {len(reqs)} requests, {prompt:,} prompt "
+          f"tokens: 8 system prompts of 3000 tokens, 70% of conversations 4 turns; {args.sim_memory_mb} MiB of KV, "
+          f"max_num_seqs 64; {windowed.sliding_layers} of {args.layers} layers sliding over {args.replay_window} "
+          f"tokens; the H200 analytic cost)")
+    print(f"   {'cache':28} {'from cache':>11} {'replayed':>9} {'computed':>10} {'out tok/s':>10} {'TTFT p50 ms':>12}")
+    rows = (("every layer full", full, base), ("hybrid, no replay", windowed, attrs.evolve(base, bounded_replay=False)),
+            ("hybrid, bounded replay", windowed, base))
+    for name, model, config in rows:
         sim = build_simulator(config, AnalyticCost(model, H200), model)
         report = sim.run(reqs)
         sim.cache.check_integrity(())
         s = report.summary()
-        prompt = sum(r.prompt_len for r in reqs)
         cached = round(report.prefix_hit_rate * prompt)
-        print(f"   {name:22} {prompt:11,} {cached:11,} {prompt - cached:10,} {report.prefix_hit_rate:9.3f} "
-              f"{s['out_tok_per_s']:10,.0f} {s['ttft_p50_ms']:12,.1f}")
+        replayed = sim.cache.window_stats.replayed_tokens if isinstance(sim.cache, HybridKVCacheManager) else 0
+        print(f"   {name:28} {cached:11,} {replayed:9,} {prompt - cached + replayed:10,} {s['out_tok_per_s']:10,.0f} "
+              f"{s['ttft_p50_ms']:12,.1f}")
         if isinstance(sim.cache, HybridKVCacheManager):
             w = sim.cache.window_stats
-            lost = w.full_hit_tokens - w.kept_tokens
-            print(f"   hybrid: the full layers' index matched {w.full_hit_tokens:,} tokens; {lost:,} of them "
-                  f"were recomputed because a sliding window before the hit's end was evicted; a bounded "
-                  f"replay (from {sim.cache.layout.replay_bound} tokens before each hit's end) would have "
-                  f"recomputed {w.replay_tokens:,} instead")
+            print(f"   {'':28} (replay bound {sim.cache.layout.replay_bound} tokens; {w.replays} replays; hit tokens "
+                  f"the windows cost: {w.full_hit_tokens - w.kept_tokens:,} over {w.queries} matches)")
 
 
 def main() -> None:
@@ -203,6 +203,8 @@ def main() -> None:
     parser.add_argument("--sim-requests", type=int, default=600)
     parser.add_argument("--sim-rate", type=float, default=4.0)
     parser.add_argument("--sim-memory-mb", type=int, default=16 * 1024)
+    parser.add_argument("--replay-window", type=int, default=64,
+                        help="part 3's window: its replay bound (20 x 63 + 64) fits a round")
     args = parser.parse_args()
     kv_bytes(args)
     if not args.skip_throughput:

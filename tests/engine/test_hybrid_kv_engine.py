@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.cache.hybrid_kv import HybridKVCache
@@ -156,3 +157,52 @@ def test_the_viewer_records_each_sequences_windows(local_global: tuple[Path, Any
     for rid, table in last["tables"].items():
         (window,) = last["windows"][rid]
         assert window == table[-len(window):] and len(window) < len(table)  # the tail only
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The 5:1 layout with a 3-token window: a bounded replay needs 5 x 2 + 3 = 13 tokens."""
+    import transformers as T
+
+    folder = tmp_path_factory.mktemp("qwen2_narrow")
+    config = T.Qwen2Config(**(COMMON | {"num_hidden_layers": 6}), intermediate_size=96,
+                           use_sliding_window=True, sliding_window=3, max_window_layers=0,
+                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    config.architectures = ["Qwen2ForCausalLM"]
+    model = T.Qwen2ForCausalLM(config).eval()
+    randomize(model, 5)
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_a_bounded_replay_recomputes_the_windows_and_keeps_the_tokens(narrow: tuple[Path, Any],
+                                                                      scheduler: str) -> None:
+    """A 40-token prefix whose windows were evicted (other prompts filled the small sliding
+    pool) but whose full-layer K/V is cached: the hit is kept whole and only the last
+    blocks before it are recomputed, for the sliding layers alone; transformers' tokens."""
+    folder, hf_model = narrow
+    rng = random.Random(12)
+    prefix = [rng.randrange(160) for _ in range(40)]
+    engine = build_engine(model=str(folder), block_size=4, attention_impl="ref", max_num_seqs=2,
+                          max_num_batched_tokens=64, scheduler=scheduler)
+    assert isinstance(engine.cache, HybridKVCacheManager)
+    assert engine.cache.layout.replay_bound == 13
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    prompts = [prefix + [1, 2, 3]]
+    prompts += [[rng.randrange(160) for _ in range(60)] for _ in range(2)]  # evict the idle windows
+    prompts += [prefix + [4, 5]]
+    got, logprobs = [], []
+    for p in prompts:
+        rid = engine.add_request(None, p, params)
+        for o in engine.run():
+            if o.request_id == rid:
+                got.append(list(o.outputs[0].token_ids))
+                logprobs.append([lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, got[-1])])
+    engine.check_idle()
+    stats = engine.cache.window_stats
+    assert stats.replays >= 1 and 0 < stats.replayed_tokens < 40
+    assert got == [_expected(hf_model, p) for p in prompts]
+    for p, tokens, lps in zip(prompts, got, logprobs):  # the replayed windows are exact, not just close
+        want = torch.log_softmax(hf_logits(hf_model, p + tokens[:-1])[len(p) - 1:], dim=-1)
+        torch.testing.assert_close(torch.tensor(lps), want[torch.arange(len(tokens)), tokens], atol=2e-4, rtol=0)

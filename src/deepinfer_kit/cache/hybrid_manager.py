@@ -8,7 +8,9 @@ sequence, its own blocks for the full-group blocks the sequence's window still r
 blocks wholly before ``start - window + 1 - backtrack`` are released as the sequence moves
 on, so a sliding group holds at most ``SlidingWindowSpec.max_blocks`` blocks a sequence
 (with ``backtrack`` tokens of room for a speculative rollback). A prefix hit is kept only
-as long as every sliding group still holds the window before its end.
+as long as every sliding group still holds the window before its end, or, when that
+window was evicted, served whole by a bounded replay (:meth:`replay_start`: the sliding
+layers recompute the last ``KVLayout.replay_bound`` tokens before it; docs/hybrid_kv_cache.md).
 
 Every call that changes a table is delegated to the full group first and then reconciled
 in the sliding groups (:meth:`_sync`); an allocation the sliding groups cannot hold is
@@ -20,49 +22,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
-import attrs
-
 from deepinfer_kit.cache.layer_groups import KVLayout, SlidingWindowSpec
 from deepinfer_kit.cache.prefix_state import PrefixState
 from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
-from deepinfer_kit.cache.records import PrefixCacheStats, SlotGrant
+from deepinfer_kit.cache.records import PrefixCacheStats, SlotGrant, WindowHitStats
 from deepinfer_kit.cache.slots import allocate_slots
-from deepinfer_kit.cache.window_map import WindowBlockMap
+from deepinfer_kit.cache.window_map import WindowBlockMap, WindowHold, index_of, replay_start_of
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
 from deepinfer_kit.request import Request
 
-__all__ = ["HybridKVCacheManager", "TableUpdate", "WindowHitStats"]
+__all__ = ["HybridKVCacheManager", "TableUpdate"]
 
 TableUpdate = tuple[int, int, int]
 """``(group, full_block, group_block)``: from now on, the sliding group ``group`` holds the
 K/V of full-group block ``full_block`` in its block ``group_block``."""
-
-
-@attrs.define(slots=True)
-class WindowHitStats:
-    """What the windows cost the prefix cache (live counters of :meth:`match_prefix`).
-
-    Attributes:
-        queries: matches with a full-group hit.
-        full_hit_tokens: tokens the full group's index matched.
-        kept_tokens: tokens kept after the window check (the rest is recomputed).
-        replay_tokens: what a bounded replay would recompute instead of the tokens lost,
-            ``sum min(lost, KVLayout.replay_bound)`` (a replay is not built: this prices it).
-    """
-
-    queries: int = 0
-    full_hit_tokens: int = 0
-    kept_tokens: int = 0
-    replay_tokens: int = 0
-
-
-@attrs.define(slots=True)
-class _Window:
-    """The full-group blocks one sequence holds in one sliding group: logical blocks
-    ``lo, lo + 1, ...`` of its table, by their full-group ids."""
-
-    lo: int = 0
-    held: list[int] = attrs.field(factory=list)
 
 
 class HybridKVCacheManager:
@@ -75,13 +48,18 @@ class HybridKVCacheManager:
             pool each.
         sliding_blocks: blocks in each sliding group's pool (one int for all, or one per
             sliding group, in group order).
+        replay_limit: the longest bounded replay to run (tokens recomputed before a hit's
+            end so the windows before it come out exact, ``KVLayout.replay_bound``); 0: never
+            replay (a hit is shortened to a cached window instead). A scheduler must fit
+            the replay and one more token in one chunk: keep it within a round's budget.
 
     Raises:
         ConfigError: a layout without sliding groups, or a pool size below 1 / of the
             wrong count.
     """
 
-    def __init__(self, inner: KVCacheManager, layout: KVLayout, sliding_blocks: int | Sequence[int]) -> None:
+    def __init__(self, inner: KVCacheManager, layout: KVLayout, sliding_blocks: int | Sequence[int], *,
+                 replay_limit: int = 0) -> None:
         sliding = layout.sliding()
         if not sliding:
             raise ConfigError("HybridKVCacheManager needs a layout with a sliding-window group")
@@ -93,8 +71,10 @@ class HybridKVCacheManager:
         self.layout = layout
         self._groups: list[tuple[int, SlidingWindowSpec, WindowBlockMap]] = [
             (g, spec, WindowBlockMap(n, self._P)) for (g, spec), n in zip(sliding, sizes)]
-        self._windows: dict[str, list[_Window]] = {}
+        self._windows: dict[str, list[WindowHold]] = {}
         self._replay_bound = layout.replay_bound
+        self._replay_limit = replay_limit
+        self._replays: dict[str, tuple[int, int]] = {}  # request id -> (hit end, replay start)
         self.window_stats = WindowHitStats()
         """Live counters of the hits the windows shortened."""
 
@@ -117,7 +97,7 @@ class HybridKVCacheManager:
     @property
     def index(self) -> PrefixIndex | None:
         """The full group's prefix index (``None``: caching off or none exposed)."""
-        return _index_of(self._inner)
+        return index_of(self._inner)
 
     @property
     def block_size(self) -> int:
@@ -185,13 +165,28 @@ class HybridKVCacheManager:
             hit -= P
         stats.kept_tokens += hit
         stats.replay_tokens += min(full - hit, self._replay_bound)
-        return hit
+        start = replay_start_of(full, hit, blocks, self._replay_bound, self._replay_limit, P,
+                                [m for _, _, m in self._groups])
+        if start is None:
+            self._replays.pop(request.request_id, None)
+            return hit
+        self._replays[request.request_id] = (full, start)
+        return full
+
+    def replay_start(self, request: Request, num_cached_tokens: int) -> int:
+        """Where the first chunk of ``request`` (holding no blocks) must start computing
+        after a :meth:`match_prefix` hit of ``num_cached_tokens``: the hit itself, or for a
+        hit served by a bounded replay the replay's start (its full-layer K/V is the cache's;
+        the rows before the hit write only the sliding groups). The chunk must reach past
+        the hit in one step. Pure."""
+        replay = self._replays.get(request.request_id)
+        return replay[1] if replay is not None and replay[0] == num_cached_tokens else num_cached_tokens
 
     def _window_cached(self, blocks: list[int], end: int) -> bool:
         P = self._P
         for _, spec, m in self._groups:
             first = max(0, end - spec.window + 1) // P
-            if any(m.lookup(b) is None for b in blocks[first:end // P]):
+            if not all(m.cached(b) for b in blocks[first:end // P]):
                 return False
         return True
 
@@ -202,8 +197,9 @@ class HybridKVCacheManager:
         groups' count is an upper bound: it may refuse an allocation that would just fit).
         Pure."""
         start = request.num_computed_tokens if request.block_table else num_cached_tokens
+        first = start if request.block_table else self.replay_start(request, num_cached_tokens)
         return (self._inner.can_allocate(request, num_new_tokens, num_cached_tokens)
-                and self._sliding_fits(request, start, start + num_new_tokens))
+                and self._sliding_fits(request, first, start + num_new_tokens))
 
     def allocate(self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> list[tuple[int, int]]:
         """See :meth:`KVCacheManager.allocate`; the sliding groups then take the blocks of
@@ -215,11 +211,12 @@ class HybridKVCacheManager:
         """
         table = request.block_table
         start = request.num_computed_tokens if table else num_cached_tokens
-        if not self._sliding_fits(request, start, start + num_new_tokens):
+        first = start if table else self.replay_start(request, num_cached_tokens)
+        if not self._sliding_fits(request, first, start + num_new_tokens):
             raise OutOfBlocksError(
                 f"request {request.request_id!r}: a sliding-window group has too few free blocks "
                 f"for {num_new_tokens} tokens")
-        if not table and num_cached_tokens:
+        if not table and num_cached_tokens and first == start:
             st = request.prefix_state
             matched = st.hits if isinstance(st, PrefixState) else []
             if len(matched) * self._P < num_cached_tokens or not self._window_cached(matched, num_cached_tokens):
@@ -227,8 +224,26 @@ class HybridKVCacheManager:
                     f"allocate: num_cached_tokens={num_cached_tokens} for request {request.request_id!r} is "
                     f"not a current match_prefix result (a sliding window before it is not cached)")
         copies = self._inner.allocate(request, num_new_tokens, num_cached_tokens)
-        self._sync(request, start)
+        if first < start:  # a bounded replay: its windows start at the replay
+            del self._replays[request.request_id]
+            self._sync(request, first, replay=True)
+            self._mark_replay(request, first, start)
+        else:
+            self._sync(request, start)
         return copies
+
+    def _mark_replay(self, request: Request, first: int, end: int) -> None:
+        """Count a replay from ``first`` to the hit's ``end`` and mark the sliding blocks it
+        writes before the first exact position inexact (never matched, never kept idle)."""
+        stats = self.window_stats
+        stats.replays += 1
+        stats.replayed_tokens += end - first
+        exact = first + self._replay_bound - max(spec.window for _, spec, _ in self._groups)
+        windows = self._windows[request.request_id]
+        for (_, _, m), w in zip(self._groups, windows):
+            for j, b in enumerate(w.held, w.lo):
+                if j * self._P < exact:
+                    m.mark_inexact(b)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_computed_tokens: int | None = None) -> SlotGrant:
@@ -269,7 +284,7 @@ class HybridKVCacheManager:
                 return False
         return True
 
-    def _new_lo(self, w: _Window | None, spec: SlidingWindowSpec, start: int) -> int:
+    def _new_lo(self, w: WindowHold | None, spec: SlidingWindowSpec, start: int) -> int:
         """First logical block a sequence whose next step starts at ``start`` keeps: the
         window's first block, less ``backtrack`` tokens of room, never moving back (a
         rollback stays within that room); a sequence holding nothing keeps no room."""
@@ -277,21 +292,23 @@ class HybridKVCacheManager:
             return max(0, start - spec.window + 1) // self._P
         return max(w.lo, spec.first_needed_token(start) // self._P)
 
-    def _sync(self, request: Request, start: int) -> None:
+    def _sync(self, request: Request, start: int, replay: bool = False) -> None:
         """Reconcile the sliding groups with ``request``'s table after the full group
         changed it, its next step starting at token ``start``: release the blocks the
         window left (and those no longer in the table: truncated, or replaced by a
         copy-on-write), take the window's blocks it does not hold yet. A block freshly
         allocated in the full group may still have an idle mapping from the tokens it held
         before: taking it is harmless, as the step writes every position of a fresh block
-        before any window reads it (a copy-on-write copies into it first)."""
+        before any window reads it (a copy-on-write copies into it first). A ``replay``
+        starting at ``start`` takes the blocks from ``start`` on only (the keys before it are
+        never read for an exact result)."""
         table = request.block_table
         windows = self._windows.get(request.request_id)
         if windows is None:
-            windows = self._windows[request.request_id] = [_Window() for _ in self._groups]
-        index = _index_of(self._inner)
+            windows = self._windows[request.request_id] = [WindowHold() for _ in self._groups]
+        index = index_of(self._inner)
         for (_, spec, m), w in zip(self._groups, windows):
-            lo = self._new_lo(w, spec, start)
+            lo = start // self._P if replay else self._new_lo(w, spec, start)
             mine: dict[int, int] = {}
             for j, b in enumerate(w.held, w.lo):
                 if lo <= j < len(table) and table[j] == b:
@@ -309,7 +326,7 @@ class HybridKVCacheManager:
         """Give ``child`` every block of ``parent`` by reference, in every group."""
         self._inner.fork(parent, child)
         parents = self._windows.get(parent.request_id)
-        windows = [_Window() for _ in self._groups]
+        windows = [WindowHold() for _ in self._groups]
         if parents is not None:
             for (_, _, m), pw, cw in zip(self._groups, parents, windows):
                 for b in pw.held:
@@ -325,7 +342,7 @@ class HybridKVCacheManager:
         if windows is None:
             return
         n = len(request.block_table)
-        index = _index_of(self._inner)
+        index = index_of(self._inner)
         for (_, _, m), w in zip(self._groups, windows):
             cut = max(0, n - w.lo)
             for b in reversed(w.held[cut:]):
@@ -338,7 +355,7 @@ class HybridKVCacheManager:
         windows = self._windows.pop(request.request_id, None)
         if windows is None:
             return
-        index = _index_of(self._inner)
+        index = index_of(self._inner)
         for (_, _, m), w in zip(self._groups, windows):
             for b in reversed(w.held):
                 m.release(b, keep=index is not None and index.contains(b))
@@ -372,13 +389,7 @@ class HybridKVCacheManager:
         if stray:
             raise InvariantError(f"sliding-window groups hold blocks for requests not listed: {stray[:5]}")
         for k, (_, _, m) in enumerate(self._groups):
-            m.check(b for r in listed for b in self._windows.get(r.request_id, [_Window()] * len(self._groups))[k].held)
-
-
-def _index_of(manager: KVCacheManager) -> PrefixIndex | None:
-    """The manager's prefix index when it exposes one (``BlockKVCacheManager.index``)."""
-    index = getattr(manager, "index", None)
-    return index if index is not None and hasattr(index, "contains") else None
+            m.check(b for r in listed for b in self._windows.get(r.request_id, [WindowHold()] * len(self._groups))[k].held)
 
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import attrs
 
 from deepinfer_kit._validators import int_at_least
 
-__all__ = ["CacheConfig", "PrefixCacheStats", "SlotGrant"]
+__all__ = ["CacheConfig", "PrefixCacheStats", "SlotGrant", "WindowHitStats"]
 
 
 @attrs.frozen(slots=True)
@@ -69,3 +69,25 @@ class SlotGrant(NamedTuple):
     num_computed_tokens: int
     num_new_tokens: int
     copies: list[tuple[int, int]]
+
+
+@attrs.define(slots=True)
+class WindowHitStats:
+    """What the windows cost the prefix cache (live counters of :meth:`match_prefix`).
+
+    Attributes:
+        queries: matches with a full-group hit.
+        full_hit_tokens: tokens the full group's index matched.
+        kept_tokens: tokens kept after the window check (the rest is recomputed).
+        replay_tokens: what a bounded replay would recompute instead of the tokens lost,
+            ``sum min(lost, KVLayout.replay_bound)`` (priced whether or not replays run).
+        replays: hits served whole by a bounded replay (:meth:`replay_start`).
+        replayed_tokens: tokens those replays recompute.
+    """
+
+    queries: int = 0
+    full_hit_tokens: int = 0
+    kept_tokens: int = 0
+    replay_tokens: int = 0
+    replays: int = 0
+    replayed_tokens: int = 0

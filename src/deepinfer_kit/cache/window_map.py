@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import attrs
 
 from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.errors import InvariantError, OutOfBlocksError
 
-__all__ = ["WindowBlockMap"]
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.protocols import KVCacheManager, PrefixIndex
+
+__all__ = ["WindowBlockMap", "WindowHold", "index_of", "replay_start_of"]
 
 
 class WindowBlockMap:
@@ -36,13 +42,14 @@ class WindowBlockMap:
         ConfigError: ``num_blocks`` or ``block_size`` below 1.
     """
 
-    __slots__ = ("_allocator", "_own", "_idle", "_updates")
+    __slots__ = ("_allocator", "_own", "_idle", "_updates", "_inexact")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self._allocator = FreeListBlockAllocator(num_blocks, block_size)
         self._own: dict[int, int] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()
         self._updates: list[tuple[int, int]] = []
+        self._inexact: set[int] = set()
 
     @property
     def num_blocks(self) -> int:
@@ -58,6 +65,16 @@ class WindowBlockMap:
     def num_held(self) -> int:
         """Blocks some sequence's window reads."""
         return self._allocator.num_blocks - self.num_available
+
+    def cached(self, full: int) -> bool:
+        """True when ``full``'s block holds K/V a prefix hit may read: mapped, and not
+        written by a bounded replay's inexact start (:meth:`mark_inexact`)."""
+        return full in self._own and full not in self._inexact
+
+    def mark_inexact(self, full: int) -> None:
+        """``full``'s block (held) holds K/V a bounded replay computed without the keys
+        before it: only that replay reads it; it is never matched, nor kept idle."""
+        self._inexact.add(full)
 
     def lookup(self, full: int) -> int | None:
         """The group's block standing for full-group block ``full``, or ``None``."""
@@ -106,6 +123,9 @@ class WindowBlockMap:
         if own is None or full in self._idle:
             raise InvariantError(f"sliding-window group: release of unheld block {full}")
         if self._allocator.release((own,)):
+            if full in self._inexact:
+                self._inexact.discard(full)
+                keep = False
             if keep:
                 self._idle[full] = None
             else:
@@ -153,3 +173,35 @@ class WindowBlockMap:
             raise InvariantError(
                 f"sliding-window group: conservation broken: free {alloc.num_free} + mapped "
                 f"{len(self._own)} != {alloc.num_blocks}")
+
+
+def replay_start_of(full: int, kept: int, blocks: list[int], bound: int, limit: int, block_size: int,
+                    maps: list[WindowBlockMap]) -> int | None:
+    """Where a bounded replay serving a prefix hit of ``full`` tokens (full-group blocks
+    ``blocks``) must start, or ``None`` when none should run: the windows already give a
+    hit of ``kept`` tokens at least as long, the replay (``full - bound`` rounded down to a
+    block) would exceed ``limit`` tokens, or a sliding group still maps a block the replay
+    would write (its K/V is another sequence's, or a cached window's: never overwritten)."""
+    if not limit or kept >= full:
+        return None
+    start = max(0, full - bound) // block_size * block_size
+    if start <= kept or full - start > limit:
+        return None
+    if any(m.lookup(b) is not None for m in maps for b in blocks[start // block_size:full // block_size]):
+        return None
+    return start
+
+
+@attrs.define(slots=True)
+class WindowHold:
+    """The full-group blocks one sequence holds in one sliding group: logical blocks
+    ``lo, lo + 1, ...`` of its table, by their full-group ids."""
+
+    lo: int = 0
+    held: list[int] = attrs.field(factory=list)
+
+
+def index_of(manager: KVCacheManager) -> PrefixIndex | None:
+    """The manager's prefix index when it exposes one (``BlockKVCacheManager.index``)."""
+    index = getattr(manager, "index", None)
+    return index if index is not None and hasattr(index, "contains") else None

@@ -108,6 +108,11 @@ class EngineConfig:
             each sequence's window (plus room for a speculative rollback) in pools of their
             own (``cache.hybrid_manager``, docs/hybrid_kv_cache.md); ``False``: every layer
             keeps every token, as a full-attention layer does.
+        bounded_replay: under :attr:`hybrid_kv_cache`, a prefix hit whose sliding windows
+            were evicted is served whole by recomputing only its last
+            ``KVLayout.replay_bound`` tokens for the sliding layers (when that fits a
+            round, :meth:`replay_limit`); ``False``: such a hit is shortened to one whose
+            windows are cached.
         prefix_index: ``"radix"`` (radix tree, the default) or ``"hash"`` (hash chain);
             both give the same hits and evictions (exact LRU), the radix tree faster.
         scheduler: ``"continuous"`` or ``"static"`` batching.
@@ -202,6 +207,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
     enable_prefix_caching: bool = True
     hybrid_kv_cache: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    bounded_replay: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     prefix_index: str = attrs.field(default="radix", validator=one_of(("hash", "radix")))
     scheduler: str = attrs.field(default="continuous", validator=one_of(("continuous", "static")))
     scheduler_policy: str = attrs.field(default="fcfs", validator=one_of(("fcfs", "priority")))
@@ -254,6 +260,18 @@ class EngineConfig:
             return None
         backtrack = 1 + (self.speculative.num_draft + 1 if self.speculative is not None else 0)
         return KVLayout.from_windows(windows, backtrack)
+
+    def replay_limit(self) -> int:
+        """The longest bounded replay the hybrid cache may serve a prefix hit with
+        (``HybridKVCacheManager(replay_limit=)``): one chunk holds the replay and a token
+        more beside every other running sequence's decode, under the long-prefill
+        threshold; 0 when :attr:`hybrid_kv_cache` or :attr:`bounded_replay` is off."""
+        if not self.hybrid_kv_cache or not self.bounded_replay:
+            return 0
+        room = self.max_num_batched_tokens - self.max_num_seqs
+        if self.long_prefill_token_threshold:
+            room = min(room, self.long_prefill_token_threshold)
+        return max(0, room - 1)
 
     def sliding_pool_sizes(self, layout: KVLayout) -> list[int]:
         """Blocks of each sliding group's pool for this config's round shape."""

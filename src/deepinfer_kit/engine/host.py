@@ -74,7 +74,8 @@ def build_host_components(
     cache = _cache_manager(config, parts, ctx)
     layout = config.kv_layout(windows)
     if layout is not None and not hasattr(cache, "drain_table_updates"):
-        cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout))
+        cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout),
+                                     replay_limit=config.replay_limit())
     sched_config = scheduler_config(config, max_model_len)
     ctx = attrs.evolve(ctx, cache=cache, scheduler_config=sched_config)
     scheduler = build(parts.scheduler, ctx)

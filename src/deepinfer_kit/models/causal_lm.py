@@ -264,7 +264,7 @@ class TransformerCausalLM(nn.Module):
             ropes = self._layer_cos_sin(batch.positions, hidden.dtype)
             residual: torch.Tensor | None = None
             layers = self.decoder_layers[:num_layers]
-            per_layer = attention_by_layer(kv_cache, batch.attn, len(layers))
+            per_layer = attention_by_layer(kv_cache, batch.attn, len(layers), batch.shared_rows)
             for i, (layer, attn) in enumerate(zip(layers, per_layer)):
                 cos, sin = ropes[i]
                 hidden, residual = layer.forward(hidden, residual, cos, sin, kv_cache, batch, attn)

@@ -66,6 +66,10 @@ class ForwardBatch:
             decode round (computed and dropped: its routed MoE copies are not counted in
             the layers' expert counts, nor balanced by a replica selector); ``None``: every
             row is real.
+        shared_rows: ``[K]`` int64 rows whose full-attention K/V the cache already holds
+            (a bounded replay's rows before its prefix hit): the full layers read it and
+            write theirs to the pad slot, the sliding-window layers write theirs; ``None``:
+            every row writes everywhere.
     """
 
     input_ids: torch.Tensor
@@ -73,3 +77,4 @@ class ForwardBatch:
     attn: AttentionMetadata
     logits_indices: torch.Tensor
     real_rows: torch.Tensor | None = None
+    shared_rows: torch.Tensor | None = None

@@ -100,7 +100,8 @@ class ContinuousBatching:
                 if not state.has_seats(req):
                     break
             num_cached = cache.match_prefix(req)
-            n = req.num_tokens - num_cached
+            start = state.first_start(req, num_cached)  # < num_cached: a bounded replay
+            n = req.num_tokens - start
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -109,14 +110,17 @@ class ContinuousBatching:
                 if not chunked and n <= cfg.max_num_batched_tokens:
                     break
                 n = budget
-            if not cache.can_allocate(req, n, num_cached):
+            if start + n <= num_cached:  # a replay reaches past its hit in one chunk: wait
+                break
+            if not cache.can_allocate(req, start + n - num_cached, num_cached):
                 break
             waiting.pop()
-            state.allocate(plan, req, n, num_cached)
+            state.allocate(plan, req, start + n - num_cached, num_cached)
             state.mark_admitted(req, num_cached)
+            req.num_computed_tokens = start
             plan.num_cached_tokens += num_cached
             state.enter_running(req)
-            budget -= add_chunk(state, entry, req, num_cached, n, num_cached=num_cached)
+            budget -= add_chunk(state, entry, req, start, n, num_cached=num_cached)
         return budget
 
 

@@ -75,7 +75,8 @@ def plan_running(
             if num_cached < 0:
                 i += 1  # without chunking, the first chunk waits for a round with room
                 continue
-            start = req.num_computed_tokens
+            start = state.first_start(req, num_cached)  # < num_cached: a bounded replay
+            req.num_computed_tokens = start
         room = 0
         limit = length_limit(req, max_len)
         n, placeholders, pending = _chunk_size(state, start, num_known, budget, threshold, limit)
@@ -85,8 +86,13 @@ def plan_running(
         if state.draft_room:
             room = _draft_room(state, req, start, n, budget, limit, placeholders)
         total = n + room
+        if start + total <= num_cached:  # a replay reaches past its hit in one chunk: wait
+            req.num_computed_tokens = num_cached
+            i += 1
+            continue
+        grow = start + total - (num_cached if not table else start)  # counted from the hit
         if start + total > len(table) * block_size or (may_share and req in may_share):
-            if not cache.can_allocate(req, total, num_cached):
+            if not cache.can_allocate(req, grow, num_cached):
                 if victim is None:
                     raise OutOfBlocksError(
                         f"{req.request_id} needs blocks for {total} tokens that were "
@@ -96,7 +102,7 @@ def plan_running(
                 preempted = True
                 if req.status is _PREEMPTED:
                     continue
-            state.allocate(plan, req, total, num_cached)
+            state.allocate(plan, req, grow, num_cached)
             may_share.discard(req)
         budget -= add_chunk(state, entry, req, start, n, placeholders, num_cached, pending, room)
         i += 1

@@ -132,6 +132,14 @@ class SchedulerState:
         if will_fork(request):
             self.fork_seats -= request.params.n - 1
 
+    def first_start(self, request: Request, num_cached: int) -> int:
+        """Where an admitted sequence's first chunk starts after a prefix hit of
+        ``num_cached`` tokens: the hit, or earlier for a hit a cache with sliding-window
+        groups serves by a bounded replay (``HybridKVCacheManager.replay_start``; the
+        chunk must then reach past the hit)."""
+        replay_start = getattr(self.cache, "replay_start", None)
+        return num_cached if replay_start is None or not num_cached else int(replay_start(request, num_cached))
+
     def mark_admitted(self, request: Request, num_cached: int) -> None:
         """Record an admission that matched ``num_cached`` prefix tokens."""
         request.status = _RUNNING

@@ -62,6 +62,7 @@ class RoundLayout:
     grammar_rows: list[tuple[int, str]] = attrs.field(factory=list)  # (row, sequence id) under a grammar
     verified: list[VerifiedChunk] = attrs.field(factory=list)
     prompt: PromptRows = attrs.field(factory=PromptRows)
+    shared_rows: list[int] = attrs.field(factory=list)  # rows a bounded replay recomputes before its hit
 
     @property
     def num_tokens(self) -> int:
@@ -134,6 +135,9 @@ def lay_out_chunks(chunks: Sequence[ScheduledChunk], step_id: int, slots: TokenS
 def _add_tokens(out: RoundLayout, chunk: ScheduledChunk, step_id: int, slots: TokenSlots | None) -> None:
     """The chunk's inputs, positions, lengths and block table (a placeholder as a hole)."""
     start, n = chunk.start, chunk.num_tokens
+    if chunk.num_cached_tokens > start:  # a bounded replay: its full-layer K/V is the cache's
+        base = len(out.input_ids)
+        out.shared_rows.extend(range(base, base + min(n, chunk.num_cached_tokens - start)))
     out.input_ids.extend(chunk.token_ids)
     if chunk.num_placeholders:
         if chunk.num_placeholders != 1 or chunk.spec_token_ids:

@@ -173,6 +173,8 @@ class ModelRunner:
             device = host.to(self.device, non_blocking=True) if self._pin else host
             forward = unpack_inputs(device, layout)
             slot_tail = unpack_tail(device, layout)
+            if out.shared_rows:
+                forward.shared_rows = to_device(out.shared_rows, torch.int64, self.device)
         return PreparedStep(
             plan=plan, forward=forward, sampling=out.sampling(self.generator), row_counts=out.row_counts,
             logits_rows=logits_rows, staged=staged, routes=out.routes, slot_tail=slot_tail,
