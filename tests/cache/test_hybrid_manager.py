@@ -17,9 +17,10 @@ from deepinfer_kit.testing.suite import Check
 INDEXES = {"hash": HashChainPrefixIndex, "radix": RadixPrefixIndex}
 
 
-def _hybrid(kind: str, num_blocks: int, block_size: int, layout: KVLayout, sliding: int) -> HybridKVCacheManager:
+def _hybrid(kind: str, num_blocks: int, block_size: int, layout: KVLayout, sliding: int,
+            replay_limit: int = 0) -> HybridKVCacheManager:
     inner = BlockKVCacheManager(FreeListBlockAllocator(num_blocks, block_size), INDEXES[kind](block_size))
-    return HybridKVCacheManager(inner, layout, sliding)
+    return HybridKVCacheManager(inner, layout, sliding, replay_limit=replay_limit)
 
 
 @pytest.mark.parametrize("check", KV_CACHE_MANAGER_SUITE.checks, ids=KV_CACHE_MANAGER_SUITE.ids)
@@ -31,7 +32,8 @@ def test_plain_manager_suite_through_the_groups(check: Check[object]) -> None:
 @pytest.mark.parametrize("kind", sorted(INDEXES))
 @pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
 def test_sliding_window_suite(check: Check[object], kind: str) -> None:
-    check(lambda num_blocks, block_size, layout, sliding: _hybrid(kind, num_blocks, block_size, layout, sliding))
+    check(lambda num_blocks, block_size, layout, sliding, replay: _hybrid(kind, num_blocks, block_size, layout,
+                                                                        sliding, replay))
 
 
 def test_window_stats_price_the_hits_the_windows_cost() -> None:
@@ -57,3 +59,31 @@ def test_window_stats_price_the_hits_the_windows_cost() -> None:
     w = m.window_stats
     assert (w.queries, w.full_hit_tokens, w.kept_tokens) == (1, 40, hit)
     assert hit < 40 and w.replay_tokens == min(40 - hit, layout.replay_bound) > 0
+
+
+def test_a_replays_inexact_blocks_are_never_hit() -> None:
+    """While a replay's sequence holds the blocks it wrote before its first exact position,
+    another request whose hit would end inside them is shortened, not served from them."""
+    from deepinfer_kit.testing.cache_manager_checks import make_request
+
+    layout = KVLayout.from_windows([None, 3, 3, 3, 3, 3])
+    assert layout.replay_bound == 13
+    m = _hybrid("radix", 64, 4, layout, 10, replay_limit=64)
+    prefix = list(range(40))
+    a = make_request("a", prefix)
+    for start in range(0, 40, 4):
+        m.allocate(a, 4)
+        a.num_computed_tokens = start + 4
+        m.cache_full_blocks(a, a.num_computed_tokens)
+    m.free(a)
+    for _, window_map in m.group_maps():  # memory pressure: a's idle windows are evicted
+        window_map.clear_idle()
+    b = make_request("b", prefix + [7])
+    hit = m.match_prefix(b)
+    assert hit == 40 and m.replay_start(b, hit) == 24  # replayed from (40 - 13) // 4 * 4
+    m.allocate(b, 1, hit)
+    assert m.window_stats.replays == 1
+    c = make_request("c", prefix[:33] + [5])  # its full hit (32) ends inside b's inexact blocks
+    assert m.match_prefix(c) < 32
+    m.free(b)
+    m.check_integrity(())

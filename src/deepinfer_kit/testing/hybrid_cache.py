@@ -40,9 +40,11 @@ class WindowedManager(KVCacheManager, Protocol):
         ...
 
 
-HybridManagerFactory = Callable[[int, int, KVLayout, int], WindowedManager]
-"""``factory(num_blocks, block_size, layout, sliding_blocks)`` -> a fresh manager (prefix
-caching on) over ``layout``'s groups, each sliding group with ``sliding_blocks`` blocks."""
+HybridManagerFactory = Callable[[int, int, KVLayout, int, int], WindowedManager]
+"""``factory(num_blocks, block_size, layout, sliding_blocks, replay_limit)`` -> a fresh manager
+(prefix caching on) over ``layout``'s groups, each sliding group with ``sliding_blocks``
+blocks, serving evicted windows by bounded replays of at most ``replay_limit`` tokens (0:
+none; a manager without replays ignores it)."""
 
 
 class WindowDeviceModel:
@@ -76,14 +78,17 @@ class WindowDeviceModel:
         own = full if g == 0 else self.maps.get((g, full))
         return None if own is None else (g, own, pos % P)
 
-    def write(self, r: Request, start: int, n: int) -> None:
-        """The forward writes the K/V of positions ``start .. start + n - 1`` in every group."""
+    def write(self, r: Request, start: int, n: int, shared: int = 0, exact: int = 0) -> None:
+        """The forward writes the K/V of positions ``start .. start + n - 1`` in every group;
+        a bounded replay's rows before ``shared`` skip the full group (its K/V is the
+        cache's), and the sliding K/V it writes before ``exact`` is wrong (``None``: a read
+        of it fails the checks)."""
         for g in range(self.m.layout.num_groups):
-            for pos in range(start, start + n):
+            for pos in range(max(start, shared) if g == 0 else start, start + n):
                 where = self._where(g, r, pos)
                 expect(where is not None, f"{r.request_id}: group {g} has no block for position {pos}")
                 assert where is not None
-                self.slots[where] = r.all_token_ids[pos]
+                self.slots[where] = r.all_token_ids[pos] if g == 0 or pos >= exact else None
 
     def check_reads(self, r: Request, start: int, n: int) -> None:
         """Every position each new token attends to reads its own token, in every group."""
@@ -99,18 +104,19 @@ class WindowDeviceModel:
 class _Driver:
     """Random scheduler-like operations with the device model kept in step."""
 
-    def __init__(self, m: WindowedManager, seed: int) -> None:
+    def __init__(self, m: WindowedManager, seed: int, tail_blocks: int = 8) -> None:
         self.m, self.rng, self.dev = m, random.Random(seed), WindowDeviceModel(m)
         self.live: dict[str, Request] = {}
         self.chunk: dict[str, int] = {}  # each sequence's last chunk: its window's bound grows with it
         self.n = 0
         P = m.block_size
         common = [self.rng.randrange(3) for _ in range(6 * P)]
-        self.bases = [common + [self.rng.randrange(3) for _ in range(8 * P)] for _ in range(3)]
+        self.bases = [common + [self.rng.randrange(3) for _ in range(tail_blocks * P)] for _ in range(3)]
 
-    def run(self, r: Request, n: int, cached: int = 0) -> bool:
-        """Allocate, apply the mappings and copies, write, check the reads; False when the
-        manager refused (and then nothing may have changed)."""
+    def run(self, r: Request, n: int, cached: int = 0, first: int | None = None) -> bool:
+        """Allocate, apply the mappings and copies, write (from ``first``, a bounded
+        replay's start, when given), check the reads; False when the manager refused (and
+        then nothing may have changed)."""
         start = r.num_computed_tokens if r.block_table else cached
         before = (list(r.block_table), [list(w) for w in self.m.window_blocks(r)], self.m.num_free_blocks)
         try:
@@ -119,11 +125,16 @@ class _Driver:
             after = (list(r.block_table), [list(w) for w in self.m.window_blocks(r)], self.m.num_free_blocks)
             expect(after == before, f"{r.request_id}: a refused allocation changed {before} into {after}")
             return False
-        self.chunk[r.request_id] = n
+        self.chunk[r.request_id] = n + (start - first if first is not None else 0)
         self.dev.apply()
         self.dev.copy(copies)
         r.num_computed_tokens = start
-        self.dev.write(r, start, n)
+        if first is not None and first < start:
+            layout = self.m.layout
+            exact = first + layout.replay_bound - max(s.window for _, s in layout.sliding())
+            self.dev.write(r, first, start + n - first, shared=start, exact=exact)
+        else:
+            self.dev.write(r, start, n)
         self.dev.check_reads(r, start, n)
         return True
 
@@ -137,8 +148,10 @@ class _Driver:
             r = make_request(f"r{self.n}", base[: rng.randint(1, len(base))])
             self.n += 1
             cached = m.match_prefix(r)
+            replay_start = getattr(m, "replay_start", None)
+            first = replay_start(r, cached) if replay_start is not None and cached else cached
             chunk = rng.randint(1, r.num_tokens - cached)
-            if self.run(r, chunk, cached):
+            if self.run(r, chunk, cached, first):
                 self.live[r.request_id] = r
                 r.num_computed_tokens += chunk
                 m.cache_full_blocks(r, r.num_computed_tokens)
@@ -182,22 +195,31 @@ class _Driver:
 
 
 def _check_random_operations_keep_every_window_readable(factory: HybridManagerFactory) -> None:
+    """Also with bounded replays (the sliding K/V a replay writes before its first exact
+    position is modelled as wrong: no window may ever read it)."""
+    replays = 0
     for seed in range(6):
-        layout = KVLayout.from_windows([None, 5, 5, 9], backtrack=3)
-        m = factory(48, 4, layout, 40)
-        driver = _Driver(m, seed)
-        for _ in range(150):
-            driver.step()
-        for r in list(driver.live.values()):
-            m.free(r)
-        m.check_integrity(())
-        expect(m.num_free_blocks == m.num_blocks, "idle: full-group blocks leaked")
+        for replay_limit in (0, 64):
+            layout = KVLayout.from_windows([None, 5, 5, 9], backtrack=3)
+            # with replays: long prompts over a small sliding pool, so windows are evicted
+            m = factory(64, 4, layout, 16, replay_limit) if replay_limit else factory(48, 4, layout, 40, 0)
+            driver = _Driver(m, seed, 20 if replay_limit else 8)
+            for _ in range(150):
+                driver.step()
+            for r in list(driver.live.values()):
+                m.free(r)
+            m.check_integrity(())
+            expect(m.num_free_blocks == m.num_blocks, "idle: full-group blocks leaked")
+            stats = getattr(m, "window_stats", None)
+            replays += getattr(stats, "replays", 0)
+    expect(replays > 0 or not hasattr(factory(8, 4, KVLayout.from_windows([None, 5]), 8, 64), "replay_start"),
+           "no bounded replay ran: the check did not exercise them")
 
 
 def _check_decode_holds_at_most_the_window(factory: HybridManagerFactory) -> None:
     layout = KVLayout.from_windows([None, 6], backtrack=2)
     P = 4
-    m = factory(64, P, layout, 12)
+    m = factory(64, P, layout, 12, 0)
     dev = WindowDeviceModel(m)
     r = make_request("long", list(range(5)))
     m.allocate(r, 5)
@@ -222,7 +244,7 @@ def _check_decode_holds_at_most_the_window(factory: HybridManagerFactory) -> Non
 def _check_prefix_hit_needs_the_window(factory: HybridManagerFactory) -> None:
     layout = KVLayout.from_windows([None, 5])
     P = 4
-    m = factory(64, P, layout, 12)
+    m = factory(64, P, layout, 12, 0)
     dev = WindowDeviceModel(m)
 
     def prefill(r: Request, cached: int) -> None:
@@ -258,7 +280,7 @@ def _check_prefix_hit_needs_the_window(factory: HybridManagerFactory) -> None:
 
 def _check_short_sliding_pool_refuses_and_changes_nothing(factory: HybridManagerFactory) -> None:
     layout = KVLayout.from_windows([None, 8])
-    m = factory(64, 4, layout, 5)
+    m = factory(64, 4, layout, 5, 0)
     a = make_request("a", list(range(30)))
     try:
         m.allocate(a, 30)  # a 30-token chunk needs 8 window blocks at once
@@ -277,7 +299,7 @@ def _check_rollback_within_backtrack_keeps_the_window(factory: HybridManagerFact
     back = 3
     layout = KVLayout.from_windows([None, 6], backtrack=back)
     P = 4
-    m = factory(64, P, layout, 16)
+    m = factory(64, P, layout, 16, 0)
     dev = WindowDeviceModel(m)
     r = make_request("r", list(range(9)))
     m.allocate(r, 9)
@@ -301,7 +323,7 @@ def _check_rollback_within_backtrack_keeps_the_window(factory: HybridManagerFact
 
 
 HYBRID_KV_CACHE_MANAGER_SUITE: Suite[HybridManagerFactory] = Suite(
-    "HybridKVCacheManager", "factory(num_blocks, block_size, layout, sliding_blocks) -> WindowedManager")
+    "HybridKVCacheManager", "factory(num_blocks, block_size, layout, sliding_blocks, replay_limit) -> WindowedManager")
 for _check in (_check_random_operations_keep_every_window_readable, _check_decode_holds_at_most_the_window,
                _check_prefix_hit_needs_the_window, _check_short_sliding_pool_refuses_and_changes_nothing,
                _check_rollback_within_backtrack_keeps_the_window):
