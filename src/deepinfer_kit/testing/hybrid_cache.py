@@ -54,7 +54,7 @@ class WindowDeviceModel:
     def __init__(self, m: WindowedManager) -> None:
         self.m = m
         self.maps: dict[tuple[int, int], int] = {}
-        self.slots: dict[tuple[int, int, int], int] = {}
+        self.slots: dict[tuple[int, int, int], int | None] = {}  # None: K/V a replay wrote wrong
 
     def apply(self) -> None:
         """Apply the drained mappings (what the runner does before a forward)."""
