@@ -175,11 +175,6 @@ class HybridKVCache:
             if pool is not None:
                 pool.copy_scratch()
 
-    def bytes_per_block(self) -> int:
-        """Bytes of one block of every pool (K and V, all its layers), summed over groups."""
-        return sum(PagedKVCache.bytes_per_block(p.num_layers, self._P, self._heads, self._dim, self._dtype)
-                   for p in self._pools if p is not None)
-
     def nbytes(self) -> int:
         """Bytes of every pool (scratch blocks not counted)."""
         return sum(p.num_blocks * PagedKVCache.bytes_per_block(p.num_layers, self._P, self._heads, self._dim,

@@ -98,11 +98,6 @@ class KVLayout:
         """Groups, the full group included even when it has no layers."""
         return len(self.specs)
 
-    @property
-    def is_hybrid(self) -> bool:
-        """True when some layer slides (a sliding group exists)."""
-        return len(self.specs) > 1
-
     def layers_of(self, group: int) -> list[int]:
         """The model layers of ``group``, in order."""
         return [i for i, g in enumerate(self.group_of_layer) if g == group]
@@ -124,17 +119,6 @@ class KVLayout:
         if not sliding:
             return 0
         return sum((w - 1) * n for w, n in sliding) + max(w for w, _ in sliding)
-
-    def kv_tokens(self, num_tokens: int, block_size: int) -> int:
-        """Token-layers of KV one sequence of ``num_tokens`` tokens holds in decode, summed
-        over layers: ``num_tokens`` per full layer, at most the window's blocks per
-        sliding layer (whole blocks)."""
-        full_blocks = -(-num_tokens // block_size)
-        total = 0
-        for g, spec in enumerate(self.specs):
-            blocks = full_blocks if isinstance(spec, FullAttentionSpec) else min(full_blocks, spec.max_blocks(block_size))
-            total += blocks * block_size * len(self.layers_of(g))
-        return total
 
     def sliding_pool_blocks(self, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                             idle_windows: int = 3) -> list[int]:

@@ -80,10 +80,6 @@ class WindowBlockMap:
         """The group's block standing for full-group block ``full``, or ``None``."""
         return self._own.get(full)
 
-    def is_idle(self, full: int) -> bool:
-        """True when ``full``'s block is mapped but no window reads it."""
-        return full in self._idle
-
     def holders(self, full: int) -> int:
         """Windows reading ``full``'s block (0 when unmapped or idle)."""
         own = self._own.get(full)
