@@ -352,6 +352,7 @@ class HybridKVCacheManager:
     def free(self, request: Request) -> None:
         """Release every block of ``request`` in every group (tail first). Idempotent."""
         self._inner.free(request)
+        self._replays.pop(request.request_id, None)  # a replay matched and never allocated
         windows = self._windows.pop(request.request_id, None)
         if windows is None:
             return

@@ -277,6 +277,35 @@ class EngineConfig:
         """Blocks of each sliding group's pool for this config's round shape."""
         return layout.sliding_pool_blocks(self.block_size, self.max_num_seqs, self.max_num_batched_tokens)
 
+    def full_group_share(self, layout: KVLayout, budget: int | None, layer_token_bytes: int,
+                         longest: int) -> tuple[int | None, int | None]:
+        """What a hybrid pool's full group gets, as ``(num_blocks, budget)`` for the usual
+        sizing (one of them set, or both ``None`` without a budget): :attr:`num_blocks` when
+        given; for a full group without layers, block ids that are only names (``max_num_seqs``
+        sequences of ``longest`` tokens, twice over for the prefix cache); else the bytes of
+        ``budget`` the sliding groups' pools (:meth:`sliding_pool_sizes`, at
+        ``layer_token_bytes`` per token and layer) leave. Read alike by the engine's pools and
+        the simulator's.
+
+        Raises:
+            ConfigError: the budget does not hold the sliding groups' pools.
+        """
+        P = self.block_size
+        if self.num_blocks is not None:
+            return self.num_blocks, None
+        if not layout.layers_of(0):
+            return 2 * self.max_num_seqs * -(-longest // P) + 1, None
+        if budget is None:
+            return None, None
+        sizes = self.sliding_pool_sizes(layout)
+        sliding = sum(n * len(layout.layers_of(g)) for (g, _), n in zip(layout.sliding(), sizes)) * P * layer_token_bytes
+        if budget <= sliding:
+            raise ConfigError(
+                f"the KV budget of {budget} bytes does not hold the sliding-window layers' pools ({sliding} bytes "
+                f"for {sizes} blocks of {P} tokens: the windows of max_num_seqs={self.max_num_seqs} sequences, "
+                f"running and idle); give the KV cache more memory or lower max_num_seqs")
+        return None, budget - sliding
+
     def _check_parallel(self) -> None:
         """Multi-rank models: a worker kind that runs one process per rank, CPU ranks."""
         for name in ("tensor_parallel", "expert_parallel"):

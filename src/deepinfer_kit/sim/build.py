@@ -38,23 +38,19 @@ def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> 
     """
     P = config.block_size
     layout = config.kv_layout(model.windows)
-    if config.num_blocks is not None:
-        num_blocks = config.num_blocks
+    mb = config.kv_cache_memory_mb
+    budget: int | None = (DEFAULT_KV_CACHE_MEMORY_MB if mb is None else mb) << 20
+    per_token = model.kv_bytes_per_token
+    fixed = config.num_blocks
+    if layout is not None:  # the sliding layers' pools first, as the engine sizes them
+        layer_token_bytes = model.kv_bytes_per_token // model.num_layers
+        fixed, budget = config.full_group_share(layout, budget, layer_token_bytes, max_model_len)
+        per_token -= model.sliding_kv_bytes_per_token
+    if fixed is not None:
+        num_blocks = fixed
     else:
-        mb = config.kv_cache_memory_mb
-        budget = (DEFAULT_KV_CACHE_MEMORY_MB if mb is None else mb) << 20
-        per_token = model.kv_bytes_per_token
-        if layout is not None:  # the sliding layers' pools first, as the engine sizes them
-            sliding = sum(config.sliding_pool_sizes(layout)) * P * model.sliding_kv_bytes_per_token
-            if sliding >= budget:
-                raise ConfigError(
-                    f"kv_cache_memory_mb holds {budget} bytes, not the sliding-window layers' pools "
-                    f"({sliding} bytes for max_num_seqs={config.max_num_seqs} windows of {model.sliding_window} "
-                    f"tokens, running and idle); raise kv_cache_memory_mb or lower max_num_seqs")
-            budget -= sliding
-            per_token -= model.sliding_kv_bytes_per_token
-        num_blocks = budget // (max(per_token, 1) * P) if per_token else 2 * config.max_num_seqs * -(
-            -max_model_len // P) + 1
+        assert budget is not None
+        num_blocks = budget // (per_token * P)
     if num_blocks * P < max_model_len:
         raise ConfigError(
             f"the KV pool holds {num_blocks} blocks of {P} tokens = {num_blocks * P} tokens, "

@@ -157,20 +157,10 @@ def _hybrid_pool(config: EngineConfig, mc: ModelConfig, layout: KVLayout, kv_hea
     storage: its block ids are only names (as many as ``max_num_seqs`` sequences of
     ``max_model_len`` tokens, twice over for the prefix cache)."""
     P = config.block_size
-    sizes = config.sliding_pool_sizes(layout)
-    per_layer_block = PagedKVCache.bytes_per_block(1, P, kv_heads, mc.head_dim, dtype)
-    sliding_bytes = sum(n * len(layout.layers_of(g)) * per_layer_block for (g, _), n in zip(layout.sliding(), sizes))
+    layer_token_bytes = PagedKVCache.bytes_per_block(1, 1, kv_heads, mc.head_dim, dtype)
+    num_blocks, budget = config.full_group_share(layout, budget, layer_token_bytes,
+                                                 config.max_model_len or mc.max_position_embeddings)
     full_layers = len(layout.layers_of(0))
-    num_blocks = config.num_blocks
-    if num_blocks is None and not full_layers:
-        longest = config.max_model_len or mc.max_position_embeddings
-        num_blocks = 2 * config.max_num_seqs * -(-longest // P) + 1
-    if budget is not None and num_blocks is None:
-        if budget <= sliding_bytes:
-            raise ConfigError(
-                f"{source}: {budget} bytes do not hold the sliding-window layers' pools ({sliding_bytes} bytes for "
-                f"{sizes} blocks of {P} tokens); give the KV cache more memory or lower max_num_seqs")
-        budget -= sliding_bytes
     num_blocks, max_model_len = size_kv_pool(
         # the full group's layers only (one when it has none: its blocks are names, given above)
         model=attrs.evolve(mc, num_kv_heads=kv_heads, num_layers=max(full_layers, 1), sliding_windows=(),
@@ -178,6 +168,7 @@ def _hybrid_pool(config: EngineConfig, mc: ModelConfig, layout: KVLayout, kv_hea
         block_size=P, dtype=dtype,
         budget_bytes=budget, budget_source=source, num_blocks=num_blocks, max_model_len=config.max_model_len,
     )
-    kv_cache = HybridKVCache(layout, num_blocks, sizes, P, kv_heads, mc.head_dim, dtype=dtype, device=device,
+    kv_cache = HybridKVCache(layout, num_blocks, config.sliding_pool_sizes(layout), P, kv_heads, mc.head_dim,
+                             dtype=dtype, device=device,
                              impl=cast(Impl, config.attention_impl))
     return kv_cache, num_blocks, max_model_len
