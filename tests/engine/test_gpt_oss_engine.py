@@ -17,7 +17,7 @@ from deepinfer_kit import SamplingParams, build_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_models import hf_logits, make_checkpoint  # noqa: E402
+from hf_models import hf_greedy_full, make_checkpoint  # noqa: E402
 
 
 
@@ -25,13 +25,6 @@ from hf_models import hf_logits, make_checkpoint  # noqa: E402
 def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     folder = tmp_path_factory.mktemp("gpt_oss")
     return folder, make_checkpoint("gpt_oss", folder, seed=2)
-
-
-def _expected(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(new_tokens):
-        seq.append(int(hf_logits(model, seq)[-1].argmax()))
-    return seq[len(prompt):]
 
 
 # The interpreted kernels are slow on the CPU: the Triton case runs the MoE kernels with
@@ -55,7 +48,7 @@ def test_greedy_tokens_equal_transformers(gpt_oss: tuple[Path, Any], config: dic
     ids = [engine.add_request(None, p, params) for p in prompts]
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
-    assert [outs[i].outputs[0].token_ids for i in ids] == [_expected(hf_model, p, new_tokens) for p in prompts]
+    assert [outs[i].outputs[0].token_ids for i in ids] == [hf_greedy_full(hf_model, p, new_tokens) for p in prompts]
 
 
 def test_batch_invariant_engine_is_refused(gpt_oss: tuple[Path, Any]) -> None:
@@ -86,4 +79,4 @@ def test_eplb_rebalances_its_biased_experts_and_keeps_the_tokens(gpt_oss: tuple[
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
     assert balancer.history, "no rebalance ran"
-    assert [outs[i].outputs[0].token_ids for i in ids] == [_expected(hf_model, p, 8) for p in prompts]
+    assert [outs[i].outputs[0].token_ids for i in ids] == [hf_greedy_full(hf_model, p, 8) for p in prompts]

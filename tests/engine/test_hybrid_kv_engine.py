@@ -20,32 +20,30 @@ from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_models import COMMON, hf_logits, randomize  # noqa: E402
+from hf_models import COMMON, hf_greedy_full, hf_logits, randomize  # noqa: E402
 
 NEW_TOKENS = 12
 WINDOW = 5
 
 
-@pytest.fixture(scope="module")
-def local_global(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+def _five_to_one(factory: pytest.TempPathFactory, window: int, seed: int) -> tuple[Path, Any]:
+    """A Qwen2 with 5 sliding layers (``window``) then 1 full one, saved; (folder, model)."""
     import transformers as T
 
-    folder = tmp_path_factory.mktemp("qwen2_5to1")
+    folder = factory.mktemp(f"qwen2_5to1_w{window}")
     config = T.Qwen2Config(**(COMMON | {"num_hidden_layers": 6}), intermediate_size=96,
-                           use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0,
+                           use_sliding_window=True, sliding_window=window, max_window_layers=0,
                            layer_types=["sliding_attention"] * 5 + ["full_attention"])
     config.architectures = ["Qwen2ForCausalLM"]
     model = T.Qwen2ForCausalLM(config).eval()
-    randomize(model, 3)
+    randomize(model, seed)
     model.save_pretrained(folder)
     return folder, model
 
 
-def _expected(model: Any, prompt: list[int]) -> list[int]:
-    seq = list(prompt)
-    for _ in range(NEW_TOKENS):
-        seq.append(int(hf_logits(model, seq)[-1].argmax()))
-    return seq[len(prompt):]
+@pytest.fixture(scope="module")
+def local_global(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    return _five_to_one(tmp_path_factory, WINDOW, 3)
 
 
 def _prompts(seed: int) -> list[list[int]]:
@@ -86,7 +84,7 @@ def test_greedy_tokens_equal_transformers(local_global: tuple[Path, Any], config
     folder, hf_model = local_global
     prompts = _prompts(4)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    assert _run(folder, prompts, params, **config) == [_expected(hf_model, p) for p in prompts]
+    assert _run(folder, prompts, params, **config) == [hf_greedy_full(hf_model, p, NEW_TOKENS) for p in prompts]
 
 
 def test_prefix_hits_read_the_cached_windows(local_global: tuple[Path, Any]) -> None:
@@ -102,7 +100,7 @@ def test_prefix_hits_read_the_cached_windows(local_global: tuple[Path, Any]) -> 
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
     assert outs[later[0]].num_cached_tokens >= 20, "the shared prefix was not hit"
-    assert [list(outs[i].outputs[0].token_ids) for i in later] == [_expected(hf_model, p) for p in prompts[1:2]]
+    assert [list(outs[i].outputs[0].token_ids) for i in later] == [hf_greedy_full(hf_model, p, NEW_TOKENS) for p in prompts[1:2]]
     assert first
 
 
@@ -125,7 +123,7 @@ def test_cuda_graphs_and_triton_read_the_group_tables(local_global: tuple[Path, 
     ids = [engine.add_request(None, p, params) for p in prompts]
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
-    assert [list(outs[i].outputs[0].token_ids) for i in ids] == [_expected(hf_model, p) for p in prompts]
+    assert [list(outs[i].outputs[0].token_ids) for i in ids] == [hf_greedy_full(hf_model, p, NEW_TOKENS) for p in prompts]
 
 
 @pytest.mark.parametrize("config", [
@@ -138,7 +136,7 @@ def test_the_plan_carries_the_mappings_to_workers(local_global: tuple[Path, Any]
     folder, hf_model = local_global
     prompts = _prompts(8)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    assert _run(folder, prompts, params, **config) == [_expected(hf_model, p) for p in prompts]
+    assert _run(folder, prompts, params, **config) == [hf_greedy_full(hf_model, p, NEW_TOKENS) for p in prompts]
 
 
 def test_the_viewer_records_each_sequences_windows(local_global: tuple[Path, Any]) -> None:
@@ -162,17 +160,7 @@ def test_the_viewer_records_each_sequences_windows(local_global: tuple[Path, Any
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The 5:1 layout with a 3-token window: a bounded replay needs 5 x 2 + 3 = 13 tokens."""
-    import transformers as T
-
-    folder = tmp_path_factory.mktemp("qwen2_narrow")
-    config = T.Qwen2Config(**(COMMON | {"num_hidden_layers": 6}), intermediate_size=96,
-                           use_sliding_window=True, sliding_window=3, max_window_layers=0,
-                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
-    config.architectures = ["Qwen2ForCausalLM"]
-    model = T.Qwen2ForCausalLM(config).eval()
-    randomize(model, 5)
-    model.save_pretrained(folder)
-    return folder, model
+    return _five_to_one(tmp_path_factory, 3, 5)
 
 
 @pytest.mark.parametrize("scheduler", ["continuous", "static"])
@@ -202,7 +190,7 @@ def test_a_bounded_replay_recomputes_the_windows_and_keeps_the_tokens(narrow: tu
     engine.check_idle()
     stats = engine.cache.window_stats
     assert stats.replays >= 1 and 0 < stats.replayed_tokens < 40
-    assert got == [_expected(hf_model, p) for p in prompts]
+    assert got == [hf_greedy_full(hf_model, p, NEW_TOKENS) for p in prompts]
     for p, tokens, lps in zip(prompts, got, logprobs):  # the replayed windows are exact, not just close
         want = torch.log_softmax(hf_logits(hf_model, p + tokens[:-1])[len(p) - 1:], dim=-1)
         torch.testing.assert_close(torch.tensor(lps), want[torch.arange(len(tokens)), tokens], atol=2e-4, rtol=0)

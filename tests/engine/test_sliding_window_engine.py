@@ -16,7 +16,7 @@ from deepinfer_kit import SamplingParams, build_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_models import hf_logits, make_checkpoint  # noqa: E402
+from hf_models import hf_greedy_full, make_checkpoint  # noqa: E402
 
 NEW_TOKENS = 10
 
@@ -25,13 +25,6 @@ NEW_TOKENS = 10
 def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     folder = tmp_path_factory.mktemp("mistral_sliding")
     return folder, make_checkpoint("mistral-sliding", folder, seed=2)
-
-
-def _expected(model: Any, prompt: list[int]) -> list[int]:
-    seq = list(prompt)
-    for _ in range(NEW_TOKENS):
-        seq.append(int(hf_logits(model, seq)[-1].argmax()))
-    return seq[len(prompt):]
 
 
 @pytest.mark.parametrize("config", [
@@ -49,4 +42,4 @@ def test_greedy_tokens_equal_transformers(mistral: tuple[Path, Any], config: dic
     ids = [engine.add_request(None, p, params) for p in prompts]
     outs = {o.request_id: o for o in engine.run()}
     engine.check_idle()
-    assert [outs[i].outputs[0].token_ids for i in ids] == [_expected(hf_model, p) for p in prompts]
+    assert [outs[i].outputs[0].token_ids for i in ids] == [hf_greedy_full(hf_model, p, NEW_TOKENS) for p in prompts]

@@ -150,6 +150,15 @@ def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     return [int(t) for t in out[0, len(prompt):]]
 
 
+def hf_greedy_full(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from one full forward per token (no cache): the oracle for windowed
+    models, whose transformers cache this does not trust."""
+    seq = list(prompt)
+    for _ in range(max_new_tokens):
+        seq.append(int(hf_logits(model, seq)[-1].argmax()))
+    return seq[len(prompt):]
+
+
 @torch.no_grad()
 def hf_logits(model: Any, prompt: list[int]) -> torch.Tensor:
     """``[len(prompt), V]`` float32 logits of one forward over ``prompt``."""

@@ -90,6 +90,17 @@ class WindowDeviceModel:
                 assert where is not None
                 self.slots[where] = r.all_token_ids[pos] if g == 0 or pos >= exact else None
 
+    def prefill(self, r: Request, cached: int = 0) -> None:
+        """Allocate, map and write ``r``'s whole prompt after a hit of ``cached`` tokens in
+        one step, check the reads, and mark it computed."""
+        n = r.num_tokens - cached
+        self.m.allocate(r, n, cached)
+        self.apply()
+        r.num_computed_tokens = cached
+        self.write(r, cached, n)
+        self.check_reads(r, cached, n)
+        r.num_computed_tokens = r.num_tokens
+
     def check_reads(self, r: Request, start: int, n: int) -> None:
         """Every position each new token attends to reads its own token, in every group."""
         for g, spec in enumerate(self.m.layout.specs):
@@ -222,10 +233,7 @@ def _check_decode_holds_at_most_the_window(factory: HybridManagerFactory) -> Non
     m = factory(64, P, layout, 12, 0)
     dev = WindowDeviceModel(m)
     r = make_request("long", list(range(5)))
-    m.allocate(r, 5)
-    dev.apply()
-    dev.write(r, 0, 5)
-    r.num_computed_tokens = 5
+    dev.prefill(r)
     bound = layout.sliding()[0][1].max_blocks(P)
     for t in range(150):  # far longer than the sliding pool could hold whole
         r.all_token_ids.append(t % 7)
@@ -248,12 +256,7 @@ def _check_prefix_hit_needs_the_window(factory: HybridManagerFactory) -> None:
     dev = WindowDeviceModel(m)
 
     def prefill(r: Request, cached: int) -> None:
-        m.allocate(r, r.num_tokens - cached, cached)
-        dev.apply()
-        r.num_computed_tokens = cached
-        dev.write(r, cached, r.num_tokens - cached)
-        dev.check_reads(r, cached, r.num_tokens - cached)
-        r.num_computed_tokens = r.num_tokens
+        dev.prefill(r, cached)
         m.cache_full_blocks(r, r.num_tokens)
 
     prompt = list(range(30))
@@ -302,10 +305,7 @@ def _check_rollback_within_backtrack_keeps_the_window(factory: HybridManagerFact
     m = factory(64, P, layout, 16, 0)
     dev = WindowDeviceModel(m)
     r = make_request("r", list(range(9)))
-    m.allocate(r, 9)
-    dev.apply()
-    dev.write(r, 0, 9)
-    r.num_computed_tokens = 9
+    dev.prefill(r)
     for t in range(40):
         true_start = r.num_computed_tokens
         ahead = t % (back + 1)  # tokens planned past the committed ones
