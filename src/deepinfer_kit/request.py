@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from deepinfer_kit.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.tiers.config import KVRequestParams
 
 __all__ = ["FinishReason", "RequestStatus", "Request", "TokenObserver", "fork_seed"]
 
@@ -115,6 +118,9 @@ class Request:
             prompt token whose logprob was committed (entry ``j`` is prompt token ``j``'s).
         metrics: the timings reported in :class:`RequestOutput`.
         observer: told of every appended token (text, stop strings); ``None`` to skip.
+        kv_params: what the request does with the KV tiers (opt out of writes, save its
+            prompt for a decode engine, wait for a prefill engine's blocks); ``None``: the
+            engine's defaults.
     """
 
     request_id: str
@@ -144,6 +150,7 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     metrics: RequestMetrics | None = None
     observer: TokenObserver | None = None
+    kv_params: KVRequestParams | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.all_token_ids:

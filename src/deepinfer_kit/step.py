@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import attrs
 
+from deepinfer_kit.cache.tiers.records import TransferOutput
 from deepinfer_kit.outputs import Logprob
 
 __all__ = ["StepResult", "RankStats"]
@@ -68,6 +69,9 @@ class StepResult:
             when no chunk asked.
         ranks: with a multi-rank model, every rank's :class:`RankStats` for this round,
             rank 0 first; ``None`` otherwise.
+        kv_transfers: what the device side of the KV tiers finished for the round's
+            ``SchedulePlan.kv_transfers`` (the scheduler hands it to the cache manager at
+            commit); ``None`` when the round moved nothing.
     """
 
     token_ids: list[list[int]]
@@ -80,4 +84,5 @@ class StepResult:
     prompt_logprobs: list[list[dict[int, Logprob]]] | None = None
     drafts: list[tuple[int, ...]] = attrs.field(factory=list)
     shifts: list[int] = attrs.field(factory=list)
+    kv_transfers: TransferOutput | None = None
     ranks: list[RankStats] | None = None

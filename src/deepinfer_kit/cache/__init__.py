@@ -1,6 +1,7 @@
 """cache/: paged KV blocks, reference counts, prefix reuse, copy-on-write, eviction."""
 
 from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
+from deepinfer_kit.cache.frequency_policy import FrequencyEvictionPolicy
 from deepinfer_kit.cache.hash_chain_index import HashChainPrefixIndex
 from deepinfer_kit.cache.lru_policy import LRUEvictionPolicy
 from deepinfer_kit.cache.manager import BlockKVCacheManager
@@ -24,5 +25,6 @@ __all__ = [
     "HashChainPrefixIndex",
     "RadixPrefixIndex",
     "LRUEvictionPolicy",
+    "FrequencyEvictionPolicy",
     "BlockKVCacheManager",
 ]

@@ -231,6 +231,25 @@ class PagedKVCache:
         ids = to_device(src + dst, torch.int64, self._kv.device)
         self._copy_op(self._kv, ids[: len(src)], ids[len(src) :])
 
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """One block of every layer as the KV tiers store it: ``[L, planes, P, Hkv, D]``
+        (``planes`` 2, or 1 for a keys-only pool)."""
+        L, planes, _, P, H, D = self._kv.shape
+        return (L, planes, P, H, D)
+
+    def read_blocks(self, layer: int, blocks: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s K/V of ``blocks`` (int64 ``[n]`` on the pool's device) as a new
+        ``[n, planes, P, Hkv, D]`` tensor on the pool's device (the KV tiers' save, layer
+        by layer). Mutates nothing."""
+        return self._kv[layer].index_select(1, blocks).transpose(0, 1)
+
+    def write_blocks(self, layer: int, blocks: torch.Tensor, data: torch.Tensor) -> None:
+        """Overwrite layer ``layer``'s K/V of ``blocks`` (int64 ``[n]``, distinct, on the
+        pool's device) with ``data`` (``[n, planes, P, Hkv, D]``, same device and dtype):
+        the KV tiers' load, layer by layer, before the forward that reads them."""
+        self._kv[layer].index_copy_(1, blocks, data.transpose(0, 1))
+
     def copy_scratch(self) -> None:
         """Run :meth:`copy_blocks`' op on one pair that copies the scratch block of
         :attr:`pad_slot` onto itself (warm-up: it compiles the copy and changes no

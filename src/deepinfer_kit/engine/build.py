@@ -16,6 +16,7 @@ from deepinfer_kit.engine.remote.start import start_workers
 from deepinfer_kit.overlap.choose import default_executor
 from deepinfer_kit.engine.remote.rank_groups import launched_groups
 from deepinfer_kit.engine.runner.build import build_device
+from deepinfer_kit.engine.runner.kv_tiers import attach_kv_tiers
 from deepinfer_kit.engine.runner.pool import engine_device
 from deepinfer_kit.engine.runner.drafters import check_speculative
 from deepinfer_kit.errors import ConfigError
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.engine.trace import StepTrace
     from deepinfer_kit.sched.protocols import Scheduler
     from deepinfer_kit.cache.protocols import KVCacheManager
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
 
 __all__ = ["build_engine", "check_components", "load_host_tokenizer"]
 
@@ -96,8 +98,9 @@ def build_engine(
     if groups is not None and config.eplb is not None:
         raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
     device = build_device(config, depth=depth, components=parts, groups=groups, setup=worker_setup)
+    connector = attach_kv_tiers(config, device.runner)
     return _engine(config, device.runner, device.loaded.config, device.loaded.tokenizer, device.num_blocks,
-                   device.max_model_len, executor, parts, trace, balancer=device.balancer)
+                   device.max_model_len, executor, parts, trace, balancer=device.balancer, connector=connector)
 
 
 def check_components(config: EngineConfig, parts: Components) -> None:
@@ -127,11 +130,13 @@ def _engine(
     config: EngineConfig, runner: StepRunner, mc: ModelConfig, tokenizer: Tokenizer | None,
     num_blocks: int, max_model_len: int, executor: OverlapExecutor | None,
     parts: Components, trace: Callable[[StepTrace], None] | None, *, balancer: Balancer | None = None,
+    connector: KVConnectorScheduler | None = None,
 ) -> Engine:
     """The host half: scheduler, cache manager and tokenizer around ``runner``."""
     try:
         scheduler, cache = build_host_components(
-            config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, windows=mc.sliding_windows)
+            config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, windows=mc.sliding_windows,
+            connector=connector)
         eos = mc.eos_token_ids
         if config.tokenizer is not None:
             tokenizer = load_tokenizer(config.tokenizer, eos_token_id=eos[0] if eos else None,
@@ -144,6 +149,8 @@ def _engine(
                          balancer, trace)
     except BaseException:
         runner.close()  # a worker process must not outlive the engine that failed to build
+        if connector is not None:
+            connector.close()
         raise
 
 

@@ -9,6 +9,7 @@ import attrs
 from deepinfer_kit._dtypes import DTYPE_ALIASES, DTYPE_NAMES
 from deepinfer_kit._validators import int_at_least, one_of
 from deepinfer_kit.cache.layer_groups import KVLayout
+from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.spec.records import SpecConfig
 
@@ -57,6 +58,11 @@ def _check_seconds(instance: object, attribute: attrs.Attribute[float], value: o
 def _coerce_spec(value: Any) -> SpecConfig | None:
     """``speculative`` from a SpecConfig, a dict with its keys, or None."""
     return SpecConfig.coerce(value)
+
+
+def _coerce_tiers(value: Any) -> TierConfig | None:
+    """``kv_tiers`` from a TierConfig, a dict with its keys, or None."""
+    return TierConfig.coerce(value)
 
 
 def _coerce_eplb(value: Any) -> EplbConfig | None:
@@ -164,6 +170,12 @@ class EngineConfig:
             device; the expert slots must divide by it; with ``eplb`` the ranks are its
             GPUs (``eplb.num_gpus == expert_parallel``) and rebalances move expert weights
             rank to rank.
+        kv_tiers: KV tiers under the device pool (a
+            :class:`~deepinfer_kit.cache.tiers.TierConfig` or a dict with its keys, e.g.
+            ``{"host_blocks": 4096, "disk_blocks": 65536, "disk_path": "/var/kv"}``): a
+            prefix evicted from the device is loaded back instead of recomputed
+            (docs/kv_tiers.md). Needs prefix caching, ``worker="inline"``, one rank and no
+            sliding-window group (ConfigError otherwise). ``None``: the device pool only.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round.
@@ -227,6 +239,7 @@ class EngineConfig:
     collective_timeout: float = attrs.field(default=300.0, validator=_check_seconds)
 
     speculative: SpecConfig | None = attrs.field(default=None, converter=_coerce_spec)
+    kv_tiers: TierConfig | None = attrs.field(default=None, converter=_coerce_tiers)
     eplb: EplbConfig | None = attrs.field(default=None, converter=_coerce_eplb)
     strict_components: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     batch_invariant: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
@@ -244,10 +257,23 @@ class EngineConfig:
                     f"with expert_parallel={self.expert_parallel} the ranks are eplb's GPUs: "
                     f"eplb.num_gpus must be {self.expert_parallel}, got {self.eplb.num_gpus}"
                 )
+        if self.kv_tiers is not None:
+            self._check_tiers()
         if not self.model:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
+
+    def _check_tiers(self) -> None:
+        """The KV tiers' limits in this build (docs/kv_tiers.md says what each would need)."""
+        if not self.enable_prefix_caching:
+            raise ConfigError("kv_tiers needs enable_prefix_caching=True: the tiers hold published blocks")
+        if self.worker != "inline":
+            raise ConfigError(f"kv_tiers with worker={self.worker!r} is not built yet (the host tier "
+                              f"would live in the worker, its report cross the plan codec); use worker='inline'")
+        if self.tensor_parallel > 1 or self.expert_parallel > 1:
+            raise ConfigError(f"kv_tiers with tensor_parallel={self.tensor_parallel}, expert_parallel="
+                              f"{self.expert_parallel} is not built yet (one host shard per rank); use 1")
 
     def kv_layout(self, windows: Sequence[int | None]) -> KVLayout | None:
         """The cache groups of a model whose layers have these sliding ``windows``

@@ -10,6 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.tiers.config import KVRequestParams
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
 from deepinfer_kit.engine.inflight import InFlight, commit_round, launch_round
@@ -66,8 +67,7 @@ class Engine:
             host's scheduling of a round with the device work of the previous one.
         trace: called with a :class:`StepTrace` after every step, when given.
         max_logprobs: the most ``logprobs`` a request may ask for (``-1``: no cap).
-        max_model_len: the scheduler's, for ``truncate_prompt_tokens`` (``None``: a
-            request giving that field ``-1`` or a count beyond it is not checked here).
+        max_model_len: the scheduler's, for ``truncate_prompt_tokens`` (``None``: not checked here).
         max_failed_steps: failed steps in a row after which the engine is dead.
         tokenizer_note: why there is no tokenizer, quoted when a text prompt arrives.
         balancer: live EPLB (the runner feeds its window); rebalances run between rounds.
@@ -216,8 +216,10 @@ class Engine:
         *,
         priority: int = 0,
         cache_context: Any = None,
+        kv: KVRequestParams | dict[str, bool] | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id (generated when ``None``).
+        """Validate and queue a request; returns its id (generated when ``None``). ``kv``:
+        its use of the KV tiers (:class:`~deepinfer_kit.cache.tiers.KVRequestParams`).
 
         Raises:
             ConfigError: bad prompt (see :meth:`encode`), bad params type, ``logprobs``
@@ -227,12 +229,12 @@ class Engine:
                 limit). Nothing is queued then; other requests are unaffected.
             EngineDeadError: the engine is dead.
         """
+        kv_params = KVRequestParams.coerce(kv)
         with self._lock:
             self._failures.check_alive()
             rid = self._groups.claim(request_id)
-            request = self._builder.build(
-                self._groups.scheduler_id(rid), prompt, params, priority, cache_context
-            )
+            request = self._builder.build(self._groups.scheduler_id(rid), prompt, params, priority, cache_context)
+            request.kv_params = kv_params
             self._groups.open(rid, request)
             try:
                 self.scheduler.add(request)
@@ -332,6 +334,7 @@ class Engine:
             self._inflight.clear()
             self.executor.close()
             self.runner.close()
+            getattr(self.cache, "close", lambda: None)()  # a tiered cache's I/O threads
             if self._failures.dead is None:
                 self._failures.dead = EngineDeadError("the engine was closed")
 
@@ -352,7 +355,7 @@ class Engine:
                 f"{self.cache.num_blocks - free} blocks still referenced with no request live"
             )
         self.runner.check_idle()
-        self.cache.check_integrity()
+        self.cache.check_integrity(())
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name and contract): returns False,

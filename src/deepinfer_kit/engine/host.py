@@ -15,6 +15,7 @@ from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
 from deepinfer_kit.components import BuildContext, Components, build
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from deepinfer_kit.cache.protocols import EvictionPolicy
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
 
 __all__ = ["build_host_components", "scheduler_config"]
 
@@ -50,6 +52,7 @@ def build_host_components(
     components: Components | None = None,
     clock: Callable[[], float] = time.monotonic,
     windows: Sequence[int | None] = (),
+    connector: KVConnectorScheduler | None = None,
 ) -> tuple[Scheduler, KVCacheManager]:
     """The KV cache manager (block pool and prefix index) and the scheduler of ``config``,
     ``components`` replacing the built-ins part by part.
@@ -61,6 +64,8 @@ def build_host_components(
     ``reset_prefix_cache`` read). ``windows``: the model's per-layer sliding windows
     (``ModelConfig.sliding_windows``); with one set and ``config.hybrid_kv_cache`` the
     manager is wrapped in a :class:`HybridKVCacheManager` over its layer groups.
+    ``connector``: the scheduler side of ``config.kv_tiers`` (built beside the device
+    pool); the manager is then a :class:`TieredKVCacheManager` over it.
 
     Raises:
         ConfigError: a field the scheduler or cache config rejects, a component of the
@@ -71,8 +76,13 @@ def build_host_components(
     parts = components if components is not None else Components()
     ctx = BuildContext(config=config, clock=clock, block_size=config.block_size, num_blocks=num_blocks,
                        max_model_len=max_model_len)
-    cache = _cache_manager(config, parts, ctx)
     layout = config.kv_layout(windows)
+    if connector is not None:
+        if parts.cache_manager is not None or layout is not None:
+            raise ConfigError("kv_tiers with " + ("components.cache_manager" if layout is None else
+                              "a sliding-window model (hybrid_kv_cache=True)") +
+                              " is not built yet: the tiers wrap the built-in full-attention manager")
+    cache = _cache_manager(config, parts, ctx, connector)
     if layout is not None and not hasattr(cache, "drain_table_updates"):
         cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout),
                                      replay_limit=config.replay_limit())
@@ -94,9 +104,11 @@ def build_host_components(
     return scheduler, cache
 
 
-def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext) -> KVCacheManager:
+def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext,
+                   connector: KVConnectorScheduler | None = None) -> KVCacheManager:
     """The injected cache manager, or the built-in over the injected (or built-in)
-    allocator, prefix index and eviction policy, each checked against the pool."""
+    allocator, prefix index and eviction policy, each checked against the pool (a tiered
+    one over ``connector`` when given)."""
     num_blocks, block_size = ctx.num_blocks, ctx.block_size
     cache = build(parts.cache_manager, ctx)
     if cache is not None:
@@ -116,6 +128,9 @@ def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext) -
         return BlockKVCacheManager(allocator, None)
     if index is None:
         index = _named_index(config.prefix_index, block_size, policy)
+    if connector is not None:
+        assert config.kv_tiers is not None
+        return TieredKVCacheManager(allocator, index, connector, hash_key=config.kv_tiers.hash_key)
     if index.block_size != block_size:
         raise ConfigError(f"components.prefix_index has block_size {index.block_size}, the engine's "
                           f"blocks hold {block_size} tokens")

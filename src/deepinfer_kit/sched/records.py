@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import attrs
 
 from deepinfer_kit._validators import int_at_least, one_of
+from deepinfer_kit.cache.tiers.records import TransferPlan
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
@@ -281,6 +282,9 @@ class SchedulePlan:
             sliding-window groups set while this round was planned
             (``HybridKVCacheManager.drain_table_updates``), applied on the device before
             the block copies and the forward; empty for a cache without groups.
+        kv_transfers: the copies between the device pool and the host KV tier that the
+            round runs around its block copies (``TieredKVCacheManager.drain_kv_transfers``;
+            docs/kv_tiers.md); ``None`` without tiers or when there are none.
     """
 
     step_id: int
@@ -293,6 +297,7 @@ class SchedulePlan:
     num_cached_tokens: int = 0
     decodes: DecodeRows = attrs.field(factory=DecodeRows)
     table_updates: list[tuple[int, int, int]] = attrs.field(factory=list)
+    kv_transfers: TransferPlan | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -32,6 +32,7 @@ from deepinfer_kit.sched.stretch import advance_plain_decodes, plain_decode_run
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
+    from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
     from deepinfer_kit.sched.protocols import DecodeStretches, Scheduler, StretchSource
 
 __all__ = ["BatchScheduler"]
@@ -82,6 +83,11 @@ class BatchScheduler:
         # A cache with sliding-window groups hands each plan the block mappings it set.
         self._drain_table_updates: Callable[[], list[tuple[int, int, int]]] | None = getattr(
             cache, "drain_table_updates", None)
+        # A cache over KV tiers: told of arrivals (prefetch), hands each plan its copies
+        # and hears what the device side did (cache/tiers/manager.py).
+        self._on_arrival: Callable[[Request], None] | None = getattr(cache, "on_arrival", None)
+        self._drain_kv: Callable[[], TransferPlan] | None = getattr(cache, "drain_kv_transfers", None)
+        self._finish_kv: Callable[[TransferOutput], None] | None = getattr(cache, "finish_kv_transfers", None)
 
     # ---------------------------------------------------------------- the round
 
@@ -114,8 +120,12 @@ class BatchScheduler:
         budget = self.batching.admit(state, entry, budget, preempted)
         plan.num_batched_tokens = self.config.max_num_batched_tokens - budget
         drain = self._drain_table_updates
-        if drain is not None and not plan.is_empty:  # an empty plan never runs: keep them
-            plan.table_updates = drain()
+        if not plan.is_empty:  # an empty plan never runs: keep them
+            if drain is not None:
+                plan.table_updates = drain()
+            if self._drain_kv is not None:
+                transfers = self._drain_kv()
+                plan.kv_transfers = transfers if transfers else None
         return plan
 
     def commit(self, plan: SchedulePlan, result: StepResult) -> list[RequestOutput]:
@@ -130,7 +140,10 @@ class BatchScheduler:
             InvariantError: ``plan`` is not the oldest uncommitted plan, or ``result`` is
                 not aligned with its chunks; nothing changes then.
         """
-        return commit_round(self.state, oldest_inflight(self.state, plan), result)
+        outputs = commit_round(self.state, oldest_inflight(self.state, plan), result)
+        if result.kv_transfers is not None and self._finish_kv is not None:
+            self._finish_kv(result.kv_transfers)
+        return outputs
 
     # ---------------------------------------------------------------- requests
 
@@ -177,6 +190,8 @@ class BatchScheduler:
             return
         state.requests[rid] = request
         state.waiting.push(request)
+        if self._on_arrival is not None:
+            self._on_arrival(request)
 
     def abort(self, request_id: str) -> bool:
         """Finish ``request_id`` (and its live fork children) with reason ``abort``.

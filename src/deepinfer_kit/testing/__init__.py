@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     )
     from deepinfer_kit.testing.drafter import DRAFTER_SUITE
     from deepinfer_kit.testing.hybrid_cache import HYBRID_KV_CACHE_MANAGER_SUITE
+    from deepinfer_kit.testing.kv_connector import KV_CONNECTOR_SUITE
     from deepinfer_kit.testing.eplb import PLACEMENT_POLICY_SUITE
     from deepinfer_kit.testing.eviction import EVICTION_POLICY_SUITE, LRU_POLICY_SUITE
     from deepinfer_kit.testing.moe import DISPATCHER_SUITE, ROUTER_SUITE
@@ -47,6 +48,7 @@ _LAZY = {
     "BLOCK_ALLOCATOR_SUITE": "deepinfer_kit.testing.cache",
     "KV_CACHE_MANAGER_SUITE": "deepinfer_kit.testing.cache",
     "HYBRID_KV_CACHE_MANAGER_SUITE": "deepinfer_kit.testing.hybrid_cache",
+    "KV_CONNECTOR_SUITE": "deepinfer_kit.testing.kv_connector",
     "PREFIX_INDEX_SUITE": "deepinfer_kit.testing.cache",
     "kv_cache_manager_suite": "deepinfer_kit.testing.cache",
     "prefix_index_suite": "deepinfer_kit.testing.cache",
@@ -82,6 +84,7 @@ __all__ = [
     "PREFIX_INDEX_SUITE",
     "KV_CACHE_MANAGER_SUITE",
     "HYBRID_KV_CACHE_MANAGER_SUITE",
+    "KV_CONNECTOR_SUITE",
     "prefix_index_suite",
     "kv_cache_manager_suite",
     "EVICTION_POLICY_SUITE",

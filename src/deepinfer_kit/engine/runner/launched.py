@@ -23,7 +23,7 @@ class LaunchedStep:
             step's history tokens to the next step only when no later launch began since.
         done: the whole result when it was known at launch (a step that draws nothing,
             a speculative round run to the end), else ``None``.
-        step: the prepared step (``None`` when ``done``).
+        step: the prepared step (also when ``done``: its plan names the chunks).
         copy: the queued copy back of the sampled rows (``None`` when ``done``).
         emitted: per verified chunk, tokens it emitted (in ``step.verified`` order).
         expert_counts: ``[L, E]`` routing counts of the round when traced (on the device,

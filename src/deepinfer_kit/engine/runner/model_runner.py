@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from deepinfer_kit.sched.records import SchedulePlan
     from deepinfer_kit.spec.protocols import DraftVerifier
     from deepinfer_kit.cache.hybrid_kv import KVStorage
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorWorker
     from deepinfer_kit.engine.runner.balance import ExpertBalancer
     from deepinfer_kit.engine.protocols import StepRunner
 
@@ -106,6 +107,7 @@ class ModelRunner:
         self.token_slots = token_slots
         self.draft_probs = draft_probs
         self.grammar = grammar
+        self.kv_transfer: KVConnectorWorker | None = None  # the KV tiers' device side (set by the builder)
 
     @property
     def num_blocks(self) -> int:
@@ -235,11 +237,7 @@ class ModelRunner:
         for r, sid in step.placeholder_rows:
             if sid in last:
                 histories[r] = (*histories[r], last[sid])
-        if step.plan.table_updates:
-            assert isinstance(self.kv_cache, HybridKVCache), "table updates for a cache without groups"
-            self.kv_cache.apply_table_updates(step.plan.table_updates)
-        if step.plan.block_copies:
-            self.kv_cache.copy_blocks(step.plan.block_copies)
+        self._prepare_pool(step.plan)
         with torch.inference_mode():
             logits = self._logits(step, forward)
             expert_counts, slot_counts = self._expert_counts(step.record_expert_counts)
@@ -247,7 +245,7 @@ class ModelRunner:
             if not step.sampling.params:
                 done = StepResult(token_ids=[[] for _ in step.row_counts], expert_counts=host_rows(expert_counts),
                                   slot_counts=host_rows(slot_counts))
-                return LaunchedStep(ordinal=ordinal, done=done, prompt_maps=prompt_maps)
+                return LaunchedStep(ordinal=ordinal, step=step, done=done, prompt_maps=prompt_maps)
             finite, clean = finite_rows(logits)
             if step.grammar_rows:
                 if self.grammar is None:
@@ -271,6 +269,23 @@ class ModelRunner:
         return LaunchedStep(ordinal=ordinal, step=step, copy=copy, emitted=emitted, expert_counts=expert_counts,
                             slot_counts=slot_counts, prompt_maps=prompt_maps)
 
+    def _prepare_pool(self, plan: SchedulePlan) -> None:
+        """Before the forward: the group tables' updates, the KV tiers' saves (blocks
+        evicted this round are read before the forward overwrites them), the
+        copy-on-write copies, then the tiers' loads into the blocks the forward reads."""
+        if plan.table_updates:
+            assert isinstance(self.kv_cache, HybridKVCache), "table updates for a cache without groups"
+            self.kv_cache.apply_table_updates(plan.table_updates)
+        transfers, connector = plan.kv_transfers, self.kv_transfer
+        if transfers is not None:
+            assert connector is not None, "KV transfers for a runner without a KV connector"
+            connector.start_save_kv(transfers)
+        if plan.block_copies:
+            self.kv_cache.copy_blocks(plan.block_copies)
+        if transfers is not None and connector is not None:
+            connector.start_load_kv(transfers)
+            connector.wait_for_load()
+
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Wait for ``launched``'s copy back (its event on CUDA) and build its result:
         tokens per chunk (a chunk whose row was not finite, or that continued from a
@@ -285,7 +300,7 @@ class ModelRunner:
             if launched.prompt_maps is not None:  # a round of prompt-logprob rows that draws nothing
                 launched.done.prompt_logprobs = launched.prompt_maps.build()
                 launched.prompt_maps = None
-            return launched.done
+            return self._with_kv_report(launched.done, launched.step.plan if launched.step is not None else None)
         step, copy = launched.step, launched.copy
         assert step is not None and copy is not None
         tokens, logprobs_host = copy.read()
@@ -296,7 +311,7 @@ class ModelRunner:
         if launched.ordinal == self._launches:  # no later launch has begun: the next one reads these
             self._last = last
         drafted = [0] * len(step.plan.decodes) + [len(c.spec_token_ids) for c in step.plan.chunks] if step.verified else []
-        return StepResult(
+        return self._with_kv_report(StepResult(
             token_ids=token_ids,
             logprobs=logprobs,
             num_drafted=drafted,
@@ -305,7 +320,25 @@ class ModelRunner:
             expert_counts=host_rows(launched.expert_counts),
             slot_counts=host_rows(launched.slot_counts),
             prompt_logprobs=launched.prompt_maps.build() if launched.prompt_maps is not None else None,
-        )
+        ), step.plan)
+
+    def _with_kv_report(self, result: StepResult, plan: SchedulePlan | None = None) -> StepResult:
+        """``result`` with the KV connector's report of the transfers finished since the
+        last one; a chunk whose blocks a failed load wrote ends with an error (its forward
+        read garbage)."""
+        if self.kv_transfer is None:
+            return result
+        report = self.kv_transfer.get_finished()
+        result.kv_transfers = report
+        if report is not None and report.failed_loads and plan is not None:
+            failed = set(report.failed_loads)
+            chunks = plan.all_chunks()
+            errors = result.errors or [None] * len(chunks)
+            for i, chunk in enumerate(chunks):
+                if errors[i] is None and failed.intersection(chunk.block_table):
+                    errors[i] = "KV load failed: a block of this sequence could not be read from its tier"
+            result.errors = errors
+        return result
 
     def _expert_counts(self, record: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Feed the balancer's window; when tracing, the round's ``[L, E]`` per-expert and

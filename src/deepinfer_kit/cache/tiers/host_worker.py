@@ -1,0 +1,120 @@
+"""HostTransferWorker: the device side of the host tier — block copies between the device
+pool and the host slab, layer by layer, ordered around the round's forward."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
+
+__all__ = ["HostTransferWorker", "host_slab"]
+
+
+def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
+    """The host tier's bytes for ``num_blocks`` blocks of ``kv_cache``: a zeroed CPU tensor
+    ``[num_blocks, L, planes, P, Hkv, D]`` in the pool's dtype, pinned when the pool is on
+    CUDA (so copies run asynchronously to the host). Allocated once, at engine build."""
+    pin = kv_cache.device.type == "cuda"
+    return torch.zeros((num_blocks, *kv_cache.block_shape), dtype=kv_cache.dtype, pin_memory=pin)
+
+
+class HostTransferWorker:
+    """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorWorker` between a
+    :class:`PagedKVCache` and a host slab.
+
+    Saves gather each layer's blocks on the device into one staging tensor and copy it to
+    the host with one non-blocking copy (pinned memory on CUDA, on the runner's stream, so
+    it is ordered before the forward that may overwrite an evicted block); the slab
+    slots are filled from it when :meth:`get_finished` (or a load reading a slot saved in
+    the same round) waits for it. Loads gather the slab's slots into one staging tensor,
+    copy it to the device without blocking and scatter it layer by layer into the pool,
+    on the same stream, before the forward. On the CPU every copy is done on return.
+
+    Args:
+        kv_cache: the device pool.
+        slab: the host tier's bytes (:func:`host_slab`).
+    """
+
+    def __init__(self, kv_cache: PagedKVCache, slab: torch.Tensor) -> None:
+        self._kv = kv_cache
+        self._slab = slab
+        self._cuda = kv_cache.device.type == "cuda"
+        self._saving: tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None] | None = None
+        self._saved: list[int] = []
+        self._asked = False
+        self._keep: list[torch.Tensor] = []  # staging a non-blocking load still reads
+
+    def start_save_kv(self, plan: TransferPlan) -> None:
+        """Copy ``plan.saves`` toward the slab (see the class docstring)."""
+        if not plan.saves:
+            return
+        self._asked = True
+        self._settle()
+        kv = self._kv
+        dev = kv.device
+        blocks = torch.tensor([b for b, _ in plan.saves], dtype=torch.int64).to(dev, non_blocking=True)
+        slots = torch.tensor([s for _, s in plan.saves], dtype=torch.int64)
+        staged = torch.empty((len(plan.saves), *kv.block_shape), dtype=kv.dtype, device=dev)
+        for layer in range(kv.num_layers):
+            staged[:, layer] = kv.read_blocks(layer, blocks)
+        host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=self._cuda)
+        host.copy_(staged, non_blocking=self._cuda)
+        event = None
+        if self._cuda:
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+        self._saving = (host, slots, event)
+        self._saved.extend(s for _, s in plan.saves)
+
+    def _settle(self) -> None:
+        """Wait for the saves in flight and write them into their slab slots."""
+        saving, self._saving = self._saving, None
+        if saving is None:
+            return
+        host, slots, event = saving
+        if event is not None:
+            event.synchronize()
+        self._slab.index_copy_(0, slots, host)
+
+    def start_load_kv(self, plan: TransferPlan) -> None:
+        """Copy ``plan.loads`` into the device pool (see the class docstring)."""
+        if not plan.loads:
+            return
+        self._asked = True
+        if self._saving is not None and {s for s, _ in plan.loads} & set(self._saving[1].tolist()):
+            self._settle()  # a load reads a slot this round saves
+        kv = self._kv
+        dev = kv.device
+        slots = torch.tensor([s for s, _ in plan.loads], dtype=torch.int64)
+        staged = self._slab.index_select(0, slots)
+        if self._cuda:
+            staged = staged.pin_memory()
+            self._keep.append(staged)
+        data = staged.to(dev, non_blocking=self._cuda)
+        blocks = torch.tensor([b for _, b in plan.loads], dtype=torch.int64).to(dev, non_blocking=True)
+        for layer in range(kv.num_layers):
+            kv.write_blocks(layer, blocks, data[:, layer])
+
+    def wait_for_load(self) -> None:
+        """Nothing to wait for: the loads are on the forward's stream (CUDA) or done (CPU)."""
+
+    def get_finished(self) -> TransferOutput | None:
+        """The slots saved since the last call (after settling them); None when nothing
+        was asked."""
+        if not self._asked:
+            return None
+        self._settle()
+        self._keep.clear()  # the round's forward, after the loads, has finished by now
+        out = TransferOutput(saved=self._saved)
+        self._saved = []
+        self._asked = False
+        return out
+
+
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorWorker
+
+    _check: type[KVConnectorWorker] = HostTransferWorker

@@ -1,0 +1,383 @@
+"""OffloadConnector: the scheduler side of the host and disk tiers — what goes down,
+what comes back up, and when."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, wait
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer_kit.cache.tiers.admission import SeenTwice
+from deepinfer_kit.cache.tiers.config import TierConfig
+from deepinfer_kit.cache.tiers.disk_tier import DiskTier, ReadResult
+from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput, TransferPlan
+from deepinfer_kit.cache.tiers.slots import TierSlots, eviction_policy
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.request import Request
+
+__all__ = ["OffloadConnector"]
+
+_MAX_EVENTS = 1 << 16  # events kept for a reader that never takes them (oldest dropped)
+
+
+class OffloadConnector:
+    """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorScheduler` over a host
+    tier (``slab``: ``[host_blocks, *block]`` CPU tensor shared with the device side's
+    :class:`~deepinfer_kit.cache.tiers.host_worker.HostTransferWorker`) and an optional
+    :class:`DiskTier` under it (see :class:`TierConfig` for the policies).
+
+    Where a block is: the device prefix index (device), :attr:`host` and the disk tier's
+    slots — keyed by the same chained identity, so a block found in several tiers is the
+    same K/V. Data only moves device <-> host in rounds (queued here, run by the device
+    side before the round's forward) and host <-> disk in I/O threads. Every read of a
+    lower tier is checked (disk checksums); whatever is late, missing or damaged is
+    recomputed by the engine, never waited for past ``prefetch_timeout_s`` after arrival.
+
+    Args:
+        config: the tiers' sizes and policies.
+        slab: the host tier's bytes.
+        disk: the disk tier, or None.
+        block_size: tokens per block.
+    """
+
+    def __init__(self, config: TierConfig, slab: torch.Tensor, disk: DiskTier | None, block_size: int) -> None:
+        self._cfg = config
+        self._slab = slab
+        self.host = TierSlots(config.host_blocks, eviction_policy(config.host_eviction))
+        self.disk = disk
+        self._admission = SeenTwice(config.admission_window) if config.admission == "seen_twice" else None
+        self._P = block_size
+        self._through = config.write_policy == "write_through"
+        self._saves: list[tuple[int, int]] = []
+        self._loads: list[tuple[int, int]] = []
+        self._save_keys: dict[int, bytes] = {}  # host slot -> key: a save queued or running
+        self._stale: set[int] = set()  # slots saving when the tiers were reset: dropped when done
+        self._load_pins: list[int] = []
+        self._match: dict[str, tuple[list[int], list[bool]]] = {}  # request -> pinned slots, each read from disk?
+        self._reads: dict[str, dict[bytes, Future[ReadResult]]] = {}
+        self._deadline: dict[str, float] = {}
+        self._forced: set[bytes] = set()  # save_prompt keys: to disk whatever the policy
+        self._events: deque[KVEvent] = deque(maxlen=_MAX_EVENTS)
+        self._stats = TierStats()
+
+    # ------------------------------------------------------------------ reads
+
+    def on_arrival(self, request: Request, keys: Sequence[bytes], first: int) -> None:
+        """Start reading, in the I/O threads, the prompt blocks the disk tier holds (and,
+        for ``load_remote``, every block not held elsewhere: another engine writes them)."""
+        deadline = time.monotonic() + self._cfg.prefetch_timeout_s
+        self._deadline[request.request_id] = deadline
+        disk = self.disk
+        if disk is None:
+            return
+        kv = request.kv_params
+        remote = kv is not None and kv.load_remote
+        reads: dict[bytes, Future[ReadResult]] = {}
+        for key in keys[first:]:
+            if self.host.slot(key) is not None:
+                continue
+            if disk.has(key):
+                reads[key] = disk.read(key)
+            elif remote:
+                reads[key] = disk.read(key, deadline=deadline)
+            else:
+                break
+        if reads:
+            self._reads[request.request_id] = reads
+
+    def get_num_new_matched_tokens(self, request: Request, keys: Sequence[bytes], first: int) -> int:
+        """Blocks after the device's ``first`` hits that the host tier holds or the disk
+        tier delivered in time, in order, each pinned for this request (see the
+        Protocol). Disk blocks that arrived are copied into the host tier first."""
+        rid = request.request_id
+        self._unpin_match(rid)
+        self._poll_disk()
+        if self._admission is not None:
+            self._admission.observe(keys[:first])
+        slots: list[int] = []
+        from_disk: list[bool] = []
+        j, n = first, len(keys)
+        while j < n:
+            slot = self.host.slot(keys[j])
+            if slot is not None:
+                self.host.pin(slot)
+                slots.append(slot)
+                from_disk.append(False)
+                j += 1
+                continue
+            got, complete = self._fetch(request, keys, j)
+            slots.extend(got)
+            from_disk.extend([True] * len(got))
+            j += len(got)
+            if not got or not complete:
+                break
+        self._match[rid] = (slots, from_disk)
+        return len(slots)
+
+    def _fetch(self, request: Request, keys: Sequence[bytes], j: int) -> tuple[list[int], bool]:
+        """Read the run of disk blocks from ``keys[j]`` into the host tier (waiting per
+        the prefetch policy); returns their slots, pinned, and whether the whole run came."""
+        disk = self.disk
+        if disk is None:
+            return [], False
+        rid = request.request_id
+        reads = self._reads.setdefault(rid, {})
+        run: list[tuple[bytes, Future[ReadResult]]] = []
+        for key in keys[j:]:
+            if self.host.slot(key) is not None:
+                break
+            fut = reads.get(key)
+            if fut is None:
+                if not disk.has(key):
+                    break
+                fut = reads[key] = disk.read(key)
+            run.append((key, fut))
+        if not run:
+            return [], False
+        if self._cfg.prefetch == "wait":
+            deadline = self._deadline.get(rid, time.monotonic() + self._cfg.prefetch_timeout_s)
+            wait([f for _, f in run], timeout=max(0.0, deadline - time.monotonic()))
+        got: list[int] = []
+        for key, fut in run:
+            if not fut.done():
+                self._stats.late_reads += 1
+                return got, False
+            del reads[key]
+            data = fut.result()
+            if data is None:
+                self._stats.failed_reads += 1
+                if disk.has(key):
+                    disk.drop(key)
+                    self._event("removed", "disk", [key])
+                return got, False
+            slot = self._host_put(key, data)
+            if slot is None:
+                return got, False
+            self._note_evicted_disk(disk.adopt(key))
+            self.host.pin(slot)
+            got.append(slot)
+        return got, True
+
+    def update_state_after_alloc(self, request: Request, blocks: Sequence[int]) -> None:
+        """Queue the loads into ``blocks`` for this round; release what was not taken."""
+        slots, from_disk = self._match.pop(request.request_id, ([], []))
+        use = slots[:len(blocks)]
+        for s in slots[len(blocks):]:
+            self.host.unpin(s)
+        for s, b in zip(use, blocks):
+            self._loads.append((s, b))
+            self.host.touch(s)
+        self._load_pins.extend(use)
+        disk_used = sum(from_disk[:len(use)])
+        self._stats.disk_hits += disk_used
+        self._stats.host_hits += len(use) - disk_used
+        self._stats.loaded_tokens += len(use) * self._P
+
+    # ------------------------------------------------------------------ writes
+
+    def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int]) -> None:
+        """Device events; with write-through (or ``save_prompt``) queue the saves of the
+        admitted blocks. ``start``: block index of ``keys[0]`` in the request."""
+        self._event("stored", "device", keys)
+        kv = request.kv_params
+        if kv is not None and not kv.write:
+            return
+        prompt_blocks = request.num_prompt_tokens // self._P if kv is not None and kv.save_prompt else 0
+        for i, (key, block) in enumerate(zip(keys, blocks)):
+            force = start + i < prompt_blocks
+            if not (self._through or force):
+                return
+            self._save(key, block, force)
+
+    def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
+        """Device events; with write-back queue the saves of the admitted victims."""
+        self._event("removed", "device", keys)
+        if self._through:
+            return
+        for key, block, ok in zip(keys, blocks, writable):
+            if ok:
+                self._save(key, block, False)
+
+    def _save(self, key: bytes, block: int, force: bool) -> None:
+        """Queue ``block``'s save to the host tier as ``key`` unless it is there already
+        (then it is a use) or refused."""
+        slot = self.host.slot(key)
+        if slot is not None:
+            if self.host.is_ready(slot):
+                self.host.touch(slot)
+                if force:
+                    self._to_disk(key, slot)
+            elif force:
+                self._forced.add(key)
+            return
+        if not force and self._admission is not None and not self._admission.admit(key):
+            self._stats.refused += 1
+            return
+        taken = self.host.take(key)
+        if taken is None:
+            return  # every host slot is pinned or saving: skip (a cache may)
+        slot, evicted = taken
+        if evicted is not None:
+            self._demote(evicted, slot)
+        self._save_keys[slot] = key
+        self._saves.append((block, slot))
+        if force:
+            self._forced.add(key)
+
+    def _host_put(self, key: bytes, data: torch.Tensor) -> int | None:
+        """A host slot holding ``data`` (bytes read from disk) as ``key``, ready."""
+        taken = self.host.take(key)
+        if taken is None:
+            return None
+        slot, evicted = taken
+        if evicted is not None:
+            self._demote(evicted, slot)
+        self._slab[slot].copy_(data)
+        self.host.mark_ready(slot)
+        self._event("stored", "host", [key])
+        return slot
+
+    def _demote(self, key: bytes, slot: int) -> None:
+        """``key`` leaves host ``slot`` for room: with write-back it goes to disk first."""
+        self._stats.evicted_host += 1
+        self._event("removed", "host", [key])
+        forced = key in self._forced
+        self._forced.discard(key)
+        disk = self.disk
+        if disk is not None and (not self._through or forced) and not disk.has(key):
+            self._note_evicted_disk(disk.write(key, self._slab[slot].clone()))
+
+    def _to_disk(self, key: bytes, slot: int) -> None:
+        disk = self.disk
+        self._forced.discard(key)
+        if disk is not None and not disk.has(key):
+            self._note_evicted_disk(disk.write(key, self._slab[slot].clone()))
+
+    def _note_evicted_disk(self, result: bytes | None | bool) -> None:
+        if isinstance(result, bytes):
+            self._stats.evicted_disk += 1
+            self._event("removed", "disk", [result])
+
+    def _poll_disk(self) -> None:
+        if self.disk is None:
+            return
+        written, failed = self.disk.poll_writes()
+        if written:
+            self._stats.saved_disk += len(written)
+            self._event("stored", "disk", written)
+        self._stats.failed_writes += len(failed)
+
+    # ------------------------------------------------------------------ rounds
+
+    def build_transfers(self) -> TransferPlan:
+        """Drain the queued saves and loads; the loads' sources are free to be reused by
+        later rounds (which run after this one)."""
+        plan = TransferPlan(self._saves, self._loads)
+        self._saves, self._loads = [], []
+        for s in self._load_pins:
+            self.host.unpin(s)
+        self._load_pins = []
+        return plan
+
+    def update_from_output(self, output: TransferOutput) -> None:
+        """Saved slots become readable (and go on to disk with write-through); failed
+        ones are forgotten."""
+        for s in output.saved:
+            key = self._save_keys.pop(s, None)
+            if key is None or self.host.key(s) != key:
+                continue
+            if s in self._stale:
+                self._stale.discard(s)
+                self.host.drop(s)
+                continue
+            self.host.mark_ready(s)
+            self._stats.saved_host += 1
+            self._event("stored", "host", [key])
+            if self._through or key in self._forced:
+                self._to_disk(key, s)
+        for s in output.failed_saves:
+            key = self._save_keys.pop(s, None)
+            self._stale.discard(s)
+            if key is not None and self.host.key(s) == key:
+                self.host.drop(s)
+        self._poll_disk()
+
+    def request_finished(self, request: Request) -> None:
+        """Release the request's pins and cancel its reads not yet started."""
+        rid = request.request_id
+        self._unpin_match(rid)
+        self._deadline.pop(rid, None)
+        for fut in self._reads.pop(rid, {}).values():
+            fut.cancel()
+
+    def _unpin_match(self, rid: str) -> None:
+        slots, _ = self._match.pop(rid, ([], []))
+        for s in slots:
+            self.host.unpin(s)
+
+    # ------------------------------------------------------------------ the rest
+
+    def _event(self, kind: str, medium: str, keys: Sequence[bytes]) -> None:
+        if keys:
+            self._events.append(KVEvent(kind, medium, tuple(keys)))
+
+    def take_events(self) -> list[KVEvent]:
+        """The events since the last call, oldest first."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    @property
+    def stats(self) -> TierStats:
+        """Cumulative counters (live)."""
+        return self._stats
+
+    def reset(self) -> None:
+        """Forget every tier block (pinned ones once released; saving ones once saved)."""
+        for s in range(self.host.capacity):
+            if self.host.key(s) is None:
+                continue
+            if s in self._save_keys:
+                self._stale.add(s)
+            else:
+                self.host.drop(s)
+        self._forced.clear()
+        self._events.append(KVEvent("cleared", "host"))
+        if self.disk is not None:
+            self.disk.clear()
+            self._events.append(KVEvent("cleared", "disk"))
+
+    def check_idle(self) -> None:
+        """Nothing pinned or queued for a request, and each tier's slots add up.
+
+        Raises:
+            InvariantError: naming what is held.
+        """
+        if self._match or self._load_pins or self._reads or self.host.num_pinned:
+            raise InvariantError(
+                f"kv tiers idle check: {len(self._match)} matches, {len(self._load_pins)} loads, "
+                f"{len(self._reads)} requests' reads and {self.host.num_pinned} pinned host slots held")
+        self.host.check()
+        if self.disk is not None:
+            self.disk.slots.check()
+
+    def drain(self) -> None:
+        """Wait for the disk writes in flight and settle them (tests, benchmarks)."""
+        if self.disk is not None:
+            self.disk.drain()
+            self._poll_disk()
+
+    def close(self) -> None:
+        """Finish the queued disk I/O and stop its threads."""
+        if self.disk is not None:
+            self.disk.close()
+
+
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
+
+    _check: type[KVConnectorScheduler] = OffloadConnector

@@ -1,0 +1,99 @@
+"""Records of the KV tiers: the transfers a round performs, what the device side reports
+back, the events a router reads, and the tiers' counters (no torch)."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["TransferPlan", "TransferOutput", "KVEvent", "TierStats", "MEDIA"]
+
+MEDIA = ("device", "host", "disk")
+
+
+@attrs.define(slots=True, eq=False)
+class TransferPlan:
+    """The block copies between the device pool and the host tier that one round performs
+    before its forward (``SchedulePlan.kv_transfers``).
+
+    The device side runs the saves first (so a device block evicted and handed out again
+    this round is read before the round writes it), then the plan's copy-on-write copies,
+    then the loads (into blocks allocated this round, read by the forward after them).
+
+    Attributes:
+        saves: ``(device_block, host_slot)``: copy the device block's K/V of every layer
+            into the host slot.
+        loads: ``(host_slot, device_block)``: copy the host slot into the device block.
+    """
+
+    saves: list[tuple[int, int]] = attrs.field(factory=list)
+    loads: list[tuple[int, int]] = attrs.field(factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.saves or self.loads)
+
+
+@attrs.define(slots=True, eq=False)
+class TransferOutput:
+    """What the device side reports after performing a :class:`TransferPlan`
+    (``StepResult.kv_transfers``), read by the scheduler side at commit.
+
+    Attributes:
+        saved: host slots whose save finished (their bytes may now be read on the host).
+        failed_saves: host slots whose save failed: the scheduler side forgets them.
+        failed_loads: device blocks whose load failed; the round's forward then read
+            garbage in them, so the scheduler side must recompute the requests holding
+            them (the device side reports the round's chunks of those requests as errors
+            when it cannot say which is which).
+    """
+
+    saved: list[int] = attrs.field(factory=list)
+    failed_saves: list[int] = attrs.field(factory=list)
+    failed_loads: list[int] = attrs.field(factory=list)
+
+
+@attrs.frozen(slots=True)
+class KVEvent:
+    """A change of what one medium holds, for a router choosing the engine with the most
+    of a prompt cached (``Engine.take_kv_events``; vLLM's BlockStored / BlockRemoved /
+    AllBlocksCleared).
+
+    Attributes:
+        kind: ``"stored"``, ``"removed"`` or ``"cleared"`` (every block of ``medium``).
+        medium: ``"device"``, ``"host"`` or ``"disk"``.
+        keys: the blocks' chained identities (:func:`~deepinfer_kit.cache.tiers.keys.chain_keys`
+            of their token prefix); empty for ``"cleared"``.
+    """
+
+    kind: str
+    medium: str
+    keys: tuple[bytes, ...] = ()
+
+
+@attrs.define(slots=True)
+class TierStats:
+    """Cumulative counters of the tiers (``TieredKVCacheManager.tier_stats``).
+
+    Attributes:
+        host_hits, disk_hits: blocks a request took from the host tier (resident there)
+            and from the disk tier (read into the host tier for it).
+        saved_host, saved_disk: blocks written to each tier.
+        evicted_host, evicted_disk: blocks dropped from each tier for room.
+        refused: blocks the admission policy kept out.
+        failed_reads: disk blocks found missing, truncated or corrupt at read (recomputed).
+        late_reads: disk blocks still being read (or written elsewhere) at the deadline
+            (recomputed).
+        failed_writes: disk writes that raised (the block is not on disk).
+        loaded_tokens: tokens whose KV a request took from a tier instead of computing.
+    """
+
+    host_hits: int = 0
+    disk_hits: int = 0
+    saved_host: int = 0
+    saved_disk: int = 0
+    evicted_host: int = 0
+    evicted_disk: int = 0
+    refused: int = 0
+    failed_reads: int = 0
+    late_reads: int = 0
+    failed_writes: int = 0
+    loaded_tokens: int = 0

@@ -1,0 +1,175 @@
+"""The engine with KV tiers: the same tokens as without (greedy and seeded) while prefixes
+come back from the host and disk tiers; damaged files recomputed; opt-out; reset; events;
+refusals."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager, chain_keys
+from deepinfer_kit.engine.build import build_engine
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sample.params import SamplingParams
+
+_RNG = random.Random(7)
+_HEADS = [[_RNG.randrange(250) for _ in range(64)] for _ in range(6)]
+_PROMPTS = [_HEADS[i % 6] + [_RNG.randrange(250) for _ in range(_RNG.randrange(3, 20))] for i in range(18)]
+
+
+def _params(i: int) -> SamplingParams:
+    if i % 2:
+        return SamplingParams(max_tokens=5, temperature=0.0)
+    return SamplingParams(max_tokens=5, temperature=0.9, top_p=0.9, seed=100 + i)
+
+
+def _serve(prompts: list[list[int]], **kw: object) -> tuple[dict[str, list[int]], object]:
+    """One request at a time (so each finds the last ones' prefixes where they went)."""
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, **kw)  # type: ignore[arg-type]
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, _params(i))
+        for o in engine.run():
+            out[o.request_id] = list(o.outputs[0].token_ids)
+    engine.flush()
+    engine.check_idle()
+    stats = getattr(engine.cache, "tier_stats", None)
+    engine.close()
+    return out, stats
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, list[int]]:
+    return _serve(_PROMPTS)[0]
+
+
+@pytest.mark.parametrize("tiers", [
+    {"host_blocks": 64},
+    {"host_blocks": 12, "disk_blocks": 120},
+    {"host_blocks": 12, "disk_blocks": 120, "write_policy": "write_back"},
+    {"host_blocks": 12, "disk_blocks": 120, "host_eviction": "frequency", "admission": "seen_twice"},
+], ids=["host", "disk_through", "disk_back", "frequency_seen_twice"])
+def test_tokens_equal_the_device_only_engine(reference: dict[str, list[int]], tiers: dict[str, object],
+                                             tmp_path: Path) -> None:
+    if "disk_blocks" in tiers:
+        tiers = {**tiers, "disk_path": str(tmp_path)}
+    got, stats = _serve(_PROMPTS, kv_tiers=tiers)
+    assert got == reference
+    assert stats.loaded_tokens > 0  # type: ignore[attr-defined]
+    if "disk_blocks" in tiers:
+        assert stats.disk_hits > 0 and stats.saved_disk > 0  # type: ignore[attr-defined]
+
+
+def test_damaged_files_are_recomputed(reference: dict[str, list[int]], tmp_path: Path) -> None:
+    tiers = {"host_blocks": 12, "disk_blocks": 120, "disk_path": str(tmp_path)}
+    key = b"k" * 32
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, kv_tiers={**tiers, "hash_key": key})
+    for i, p in enumerate(_PROMPTS[:6]):
+        engine.add_request(str(i), p, _params(i))
+        engine.run()
+    cache = engine.cache
+    assert isinstance(cache, TieredKVCacheManager)
+    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    files = sorted(tmp_path.glob("*.kvb"))
+    assert files
+    for n, f in enumerate(files):  # flip a payload byte, truncate, or empty each file
+        data = bytearray(f.read_bytes())
+        if n % 3 == 0:
+            data[-5] ^= 0xFF
+        elif n % 3 == 1:
+            data = data[: len(data) // 2]
+        else:
+            data = bytearray()
+        f.write_bytes(bytes(data))
+    # The device and the host forget the first run; only the (damaged) files remain.
+    host = cache.connector.host  # type: ignore[attr-defined]
+    for s in range(host.capacity):
+        if host.key(s) is not None:
+            host.drop(s)
+    cache._evict(cache._index, cache._index.num_evictable)  # type: ignore[union-attr]
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(_PROMPTS):
+        engine.add_request(str(i), p, _params(i))
+        out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
+    engine.flush()
+    assert out == reference
+    assert cache.tier_stats.failed_reads > 0
+    engine.close()
+
+
+def test_opt_out_writes_nothing_below_the_device(tmp_path: Path) -> None:
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2,
+                          kv_tiers={"host_blocks": 40, "disk_blocks": 100, "disk_path": str(tmp_path)})
+    for i, p in enumerate(_PROMPTS[:8]):
+        engine.add_request(str(i), p, _params(i), kv={"write": False})
+        engine.run()
+    cache = engine.cache
+    assert isinstance(cache, TieredKVCacheManager)
+    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    assert cache.tier_stats.saved_host == 0 and not list(tmp_path.glob("*.kvb"))
+    engine.check_idle()
+    engine.close()
+
+
+def test_reset_forgets_the_tiers_and_events_name_the_blocks(tmp_path: Path) -> None:
+    key = b"r" * 32
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2,
+                          kv_tiers={"host_blocks": 12, "disk_blocks": 100, "disk_path": str(tmp_path), "hash_key": key})
+    for i, p in enumerate(_PROMPTS[:8]):
+        engine.add_request(str(i), p, _params(i))
+        engine.run()
+    cache = engine.cache
+    assert isinstance(cache, TieredKVCacheManager)
+    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    events = cache.take_kv_events()
+    stored = {m: set() for m in ("device", "host", "disk")}
+    for ev in events:
+        if ev.kind == "stored":
+            stored[ev.medium].update(ev.keys)
+    from deepinfer_kit.cache.hashing import BlockHasher
+    first = chain_keys(BlockHasher(key), _PROMPTS[0], None, 8, len(_PROMPTS[0]) // 8)
+    assert set(first) <= stored["device"] and stored["host"] and stored["disk"]
+    assert engine.reset_prefix_cache()
+    assert not list(tmp_path.glob("*.kvb"))
+    loaded = cache.tier_stats.loaded_tokens
+    engine.add_request("again", _PROMPTS[0], _params(1))
+    engine.run()
+    assert cache.tier_stats.loaded_tokens == loaded
+    assert any(ev.kind == "cleared" for ev in cache.take_kv_events())
+    engine.check_idle()
+    engine.close()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"worker": "process"}, "worker='process'"),
+    ({"tensor_parallel": 2}, "tensor_parallel=2"),
+    ({"enable_prefix_caching": False}, "enable_prefix_caching"),
+])
+def test_unsupported_builds_are_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_engine(kv_tiers={"host_blocks": 8}, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tiers, message", [
+    ({"host_blocks": -1}, "host_blocks"),
+    ({"host_blocks": 4, "disk_blocks": 8}, "disk_path"),
+    ({"disk_blocks": 8, "disk_path": "/tmp/x"}, "host_blocks"),
+    ({"host_blocks": 4, "write_policy": "sometimes"}, "write_policy"),
+    ({"host_blocks": 4, "hash_key": b"short"}, "hash_key"),
+    ({"host_blocks": 4, "bogus": 1}, "bogus"),
+])
+def test_bad_tier_configs_name_the_field(tiers: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_engine(kv_tiers=tiers)
+
+
+def test_bad_request_params_name_the_field() -> None:
+    engine = build_engine(num_blocks=16, kv_tiers={"host_blocks": 8})
+    with pytest.raises(ConfigError, match="kv has unknown keys"):
+        engine.add_request("a", [1, 2, 3], kv={"wrte": False})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="save_prompt"):
+        engine.add_request("a", [1, 2, 3], kv={"write": False, "save_prompt": True})
+    assert not engine.has_unfinished_requests()
+    engine.close()
