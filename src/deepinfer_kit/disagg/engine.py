@@ -1,0 +1,160 @@
+"""DisaggregatedEngine: route each request to a prefill engine, then to a decode engine
+that loads the prompt's KV the prefill engine saved."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit.errors import ConfigError, DeepInferError
+from deepinfer_kit.outputs import RequestOutput
+from deepinfer_kit.sample.params import SamplingParams
+
+__all__ = ["DisaggregatedEngine", "build_disaggregated"]
+
+
+class DisaggregatedEngine:
+    """Two engines, one job each: ``prefill`` computes a request's prompt (and samples a
+    first token, for its time to first token), saving every full prompt block to the
+    shared KV folder (``KVRequestParams(save_prompt=True)``); ``decode`` then runs the
+    request with ``load_remote=True``: it loads those blocks into its own pool instead of
+    computing them, computes the rest of the prompt (under one block) and decodes.
+
+    The decode engine's tokens are the ones one engine would give: greedy and seeded
+    (a seeded request draws from its seed and position, wherever it runs), because loaded
+    K/V are the K/V the prefill engine computed for the same tokens, model and dtype (the
+    files' fingerprint says so; the decode side would recompute anything else).
+
+    Faults: when the prefill engine fails a request (or is dead), the request goes to
+    the decode engine all the same and whatever blocks are missing are recomputed there
+    (after at most the decode tiers' ``prefetch_timeout_s`` per request); a damaged file
+    reads as missing. Neither engine leaks a block (both idle checks hold).
+
+    Both engines must share ``kv_tiers.disk_path`` and ``kv_tiers.hash_key`` and serve
+    the same model (:func:`build_disaggregated` sets them up). Same tensor-parallel size
+    on both sides: one rank each in this build.
+
+    Args:
+        prefill, decode: the two engines (built with tiers).
+
+    Raises:
+        ConfigError: an engine without KV tiers.
+    """
+
+    def __init__(self, prefill: Engine, decode: Engine) -> None:
+        for name, engine in (("prefill", prefill), ("decode", decode)):
+            if not isinstance(engine.cache, TieredKVCacheManager):
+                raise ConfigError(f"{name} engine has no kv_tiers: both sides need a shared disk tier")
+        self.prefill = prefill
+        self.decode = decode
+        self._pending: dict[str, tuple[Sequence[int] | str, SamplingParams | None]] = {}
+        self.num_fallbacks = 0  # requests the prefill engine failed, decoded from scratch
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams | None = None) -> str:
+        """Queue ``request_id`` on the prefill engine (its first token only).
+
+        Raises:
+            ConfigError: as :meth:`Engine.add_request` (checked by both engines first).
+        """
+        self.decode.check_request(prompt, params)
+        first = attrs.evolve(params if params is not None else SamplingParams(), max_tokens=1, min_tokens=0, n=1)
+        try:
+            self.prefill.add_request(request_id, prompt, first, kv={"save_prompt": True})
+        except DeepInferError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            self._to_decode(request_id, prompt, params, remote=False)  # the prefill engine is dead
+            return request_id
+        self._pending[request_id] = (prompt, params)
+        return request_id
+
+    def has_unfinished_requests(self) -> bool:
+        """True while either engine has work."""
+        return bool(self._pending) or self.decode.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One round of each engine with work; returns the decode engine's finished
+        outputs. A request the prefill engine finished moves to the decode engine after
+        its blocks are pushed down (the prefill engine's queued saves run while it is
+        between rounds)."""
+        done: list[RequestOutput] = []
+        if self._pending:
+            try:
+                done = self.prefill.step()
+                if not self.prefill.has_unfinished_requests():
+                    done += self.prefill.flush()
+            except DeepInferError:  # dead: every pending request decodes from scratch
+                for rid, (prompt, params) in list(self._pending.items()):
+                    self._to_decode(rid, prompt, params, remote=False)
+                self._pending.clear()
+                done = []
+            if done:
+                self._push_down()
+            for out in done:
+                prompt, params = self._pending.pop(out.request_id)
+                failed = out.outputs[0].finish_reason == "error"
+                self._to_decode(out.request_id, prompt, params, remote=not failed)
+        return self.decode.step() if self.decode.has_unfinished_requests() else []
+
+    def _to_decode(self, rid: str, prompt: str | Sequence[int], params: SamplingParams | None, *, remote: bool) -> None:
+        if not remote:
+            self.num_fallbacks += 1
+        self.decode.add_request(rid, prompt, params, kv={"load_remote": True} if remote else None)
+
+    def _push_down(self) -> None:
+        """Run the prefill engine's queued saves now and wait for its disk writes."""
+        engine = self.prefill
+        if engine.has_unfinished_requests():
+            engine.flush()
+        cache = engine.cache
+        assert isinstance(cache, TieredKVCacheManager)
+        runner: Any = engine.runner
+        plain = getattr(runner, "runner", runner)
+        cache.transfer_idle(plain.kv_transfer)
+
+    def run(self) -> list[RequestOutput]:
+        """Step until every request finished; the decode engine's outputs, in finishing order."""
+        outputs: list[RequestOutput] = []
+        while self.has_unfinished_requests():
+            outputs.extend(self.step())
+        outputs.extend(self.decode.flush())
+        return outputs
+
+    def close(self) -> None:
+        """Close both engines."""
+        self.prefill.close()
+        self.decode.close()
+
+
+def build_disaggregated(config: EngineConfig, folder: str | os.PathLike[str], *, host_blocks: int = 256,
+                        disk_blocks: int = 4096, prefetch_timeout_s: float = 5.0,
+                        prefill: dict[str, Any] | None = None,
+                        decode: dict[str, Any] | None = None) -> DisaggregatedEngine:
+    """A prefill engine and a decode engine of ``config`` (``prefill`` / ``decode``: field
+    overrides per side, e.g. a smaller pool for prefill) sharing KV through ``folder``
+    (one host: a ``tmpfs`` such as ``/dev/shm`` makes it a shared-memory transfer) under
+    one fresh hash key. ``prefetch_timeout_s``: how long the decode side waits for a
+    block the prefill side has not written (then it recomputes).
+
+    Raises:
+        ConfigError: as :func:`build_engine`.
+    """
+    from deepinfer_kit.engine.build import build_engine
+
+    key = secrets.token_bytes(32)
+    tiers = {"host_blocks": host_blocks, "disk_blocks": disk_blocks, "disk_path": os.fspath(folder),
+             "hash_key": key, "prefetch_timeout_s": prefetch_timeout_s}
+    p = build_engine(config, kv_tiers=tiers, **(prefill or {}))
+    try:
+        d = build_engine(config, kv_tiers=tiers, **(decode or {}))
+    except BaseException:
+        p.close()
+        raise
+    return DisaggregatedEngine(p, d)
