@@ -156,8 +156,32 @@ class Simulator:
         experts = runner.experts.report() if runner.experts is not None else None
         return metrics.report(time.perf_counter() - wall, experts)
 
+    def advance(self, metrics: MetricsRecorder, until: float = _NEVER, *,
+                may_wait: bool = False) -> list[RequestOutput]:
+        """Run what :meth:`run` runs next for the requests added so far (through
+        ``scheduler.add``): the stretch of plain-decode rounds that starts now, up to the
+        round that would start at or after ``until`` (when stretches apply, as in
+        :meth:`run`), else one round; returns what it finished. For a driver that puts
+        several simulators on one timeline (``sim/disagg.py``): it adds the requests,
+        calls this only while ``scheduler.has_unfinished()``, and forgets finished ids
+        from ``runner.tokens``. Mutates the scheduler, cache, runner counters, clock and
+        ``metrics`` as :meth:`run` does. With ``may_wait`` (blocks held for something
+        outside the scheduler will come back), a round that schedules and finishes
+        nothing is recorded (zero seconds) and returns ``[]``: the driver waits.
+
+        Raises:
+            InvariantError: without ``may_wait``, the scheduler is stuck (nothing
+                scheduled, nothing finished).
+        """
+        sched, total = self.scheduler, self.cache.num_blocks
+        if self.stretches and isinstance(sched, DecodeStretches) and self.runner.prices_plain_decodes():
+            outputs = self._stretch(sched, until, metrics, total)
+            if outputs is not None:
+                return outputs
+        return self._round(metrics, total, None, may_wait)
+
     def _round(self, metrics: MetricsRecorder, total_blocks: int,
-               observer: StepObserver | None) -> list[RequestOutput]:
+               observer: StepObserver | None, may_wait: bool = False) -> list[RequestOutput]:
         """One round: schedule, price and run it, advance the clock, commit; returns what
         the commit finished.
 
@@ -178,7 +202,7 @@ class Simulator:
         outputs = sched.commit(plan, result)
         if observer is not None:
             observer(plan, result, now, clock.now)
-        if plan.is_empty and not outputs:
+        if plan.is_empty and not outputs and not may_wait:
             raise InvariantError(
                 f"step {plan.step_id}: nothing scheduled and nothing finished with "
                 f"requests unfinished; the scheduler is stuck"

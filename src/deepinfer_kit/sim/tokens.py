@@ -64,11 +64,14 @@ class SyntheticTokens:
         # request id -> (base, position of the EOS token or -1)
         self._plans: dict[str, tuple[int, int]] = {}
 
-    def register(self, request_id: str, output_len: int, stop_by_eos: bool) -> None:
+    def register(self, request_id: str, output_len: int, stop_by_eos: bool, first: int = 0) -> None:
         """Fix ``request_id``'s output: ``output_len`` tokens, the last one EOS when
-        ``stop_by_eos`` (and an EOS id exists). Mutates the registry; O(1)."""
-        eos_at = output_len - 1 if stop_by_eos and self.eos_token_id is not None else -1
-        self._plans[request_id] = (request_base(self.seed, request_id), eos_at)
+        ``stop_by_eos`` (and an EOS id exists). With ``first`` > 0 the request's position
+        ``p`` is the stream's position ``first + p`` (a decode instance continuing a
+        request whose first ``first`` tokens were sampled elsewhere; ``output_len``
+        counts the whole stream). Mutates the registry; O(1)."""
+        eos_at = output_len - 1 - first if stop_by_eos and self.eos_token_id is not None else -1
+        self._plans[request_id] = (request_base(self.seed, request_id) + first * _STRIDE, eos_at)
 
     def forget(self, request_id: str) -> None:
         """Drop ``request_id``'s entry (after it finished); unknown ids are ignored."""
