@@ -20,7 +20,7 @@ _RNG = random.Random(3)
 _PROMPTS = [[_RNG.randrange(250) for _ in range(_RNG.randrange(5, 70))] for _ in range(10)]
 _PARAMS = [SamplingParams(max_tokens=7, temperature=0.0) if i % 2 else
            SamplingParams(max_tokens=7, temperature=1.0, seed=50 + i) for i in range(10)]
-_CONFIG = EngineConfig(num_blocks=64, block_size=8, max_num_seqs=4)
+_CONFIG = EngineConfig(num_blocks=64, block_size=8, max_num_seqs=4, max_model_len=512)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def _params(i: int) -> SamplingParams:
 
 def _serve(prompts: list[list[int]], **kw: object) -> tuple[dict[str, list[int]], object]:
     """One request at a time (so each finds the last ones' prefixes where they went)."""
-    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, **kw)  # type: ignore[arg-type]
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192, **kw)  # type: ignore[arg-type]
     out: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, _params(i))
@@ -65,7 +65,7 @@ def test_tokens_equal_the_device_only_engine(reference: dict[str, list[int]], ti
 def test_damaged_files_are_recomputed(reference: dict[str, list[int]], tmp_path: Path) -> None:
     tiers = {"host_blocks": 12, "disk_blocks": 120, "disk_path": str(tmp_path)}
     key = b"k" * 32
-    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, kv_tiers={**tiers, "hash_key": key})
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192, kv_tiers={**tiers, "hash_key": key})
     for i, p in enumerate(_PROMPTS[:6]):
         engine.add_request(str(i), p, _params(i))
         engine.run()
@@ -100,7 +100,7 @@ def test_damaged_files_are_recomputed(reference: dict[str, list[int]], tmp_path:
 
 
 def test_opt_out_writes_nothing_below_the_device(tmp_path: Path) -> None:
-    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2,
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192,
                           kv_tiers={"host_blocks": 40, "disk_blocks": 100, "disk_path": str(tmp_path)})
     for i, p in enumerate(_PROMPTS[:8]):
         engine.add_request(str(i), p, _params(i), kv={"write": False})
@@ -115,7 +115,7 @@ def test_opt_out_writes_nothing_below_the_device(tmp_path: Path) -> None:
 
 def test_reset_forgets_the_tiers_and_events_name_the_blocks(tmp_path: Path) -> None:
     key = b"r" * 32
-    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2,
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192,
                           kv_tiers={"host_blocks": 12, "disk_blocks": 100, "disk_path": str(tmp_path), "hash_key": key})
     for i, p in enumerate(_PROMPTS[:8]):
         engine.add_request(str(i), p, _params(i))
@@ -166,7 +166,7 @@ def test_bad_tier_configs_name_the_field(tiers: dict[str, object], message: str)
 
 
 def test_bad_request_params_name_the_field() -> None:
-    engine = build_engine(num_blocks=16, kv_tiers={"host_blocks": 8})
+    engine = build_engine(num_blocks=16, max_model_len=256, kv_tiers={"host_blocks": 8})
     with pytest.raises(ConfigError, match="kv has unknown keys"):
         engine.add_request("a", [1, 2, 3], kv={"wrte": False})  # type: ignore[dict-item]
     with pytest.raises(ConfigError, match="save_prompt"):
