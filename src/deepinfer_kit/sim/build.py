@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 
 from deepinfer_kit.components import DEVICE_KINDS, BuildContext, Components, Factory, build
 from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB, EngineConfig
+from deepinfer_kit.cache.tiers.bytes import KeysOnlyStore, NoBytes
+from deepinfer_kit.cache.tiers.disk_tier import DiskTier
+from deepinfer_kit.cache.tiers.offload import OffloadConnector
 from deepinfer_kit.engine.host import build_host_components
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.clock import VirtualClock
@@ -87,7 +90,9 @@ def build_simulator(
     ``max_model_len``. With ``config.eplb`` set, a simulated MoE router (``routing``,
     default 64 experts, top-8, one MoE layer per ``model`` layer) and the policy it names
     (or ``components.placement_policy``) take part (:class:`ExpertSim`); ``routing``
-    alone does nothing.
+    alone does nothing. With ``config.kv_tiers`` the real tiers' scheduler side decides what
+    goes down and comes back (:func:`sim_tiers`: slots and keys, no bytes; disk reads land at
+    once) and the cost model prices each round's device <-> host copies.
 
     Raises:
         ConfigError: a pool too small for ``max_model_len``, bad config values, no cost
@@ -106,7 +111,7 @@ def build_simulator(
     clock = VirtualClock()
     scheduler, cache = build_host_components(
         config, num_blocks=num_blocks, max_model_len=max_model_len, components=parts, clock=clock,
-        windows=model.windows,
+        windows=model.windows, connector=sim_tiers(config, config.block_size),
     )
     ctx = BuildContext(config=config, clock=clock, block_size=config.block_size, num_blocks=num_blocks,
                        max_model_len=max_model_len, cache=cache, vocab_size=model.vocab_size)
@@ -122,13 +127,27 @@ def build_simulator(
                             policy=build(parts.placement_policy, ctx))
     elif parts.placement_policy is not None:
         raise ConfigError("components.placement_policy needs eplb={...}, got eplb=None")
-    runner = SimRunner(priced, tokens, experts)
+    runner = SimRunner(priced, tokens, experts, block_size=config.block_size)
     sim = Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)
     if config.speculative is not None:
         _speculate(sim, config, parts, ctx)
     elif parts.drafter is not None or parts.verify_planner is not None:
         raise ConfigError("components.drafter / verify_planner need speculative={...}, got speculative=None")
     return sim
+
+
+def sim_tiers(config: EngineConfig, block_size: int) -> OffloadConnector | None:
+    """The scheduler side of ``config.kv_tiers`` for a simulation: the engine's
+    :class:`OffloadConnector` (same admission, eviction, write policy and prefetch rules)
+    over a host tier of counted slots and a disk tier of keys, its I/O run inline. Pure
+    bookkeeping: no torch, no files (``disk_path`` is not touched). None without tiers."""
+    tiers = config.kv_tiers
+    if tiers is None:
+        return None
+    disk = None
+    if tiers.disk_blocks:
+        disk = DiskTier(KeysOnlyStore(), tiers.disk_blocks, tiers.disk_eviction, 0, NoBytes().new_block)
+    return OffloadConnector(tiers, NoBytes(), disk, block_size)
 
 
 _SIM_KINDS = ("drafter", "verify_planner", "placement_policy")

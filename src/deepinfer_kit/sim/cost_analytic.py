@@ -86,6 +86,9 @@ class GpuSpec:
         step_overhead_s: fixed host + launch time per round.
         bandwidth_efficiency, flops_efficiency: fractions of the peaks reached (1.0: the
             roofline bound).
+        host_bandwidth: bytes per second between device and host memory (the KV tiers'
+            copies; 50 GB/s: PCIe Gen5 x16 one way, as measured by vendors' bandwidth
+            tests, not the 64 GB/s line rate).
     """
 
     name: str
@@ -94,6 +97,7 @@ class GpuSpec:
     step_overhead_s: float = attrs.field(default=0.0)
     bandwidth_efficiency: float = attrs.field(default=1.0, validator=positive)
     flops_efficiency: float = attrs.field(default=1.0, validator=positive)
+    host_bandwidth: float = attrs.field(default=50e9, validator=positive)
 
 
 #: Qwen3-1.7B (tied embeddings).
@@ -127,7 +131,7 @@ class AnalyticCost:
     """
 
     __slots__ = ("model", "gpu", "window", "_weights_s", "_kv_s", "_slide_s", "_tok_f", "_row_f", "_pair_f",
-                 "_slide_f", "_over")
+                 "_slide_f", "_over", "_xfer_s")
 
     def __init__(self, model: ModelShape, gpu: GpuSpec) -> None:
         self.model = model
@@ -144,6 +148,7 @@ class AnalyticCost:
         self._slide_f = 4.0 * model.sliding_layers * model.num_q_heads * model.head_dim / peak
         self._pair_f = 4.0 * model.num_layers * model.num_q_heads * model.head_dim / peak - self._slide_f
         self._over = gpu.step_overhead_s
+        self._xfer_s = model.kv_bytes_per_token / gpu.host_bandwidth  # KV tiers' copies, before the forward
 
     def step_time(self, shape: StepShape) -> float:
         """See :meth:`CostModel.step_time`. Pure; O(1)."""
@@ -158,7 +163,7 @@ class AnalyticCost:
         if self.window is not None:
             memory += self._slide_s * (shape.num_window_context_tokens + tokens)
             compute += self._slide_f * shape.window_attention_pairs
-        return (memory if memory > compute else compute) + self._over
+        return (memory if memory > compute else compute) + self._over + self._xfer_s * shape.num_kv_transfer_tokens
 
     def decode_round_times(self, num_seqs: int, context: int, start: float, until: float,
                            max_rounds: int) -> list[float]:

@@ -55,7 +55,8 @@ class TensorParallel:
 
 class TensorParallelCost:
     """A round on a ``tp.size``-GPU tensor-parallel instance costs
-    ``AnalyticCost(model, gpu x size)`` plus its all-reduces.
+    ``AnalyticCost(model, gpu x size)`` plus its all-reduces (the KV tiers' host copies too
+    run ``size`` links wide: each GPU moves its own heads' shard).
 
     Sharding divides the bytes each GPU reads (weights, KV) and the FLOPs it does by
     ``size``, so the roofline part is :class:`AnalyticCost` on a GPU with ``size`` times
@@ -79,7 +80,8 @@ class TensorParallelCost:
         self.tp = tp
         n = tp.size
         self._inner = AnalyticCost(model, attrs.evolve(
-            gpu, memory_bandwidth=gpu.memory_bandwidth * n, peak_flops=gpu.peak_flops * n))
+            gpu, memory_bandwidth=gpu.memory_bandwidth * n, peak_flops=gpu.peak_flops * n,
+            host_bandwidth=gpu.host_bandwidth * n))  # each GPU copies its KV shard over its own link
         self.window = self._inner.window
         """The sliding layers' window the shapes must count (``None``: none)."""
         reduces = 2 * model.num_layers if n > 1 else 0

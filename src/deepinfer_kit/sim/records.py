@@ -66,6 +66,8 @@ class StepShape:
             min(end_i, window + q_i - 1)`` (0 when the shape was built without a window).
         window_attention_pairs: (query, key) pairs of a sliding-window layer (each query
             reads at most ``window`` keys).
+        num_kv_transfer_tokens: tokens of KV copied between the device pool and the host
+            tier before the round's forward (saves and loads of the KV tiers).
     """
 
     num_prefill_tokens: int = 0
@@ -77,6 +79,7 @@ class StepShape:
     num_spec_tokens: int = 0
     num_window_context_tokens: int = 0
     window_attention_pairs: int = 0
+    num_kv_transfer_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ from deepinfer_kit.sim.protocols import CostModel, DecodeRoundCost
 from deepinfer_kit.sim.records import SimStep, StepShape
 from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.tokens import SyntheticTokens
+from deepinfer_kit.cache.tiers.records import TransferOutput
 from deepinfer_kit.step import StepResult
 
 if TYPE_CHECKING:
@@ -31,16 +32,18 @@ class SimRunner:
             position, so a preempted request regenerates the same ones).
         experts: a simulated MoE router and placement policy; when given, each round's
             price is stretched by its expert imbalance (:meth:`ExpertSim.on_step`).
+        block_size: tokens per block (a round's KV-tier copies are priced per token).
 
     Attributes:
         num_steps: rounds executed; busy_time: their summed durations (seconds).
     """
 
-    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times", "_window")
+    __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times", "_window", "_P")
 
     def __init__(self, cost: CostModel, tokens: SyntheticTokens,
-                 experts: ExpertSim | None = None) -> None:
+                 experts: ExpertSim | None = None, *, block_size: int = 16) -> None:
         self.cost = cost
+        self._P = block_size
         self.tokens = tokens
         self.experts = experts
         self.num_steps = 0
@@ -54,6 +57,9 @@ class SimRunner:
         by the expert imbalance when ``experts`` is set, which routes the round's tokens
         and may rebalance: its only mutation). O(chunks)."""
         shape = plan_shape(plan, self._window)
+        transfers = plan.kv_transfers
+        if transfers is not None:
+            shape.num_kv_transfer_tokens = (len(transfers.saves) + len(transfers.loads)) * self._P
         duration = self.cost.step_time(shape)
         if self.experts is not None:
             duration = self.experts.on_step(shape.num_tokens, duration)
@@ -66,7 +72,9 @@ class SimRunner:
         out = self.tokens.plan_tokens(step.plan)
         self.num_steps += 1
         self.busy_time += step.duration
-        return StepResult(token_ids=out)
+        transfers = step.plan.kv_transfers  # the KV tiers' copies: done when the round is
+        report = TransferOutput(saved=[s for _, s in transfers.saves]) if transfers is not None else None
+        return StepResult(token_ids=out, kv_transfers=report)
 
     def prices_plain_decodes(self) -> bool:
         """True when this runner's rounds are :class:`SimRunner`'s own (priced by their

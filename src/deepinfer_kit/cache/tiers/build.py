@@ -7,7 +7,7 @@ from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore, layout_fingerprint
 from deepinfer_kit.cache.tiers.disk_tier import DiskTier
-from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, SlabBytes, host_slab
 from deepinfer_kit.cache.tiers.offload import OffloadConnector
 
 __all__ = ["build_tiers"]
@@ -26,11 +26,12 @@ def build_tiers(config: TierConfig, kv_cache: PagedKVCache, *, model: str = "") 
         ConfigError: the disk folder cannot be created.
     """
     slab = host_slab(kv_cache, config.host_blocks)
+    host = SlabBytes(slab)
     disk = None
     if config.disk_blocks:
         assert config.disk_path is not None  # TierConfig checked it
         fp = layout_fingerprint(model, kv_cache.block_shape, str(kv_cache.dtype))
         disk = DiskTier(DiskBlockStore(config.disk_path, fp), config.disk_blocks, config.disk_eviction,
-                        config.io_threads, kv_cache.block_shape, kv_cache.dtype)
-    connector = OffloadConnector(config, slab, disk, kv_cache.block_size)
+                        config.io_threads, host.new_block)
+    connector = OffloadConnector(config, host, disk, kv_cache.block_size)
     return connector, HostTransferWorker(kv_cache, slab)

@@ -63,6 +63,11 @@ class DiskBlockStore:
         self._fsync = fsync
 
     @property
+    def fingerprint(self) -> bytes:
+        """The layout fingerprint of the blocks stored here."""
+        return self._fingerprint
+
+    @property
     def root(self) -> Path:
         """The folder."""
         return self._root

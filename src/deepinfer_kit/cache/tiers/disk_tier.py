@@ -4,22 +4,24 @@ threads, reads waited for with a deadline."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
 
-import torch
-
-from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore
+from deepinfer_kit.cache.tiers.bytes import BlockStore, InlineExecutor
 from deepinfer_kit.cache.tiers.slots import TierSlots, eviction_policy
 
-__all__ = ["DiskTier", "ReadResult"]
+__all__ = ["DiskTier", "ReadResult", "MISSING"]
 
-ReadResult = torch.Tensor | None  # the block's bytes, or None: missing or damaged
+ReadResult = Any  # the block's bytes (a tensor; the simulator's: None), or MISSING
+MISSING = object()  # a read that found no good block
 _POLL_S = 0.001  # how often a read waiting for another engine's write looks again
 
 
 class DiskTier:
-    """``capacity`` blocks on disk, as files of a :class:`DiskBlockStore`, each read or
-    written in one of ``io_threads`` threads.
+    """``capacity`` blocks on disk, as files of a :class:`BlockStore`
+    (:class:`~deepinfer_kit.cache.tiers.disk_store.DiskBlockStore`), each read or written
+    in one of ``io_threads`` threads (0: in the caller's thread, the simulator's).
 
     A key counts as on disk from the moment its write is submitted: a read of it waits
     for that write first, so whether a later request finds a block does not depend on
@@ -31,23 +33,23 @@ class DiskTier:
         capacity: blocks (>= 1).
         policy: ``"lru"`` or ``"frequency"``.
         io_threads: I/O threads.
-        block_shape, dtype: one block's bytes as a tensor (a host slot's shape).
+        new_block: an empty block buffer for a read to fill (``HostBytes.new_block``).
     """
 
-    def __init__(self, store: DiskBlockStore, capacity: int, policy: str, io_threads: int,
-                 block_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def __init__(self, store: BlockStore, capacity: int, policy: str, io_threads: int,
+                 new_block: Callable[[], Any]) -> None:
         self.store = store
         self.slots = TierSlots(capacity, eviction_policy(policy))
-        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="kv-disk")
+        self._io: Executor = (ThreadPoolExecutor(io_threads, thread_name_prefix="kv-disk") if io_threads
+                              else InlineExecutor())
         self._writes: dict[int, tuple[bytes, Future[None]]] = {}  # slot -> pending write
-        self._shape = block_shape
-        self._dtype = dtype
+        self._new_block = new_block
 
     def has(self, key: bytes) -> bool:
         """True when ``key`` is on disk or being written there."""
         return self.slots.slot(key) is not None
 
-    def write(self, key: bytes, payload: torch.Tensor) -> bytes | None | bool:
+    def write(self, key: bytes, payload: Any) -> bytes | None | bool:
         """Start writing ``payload`` (a tensor the caller no longer touches) as ``key``.
 
         Returns the key evicted for room (its file is deleted), None when a slot was
@@ -88,7 +90,7 @@ class DiskTier:
         return written, failed
 
     def read(self, key: bytes, *, deadline: float | None = None) -> Future[ReadResult]:
-        """Start reading ``key`` into a fresh CPU tensor. With ``deadline``
+        """Start reading ``key`` into a fresh block buffer. With ``deadline``
         (``time.monotonic()`` seconds) a missing file is looked for again until then
         (another engine may be writing it); else a missing file reads as None at once.
         A read of a key being written here waits for that write."""
@@ -102,13 +104,13 @@ class DiskTier:
             try:
                 before.result()
             except Exception:
-                return None
-        out = torch.empty(self._shape, dtype=self._dtype)
+                return MISSING
+        out = self._new_block()
         while True:
             if self.store.get_into(key, out):
                 return out
             if deadline is None or time.monotonic() >= deadline:
-                return None
+                return MISSING
             time.sleep(_POLL_S)
 
     def drop(self, key: bytes) -> None:

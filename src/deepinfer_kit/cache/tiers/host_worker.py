@@ -10,7 +10,7 @@ import torch
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
 
-__all__ = ["HostTransferWorker", "host_slab"]
+__all__ = ["HostTransferWorker", "SlabBytes", "host_slab"]
 
 
 def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
@@ -19,6 +19,26 @@ def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
     CUDA (so copies run asynchronously to the host). Allocated once, at engine build."""
     pin = kv_cache.device.type == "cuda"
     return torch.zeros((num_blocks, *kv_cache.block_shape), dtype=kv_cache.dtype, pin_memory=pin)
+
+
+class SlabBytes:
+    """The host slab's slots as the scheduler side's :class:`HostBytes` (disk reads land
+    in it, disk writes copy out of it)."""
+
+    def __init__(self, slab: torch.Tensor) -> None:
+        self.slab = slab
+
+    def read(self, slot: int) -> torch.Tensor:
+        """A copy of ``slot``'s bytes."""
+        return self.slab[slot].clone()
+
+    def write(self, slot: int, payload: torch.Tensor) -> None:
+        """Overwrite ``slot`` with ``payload``."""
+        self.slab[slot].copy_(payload)
+
+    def new_block(self) -> torch.Tensor:
+        """An empty CPU block of the slab's shape and dtype."""
+        return torch.empty(self.slab.shape[1:], dtype=self.slab.dtype)
 
 
 class HostTransferWorker:

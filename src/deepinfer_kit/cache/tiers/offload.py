@@ -9,11 +9,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
 
-import torch
-
 from deepinfer_kit.cache.tiers.admission import SeenTwice
+from deepinfer_kit.cache.tiers.bytes import HostBytes
 from deepinfer_kit.cache.tiers.config import TierConfig
-from deepinfer_kit.cache.tiers.disk_tier import DiskTier, ReadResult
+from deepinfer_kit.cache.tiers.disk_tier import MISSING, DiskTier, ReadResult
 from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput, TransferPlan
 from deepinfer_kit.cache.tiers.slots import TierSlots, eviction_policy
 from deepinfer_kit.errors import InvariantError
@@ -26,9 +25,11 @@ _MAX_EVENTS = 1 << 16  # events kept for a reader that never takes them (oldest 
 
 class OffloadConnector:
     """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorScheduler` over a host
-    tier (``slab``: ``[host_blocks, *block]`` CPU tensor shared with the device side's
-    :class:`~deepinfer_kit.cache.tiers.host_worker.HostTransferWorker`) and an optional
-    :class:`DiskTier` under it (see :class:`TierConfig` for the policies).
+    tier (``slab``: its bytes — :class:`~deepinfer_kit.cache.tiers.host_worker.SlabBytes`
+    over the ``[host_blocks, *block]`` CPU tensor the device side's
+    :class:`~deepinfer_kit.cache.tiers.host_worker.HostTransferWorker` copies into, or
+    the simulator's :class:`~deepinfer_kit.cache.tiers.bytes.NoBytes`) and an optional
+    :class:`DiskTier` under it (see :class:`TierConfig` for the policies). Imports no torch.
 
     Where a block is: the device prefix index (device), :attr:`host` and the disk tier's
     slots — keyed by the same chained identity, so a block found in several tiers is the
@@ -44,7 +45,7 @@ class OffloadConnector:
         block_size: tokens per block.
     """
 
-    def __init__(self, config: TierConfig, slab: torch.Tensor, disk: DiskTier | None, block_size: int) -> None:
+    def __init__(self, config: TierConfig, slab: HostBytes, disk: DiskTier | None, block_size: int) -> None:
         self._cfg = config
         self._slab = slab
         self.host = TierSlots(config.host_blocks, eviction_policy(config.host_eviction))
@@ -148,7 +149,7 @@ class OffloadConnector:
                 return got, False
             del reads[key]
             data = fut.result()
-            if data is None:
+            if data is MISSING:
                 self._stats.failed_reads += 1
                 if disk.has(key):
                     disk.drop(key)
@@ -228,7 +229,7 @@ class OffloadConnector:
         if force:
             self._forced.add(key)
 
-    def _host_put(self, key: bytes, data: torch.Tensor) -> int | None:
+    def _host_put(self, key: bytes, data: object) -> int | None:
         """A host slot holding ``data`` (bytes read from disk) as ``key``, ready."""
         taken = self.host.take(key)
         if taken is None:
@@ -236,7 +237,7 @@ class OffloadConnector:
         slot, evicted = taken
         if evicted is not None:
             self._demote(evicted, slot)
-        self._slab[slot].copy_(data)
+        self._slab.write(slot, data)
         self.host.mark_ready(slot)
         self._event("stored", "host", [key])
         return slot
@@ -249,13 +250,13 @@ class OffloadConnector:
         self._forced.discard(key)
         disk = self.disk
         if disk is not None and (not self._through or forced) and not disk.has(key):
-            self._note_evicted_disk(disk.write(key, self._slab[slot].clone()))
+            self._note_evicted_disk(disk.write(key, self._slab.read(slot)))
 
     def _to_disk(self, key: bytes, slot: int) -> None:
         disk = self.disk
         self._forced.discard(key)
         if disk is not None and not disk.has(key):
-            self._note_evicted_disk(disk.write(key, self._slab[slot].clone()))
+            self._note_evicted_disk(disk.write(key, self._slab.read(slot)))
 
     def _note_evicted_disk(self, result: bytes | None | bool) -> None:
         if isinstance(result, bytes):

@@ -1,0 +1,146 @@
+"""KVLink: prefill -> decode across processes or hosts over torch.distributed — the KV
+blocks a prefill engine saves, then the requests they belong to, on one ordered channel."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit.errors import ConfigError
+
+__all__ = ["PushStore", "KVLinkReceiver", "send_request", "send_close", "push_saved_blocks"]
+
+_BLOCK, _REQUEST, _CLOSE = 1, 2, 0
+
+
+def _send(kind: int, head: bytes, body: torch.Tensor | None, peer: int, group: Any) -> None:
+    """One message: a header ``[kind, len(head), body bytes]``, ``head``, then ``body``."""
+    nbytes = body.numel() * body.element_size() if body is not None else 0
+    dist.send(torch.tensor([kind, len(head), nbytes], dtype=torch.int64), peer, group=group)
+    if head:
+        dist.send(torch.frombuffer(bytearray(head), dtype=torch.uint8), peer, group=group)
+    if body is not None and nbytes:
+        dist.send(body.contiguous().view(torch.uint8).reshape(-1), peer, group=group)
+
+
+class PushStore:
+    """A :class:`BlockStore` that writes each block to ``local`` (the prefill engine's own
+    disk tier, so its later requests still hit it) and pushes it to the decode process
+    ``peer`` over ``group`` (gloo on CPU; the payload is a CPU tensor). ``put`` returns
+    when the peer has the bytes (gloo's send), so the prefill side's idle transfer
+    (``TieredKVCacheManager.transfer_idle``) returns after every block of a request is
+    across. Sends are serialised (the tier's I/O threads share one channel).
+
+    A failed send raises from ``put`` (the tier counts a failed write); the decode side
+    then recomputes that block.
+    """
+
+    def __init__(self, local: DiskBlockStore, peer: int, group: Any = None) -> None:
+        self.local = local
+        self.peer = peer
+        self.group = group
+        self.lock = threading.Lock()
+
+    def put(self, key: bytes, payload: Any) -> None:
+        """Write locally, then send ``fingerprint + key`` and the bytes to the peer."""
+        self.local.put(key, payload)
+        with self.lock:
+            _send(_BLOCK, self.local.fingerprint + key, payload, self.peer, self.group)
+
+    def get_into(self, key: bytes, out: Any) -> bool:
+        """Read from the local folder."""
+        return self.local.get_into(key, out)
+
+    def delete(self, key: bytes) -> None:
+        """Delete locally (the peer's copy is the peer's)."""
+        self.local.delete(key)
+
+
+def push_saved_blocks(engine: Engine, peer: int, group: Any = None) -> PushStore:
+    """Make ``engine`` (a prefill engine with a disk tier) push every block it writes to
+    disk to ``peer`` as well; returns the store (its lock also guards :func:`send_request`).
+
+    Raises:
+        ConfigError: the engine has no disk tier.
+    """
+    cache = engine.cache
+    disk = getattr(getattr(cache, "connector", None), "disk", None) if isinstance(cache, TieredKVCacheManager) else None
+    if disk is None:
+        raise ConfigError("push_saved_blocks needs an engine with kv_tiers.disk_blocks > 0")
+    if not isinstance(disk.store, DiskBlockStore):
+        raise ConfigError("push_saved_blocks: the engine's disk tier is already wrapped")
+    store = PushStore(disk.store, peer, group)
+    disk.store = store
+    return store
+
+
+def send_request(store: PushStore, request_id: str, prompt: list[int], params: Any) -> None:
+    """Hand ``request_id`` to the decode process, after its blocks (same channel, in order)."""
+    with store.lock:
+        _send(_REQUEST, pickle.dumps((request_id, prompt, params)), None, store.peer, store.group)
+
+
+def send_close(store: PushStore) -> None:
+    """Tell the decode process nothing more comes."""
+    with store.lock:
+        _send(_CLOSE, b"", None, store.peer, store.group)
+
+
+class KVLinkReceiver:
+    """The decode side: a thread receiving from ``peer`` — blocks into ``store`` (the
+    decode engine's disk tier folder, which ``load_remote`` requests read), requests to
+    ``on_request(request_id, prompt, params)`` — until the close message or a failure.
+    A block whose fingerprint is not ``store``'s (another model, dtype or block shape) is
+    dropped, never stored. The channel ends at the close message or a failure
+    (``error`` holds it; a dead prefill process ends the channel, and requests whose
+    blocks never came are recomputed by the decode engine).
+    """
+
+    def __init__(self, store: DiskBlockStore, on_request: Callable[[str, list[int], Any], None], peer: int,
+                 group: Any = None) -> None:
+        self.store = store
+        self.on_request = on_request
+        self.peer = peer
+        self.group = group
+        self.error: BaseException | None = None
+        self.rejected = 0  # blocks of another layout or model, dropped
+        self.thread = threading.Thread(target=self._loop, name="kv-link", daemon=True)
+        self.thread.start()
+
+    def _recv(self, n: int) -> torch.Tensor:
+        buf = torch.empty(n, dtype=torch.uint8)
+        dist.recv(buf, self.peer, group=self.group)
+        return buf
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                header = torch.empty(3, dtype=torch.int64)
+                dist.recv(header, self.peer, group=self.group)
+                kind, hlen, nbytes = (int(x) for x in header.tolist())
+                if kind == _CLOSE:
+                    return
+                head = bytes(self._recv(hlen).numpy()) if hlen else b""
+                if kind == _BLOCK:
+                    body = self._recv(nbytes)
+                    if head[:16] == self.store.fingerprint:  # another model's K/V is never stored
+                        self.store.put(head[16:], body)
+                    else:
+                        self.rejected += 1
+                elif kind == _REQUEST:
+                    rid, prompt, params = pickle.loads(head)
+                    self.on_request(rid, prompt, params)
+        except BaseException as exc:  # noqa: BLE001 - the decode side keeps serving; the owner reads it
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the channel to end."""
+        self.thread.join(timeout)

@@ -1,0 +1,67 @@
+"""KV tiers in the simulator: the engine's tiers' scheduler side over counted slots and
+keys; their copies priced by the cost model; no torch needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.sim.build import build_simulator
+from deepinfer_kit.sim.cost_analytic import H200, QWEN3_1_7B, AnalyticCost
+from deepinfer_kit.sim.lengths import LengthDist
+from deepinfer_kit.sim.records import StepShape
+from deepinfer_kit.sim.workload import WorkloadConfig, generate
+
+_WORK = WorkloadConfig(num_requests=160, seed=2, rate=40.0, multi_turn_fraction=1.0, turns=8, think_time=0.5,
+                       prompt_len=LengthDist("lognormal", 600.0, 0.5), output_len=LengthDist("fixed", 40.0),
+                       followup_len=LengthDist("lognormal", 80.0, 0.5))
+
+
+def _run(tiers: dict[str, object] | None) -> tuple[float, object]:
+    config = EngineConfig(num_blocks=700, block_size=16, max_num_seqs=32, max_model_len=8192, kv_tiers=tiers)
+    sim = build_simulator(config, AnalyticCost(QWEN3_1_7B, H200), QWEN3_1_7B)
+    report = sim.run(generate(_WORK))
+    cache = sim.cache
+    cache.check_integrity(())
+    assert report.num_finished == _WORK.num_requests
+    return report.prefix_hit_rate, cache.tier_stats if isinstance(cache, TieredKVCacheManager) else None
+
+
+def test_tiers_raise_the_hit_rate_of_a_workload_the_pool_cannot_hold() -> None:
+    device, _ = _run(None)
+    host, host_stats = _run({"host_blocks": 1400})
+    disk, disk_stats = _run({"host_blocks": 700, "disk_blocks": 20000, "disk_path": "never-created"})
+    assert device < host and device < disk
+    assert host_stats.host_hits > 0 and disk_stats.disk_hits > 0  # type: ignore[attr-defined]
+    assert not Path("never-created").exists()
+
+
+def test_transfers_are_priced_at_the_host_bandwidth() -> None:
+    cost = AnalyticCost(QWEN3_1_7B, H200)
+    shape = StepShape(num_prefill_tokens=100, num_context_tokens=100, num_sampled_rows=1, num_chunks=1)
+    moved = attrs.evolve(shape, num_kv_transfer_tokens=1600)
+    extra = cost.step_time(moved) - cost.step_time(shape)
+    assert abs(extra - 1600 * QWEN3_1_7B.kv_bytes_per_token / H200.host_bandwidth) < 1e-12
+
+
+def test_the_simulated_tiers_import_no_torch() -> None:
+    code = textwrap.dedent("""
+        import importlib.abc, sys
+        class Refuse(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in ("torch", "triton"):
+                    raise ModuleNotFoundError(name)
+        sys.meta_path.insert(0, Refuse())
+        from deepinfer_kit.engine.config import EngineConfig
+        from deepinfer_kit.sim.build import sim_tiers
+        c = sim_tiers(EngineConfig(kv_tiers={"host_blocks": 4, "disk_blocks": 8, "disk_path": "x"}), 16)
+        assert c is not None
+    """)
+    src = Path(__file__).resolve().parents[2] / "src"
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(src), "PATH": ""})
