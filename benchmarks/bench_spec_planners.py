@@ -36,7 +36,7 @@ from deepinfer_kit.sched.records import SchedulePlan
 from deepinfer_kit.sim import H200, QWEN3_1_7B, SimRequest, Simulator, build_simulator
 from deepinfer_kit.sim.acceptance import AcceptanceModel
 from deepinfer_kit.sim.cost_saturating import SaturatingCost, profile_sps
-from deepinfer_kit.sim.build import build_spec_simulator
+from deepinfer_kit.sim.spec_build import build_spec_simulator
 from deepinfer_kit.sim.protocols import CostModel
 from deepinfer_kit.sim.spec_runner import check_idle
 from deepinfer_kit.spec.planners import DSparkPlanner, FixedPlanner, ThresholdPlanner

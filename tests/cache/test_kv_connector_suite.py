@@ -63,9 +63,9 @@ def test_the_suite_catches_wrong_bytes(broken: type[HostTransferWorker]) -> None
 
 def test_the_suite_catches_a_connector_that_leaks_pins() -> None:
     class Leaky(OffloadConnector):
-        def build_transfers(self) -> TransferPlan:
+        def build_transfers(self, step_id: int) -> TransferPlan:
             pins = list(self._load_pins)
-            plan = super().build_transfers()
+            plan = super().build_transfers(step_id)
             for s in pins:  # never released
                 self.host.pin(s)
             return plan

@@ -59,7 +59,7 @@ def test_the_simulated_tiers_import_no_torch() -> None:
                     raise ModuleNotFoundError(name)
         sys.meta_path.insert(0, Refuse())
         from deepinfer_kit.engine.config import EngineConfig
-        from deepinfer_kit.sim.build import sim_tiers
+        from deepinfer_kit.sim.tiers import sim_tiers
         c = sim_tiers(EngineConfig(kv_tiers={"host_blocks": 4, "disk_blocks": 8, "disk_path": "x"}), 16)
         assert c is not None
     """)

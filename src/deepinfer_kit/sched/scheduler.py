@@ -86,8 +86,9 @@ class BatchScheduler:
         # A cache over KV tiers: told of arrivals (prefetch), hands each plan its copies
         # and hears what the device side did (cache/tiers/manager.py).
         self._on_arrival: Callable[[Request], None] | None = getattr(cache, "on_arrival", None)
-        self._drain_kv: Callable[[], TransferPlan] | None = getattr(cache, "drain_kv_transfers", None)
-        self._finish_kv: Callable[[TransferOutput], None] | None = getattr(cache, "finish_kv_transfers", None)
+        self._drain_kv: Callable[[int], TransferPlan] | None = getattr(cache, "drain_kv_transfers", None)
+        self._finish_kv: Callable[[int, TransferOutput | None], None] | None = getattr(
+            cache, "finish_kv_transfers", None)
 
     # ---------------------------------------------------------------- the round
 
@@ -124,7 +125,7 @@ class BatchScheduler:
             if drain is not None:
                 plan.table_updates = drain()
             if self._drain_kv is not None:
-                transfers = self._drain_kv()
+                transfers = self._drain_kv(plan.step_id)
                 plan.kv_transfers = transfers if transfers else None
         return plan
 
@@ -141,8 +142,8 @@ class BatchScheduler:
                 not aligned with its chunks; nothing changes then.
         """
         outputs = commit_round(self.state, oldest_inflight(self.state, plan), result)
-        if result.kv_transfers is not None and self._finish_kv is not None:
-            self._finish_kv(result.kv_transfers)
+        if self._finish_kv is not None and not plan.is_empty:
+            self._finish_kv(plan.step_id, result.kv_transfers)
         return outputs
 
     # ---------------------------------------------------------------- requests

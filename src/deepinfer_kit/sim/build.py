@@ -3,14 +3,11 @@ code from an EngineConfig) wired to a cost-model runner and a virtual clock."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from deepinfer_kit.components import DEVICE_KINDS, BuildContext, Components, Factory, build
 from deepinfer_kit.engine.config import DEFAULT_KV_CACHE_MEMORY_MB, EngineConfig
-from deepinfer_kit.cache.tiers.bytes import KeysOnlyStore, NoBytes
-from deepinfer_kit.cache.tiers.disk_tier import DiskTier
-from deepinfer_kit.cache.tiers.offload import OffloadConnector
 from deepinfer_kit.engine.host import build_host_components
+from deepinfer_kit.sim.tiers import sim_tiers
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sim.clock import VirtualClock
 from deepinfer_kit.sim.cost_analytic import ModelShape
@@ -21,12 +18,8 @@ from deepinfer_kit.sim.runner import SimRunner
 from deepinfer_kit.sim.simulator import Simulator
 from deepinfer_kit.sim.tokens import SyntheticTokens
 
-if TYPE_CHECKING:
-    from deepinfer_kit.sim.acceptance import AcceptanceModel
-    from deepinfer_kit.spec.protocols import VerifyPlanner
-    from deepinfer_kit.spec.speculation import Speculation
 
-__all__ = ["build_simulator", "build_spec_simulator", "pool_blocks"]
+__all__ = ["build_simulator", "pool_blocks"]
 
 
 def pool_blocks(config: EngineConfig, model: ModelShape, max_model_len: int) -> int:
@@ -136,20 +129,6 @@ def build_simulator(
     return sim
 
 
-def sim_tiers(config: EngineConfig, block_size: int) -> OffloadConnector | None:
-    """The scheduler side of ``config.kv_tiers`` for a simulation: the engine's
-    :class:`OffloadConnector` (same admission, eviction, write policy and prefetch rules)
-    over a host tier of counted slots and a disk tier of keys, its I/O run inline. Pure
-    bookkeeping: no torch, no files (``disk_path`` is not touched). None without tiers."""
-    tiers = config.kv_tiers
-    if tiers is None:
-        return None
-    disk = None
-    if tiers.disk_blocks:
-        disk = DiskTier(KeysOnlyStore(), tiers.disk_blocks, tiers.disk_eviction, 0, NoBytes().new_block)
-    return OffloadConnector(tiers, NoBytes(), disk, block_size)
-
-
 _SIM_KINDS = ("drafter", "verify_planner", "placement_policy")
 """Device kinds the simulator runs too (on its synthetic tokens and experts)."""
 
@@ -160,37 +139,3 @@ def _speculate(sim: Simulator, config: EngineConfig, parts: Components, ctx: Bui
 
     assert config.speculative is not None
     speculate_as_configured(sim, config.speculative, build(parts.drafter, ctx), build(parts.verify_planner, ctx))
-
-
-def build_spec_simulator(
-    config: EngineConfig,
-    cost: CostModel,
-    model: ModelShape,
-    *,
-    acceptance: AcceptanceModel,
-    planner: VerifyPlanner,
-    num_draft: int,
-    seed: int = 0,
-    lagged: bool = False,
-) -> tuple[Simulator, Speculation]:
-    """A simulator of ``config`` (see :func:`build_simulator`) with speculative decoding
-    by a synthetic drafter: the real scheduler reserves room for ``num_draft`` drafts per
-    decode chunk within its budget; as each round runs, the engine's ``RunnerDrafting``
-    drafts them with a :class:`~deepinfer_kit.sim.spec_runner.SyntheticDrafter` (right or
-    wrong as ``acceptance`` draws it), ``planner`` picks each ``ℓ_r``, and a
-    ``SpecSimRunner`` verifies; ``lagged`` plans from each sequence's previous round's
-    confidences (the asynchronous variant, see ``Speculation``). Returns the simulator
-    and its speculation (for the drafted / planned counters).
-
-    Raises:
-        ConfigError: as :func:`build_simulator`, or ``num_draft`` < 1.
-    """
-    from deepinfer_kit.sim.spec_runner import SyntheticDrafter, speculate
-    from deepinfer_kit.spec.speculation import Speculation
-
-    if num_draft < 1:
-        raise ConfigError(f"num_draft must be >= 1, got {num_draft}")
-    sim = build_simulator(config, cost, model, seed=seed)
-    spec = Speculation(SyntheticDrafter(acceptance, sim.runner.tokens), planner, num_draft, lagged=lagged)
-    speculate(sim, spec)
-    return sim, spec

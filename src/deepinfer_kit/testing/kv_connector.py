@@ -113,7 +113,7 @@ class TierDeviceModel:
         cached = m.match_prefix(req)
         device_hit = len(req.prefix_state.hits) * _P if req.prefix_state is not None else 0  # type: ignore[attr-defined]
         m.allocate(req, len(tokens) - cached, cached)
-        plan = m.drain_kv_transfers()
+        plan = m.drain_kv_transfers(self._n)
         self.worker.start_save_kv(plan)
         self.worker.start_load_kv(plan)
         self.worker.wait_for_load()
@@ -130,8 +130,7 @@ class TierDeviceModel:
         self.loaded += len(loaded_blocks)
         for i in range(cached // _P, len(tokens) // _P):  # the forward writes what it computes
             self.kv._kv[:, :, req.block_table[i]] = _content(tokens[:(i + 1) * _P])  # noqa: SLF001
-        if report is not None:
-            m.finish_kv_transfers(report)
+        m.finish_kv_transfers(self._n, report)
         if not failed.intersection(req.block_table):
             req.num_computed_tokens = len(tokens)
             m.cache_full_blocks(req, len(tokens))

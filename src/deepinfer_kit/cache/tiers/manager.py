@@ -53,7 +53,7 @@ class TieredKVCacheManager(BlockKVCacheManager):
         ConfigError: no prefix index, or a block size mismatch.
     """
 
-    __slots__ = ("_connector", "_hasher", "_keys", "_dev_keys", "_matched", "_resetting")
+    __slots__ = ("_connector", "_hasher", "_keys", "_dev_keys", "_matched", "_resetting", "_idle_rounds")
 
     def __init__(self, allocator: BlockAllocator, index: PrefixIndex | None,
                  connector: KVConnectorScheduler, *, hash_key: bytes | None = None) -> None:
@@ -66,6 +66,7 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._dev_keys: dict[int, tuple[bytes, bool]] = {}  # published device block -> (key, writable)
         self._matched: dict[str, tuple[int, int]] = {}  # request -> (device blocks, tier blocks)
         self._resetting = False
+        self._idle_rounds = 0  # transfer_idle's rounds, numbered -1, -2, ...
 
     @property
     def connector(self) -> KVConnectorScheduler:
@@ -190,13 +191,14 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._matched.pop(rid, None)
         self._connector.request_finished(request)
 
-    def drain_kv_transfers(self) -> TransferPlan:
-        """The round's device <-> host copies (the scheduler puts them on the plan)."""
-        return self._connector.build_transfers()
+    def drain_kv_transfers(self, step_id: int) -> TransferPlan:
+        """Round ``step_id``'s device <-> host copies (the scheduler puts them on its plan)."""
+        return self._connector.build_transfers(step_id)
 
-    def finish_kv_transfers(self, output: TransferOutput) -> None:
-        """The device side's report of a round's copies (the scheduler, at commit)."""
-        self._connector.update_from_output(output)
+    def finish_kv_transfers(self, step_id: int, output: TransferOutput | None) -> None:
+        """Round ``step_id`` committed, with the device side's report since the last one
+        (the scheduler, at every commit of a non-empty round)."""
+        self._connector.update_from_output(step_id, output)
 
     def take_kv_events(self) -> list[KVEvent]:
         """KV events since the last call (device, host, disk), oldest first."""
@@ -220,14 +222,13 @@ class TieredKVCacheManager(BlockKVCacheManager):
         with no round in flight that must push its last published blocks down (the
         prefill side of disaggregation, a benchmark's end); then wait for the disk writes.
         Nothing else may touch the pool meanwhile (no forward runs)."""
-        plan = self._connector.build_transfers()
+        self._idle_rounds -= 1  # a step id no scheduled round has
+        plan = self._connector.build_transfers(self._idle_rounds)
         if plan:
             worker.start_save_kv(plan)
             worker.start_load_kv(plan)
             worker.wait_for_load()
-        report = worker.get_finished()
-        if report is not None:
-            self._connector.update_from_output(report)
+        self._connector.update_from_output(self._idle_rounds, worker.get_finished())
         drain = getattr(self._connector, "drain", None)
         if drain is not None:
             drain()

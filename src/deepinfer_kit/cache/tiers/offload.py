@@ -57,7 +57,8 @@ class OffloadConnector:
         self._loads: list[tuple[int, int]] = []
         self._save_keys: dict[int, bytes] = {}  # host slot -> key: a save queued or running
         self._stale: set[int] = set()  # slots saving when the tiers were reset: dropped when done
-        self._load_pins: list[int] = []
+        self._load_pins: list[int] = []  # sources of loads queued for the round being planned
+        self._round_pins: dict[int, list[int]] = {}  # step id -> its loads' sources, held until its commit
         self._match: dict[str, tuple[list[int], list[bool]]] = {}  # request -> pinned slots, each read from disk?
         self._reads: dict[str, dict[bytes, Future[ReadResult]]] = {}
         self._deadline: dict[str, float] = {}
@@ -274,19 +275,30 @@ class OffloadConnector:
 
     # ------------------------------------------------------------------ rounds
 
-    def build_transfers(self) -> TransferPlan:
-        """Drain the queued saves and loads; the loads' sources are free to be reused by
-        later rounds (which run after this one)."""
+    def build_transfers(self, step_id: int) -> TransferPlan:
+        """Drain the queued saves and loads into round ``step_id``'s plan; the loads'
+        sources stay pinned until that round commits (the device side may read them on
+        another thread while later rounds are planned)."""
         plan = TransferPlan(self._saves, self._loads)
         self._saves, self._loads = [], []
-        for s in self._load_pins:
-            self.host.unpin(s)
-        self._load_pins = []
+        if self._load_pins:
+            self._round_pins[step_id] = self._load_pins
+            self._load_pins = []
         return plan
 
-    def update_from_output(self, output: TransferOutput) -> None:
-        """Saved slots become readable (and go on to disk with write-through); failed
-        ones are forgotten."""
+    def update_from_output(self, step_id: int, output: TransferOutput | None) -> None:
+        """Round ``step_id`` committed (rounds commit in order): its loads' sources, and
+        any older round's, are released. ``output``: what the device side reported since
+        the last report (None: nothing); saved slots become readable (and go on to disk
+        with write-through), failed ones are forgotten."""
+        for sid in [k for k in self._round_pins if k <= step_id]:
+            for s in self._round_pins.pop(sid):
+                self.host.unpin(s)
+        if output is not None:
+            self._settle(output)
+        self._poll_disk()
+
+    def _settle(self, output: TransferOutput) -> None:
         for s in output.saved:
             key = self._save_keys.pop(s, None)
             if key is None or self.host.key(s) != key:
@@ -305,7 +317,6 @@ class OffloadConnector:
             self._stale.discard(s)
             if key is not None and self.host.key(s) == key:
                 self.host.drop(s)
-        self._poll_disk()
 
     def request_finished(self, request: Request) -> None:
         """Release the request's pins and cancel its reads not yet started."""
@@ -358,9 +369,10 @@ class OffloadConnector:
         Raises:
             InvariantError: naming what is held.
         """
-        if self._match or self._load_pins or self._reads or self.host.num_pinned:
+        if self._match or self._load_pins or self._round_pins or self._reads or self.host.num_pinned:
             raise InvariantError(
-                f"kv tiers idle check: {len(self._match)} matches, {len(self._load_pins)} loads, "
+                f"kv tiers idle check: {len(self._match)} matches, "
+                f"{len(self._load_pins) + sum(map(len, self._round_pins.values()))} loads, "
                 f"{len(self._reads)} requests' reads and {self.host.num_pinned} pinned host slots held")
         self.host.check()
         if self.disk is not None:

@@ -65,14 +65,17 @@ class KVConnectorScheduler(Protocol):
         pins and pending reads."""
         ...
 
-    def build_transfers(self) -> TransferPlan:
-        """Drain the copies queued since the last call into one round's plan. Called once
-        per non-empty round, at the end of planning; the round runs them before its
-        forward, in plan order after earlier rounds'."""
+    def build_transfers(self, step_id: int) -> TransferPlan:
+        """Drain the copies queued since the last call into round ``step_id``'s plan.
+        Called once per non-empty round, at the end of planning; the round runs them
+        before its forward, in plan order after earlier rounds'. A source the loads read
+        must stay untouched until :meth:`update_from_output` for this round (under an
+        overlapped executor the device side runs while later rounds are planned)."""
         ...
 
-    def update_from_output(self, output: TransferOutput) -> None:
-        """What the device side reported for a round's transfers, at its commit."""
+    def update_from_output(self, step_id: int, output: TransferOutput | None) -> None:
+        """Round ``step_id`` committed (in step order), with what the device side reported
+        since the last report (``None``: nothing)."""
         ...
 
     def take_events(self) -> list[KVEvent]:

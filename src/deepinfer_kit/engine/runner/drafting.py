@@ -157,7 +157,8 @@ class RunnerDrafting:
                     chunks[j] = attrs.evolve(chunks[j], num_tokens=1 + len(cut), spec_token_ids=cut)
         resolved = SchedulePlan(plan.step_id, chunks, plan.block_copies, plan.preempted_ids,
                                 plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
-                                plan.num_cached_tokens, table_updates=plan.table_updates)
+                                plan.num_cached_tokens, table_updates=plan.table_updates,
+                                kv_transfers=plan.kv_transfers)
         return resolved, kept, errors
 
     def release(self, seq_ids: list[str]) -> None:
@@ -270,4 +271,5 @@ class RunnerDrafting:
             expert_counts=result.expert_counts,
             slot_counts=result.slot_counts,
             prompt_logprobs=prompt_lps,
+            kv_transfers=result.kv_transfers,
         )
