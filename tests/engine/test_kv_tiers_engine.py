@@ -11,7 +11,7 @@ import pytest
 
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager, chain_keys
 from deepinfer_kit.engine.build import build_engine
-from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.errors import CapacityError, ConfigError
 from deepinfer_kit.sample.params import SamplingParams
 
 _RNG = random.Random(7)
@@ -168,10 +168,18 @@ def test_unsupported_builds_are_refused(fields: dict[str, object], message: str)
     ({"host_blocks": 4, "write_policy": "sometimes"}, "write_policy"),
     ({"host_blocks": 4, "hash_key": b"short"}, "hash_key"),
     ({"host_blocks": 4, "bogus": 1}, "bogus"),
+    ({"host_blocks": 4, "prefetch": "eventually"}, "prefetch"),
+    ({"host_blocks": 4, "disk_blocks": 8, "disk_path": "/proc/no-kv-here"}, "disk_path '/proc/no-kv-here' cannot"),
+    ({"host_blocks": 4, "prefetch_timeout_s": float("nan")}, "prefetch_timeout_s"),
 ])
 def test_bad_tier_configs_name_the_field(tiers: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_engine(kv_tiers=tiers)
+
+
+def test_a_host_tier_too_big_for_memory_is_a_capacity_error() -> None:
+    with pytest.raises(CapacityError, match="host_blocks=1000000000000"):
+        build_engine(num_blocks=16, max_model_len=256, kv_tiers={"host_blocks": 10**12})
 
 
 def test_bad_request_params_name_the_field() -> None:
@@ -180,5 +188,9 @@ def test_bad_request_params_name_the_field() -> None:
         engine.add_request("a", [1, 2, 3], kv={"wrte": False})  # type: ignore[dict-item]
     with pytest.raises(ConfigError, match="save_prompt"):
         engine.add_request("a", [1, 2, 3], kv={"write": False, "save_prompt": True})
+    with pytest.raises(ConfigError, match="write must be True or False, got 'no'"):
+        engine.add_request("a", [1, 2, 3], kv={"write": "no"})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="kv must be a KVRequestParams"):
+        engine.add_request("a", [1, 2, 3], kv=5)  # type: ignore[arg-type]
     assert not engine.has_unfinished_requests()
     engine.close()

@@ -26,6 +26,12 @@ def _seconds(instance: object, attribute: attrs.Attribute[float], value: object)
         raise ConfigError(f"{attribute.name} must be a finite number of seconds >= 0, got {value!r}")
 
 
+def _flag(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    """True or False (a ConfigError naming the field otherwise)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True or False, got {value!r}")
+
+
 def _key(instance: object, attribute: attrs.Attribute[bytes | None], value: object) -> None:
     """``None`` or 16..64 bytes."""
     if value is not None and (not isinstance(value, bytes) or not 16 <= len(value) <= 64):
@@ -120,9 +126,9 @@ class KVRequestParams:
             of taking only what is there (the decode side).
     """
 
-    write: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    save_prompt: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    load_remote: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    write: bool = attrs.field(default=True, validator=_flag)
+    save_prompt: bool = attrs.field(default=False, validator=_flag)
+    load_remote: bool = attrs.field(default=False, validator=_flag)
 
     def __attrs_post_init__(self) -> None:
         if self.save_prompt and not self.write:

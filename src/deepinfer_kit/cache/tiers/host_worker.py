@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
+
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
+from deepinfer_kit.errors import CapacityError
 
 __all__ = ["HostTransferWorker", "SlabBytes", "host_slab"]
 
@@ -16,9 +19,19 @@ __all__ = ["HostTransferWorker", "SlabBytes", "host_slab"]
 def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
     """The host tier's bytes for ``num_blocks`` blocks of ``kv_cache``: a zeroed CPU tensor
     ``[num_blocks, L, planes, P, Hkv, D]`` in the pool's dtype, pinned when the pool is on
-    CUDA (so copies run asynchronously to the host). Allocated once, at engine build."""
+    CUDA (so copies run asynchronously to the host). Allocated once, at engine build.
+
+    Raises:
+        CapacityError: the host cannot allocate it (names ``host_blocks`` and the bytes).
+    """
     pin = kv_cache.device.type == "cuda"
-    return torch.zeros((num_blocks, *kv_cache.block_shape), dtype=kv_cache.dtype, pin_memory=pin)
+    shape = (num_blocks, *kv_cache.block_shape)
+    try:
+        return torch.zeros(shape, dtype=kv_cache.dtype, pin_memory=pin)
+    except (RuntimeError, MemoryError) as exc:
+        nbytes = math.prod(shape) * torch.empty((), dtype=kv_cache.dtype).element_size()
+        raise CapacityError(f"kv_tiers.host_blocks={num_blocks} needs {nbytes} bytes of host memory"
+                            f"{' (pinned)' if pin else ''}, which could not be allocated: {exc}") from exc
 
 
 class SlabBytes:
