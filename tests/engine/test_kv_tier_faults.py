@@ -1,10 +1,16 @@
 """Faults of the tiers inside the engine: a load that fails ends exactly the requests that
-read its blocks with an error; the engine keeps serving and leaks nothing."""
+read its blocks with an error; a slow disk is waited for (``prefetch="wait"``) or its blocks
+recomputed (``"best_effort"``); the engine keeps serving and leaks nothing."""
 
 from __future__ import annotations
 
 import random
+import time
 
+import pytest
+import torch
+
+from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.sample.params import SamplingParams
@@ -43,3 +49,48 @@ def test_a_failed_load_errors_its_requests_and_the_engine_serves_on() -> None:
     engine.flush()
     engine.check_idle()
     engine.close()
+
+
+def _disk_only_engine(tmp_path: object, prefetch: str):  # type: ignore[no-untyped-def]
+    """An engine whose first prompt's blocks are on disk only (device and host forgot them)."""
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192,
+                          kv_tiers={"host_blocks": 16, "disk_blocks": 64, "disk_path": str(tmp_path),
+                                    "prefetch": prefetch, "prefetch_timeout_s": 5.0})
+    engine.add_request("warm", _HEAD + [1, 2], SamplingParams(max_tokens=2, temperature=0.0))
+    engine.run()
+    cache = engine.cache
+    assert isinstance(cache, TieredKVCacheManager)
+    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    host = cache.connector.host  # type: ignore[attr-defined]
+    for s in range(host.capacity):
+        if host.key(s) is not None:
+            host.drop(s)
+    cache._evict(cache._index, cache._index.num_evictable)  # type: ignore[union-attr]
+    return engine, cache
+
+
+@pytest.mark.parametrize("prefetch", ["wait", "best_effort"])
+def test_a_slow_disk_is_waited_for_or_recomputed(tmp_path: object, prefetch: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, cache = _disk_only_engine(tmp_path, prefetch)
+    real = DiskBlockStore.get_into
+
+    def slow(self: DiskBlockStore, key: bytes, out: torch.Tensor) -> bool:
+        time.sleep(0.3)  # far longer than planning a round: a best-effort admission never sees it land
+        return real(self, key, out)
+
+    monkeypatch.setattr(DiskBlockStore, "get_into", slow)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    engine.add_request("again", _HEAD + [3, 4], greedy)
+    got = engine.run()[0].outputs[0].token_ids
+    plain = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192)
+    plain.add_request("ref", _HEAD + [3, 4], greedy)
+    assert got == plain.run()[0].outputs[0].token_ids
+    stats = cache.tier_stats
+    if prefetch == "wait":
+        assert stats.disk_hits == len(_HEAD) // 8 and stats.late_reads == 0
+    else:
+        assert stats.disk_hits == 0 and stats.late_reads > 0
+    engine.check_idle()
+    engine.close()
+    plain.close()
