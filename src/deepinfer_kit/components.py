@@ -26,6 +26,7 @@ from deepinfer_kit.errors import ConfigError
 
 if TYPE_CHECKING:
     from deepinfer_kit.cache.protocols import BlockAllocator, EvictionPolicy, KVCacheManager, PrefixIndex
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler, KVConnectorWorker
     from deepinfer_kit.engine.config import EngineConfig
     from deepinfer_kit.eplb.protocols import PlacementPolicy
     from deepinfer_kit.models.protocols import CausalLM
@@ -51,7 +52,7 @@ HOST_KINDS: tuple[str, ...] = (
 
 DEVICE_KINDS: tuple[str, ...] = (
     "sampler", "draft_verifier", "drafter", "verify_planner", "router", "dispatcher",
-    "replica_selector", "placement_policy",
+    "replica_selector", "placement_policy", "kv_connector",
 )
 """Kinds built beside the model (in each worker process or rank when there is one)."""
 
@@ -80,6 +81,8 @@ class BuildContext:
                            built-in router that holds the checkpoint's gate weights
     replica_selector       ``device``, ``layer``
     placement_policy       ``device``
+    kv_connector           ``device``, ``num_blocks``; ``base`` is the KV pool
+                           (``PagedKVCache``) its device side copies from and to
     =====================  ====================================================
 
     Attributes:
@@ -206,6 +209,9 @@ class Components:
             (speculation still needs ``config.speculative`` for γ).
         router, dispatcher, replica_selector: per MoE layer.
         placement_policy: the EPLB policy of ``config.eplb``.
+        kv_connector: a Factory of ``(KVConnectorScheduler, KVConnectorWorker)`` over the
+            engine's pool (``BuildContext.base``): the KV tiers (or any transfer) in place of
+            the built-ins ``config.kv_tiers`` names (docs/kv_connector.md).
     """
 
     block_allocator: BlockAllocator | Factory[BlockAllocator] | None = _component_field()
@@ -226,13 +232,14 @@ class Components:
     dispatcher: Factory[Dispatcher] | None = _component_field()
     replica_selector: Factory[ReplicaSelector] | None = _component_field()
     placement_policy: PlacementPolicy | Factory[PlacementPolicy] | None = _component_field()
+    kv_connector: Factory[tuple[KVConnectorScheduler, KVConnectorWorker]] | None = _component_field()
 
     def __attrs_post_init__(self) -> None:
-        for kind in ("router", "dispatcher", "replica_selector"):
+        for kind in ("router", "dispatcher", "replica_selector", "kv_connector"):
             value = getattr(self, kind)
             if value is not None and not isinstance(value, Factory):
-                raise ConfigError(
-                    f"components.{kind} is built once per MoE layer: give a Factory, got {value!r}")
+                why = "over the engine's KV pool" if kind == "kv_connector" else "once per MoE layer"
+                raise ConfigError(f"components.{kind} is built {why}: give a Factory, got {value!r}")
         owners = (("cache_manager", ("block_allocator", "prefix_index", "eviction_policy")),
                   ("prefix_index", ("eviction_policy",)),
                   ("scheduler", ("admission_policy", "preemption_policy", "batching_policy")))

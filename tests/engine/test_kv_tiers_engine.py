@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_kit.cache.tiers.config import TierConfig
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, SlabBytes, host_slab
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager, chain_keys
+from deepinfer_kit.cache.tiers.offload import OffloadConnector
+from deepinfer_kit.cache.tiers.records import TransferPlan
+from deepinfer_kit.components import BuildContext, Components, Factory
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.errors import CapacityError, ConfigError
 from deepinfer_kit.sample.params import SamplingParams
@@ -194,3 +199,38 @@ def test_bad_request_params_name_the_field() -> None:
         engine.add_request("a", [1, 2, 3], kv=5)  # type: ignore[arg-type]
     assert not engine.has_unfinished_requests()
     engine.close()
+
+
+class _CountingConnector(OffloadConnector):
+    """The built-in tiers, counting the rounds that carried copies."""
+
+    rounds = 0
+
+    def build_transfers(self, step_id: int) -> TransferPlan:
+        plan = super().build_transfers(step_id)
+        if plan:
+            self.rounds += 1
+        return plan
+
+
+def _make_connector(ctx: BuildContext) -> tuple[OffloadConnector, HostTransferWorker]:
+    kv = ctx.base
+    slab = host_slab(kv, 64)
+    return _CountingConnector(TierConfig(host_blocks=64), SlabBytes(slab), None, kv.block_size), \
+        HostTransferWorker(kv, slab)
+
+
+def test_an_injected_connector_is_the_one_the_engine_drives(reference: dict[str, list[int]]) -> None:
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192,
+                          components=Components(kv_connector=Factory(_make_connector)))
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(_PROMPTS):
+        engine.add_request(str(i), p, _params(i))
+        out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
+    cache = engine.cache
+    assert isinstance(cache, TieredKVCacheManager) and isinstance(cache.connector, _CountingConnector)
+    assert out == reference and cache.connector.rounds > 0 and cache.tier_stats.loaded_tokens > 0
+    engine.check_idle()
+    engine.close()
+    with pytest.raises(ConfigError, match="kv_connector is built over the engine's KV pool: give a Factory"):
+        Components(kv_connector=_make_connector)  # type: ignore[arg-type]

@@ -98,7 +98,7 @@ def build_engine(
     if groups is not None and config.eplb is not None:
         raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
     device = build_device(config, depth=depth, components=parts, groups=groups, setup=worker_setup)
-    connector = attach_kv_tiers(config, device.runner)
+    connector = attach_kv_tiers(config, device.runner, parts)
     return _engine(config, device.runner, device.loaded.config, device.loaded.tokenizer, device.num_blocks,
                    device.max_model_len, executor, parts, trace, balancer=device.balancer, connector=connector)
 

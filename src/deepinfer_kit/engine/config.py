@@ -258,14 +258,20 @@ class EngineConfig:
                     f"eplb.num_gpus must be {self.expert_parallel}, got {self.eplb.num_gpus}"
                 )
         if self.kv_tiers is not None:
-            self._check_tiers()
+            self.check_kv_transfer()
         if not self.model:
             raise ConfigError(
                 f"model must be a checkpoint path, 'tiny' or 'tiny-words', got {self.model!r}"
             )
 
-    def _check_tiers(self) -> None:
-        """The KV tiers' limits in this build (docs/kv_tiers.md says what each would need)."""
+    def check_kv_transfer(self) -> None:
+        """Refuse what KV tiers or an injected KV connector cannot run with in this build
+        (docs/kv_tiers.md says what each would need). Called at construction when
+        ``kv_tiers`` is set, and at build for ``components.kv_connector``.
+
+        Raises:
+            ConfigError: prefix caching off, a worker process, or several ranks.
+        """
         if not self.enable_prefix_caching:
             raise ConfigError("kv_tiers needs enable_prefix_caching=True: the tiers hold published blocks")
         if self.worker != "inline":

@@ -129,8 +129,8 @@ def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext,
     if index is None:
         index = _named_index(config.prefix_index, block_size, policy)
     if connector is not None:
-        assert config.kv_tiers is not None
-        return TieredKVCacheManager(allocator, index, connector, hash_key=config.kv_tiers.hash_key)
+        key = config.kv_tiers.hash_key if config.kv_tiers is not None else None
+        return TieredKVCacheManager(allocator, index, connector, hash_key=key)
     if index.block_size != block_size:
         raise ConfigError(f"components.prefix_index has block_size {index.block_size}, the engine's "
                           f"blocks hold {block_size} tokens")
