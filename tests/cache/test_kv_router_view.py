@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
 from deepinfer_kit.cache.tiers.router_view import PrefixRouterView
+from deepinfer_kit.disagg import push_kv_down
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.sample.params import SamplingParams
 
@@ -25,9 +25,7 @@ def test_the_view_routes_to_the_engine_holding_the_prefix_below_the_device(tmp_p
         engine = engines[n % 2]
         engine.add_request(str(n), head + [1, 2, 3], SamplingParams(max_tokens=2))
         engine.run()
-        cache = engine.cache
-        assert isinstance(cache, TieredKVCacheManager)
-        cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+        push_kv_down(engine)
     for i, engine in enumerate(engines):
         view.apply(i, engine.cache.take_kv_events())  # type: ignore[attr-defined]
     for n, head in enumerate(heads):

@@ -28,6 +28,7 @@ def _side(rank: int, folder: str, out: str) -> None:
 
     import torch.distributed as dist
 
+    from deepinfer_kit.disagg import push_kv_down
     from deepinfer_kit.disagg.link import KVLinkReceiver, push_saved_blocks, send_close, send_request
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
@@ -39,7 +40,7 @@ def _side(rank: int, folder: str, out: str) -> None:
         for i, p in enumerate(_PROMPTS):
             engine.add_request(str(i), p, SamplingParams(max_tokens=1, temperature=0.0), kv={"save_prompt": True})
             engine.run()
-            engine.cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+            push_kv_down(engine)
             send_request(store, str(i), p, _params(i))
         send_close(store)
     else:  # decode

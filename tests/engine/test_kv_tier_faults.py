@@ -12,6 +12,7 @@ import torch
 
 from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.disagg import push_kv_down
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.testing.kv_connector import FlakyWorker
@@ -60,7 +61,7 @@ def _disk_only_engine(tmp_path: object, prefetch: str):  # type: ignore[no-untyp
     engine.run()
     cache = engine.cache
     assert isinstance(cache, TieredKVCacheManager)
-    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    push_kv_down(engine)
     host = cache.connector.host  # type: ignore[attr-defined]
     for s in range(host.capacity):
         if host.key(s) is not None:

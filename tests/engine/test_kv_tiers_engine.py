@@ -15,6 +15,7 @@ from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager, chain_keys
 from deepinfer_kit.cache.tiers.offload import OffloadConnector
 from deepinfer_kit.cache.tiers.records import TransferPlan
 from deepinfer_kit.components import BuildContext, Components, Factory
+from deepinfer_kit.disagg import push_kv_down
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.errors import CapacityError, ConfigError
 from deepinfer_kit.sample.params import SamplingParams
@@ -85,7 +86,7 @@ def test_damaged_files_are_recomputed(reference: dict[str, list[int]], tmp_path:
         engine.run()
     cache = engine.cache
     assert isinstance(cache, TieredKVCacheManager)
-    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    push_kv_down(engine)
     files = sorted(tmp_path.glob("*.kvb"))
     assert files
     for n, f in enumerate(files):  # flip a payload byte, truncate, or empty each file
@@ -121,7 +122,7 @@ def test_opt_out_writes_nothing_below_the_device(tmp_path: Path) -> None:
         engine.run()
     cache = engine.cache
     assert isinstance(cache, TieredKVCacheManager)
-    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    push_kv_down(engine)
     assert cache.tier_stats.saved_host == 0 and not list(tmp_path.glob("*.kvb"))
     engine.check_idle()
     engine.close()
@@ -136,7 +137,7 @@ def test_reset_forgets_the_tiers_and_events_name_the_blocks(tmp_path: Path) -> N
         engine.run()
     cache = engine.cache
     assert isinstance(cache, TieredKVCacheManager)
-    cache.transfer_idle(engine.runner.kv_transfer)  # type: ignore[attr-defined]
+    push_kv_down(engine)
     events = cache.take_kv_events()
     stored = {m: set() for m in ("device", "host", "disk")}
     for ev in events:

@@ -17,7 +17,7 @@ from deepinfer_kit.errors import ConfigError, DeepInferError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["DisaggregatedEngine", "build_disaggregated"]
+__all__ = ["DisaggregatedEngine", "build_disaggregated", "push_kv_down"]
 
 
 class DisaggregatedEngine:
@@ -82,21 +82,19 @@ class DisaggregatedEngine:
     def step(self) -> list[RequestOutput]:
         """One round of each engine with work; returns the decode engine's finished
         outputs. A request the prefill engine finished moves to the decode engine after
-        its blocks are pushed down (the prefill engine's queued saves run while it is
-        between rounds)."""
+        its blocks are pushed down (:func:`push_kv_down`: the prefill engine's queued saves
+        run while it is between rounds)."""
         done: list[RequestOutput] = []
         if self._pending:
             try:
                 done = self.prefill.step()
-                if not self.prefill.has_unfinished_requests():
-                    done += self.prefill.flush()
+                if done or not self.prefill.has_unfinished_requests():
+                    done += push_kv_down(self.prefill)
             except DeepInferError:  # dead: every pending request decodes from scratch
                 for rid, (prompt, params) in list(self._pending.items()):
                     self._to_decode(rid, prompt, params, remote=False)
                 self._pending.clear()
                 done = []
-            if done:
-                self._push_down()
             for out in done:
                 prompt, params = self._pending.pop(out.request_id)
                 failed = out.outputs[0].finish_reason == "error"
@@ -107,17 +105,6 @@ class DisaggregatedEngine:
         if not remote:
             self.num_fallbacks += 1
         self.decode.add_request(rid, prompt, params, kv={"load_remote": True} if remote else None)
-
-    def _push_down(self) -> None:
-        """Run the prefill engine's queued saves now and wait for its disk writes."""
-        engine = self.prefill
-        if engine.has_unfinished_requests():
-            engine.flush()
-        cache = engine.cache
-        assert isinstance(cache, TieredKVCacheManager)
-        runner: Any = engine.runner
-        plain = getattr(runner, "runner", runner)
-        cache.transfer_idle(plain.kv_transfer)
 
     def run(self) -> list[RequestOutput]:
         """Step until every request finished; the decode engine's outputs, in finishing order."""
@@ -131,6 +118,26 @@ class DisaggregatedEngine:
         """Close both engines."""
         self.prefill.close()
         self.decode.close()
+
+
+def push_kv_down(engine: Engine) -> list[RequestOutput]:
+    """Push ``engine``'s published blocks down its tiers now: commit the rounds in flight
+    (their outputs are returned, as :meth:`Engine.flush` returns them), run the copies its
+    tiers queued outside any round (``TieredKVCacheManager.transfer_idle``, through the
+    runner's device side, speculative or not) and wait for its disk writes. For the
+    prefill side of disaggregation, and for a caller that reads the tiers' files or
+    counters at a quiet point.
+
+    Raises:
+        ConfigError: the engine has no KV tiers.
+    """
+    cache = engine.cache
+    if not isinstance(cache, TieredKVCacheManager):
+        raise ConfigError("push_kv_down needs an engine with kv_tiers (or components.kv_connector)")
+    outputs = engine.flush()
+    runner: Any = engine.runner
+    cache.transfer_idle(getattr(runner, "runner", runner).kv_transfer)
+    return outputs
 
 
 def build_disaggregated(config: EngineConfig, folder: str | os.PathLike[str], *, host_blocks: int = 256,

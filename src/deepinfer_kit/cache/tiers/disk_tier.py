@@ -61,14 +61,20 @@ class DiskTier:
             if self.slots.is_ready(slot):
                 self.slots.touch(slot)
             return None
-        taken = self.slots.take(key)
+        taken = self._claim(key)
         if taken is None:
             return False
         slot, evicted = taken
-        if evicted is not None:
-            self._io.submit(self.store.delete, evicted)
         self._writes[slot] = (key, self._io.submit(self.store.put, key, payload))
         return evicted
+
+    def _claim(self, key: bytes) -> tuple[int, bytes | None] | None:
+        """A slot for ``key`` (pending), deleting the file of the key evicted for it; None
+        when every slot is busy."""
+        taken = self.slots.take(key)
+        if taken is not None and taken[1] is not None:
+            self._io.submit(self.store.delete, taken[1])
+        return taken
 
     def poll_writes(self) -> tuple[list[bytes], list[bytes]]:
         """Settle the writes that finished: ``(written, failed)`` keys. A failed write's
@@ -126,14 +132,11 @@ class DiskTier:
         now). Returns what :meth:`write` returns."""
         if self.slots.slot(key) is not None:
             return None
-        taken = self.slots.take(key)
+        taken = self._claim(key)
         if taken is None:
             return False
-        slot, evicted = taken
-        if evicted is not None:
-            self._io.submit(self.store.delete, evicted)
-        self.slots.mark_ready(slot)
-        return evicted
+        self.slots.mark_ready(taken[0])
+        return taken[1]
 
     def clear(self) -> None:
         """Forget every key and delete their files before returning (pending writes finish first)."""
