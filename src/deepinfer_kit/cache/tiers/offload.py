@@ -247,13 +247,14 @@ class OffloadConnector:
         """``key`` leaves host ``slot`` for room: with write-back it goes to disk first."""
         self._stats.evicted_host += 1
         self._event("removed", "host", [key])
-        forced = key in self._forced
-        self._forced.discard(key)
-        disk = self.disk
-        if disk is not None and (not self._through or forced) and not disk.has(key):
-            self._note_evicted_disk(disk.write(key, self._slab.read(slot)))
+        if not self._through or key in self._forced:
+            self._to_disk(key, slot)
+        else:
+            self._forced.discard(key)
 
     def _to_disk(self, key: bytes, slot: int) -> None:
+        """Write host ``slot``'s bytes to disk as ``key`` unless the disk holds it (or there
+        is no disk); ``key`` is no longer owed to disk either way."""
         disk = self.disk
         self._forced.discard(key)
         if disk is not None and not disk.has(key):
