@@ -8,7 +8,8 @@ import pytest
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.build import build_tiers
 from deepinfer_kit.cache.tiers.config import TierConfig
-from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, SlabBytes
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker
+from deepinfer_kit.cache.tiers.slab_bytes import RankSlabs
 from deepinfer_kit.cache.tiers.offload import OffloadConnector
 from deepinfer_kit.cache.tiers.records import TransferPlan
 from deepinfer_kit.testing.kv_connector import KV_CONNECTOR_SUITE
@@ -72,6 +73,6 @@ def test_the_suite_catches_a_connector_that_leaks_pins() -> None:
 
     def make(kv: PagedKVCache, folder: str) -> tuple[OffloadConnector, HostTransferWorker]:
         connector, worker = build_tiers(TierConfig(host_blocks=20), kv)
-        return Leaky(TierConfig(host_blocks=20), SlabBytes(worker._slab), None, kv.block_size), worker
+        return Leaky(TierConfig(host_blocks=20), RankSlabs([worker._slab], [0], kv.num_kv_heads), None, kv.block_size), worker
     with pytest.raises(Exception, match="idle check"):
         KV_CONNECTOR_SUITE.checks[0](make)

@@ -38,3 +38,20 @@ class Explode:
 
     def __call__(self, runner: Any) -> None:
         raise RuntimeError("setup exploded")
+
+
+class FailLoadsOnRank:
+    """Every KV tier load on tensor-parallel rank ``rank`` fails (its shard of the block is
+    never written; reported in ``failed_loads``); the other ranks load theirs."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __call__(self, runner: Any) -> None:
+        import torch.distributed as dist
+
+        from deepinfer_kit.testing.kv_connector import FlakyWorker
+
+        plain = getattr(runner, "runner", runner)
+        if dist.is_initialized() and dist.get_rank() == self.rank:
+            plain.kv_transfer = FlakyWorker(plain.kv_transfer, fail_loads=True)

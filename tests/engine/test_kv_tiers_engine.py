@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from deepinfer_kit.cache.tiers.config import TierConfig
-from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, SlabBytes, host_slab
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
+from deepinfer_kit.cache.tiers.slab_bytes import RankSlabs
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager, chain_keys
 from deepinfer_kit.cache.tiers.offload import OffloadConnector
 from deepinfer_kit.cache.tiers.records import TransferPlan
@@ -158,8 +159,7 @@ def test_reset_forgets_the_tiers_and_events_name_the_blocks(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"worker": "process"}, "worker='process'"),
-    ({"tensor_parallel": 2}, "tensor_parallel=2"),
+    ({"worker": "launched"}, "worker='launched'"),
     ({"enable_prefix_caching": False}, "enable_prefix_caching"),
 ])
 def test_unsupported_builds_are_refused(fields: dict[str, object], message: str) -> None:
@@ -217,7 +217,7 @@ class _CountingConnector(OffloadConnector):
 def _make_connector(ctx: BuildContext) -> tuple[OffloadConnector, HostTransferWorker]:
     kv = ctx.base
     slab = host_slab(kv, 64)
-    return _CountingConnector(TierConfig(host_blocks=64), SlabBytes(slab), None, kv.block_size), \
+    return _CountingConnector(TierConfig(host_blocks=64), RankSlabs([slab], [0], kv.num_kv_heads), None, kv.block_size), \
         HostTransferWorker(kv, slab)
 
 

@@ -135,7 +135,7 @@ def push_kv_down(engine: Engine) -> list[RequestOutput]:
     if not isinstance(cache, TieredKVCacheManager):
         raise ConfigError("push_kv_down needs an engine with kv_tiers (or components.kv_connector)")
     outputs = engine.flush()
-    runner: Any = engine.runner
+    runner: Any = engine.runner  # in this process: the plain runner's; worker processes: a handle on theirs
     cache.transfer_idle(getattr(runner, "runner", runner).kv_transfer)
     return outputs
 

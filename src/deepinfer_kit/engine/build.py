@@ -12,6 +12,7 @@ from deepinfer_kit.components import BuildContext, Components, build
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.host import build_host_components
+from deepinfer_kit.engine.remote.kv_slabs import remote_kv_tiers
 from deepinfer_kit.engine.remote.start import start_workers
 from deepinfer_kit.overlap.choose import default_executor
 from deepinfer_kit.engine.remote.rank_groups import launched_groups
@@ -92,13 +93,25 @@ def build_engine(
     if config.worker == "process":
         remote = start_workers(config, depth, parts.device_side(), worker_setup, wrap_comm)
         info = remote.runner.info
+        try:
+            tiers = remote_kv_tiers(config, remote.runner)
+        except BaseException:
+            remote.runner.close()
+            raise
         return _engine(config, remote.runner, info.model, load_host_tokenizer(info.model), info.num_blocks,
-                       info.max_model_len, executor, parts, trace, balancer=remote.balancer)
+                       info.max_model_len, executor, parts, trace, balancer=remote.balancer, connector=tiers)
     groups = launched_groups(config, engine_device(config)) if config.worker == "launched" else None
     if groups is not None and config.eplb is not None:
         raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
-    device = build_device(config, depth=depth, components=parts, groups=groups, setup=worker_setup)
+    device = build_device(config, depth=depth, components=parts, groups=groups)
     connector = attach_kv_tiers(config, device.runner, parts)
+    if worker_setup is not None:  # after the tiers, as in a worker: a setup may wrap their device side
+        try:
+            worker_setup(device.runner)
+        except BaseException:
+            if connector is not None:
+                connector.close()
+            raise
     return _engine(config, device.runner, device.loaded.config, device.loaded.tokenizer, device.num_blocks,
                    device.max_model_len, executor, parts, trace, balancer=device.balancer, connector=connector)
 
@@ -112,6 +125,9 @@ def check_components(config: EngineConfig, parts: Components) -> None:
         ConfigError: names the component and what to do.
     """
     if config.worker == "process":
+        if parts.kv_connector is not None:
+            raise ConfigError("components.kv_connector builds both sides over one pool, in one process: "
+                              "with worker='process' use kv_tiers (the worker holds the host slab)")
         parts.check_crosses()
     if config.speculative is None:
         spec = [k for k in ("drafter", "verify_planner", "draft_verifier") if getattr(parts, k) is not None]

@@ -174,8 +174,10 @@ class EngineConfig:
             :class:`~deepinfer_kit.cache.tiers.TierConfig` or a dict with its keys, e.g.
             ``{"host_blocks": 4096, "disk_blocks": 65536, "disk_path": "/var/kv"}``): a
             prefix evicted from the device is loaded back instead of recomputed
-            (docs/kv_tiers.md). Needs prefix caching, ``worker="inline"``, one rank and no
-            sliding-window group (ConfigError otherwise). ``None``: the device pool only.
+            (docs/kv_tiers.md). Needs prefix caching, ``worker="inline"`` or ``"process"``
+            (each rank's worker then holds its heads' host slab in shared memory, which
+            the scheduler side maps) and no sliding-window group (ConfigError otherwise).
+            ``None``: the device pool only.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
             decodes one token per round.
@@ -270,16 +272,14 @@ class EngineConfig:
         ``kv_tiers`` is set, and at build for ``components.kv_connector``.
 
         Raises:
-            ConfigError: prefix caching off, a worker process, or several ranks.
+            ConfigError: prefix caching off, or ``worker="launched"``.
         """
         if not self.enable_prefix_caching:
             raise ConfigError("kv_tiers needs enable_prefix_caching=True: the tiers hold published blocks")
-        if self.worker != "inline":
-            raise ConfigError(f"kv_tiers with worker={self.worker!r} is not built yet (the host tier "
-                              f"would live in the worker, its report cross the plan codec); use worker='inline'")
-        if self.tensor_parallel > 1 or self.expert_parallel > 1:
-            raise ConfigError(f"kv_tiers with tensor_parallel={self.tensor_parallel}, expert_parallel="
-                              f"{self.expert_parallel} is not built yet (one host shard per rank); use 1")
+        if self.worker == "launched":
+            raise ConfigError("kv_tiers with worker='launched' is not built yet (every rank schedules for "
+                              "itself: the ranks would have to agree on each disk read's outcome); use "
+                              "worker='process' for several ranks")
 
     def kv_layout(self, windows: Sequence[int | None]) -> KVLayout | None:
         """The cache groups of a model whose layers have these sliding ``windows``

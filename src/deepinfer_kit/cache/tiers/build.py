@@ -1,5 +1,6 @@
 """build_tiers: the host and disk tiers of a TierConfig over one device pool — the
-connector's two sides, sharing the host slab."""
+connector's two sides, sharing the host slab; and the scheduler side alone over slabs
+that worker processes hold (:func:`host_side_tiers`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore, layout_fingerprint
 from deepinfer_kit.cache.tiers.disk_tier import DiskTier
-from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, SlabBytes, host_slab
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
 from deepinfer_kit.cache.tiers.offload import OffloadConnector
+from deepinfer_kit.cache.tiers.slab_bytes import RankSlabs
 
-__all__ = ["build_tiers"]
+__all__ = ["build_tiers", "host_side_tiers"]
 
 
 def build_tiers(config: TierConfig, kv_cache: PagedKVCache, *, model: str = "") -> tuple[OffloadConnector, HostTransferWorker]:
@@ -24,14 +26,27 @@ def build_tiers(config: TierConfig, kv_cache: PagedKVCache, *, model: str = "") 
 
     Raises:
         ConfigError: the disk folder cannot be created.
+        CapacityError: the host cannot allocate the slab.
     """
     slab = host_slab(kv_cache, config.host_blocks)
-    host = SlabBytes(slab)
+    connector = host_side_tiers(config, RankSlabs([slab], [0], kv_cache.num_kv_heads), block_size=kv_cache.block_size,
+                                model=model)
+    return connector, HostTransferWorker(kv_cache, slab)
+
+
+def host_side_tiers(config: TierConfig, slabs: RankSlabs, *, block_size: int, model: str = "") -> OffloadConnector:
+    """The scheduler side of ``config``'s tiers over host slabs the device side fills
+    (this process's, or worker processes' mapped here). The disk files hold whole blocks
+    (:class:`RankSlabs`): their fingerprint names ``model``, the whole block's shape and
+    the dtype, not the ranks' split.
+
+    Raises:
+        ConfigError: the disk folder cannot be created.
+    """
     disk = None
     if config.disk_blocks:
         assert config.disk_path is not None  # TierConfig checked it
-        fp = layout_fingerprint(model, kv_cache.block_shape, str(kv_cache.dtype))
+        fp = layout_fingerprint(model, slabs.block_shape, str(slabs.dtype))
         disk = DiskTier(DiskBlockStore(config.disk_path, fp), config.disk_blocks, config.disk_eviction,
-                        config.io_threads, host.new_block)
-    connector = OffloadConnector(config, host, disk, kv_cache.block_size)
-    return connector, HostTransferWorker(kv_cache, slab)
+                        config.io_threads, slabs.new_block)
+    return OffloadConnector(config, slabs, disk, block_size)

@@ -13,7 +13,7 @@ from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
 from deepinfer_kit.errors import CapacityError
 
-__all__ = ["HostTransferWorker", "SlabBytes", "host_slab"]
+__all__ = ["HostTransferWorker", "host_slab"]
 
 
 def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
@@ -32,26 +32,6 @@ def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
         nbytes = math.prod(shape) * torch.empty((), dtype=kv_cache.dtype).element_size()
         raise CapacityError(f"kv_tiers.host_blocks={num_blocks} needs {nbytes} bytes of host memory"
                             f"{' (pinned)' if pin else ''}, which could not be allocated: {exc}") from exc
-
-
-class SlabBytes:
-    """The host slab's slots as the scheduler side's :class:`HostBytes` (disk reads land
-    in it, disk writes copy out of it)."""
-
-    def __init__(self, slab: torch.Tensor) -> None:
-        self.slab = slab
-
-    def read(self, slot: int) -> torch.Tensor:
-        """A copy of ``slot``'s bytes."""
-        return self.slab[slot].clone()
-
-    def write(self, slot: int, payload: torch.Tensor) -> None:
-        """Overwrite ``slot`` with ``payload``."""
-        self.slab[slot].copy_(payload)
-
-    def new_block(self) -> torch.Tensor:
-        """An empty CPU block of the slab's shape and dtype."""
-        return torch.empty(self.slab.shape[1:], dtype=self.slab.dtype)
 
 
 class HostTransferWorker:

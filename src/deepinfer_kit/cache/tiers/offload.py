@@ -25,8 +25,8 @@ _MAX_EVENTS = 1 << 16  # events kept for a reader that never takes them (oldest 
 
 class OffloadConnector:
     """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorScheduler` over a host
-    tier (``slab``: its bytes — :class:`~deepinfer_kit.cache.tiers.host_worker.SlabBytes`
-    over the ``[host_blocks, *block]`` CPU tensor the device side's
+    tier (``slab``: its bytes — :class:`~deepinfer_kit.cache.tiers.slab_bytes.RankSlabs`
+    over each rank's ``[host_blocks, *block]`` CPU tensor the device side's
     :class:`~deepinfer_kit.cache.tiers.host_worker.HostTransferWorker` copies into, or
     the simulator's :class:`~deepinfer_kit.cache.tiers.bytes.NoBytes`) and an optional
     :class:`DiskTier` under it (see :class:`TierConfig` for the policies). Imports no torch.

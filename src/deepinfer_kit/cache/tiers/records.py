@@ -3,9 +3,11 @@ back, the events a router reads, and the tiers' counters (no torch)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
-__all__ = ["TransferPlan", "TransferOutput", "KVEvent", "TierStats", "MEDIA"]
+__all__ = ["TransferPlan", "TransferOutput", "KVEvent", "TierStats", "MEDIA", "merge_outputs"]
 
 MEDIA = ("device", "host", "disk")
 
@@ -49,6 +51,27 @@ class TransferOutput:
     saved: list[int] = attrs.field(factory=list)
     failed_saves: list[int] = attrs.field(factory=list)
     failed_loads: list[int] = attrs.field(factory=list)
+
+
+def merge_outputs(outputs: Sequence[TransferOutput | None]) -> TransferOutput | None:
+    """One report of the reports of the ranks that ran one round's transfers, each on its
+    shard of every block (tensor parallelism; expert-parallel ranks on copies): a slot is
+    saved when every rank saved it, and its save failed when any rank's failed or did
+    not report it; a load failed when any rank's did (that rank's forward read garbage).
+    ``None`` (nothing asked of any rank) when every report is ``None``. Pure."""
+    present = [o for o in outputs if o is not None]
+    if not present:
+        return None
+    if len(outputs) == 1:
+        return present[0]
+    failed_saves = {s for o in present for s in o.failed_saves}
+    saved_sets = [set(o.saved) if o is not None else set() for o in outputs]
+    order = list(dict.fromkeys(s for o in present for s in o.saved))
+    everywhere = set.intersection(*saved_sets)
+    saved = [s for s in order if s in everywhere and s not in failed_saves]
+    failed = sorted(failed_saves | {s for s in order if s not in everywhere})
+    failed_loads = sorted({b for o in present for b in o.failed_loads})
+    return TransferOutput(saved=saved, failed_saves=failed, failed_loads=failed_loads)
 
 
 @attrs.frozen(slots=True)

@@ -143,7 +143,7 @@ class PlanEncoder:
         body = (
             message, forget_rows, forget_tables, plan.step_id, decodes, chunks, plan.block_copies,
             plan.preempted_ids, plan.finished_ids, plan.num_batched_tokens, plan.token_budget,
-            plan.num_cached_tokens, plan.table_updates,
+            plan.num_cached_tokens, plan.table_updates, plan.kv_transfers,
         )  # fmt: skip
         data = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
         self._next += 1
@@ -187,7 +187,7 @@ class PlanDecoder:
         """
         (message, forget_rows, forget_tables, step_id, (ids, starts, tokens, table_codes, epochs, row_codes, outs),
          encoded, block_copies, preempted, finished, num_batched, budget, num_cached,
-         table_updates) = pickle.loads(data)  # fmt: skip
+         table_updates, kv_transfers) = pickle.loads(data)  # fmt: skip
         rows, tables = self._rows, self._tables
         new_rows: dict[str, SamplingRow] = {}
         new_tables: dict[str, list[int]] = {}
@@ -221,7 +221,7 @@ class PlanDecoder:
         rows.update(new_rows)
         tables.update(new_tables)
         plan = SchedulePlan(step_id, chunks, block_copies, preempted, finished, num_batched, budget, num_cached,
-                            decodes, table_updates)
+                            decodes, table_updates, kv_transfers=kv_transfers)
         return message, plan
 
     @property

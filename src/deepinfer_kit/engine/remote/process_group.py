@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from deepinfer_kit.cache.tiers.records import merge_outputs
 from deepinfer_kit.engine.remote.process_runner import ProcessRunner, RemoteSlots, WorkerInfo, WorkerPool, WorkerSpec
 from deepinfer_kit.engine.remote.rank_groups import collect_replies
 from deepinfer_kit.errors import InvariantError
@@ -109,7 +110,7 @@ class ProcessGroupRunner(WorkerPool):
         for rank, result in enumerate(results[1:], 1):
             if result.token_ids != first:
                 raise InvariantError(f"expert-parallel rank {rank} sampled other tokens than rank 0")
-        return results[0]
+        return _merged(results)
 
     @property
     def released(self) -> int | None:
@@ -141,3 +142,19 @@ class ProcessGroupRunner(WorkerPool):
         """Stop every rank. Idempotent."""
         for r in self.ranks:
             r.close()
+
+
+def _merged(results: list[StepResult]) -> StepResult:
+    """Rank 0's result with what any rank found wrong: the KV tiers' reports merged
+    (:func:`merge_outputs`: a save counts when every rank's shard is down, a failed load
+    on any rank fails its chunks) and a chunk's error from the lowest rank reporting one
+    (a rank whose load failed computed garbage every rank then shares)."""
+    head = results[0]
+    if head.kv_transfers is None and all(r.kv_transfers is None for r in results):
+        return head
+    head.kv_transfers = merge_outputs([r.kv_transfers for r in results])
+    if any(r.errors for r in results):
+        n = max(len(r.errors) for r in results)
+        head.errors = [next((r.errors[i] for r in results if i < len(r.errors) and r.errors[i] is not None), None)
+                       for i in range(n)]
+    return head

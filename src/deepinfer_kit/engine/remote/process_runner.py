@@ -30,11 +30,14 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from deepinfer_kit.cache.tiers.protocols import KVConnectorWorker
+from deepinfer_kit.cache.tiers.shared_slab import SlabShard
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.remote.plan_codec import PlanEncoder
 from deepinfer_kit.errors import ConfigError, EngineDeadError, InvariantError
@@ -99,6 +102,8 @@ class WorkerInfo:
         max_model_len: the engine's limit, as sized there.
         model: the model's config (vocabulary, EOS ids, checkpoint folder).
         balancer: the state of the worker's live expert balancer (``eplb``), or ``None``.
+        kv_slab: the worker's host KV tier slab in shared memory (``kv_tiers``; its
+            descriptor follows this reply, :attr:`ProcessRunner.kv_slab_fd`), or ``None``.
     """
 
     pid: int
@@ -107,6 +112,7 @@ class WorkerInfo:
     max_model_len: int
     model: ModelConfig
     balancer: BalancerState | None = None
+    kv_slab: SlabShard | None = None
 
 
 @attrs.frozen(slots=True)
@@ -137,6 +143,7 @@ class WorkerPool:
     shared by the host-side runners of worker processes."""
 
     info: WorkerInfo
+    kv_transfer: KVConnectorWorker | None = None  # the KV tiers' device side, for transfers outside rounds
 
     @property
     def block_size(self) -> int:
@@ -190,6 +197,7 @@ class ProcessRunner(WorkerPool):
         self._encoder = PlanEncoder()
         self.released: int | None = None  # newest committed step, for the next message
         self.num_step_replies = 0  # steps the worker has answered (ran, or failed)
+        self.kv_slab_fd: int | None = None  # the worker's host KV slab (shared memory), once ready
         self._send_raw(boot)
         # The worker's per-sequence state: its token slots under overlap, and a drafter's
         # sequences with speculation (the worker drafts), which the idle check must reach.
@@ -347,6 +355,8 @@ class ProcessRunner(WorkerPool):
             self.close()
             raise payload
         assert isinstance(payload, WorkerInfo)
+        if payload.kv_slab is not None:
+            self.kv_slab_fd = reduction.recv_handle(self._conn)
         return payload
 
     def _died(self, cause: BaseException | None, code: int | None = None) -> EngineDeadError:

@@ -1,15 +1,17 @@
 """The worker process of a :class:`~deepinfer_kit.engine.remote.process_runner.ProcessRunner`:
-builds the runner from a :class:`WorkerSpec`, then prepares and executes the plans it
-receives, in order, replying to each (on a single CUDA rank a step already received is
-launched before the one before it is finished, see :func:`_loop`).
+builds the runner from a :class:`WorkerSpec` (and, with KV tiers, its host slab in shared
+memory, whose descriptor follows the ``"ready"`` reply on the socket), then prepares and
+executes the plans it receives, in order, replying to each (on a single CUDA rank a step
+already received is launched before the one before it is finished, see :func:`_loop`).
 
 Messages in (pickled tuples): ``("step", message, released, record_expert_counts, plan
-bytes)``, ``("check", released)``, ``("rebalance", released, after_step)``, ``("close",)``. Replies
-out: ``(kind, message, payload)`` with kind ``"ready"`` (a :class:`WorkerInfo`),
+bytes)``, ``("check", released)``, ``("rebalance", released, after_step)``,
+``("kv_transfer", released, transfer plan)``, ``("close",)``. Replies out: ``(kind, message, payload)`` with kind ``"ready"`` (a :class:`WorkerInfo`),
 ``"failed"`` (the build's exception), ``"ok"`` (a :class:`StepResult`), ``"error"`` (the
 step's exception), ``"undecoded"`` (the plan's bytes could not be decoded) or
 ``"answer"`` (to ``check``: a problem or ``None``; to ``rebalance``: ``(record,
-balancer state)`` or the exception it raised).
+balancer state)`` or the exception it raised; to ``kv_transfer``: the KV tiers' report or
+the exception).
 
 The worker ignores SIGINT (the host's Ctrl-C is the host's to handle) and exits when the
 host closes its end of the socket, whatever the reason.
@@ -23,17 +25,20 @@ import signal
 import time
 from collections.abc import Callable
 from functools import partial
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
 import attrs
 import torch
 
+from deepinfer_kit.cache.tiers.records import TransferPlan
 from deepinfer_kit.engine.remote.plan_codec import PlanDecoder
 from deepinfer_kit.engine.remote.process_runner import WorkerInfo, WorkerSpec
 from deepinfer_kit.engine.remote.rank_groups import RankMeter, worker_groups
 from deepinfer_kit.engine.runner.speculative import ServingRunner
 from deepinfer_kit.engine.runner.build import build_device
+from deepinfer_kit.engine.runner.kv_tiers import attach_worker_slab
 from deepinfer_kit.engine.runner.pool import engine_device
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.step import StepResult
@@ -62,15 +67,20 @@ def serve(conn: Connection) -> None:
     try:
         torch.set_num_threads(spec.threads)
         groups = worker_groups(spec, engine_device(spec.config))  # None: a single rank
-        parts = build_device(spec.config, depth=spec.depth, components=spec.components, groups=groups,
-                             setup=spec.setup)
+        parts = build_device(spec.config, depth=spec.depth, components=spec.components, groups=groups)
+        slab = attach_worker_slab(spec.config, parts.runner, parts.loaded.config, groups)
+        if spec.setup is not None:  # after the tiers: a setup may wrap their device side
+            spec.setup(parts.runner)
     except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it
         _reply(conn, "failed", None, exc)
         return
     state = parts.balancer.state() if parts.balancer is not None else None
     info = WorkerInfo(os.getpid(), parts.num_blocks, spec.config.block_size, parts.max_model_len,
-                      parts.loaded.config, state)
+                      parts.loaded.config, state, kv_slab=slab[0] if slab is not None else None)
     _reply(conn, "ready", None, info)
+    if slab is not None:  # the host maps the same memory (it reads the descriptor next)
+        reduction.send_handle(conn, slab[1], os.getppid())
+        os.close(slab[1])
     _loop(conn, parts.runner, RankMeter(groups, parts) if groups is not None else None)
 
 
@@ -110,6 +120,9 @@ def _loop(conn: Connection, runner: ServingRunner, meter: RankMeter | None = Non
             continue
         if kind == "rebalance":
             _reply(conn, "answer", None, _rebalance(runner, message[2]))
+            continue
+        if kind == "kv_transfer":
+            _reply(conn, "answer", None, _kv_transfer(runner, message[2]))
             continue
         _, number, _, record, data = message
         try:
@@ -177,6 +190,22 @@ def _rebalance(runner: ServingRunner, after_step: int) -> object:
     except Exception as exc:  # noqa: BLE001 - raised on the host
         return exc
     return record, balancer.state()
+
+
+def _kv_transfer(runner: ServingRunner, plan: TransferPlan) -> object:
+    """Run a KV tier transfer plan outside any round (every step sent before it has run):
+    the device side's report, or the exception it raised."""
+    plain: Any = getattr(runner, "runner", runner)
+    worker = plain.kv_transfer
+    if worker is None:
+        return InvariantError("kv_transfer asked of a worker without kv_tiers")
+    try:
+        worker.start_save_kv(plan)
+        worker.start_load_kv(plan)
+        worker.wait_for_load()
+        return worker.get_finished()
+    except Exception as exc:  # noqa: BLE001 - raised on the host
+        return exc
 
 
 def _slots_problem(runner: ServingRunner) -> str | None:

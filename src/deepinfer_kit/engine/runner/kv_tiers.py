@@ -1,4 +1,6 @@
-"""attach_kv_tiers: the KV tiers of an EngineConfig over a built runner's pool."""
+"""attach_kv_tiers: the KV tiers of an EngineConfig over a built runner's pool — both
+sides in the engine's process, or (:func:`attach_worker_slab`) the device side in a worker
+process over a host slab in shared memory, whose scheduler side the host builds."""
 
 from __future__ import annotations
 
@@ -6,14 +8,19 @@ import time
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.build import build_tiers
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker
 from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
+from deepinfer_kit.cache.tiers.shared_slab import SlabShard, shared_host_slab
+from deepinfer_kit.comm.world import ParallelGroups
 from deepinfer_kit.components import BuildContext, Components
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.runner.model_runner import ModelRunner
 from deepinfer_kit.engine.runner.speculative import ServingRunner, SpeculativeRunner
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.models.config import ModelConfig
+from deepinfer_kit.models.parallel.shard import attention_shard
 
-__all__ = ["attach_kv_tiers"]
+__all__ = ["attach_kv_tiers", "attach_worker_slab", "kv_heads_of_rank"]
 
 
 def attach_kv_tiers(config: EngineConfig, runner: ServingRunner,
@@ -22,28 +29,67 @@ def attach_kv_tiers(config: EngineConfig, runner: ServingRunner,
     else the tiers ``config.kv_tiers`` names: its device side goes to the plain runner
     (``ModelRunner.kv_transfer``), its scheduler side is returned for the cache manager
     (None when there is neither). Called once, by ``build_engine``, in the process that
-    holds the pool.
+    holds the pool (``worker="inline"``).
 
     Raises:
-        ConfigError: a pool with sliding-window groups, a worker process or several ranks
-            (``EngineConfig.check_kv_transfer``), or a disk folder that cannot be created.
+        ConfigError: a pool with sliding-window groups, a worker kind or ranks the tiers
+            cannot run with (``EngineConfig.check_kv_transfer``), or a disk folder that
+            cannot be created.
+        CapacityError: the host cannot allocate the host tier.
     """
     factory = components.kv_connector if components is not None else None
     if config.kv_tiers is None and factory is None:
         return None
     config.check_kv_transfer()
+    plain, pool = _paged_runner(runner)
+    if factory is not None:
+        ctx = BuildContext(config=config, clock=time.monotonic, block_size=config.block_size,
+                           num_blocks=pool.num_blocks, device=str(pool.device), base=pool)
+        connector, worker = factory(ctx)
+    else:
+        assert config.kv_tiers is not None
+        connector, worker = build_tiers(config.kv_tiers, pool, model=f"{config.model}|{config.seed}")
+    plain.kv_transfer = worker
+    return connector
+
+
+def attach_worker_slab(config: EngineConfig, runner: ServingRunner, model: ModelConfig,
+                       groups: ParallelGroups | None) -> tuple[SlabShard, int] | None:
+    """In a worker process: this rank's host tier slab, in shared memory, and the device
+    side copying into it (``ModelRunner.kv_transfer``); returns the slab's
+    :class:`SlabShard` and the descriptor the host maps it by (None without
+    ``config.kv_tiers``). Called once, after ``build_device``.
+
+    Raises:
+        ConfigError: a pool with sliding-window groups.
+        CapacityError: the host cannot reserve the slab.
+    """
+    if config.kv_tiers is None:
+        return None
+    plain, pool = _paged_runner(runner)
+    start, total = kv_heads_of_rank(model, groups)
+    slab, fd, shard = shared_host_slab(pool, config.kv_tiers.host_blocks, start, total)
+    plain.kv_transfer = HostTransferWorker(pool, slab)
+    return shard, fd
+
+
+def kv_heads_of_rank(model: ModelConfig, groups: ParallelGroups | None) -> tuple[int, int]:
+    """``(first head, heads of the model)`` of the key/value heads this rank's pool holds
+    (``models.parallel.shard.attention_shard``; a latent row (MLA) is one head every rank
+    holds)."""
+    if model.mla is not None:
+        return 0, 1
+    tp = groups.tp if groups is not None else None
+    if tp is None or tp.world_size == 1:
+        return 0, model.num_kv_heads
+    return attention_shard(model, tp.world_size, tp.rank).kv_start, model.num_kv_heads
+
+
+def _paged_runner(runner: ServingRunner) -> tuple[ModelRunner, PagedKVCache]:
+    """The plain runner under ``runner`` and its pool, which must be one :class:`PagedKVCache`."""
     plain = runner.runner if isinstance(runner, SpeculativeRunner) else runner
     assert isinstance(plain, ModelRunner)
     if not isinstance(plain.kv_cache, PagedKVCache):
         raise ConfigError("a KV connector with a sliding-window model (hybrid_kv_cache=True) is not built "
                           "yet: set hybrid_kv_cache=False, or neither kv_tiers nor components.kv_connector")
-    if factory is not None:
-        ctx = BuildContext(config=config, clock=time.monotonic, block_size=config.block_size,
-                           num_blocks=plain.kv_cache.num_blocks, device=str(plain.kv_cache.device),
-                           base=plain.kv_cache)
-        connector, worker = factory(ctx)
-    else:
-        assert config.kv_tiers is not None
-        connector, worker = build_tiers(config.kv_tiers, plain.kv_cache, model=f"{config.model}|{config.seed}")
-    plain.kv_transfer = worker
-    return connector
+    return plain, plain.kv_cache

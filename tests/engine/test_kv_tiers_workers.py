@@ -1,0 +1,112 @@
+"""KV tiers with the model in worker processes: each rank's worker holds its heads' host
+slab in shared memory, which the scheduler side maps. Tokens equal the same workers'
+without tiers (one rank and two tensor-parallel ranks, greedy and seeded); a disk file
+written under one tensor-parallel size is read under another; a load that fails on one
+rank ends exactly the requests that read it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.disagg import build_disaggregated
+from deepinfer_kit.engine.build import build_engine
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sample.params import SamplingParams
+from runner_hooks import FailLoadsOnRank
+
+_RNG = random.Random(11)
+_HEADS = [[_RNG.randrange(250) for _ in range(64)] for _ in range(4)]
+_PROMPTS = [_HEADS[i % 4] + [_RNG.randrange(250) for _ in range(_RNG.randrange(3, 20))] for i in range(12)]
+_POOL = {"num_blocks": 24, "block_size": 8, "max_num_seqs": 2, "max_model_len": 192}
+
+
+def _params(i: int) -> SamplingParams:
+    if i % 2:
+        return SamplingParams(max_tokens=5, temperature=0.0)
+    return SamplingParams(max_tokens=5, temperature=0.9, top_p=0.9, seed=100 + i)
+
+
+def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
+    """One request at a time, so each finds the earlier prefixes in the tiers."""
+    engine = build_engine(**_POOL, **kw)
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(_PROMPTS):
+        engine.add_request(str(i), p, _params(i))
+        out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
+    engine.flush()
+    engine.check_idle()
+    stats = getattr(engine.cache, "tier_stats", None)
+    engine.close()
+    return out, stats
+
+
+@pytest.mark.parametrize("ranks, tiers", [
+    ({}, {"host_blocks": 12, "disk_blocks": 120}),
+    ({"tensor_parallel": 2}, {"host_blocks": 64}),
+    ({"tensor_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120, "write_policy": "write_back"}),
+], ids=["one_worker_disk", "tp2_host", "tp2_disk_back"])
+def test_tokens_equal_the_same_workers_without_tiers(ranks: dict[str, Any], tiers: dict[str, Any],
+                                                     tmp_path: Path) -> None:
+    if "disk_blocks" in tiers:
+        tiers = {**tiers, "disk_path": str(tmp_path)}
+    reference, _ = _serve(worker="process", **ranks)
+    got, stats = _serve(worker="process", kv_tiers=tiers, **ranks)
+    assert got == reference
+    assert stats.loaded_tokens > 0
+    if "disk_blocks" in tiers:
+        assert stats.disk_hits > 0 and stats.saved_disk > 0
+
+
+def test_a_disk_block_written_under_two_ranks_is_read_under_one(tmp_path: Path) -> None:
+    # The files hold whole blocks, every head in order: the decode side (one rank, in this
+    # process) takes all heads of what the prefill side's two ranks wrote, each its half.
+    config = EngineConfig(num_blocks=64, block_size=8, max_num_seqs=4, max_model_len=256)
+    plain = build_engine(config)
+    for i, p in enumerate(_PROMPTS):
+        plain.add_request(str(i), p, _params(i))
+    reference = {o.request_id: list(o.outputs[0].token_ids) for o in plain.run()}
+    plain.close()
+    d = build_disaggregated(config, tmp_path, prefill={"worker": "process", "tensor_parallel": 2})
+    for i, p in enumerate(_PROMPTS):
+        d.add_request(str(i), p, _params(i))
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in d.run()}
+    d.prefill.check_idle()
+    d.decode.check_idle()
+    assert d.decode.cache.tier_stats.disk_hits > 0  # type: ignore[attr-defined]
+    assert d.num_fallbacks == 0
+    d.close()
+    assert got == reference
+
+
+def test_a_load_failing_on_one_rank_errors_its_requests() -> None:
+    engine = build_engine(**_POOL, worker="process", tensor_parallel=2, kv_tiers={"host_blocks": 64},
+                          worker_setup=FailLoadsOnRank(1))
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    engine.add_request("first", _HEADS[0] + [1, 2], greedy)
+    for i in range(3):  # push the head out of the device pool, into the host tier
+        engine.add_request(f"other{i}", [_RNG.randrange(250) for _ in range(70)], greedy)
+    engine.run()
+    engine.add_request("reads_the_tier", _HEADS[0] + [3, 4], greedy)
+    engine.add_request("fresh", [5] * 30, greedy)
+    outs = {o.request_id: o.outputs[0] for o in engine.run()}
+    cache = engine.cache
+    assert isinstance(cache, TieredKVCacheManager) and cache.tier_stats.host_hits > 0
+    assert outs["reads_the_tier"].finish_reason == "error"
+    assert "KV load failed" in str(outs["reads_the_tier"].stop_reason)
+    assert outs["fresh"].finish_reason == "length"
+    engine.flush()
+    engine.check_idle()
+    engine.close()
+
+
+def test_an_injected_connector_is_refused_with_a_worker_process() -> None:
+    from deepinfer_kit.components import Components, Factory
+
+    with pytest.raises(ConfigError, match="kv_connector .* worker='process' use kv_tiers"):
+        build_engine(worker="process", components=Components(kv_connector=Factory(lambda ctx: None)))
