@@ -18,6 +18,7 @@ from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.params import SamplingParams
+from differential import run_workload, workload
 from runner_hooks import FailLoadsOnRank
 
 _RNG = random.Random(11)
@@ -50,7 +51,8 @@ def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
     ({}, {"host_blocks": 12, "disk_blocks": 120}),
     ({"tensor_parallel": 2}, {"host_blocks": 64}),
     ({"tensor_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120, "write_policy": "write_back"}),
-], ids=["one_worker_disk", "tp2_host", "tp2_disk_back"])
+    ({"expert_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120}),
+], ids=["one_worker_disk", "tp2_host", "tp2_disk_back", "ep2_disk"])
 def test_tokens_equal_the_same_workers_without_tiers(ranks: dict[str, Any], tiers: dict[str, Any],
                                                      tmp_path: Path) -> None:
     if "disk_blocks" in tiers:
@@ -61,6 +63,26 @@ def test_tokens_equal_the_same_workers_without_tiers(ranks: dict[str, Any], tier
     assert stats.loaded_tokens > 0
     if "disk_blocks" in tiers:
         assert stats.disk_hits > 0 and stats.saved_disk > 0
+
+
+def test_the_differential_workload_under_two_ranks_with_tiers() -> None:
+    """Forks, penalties, logprobs, stops, chunked prefill and preemption, with evicted
+    prefixes coming back from the host tier of two tensor-parallel ranks."""
+    reqs = workload(31, 14)
+    again = [(f"{rid}-again", prompt, params) for rid, prompt, params in reversed(reqs)]  # evicted by now
+    pool = {"num_blocks": 40, "block_size": 8, "max_model_len": 96, "max_num_seqs": 6,
+            "max_num_batched_tokens": 48, "long_prefill_token_threshold": 16}
+    outcomes = []
+    for tiers in (None, {"host_blocks": 64}):
+        first, engine = run_workload(reqs, worker="process", tensor_parallel=2, kv_tiers=tiers, **pool)
+        try:
+            second, _ = run_workload(again, engine=engine)
+            outcomes.append((first, second, getattr(engine.cache, "tier_stats", None)))
+        finally:
+            engine.close()
+    (want1, want2, _), (got1, got2, stats) = outcomes
+    assert got1 == want1 and got2 == want2
+    assert stats.loaded_tokens > 0
 
 
 def test_a_disk_block_written_under_two_ranks_is_read_under_one(tmp_path: Path) -> None:
