@@ -207,3 +207,18 @@ def test_components_come_from_the_command_line(capsys: pytest.CaptureFixture[str
     assert "cannot import 'nowhere'" in capsys.readouterr().err
     assert main(["generate", "--component", "wizard=own_components:make_drafter"]) == 2
     assert "KIND one of" in capsys.readouterr().err
+
+
+def test_kv_tiers_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiers = json.dumps({"host_blocks": 8, "disk_blocks": 16, "disk_path": str(tmp_path), "hash_key": "ab" * 16})
+    assert main(["generate", "--kv-tiers", tiers, "--prompt", "hello " * 20, "--max-tokens", "3"]) == 0
+    assert main(["generate", "--kv-tiers", "{host_blocks: 8}", "--max-tokens", "2"]) == 2
+    assert "--kv-tiers must be JSON" in capsys.readouterr().err
+    assert main(["generate", "--kv-tiers", '{"host_blocks": 8, "hash_key": "zz"}', "--max-tokens", "2"]) == 2
+    assert "kv_tiers.hash_key as a string must be hex" in capsys.readouterr().err
+
+
+def test_pd_proxy_refuses_a_bad_server_url(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("httpx")
+    assert main(["pd-proxy", "--prefill", "localhost:8100", "--decode", "http://127.0.0.1:8200"]) == 2
+    assert "must start with http" in capsys.readouterr().err

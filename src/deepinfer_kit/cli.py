@@ -1,5 +1,6 @@
 """The ``deepinfer-kit`` command: ``generate`` and ``trace`` on a checkpoint or the tiny model;
-``sim`` on the real scheduler and cache with a cost model."""
+``sim`` on the real scheduler and cache with a cost model; ``serve`` (an OpenAI-compatible
+server) and ``pd-proxy`` (a router over prefill and decode servers)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cli_engine import add_engine_options, add_parallel_options, components_of, engine_config
-from deepinfer_kit.errors import DeepInferError
+from deepinfer_kit.errors import ConfigError, DeepInferError
 
 if TYPE_CHECKING:
     from deepinfer_kit.engine.engine import Engine
@@ -75,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(serve)
     add_parallel_options(serve, tensor_parallel_size=False)  # serve has its own -tp
     add_serve_options(serve)
+    proxy = sub.add_parser("pd-proxy", help="route each completion to a prefill server, then a decode server "
+                                            "(`serve --kv-role`; needs the 'serve' extra)")
+    proxy.add_argument("--prefill", nargs="+", required=True, metavar="URL", help="prefill servers (round robin)")
+    proxy.add_argument("--decode", nargs="+", required=True, metavar="URL", help="decode servers (round robin)")
+    proxy.add_argument("--host", default="127.0.0.1")
+    proxy.add_argument("--port", type=int, default=8000)
     return parser
 
 
@@ -217,6 +224,19 @@ def _print_rebalance(engine: Engine, png: str | None) -> None:
             print(f"heatmap not written: {exc}")
 
 
+def _pd_proxy(args: argparse.Namespace) -> int:
+    """Run the prefill/decode proxy under uvicorn until interrupted."""
+    try:
+        import uvicorn
+
+        from deepinfer_kit.disagg.proxy import build_proxy_app
+    except ImportError as exc:
+        raise ConfigError(f"deepinfer-kit pd-proxy needs FastAPI, uvicorn and httpx: "
+                          f"pip install 'deepinfer_kit[serve]' ({exc})") from None
+    uvicorn.run(build_proxy_app(args.prefill, args.decode), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``deepinfer-kit`` command; returns the exit status.
 
@@ -242,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from deepinfer_kit.serve.command import run_serve_command
 
             return run_serve_command(args)
+        if args.command == "pd-proxy":
+            return _pd_proxy(args)
         return _generate(args)
     except DeepInferError as exc:
         print(f"error: {exc}", file=sys.stderr)

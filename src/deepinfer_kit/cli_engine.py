@@ -52,6 +52,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-logprobs", type=int, default=20,
                    help="the most logprobs a request may ask for; -1: no cap, so --logprobs -1 "
                         "(the whole vocabulary) is allowed (default 20, vLLM's)")
+    p.add_argument("--kv-tiers", default=None, metavar="JSON",
+                   help='host and disk KV tiers under the device pool, e.g. \'{"host_blocks": 4096, '
+                        '"disk_blocks": 65536, "disk_path": "/var/kv"}\' (TierConfig; hash_key as hex)')
     p.add_argument("--scheduler", default="continuous", choices=("continuous", "static"),
                    help="continuous batching (admit every round) or static (a batch runs to completion)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
@@ -176,11 +179,29 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
                "dispatch": args.eplb_dispatch}
               if args.eplb_interval else None),
     )
+    if getattr(args, "kv_tiers", None) is not None:
+        fields["kv_tiers"] = _json_option(args.kv_tiers, "--kv-tiers")
     for name in ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"):
         if getattr(args, name, None) is not None:
             fields[name] = getattr(args, name)
     fields.update(overrides)
     return EngineConfig(**fields)
+
+
+def _json_option(text: str, flag: str) -> Any:
+    """A JSON option's value.
+
+    Raises:
+        ConfigError: not JSON (names the flag).
+    """
+    import json
+
+    from deepinfer_kit.errors import ConfigError
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} must be JSON, got {text!r}: {exc}") from None
 
 
 def _speculative(args: argparse.Namespace) -> dict[str, Any] | None:

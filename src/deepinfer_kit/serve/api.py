@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -182,7 +183,8 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
         for p in parsed.prompts:  # refuse bad requests before any output (400, not a stream)
             await asyncio.to_thread(check_prompt, p, parsed, fallback)
         n = parsed.params.n
-        gens = [llm.generate(p, parsed.params, request_id=f"{rid}-{i}") for i, p in enumerate(parsed.prompts)]
+        gens = [llm.generate(p, parsed.params, request_id=f"{rid}-{i}", kv=parsed.kv)
+                for i, p in enumerate(parsed.prompts)]
         if not parsed.stream:
             async def collect() -> dict[int, RequestOutput]:
                 finals: dict[int, RequestOutput] = {}
@@ -257,7 +259,7 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
         if arguments["chat_template"] is None:
             arguments["chat_template"] = chat_template
         _, ids = await render(arguments.pop("conversation"), arguments)
-        parsed = ParsedRequest([ids], parsed.params, parsed.stream, parsed.include_usage, parsed.model)
+        parsed = attrs.evolve(parsed, prompts=[ids])
         k = parsed.params.logprobs or 0
 
         def choice(index: int, c: Any, delta: bool) -> dict[str, Any]:

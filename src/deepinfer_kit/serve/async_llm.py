@@ -8,12 +8,14 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import attrs
 
+from deepinfer_kit.cache.tiers.config import KVRequestParams
+from deepinfer_kit.disagg.role import PromptSaves, check_kv_role, role_request
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.engine.llm import LLM, SinglePrompt, one_prompt
 from deepinfer_kit.errors import ConfigError, EngineDeadError
@@ -79,19 +81,37 @@ class AsyncLLM:
     to the event loop of the request's consumer. Consumers never block their loop on the
     engine.
 
+    A request that saves its prompt to the KV tiers (``kv={"save_prompt": True}``, every
+    request of a prefill server) gets its final output once the tiers report the prompt's
+    blocks down (:class:`~deepinfer_kit.disagg.role.PromptSaves`), so whoever reads them
+    next finds them.
+
     Args:
         model: as :class:`~deepinfer_kit.engine.llm.LLM` (a checkpoint folder or ``"tiny"``).
         engine: an already built engine (then no other options).
+        kv_role: ``"prefill"`` or ``"decode"``: this server's part in a prefill/decode pair
+            sharing a KV folder (:func:`~deepinfer_kit.disagg.role.role_request`); ``None``
+            serves whole requests.
         **config: :class:`~deepinfer_kit.engine.config.EngineConfig` fields, as ``LLM``.
 
     Raises:
-        ConfigError, CheckpointError: as ``LLM``.
+        ConfigError, CheckpointError: as ``LLM``; a ``kv_role`` the engine cannot play
+            (no KV tiers with a disk folder).
     """
 
-    def __init__(self, model: str = "tiny", *, engine: Engine | None = None, **config: Any) -> None:
+    def __init__(self, model: str = "tiny", *, engine: Engine | None = None, kv_role: str | None = None,
+                 **config: Any) -> None:
         self.llm = LLM(model, engine=engine, **config)
         self.engine = self.llm.engine
         self._owns_engine = engine is None  # built here: shutdown closes it
+        try:
+            check_kv_role(kv_role, self.engine)
+        except ConfigError:
+            if self._owns_engine:
+                self.engine.close()
+            raise
+        self.kv_role = kv_role
+        self._saves = PromptSaves(self.engine)
         self.chat_renderer = self.llm.chat_renderer
         self._streams: dict[str, _Stream] = {}
         self._live: dict[str, str] = {}  # user request id -> engine id
@@ -113,13 +133,15 @@ class AsyncLLM:
         request_id: str | None = None,
         *,
         priority: int = 0,
+        kv: KVRequestParams | Mapping[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs as the engine produces them.
 
         ``prompt`` is a text, token ids, ``{"prompt": text}`` or ``{"prompt_token_ids":
         ids}``. With ``output_kind`` CUMULATIVE (the default, as in vLLM: also when the
         params leave ``output_kind`` as ``None``) each output holds everything so far;
-        DELTA only what is new; FINAL_ONLY yields once.
+        DELTA only what is new; FINAL_ONLY yields once. ``kv``: the request's KV tier
+        parameters (``Engine.add_request``'s; a ``kv_role`` fills them when ``None``).
         The last output has ``finished`` True. Closing the generator or cancelling the
         task that iterates it before then aborts the request (its blocks are freed by the
         engine's next round).
@@ -135,6 +157,7 @@ class AsyncLLM:
             raise ConfigError(f"sampling_params must be SamplingParams, got {params!r}")
         if params.output_kind is None:  # vLLM's AsyncLLM streams by default
             params = attrs.evolve(params, output_kind=RequestOutputKind.CUMULATIVE)
+        params, kv_params = role_request(self.kv_role, params, kv)
         prompt = one_prompt(prompt, "prompt")
         self._check_running()
         if params.structured_outputs is not None:  # its grammar compiles here, off the engine thread
@@ -146,7 +169,7 @@ class AsyncLLM:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._live[rid] = key
         self._streams[key] = stream
-        self._submit(lambda: self._add(key, prompt, params, priority))
+        self._submit(lambda: self._add(key, prompt, params, priority, kv_params))
         finished = False
         try:
             while True:
@@ -232,14 +255,17 @@ class AsyncLLM:
             self._commands.append(command)
             self._wake.notify()
 
-    def _add(self, key: str, prompt: str | list[int], params: SamplingParams, priority: int) -> None:
+    def _add(self, key: str, prompt: str | list[int], params: SamplingParams, priority: int,
+             kv: KVRequestParams | None) -> None:
         stream = self._streams.get(key)
         if stream is None:  # the consumer left before its request was queued
             return
         try:
-            self.engine.add_request(key, prompt, params, priority=priority)
+            self.engine.add_request(key, prompt, params, priority=priority, kv=kv)
         except Exception as exc:  # the request's own error goes to its consumer only
             stream.push(exc)
+            return
+        self._saves.watch(key, kv)
 
     def _abort(self, key: str) -> None:
         self.engine.abort(key)
@@ -250,6 +276,11 @@ class AsyncLLM:
         self.engine.check_idle()
 
     def _dispatch(self, out: RequestOutput) -> None:
+        if self._saves.hold(out):  # answered once its prompt is down
+            return
+        self._send(out)
+
+    def _send(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
         if stream is not None:
             stream.push(out)
@@ -278,6 +309,7 @@ class AsyncLLM:
                     if not self.engine.has_unfinished_requests():
                         for out in self.engine.flush():
                             self._dispatch(out)
+                self._saves.release(self._send)  # idle: pushes the tiers, so nothing stays held
         except BaseException as exc:  # the engine died: every consumer hears it
             self._error = exc
             self._fail_all(EngineDeadError(f"the engine loop stopped: {exc}"))

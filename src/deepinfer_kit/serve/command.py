@@ -45,6 +45,11 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompts-per-request", type=int, default=128)
     p.add_argument("--max-stop-strings", type=int, default=32)
     p.add_argument("--chat-template-timeout", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--kv-role", default=None, choices=("prefill", "decode"),
+                   help="this server's part in a prefill/decode pair sharing --kv-tiers' disk_path "
+                        "and hash_key: prefill computes a prompt's KV (one token) and answers once "
+                        "it is on disk; decode loads it (docs/disaggregation.md; `deepinfer-kit "
+                        "pd-proxy` routes between them)")
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
@@ -90,7 +95,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     )
     engine_options = {k: v for k, v in attrs.asdict(config, recurse=False).items() if k != "model"}
     llm = AsyncLLM(config.model, generation_config=args.generation_config, components=components_of(args),
-                   **engine_options)
+                   kv_role=args.kv_role, **engine_options)
     app = build_app(llm, model_name=args.served_model_name or args.model, chat_template=template,
                     options=options, root=args.model)
     if not logging.getLogger().handlers:  # the access log and refusals, beside uvicorn's

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from deepinfer_kit.cache.tiers.config import KVRequestParams
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.sample.params import RequestOutputKind, SamplingParams
 from deepinfer_kit.serve.options import ServeOptions, short
@@ -47,6 +48,8 @@ class ParsedRequest:
         stream: answer with server-sent events.
         include_usage: a last stream chunk carrying token counts.
         model: the model name the client gave (``None``: any).
+        kv: ``kv_transfer_params`` (vLLM's field): the request's KV tier parameters
+            (``write``, ``save_prompt``, ``load_remote``); ``None``: the server's default.
     """
 
     prompts: list[str | list[int]]
@@ -54,6 +57,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     model: str | None
+    kv: KVRequestParams | None = None
 
 
 _NUMBER = (int, float)
@@ -85,7 +89,8 @@ _KNOWN = {"model", "prompt", "messages", "stream", "stream_options", "max_tokens
           "max_completion_tokens", "logprobs", "top_logprobs", "stop", "logit_bias", "user",
           "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
           "request_id", "priority", "add_special_tokens", "documents", "parallel_tool_calls",
-          "metadata", "store", "service_tier", "response_format", "structured_outputs"}
+          "metadata", "store", "service_tier", "response_format", "structured_outputs",
+          "kv_transfer_params"}
 
 
 def _field(body: Mapping[str, Any], name: str, types: tuple[type, ...], default: Any = None) -> Any:
@@ -177,6 +182,15 @@ def _sampling(body: Mapping[str, Any], max_tokens: int | None, logprobs: int | N
         raise BadRequest(_cut(str(exc)), field) from None
 
 
+def _kv(body: Mapping[str, Any]) -> KVRequestParams | None:
+    """``kv_transfer_params`` as KV tier parameters (``None`` when absent)."""
+    value = _field(body, "kv_transfer_params", (dict,))
+    try:
+        return KVRequestParams.coerce(value)
+    except ConfigError as exc:
+        raise BadRequest(f"kv_transfer_params: {_cut(str(exc))}", "kv_transfer_params") from None
+
+
 def _cut(message: str) -> str:
     """An engine message cut to a bounded length (it may quote a client's value)."""
     return message if len(message) <= 600 else message[:600] + f"… ({len(message)} chars)"
@@ -233,7 +247,7 @@ def parse_completion(body: object, options: ServeOptions | None = None,
     max_tokens = _field(data, "max_tokens", (int,), defaults.get("max_tokens", 16))
     logprobs = _field(data, "logprobs", (int,))
     return ParsedRequest(prompts, _sampling(data, max_tokens, logprobs, stream, options, defaults),
-                         stream, include_usage, model)
+                         stream, include_usage, model, _kv(data))
 
 
 def parse_chat(body: object, options: ServeOptions | None = None,
@@ -275,4 +289,4 @@ def parse_chat(body: object, options: ServeOptions | None = None,
     if data.get("prompt_logprobs") is not None:
         raise BadRequest("prompt_logprobs is supported by /v1/completions only", "prompt_logprobs")
     params = _sampling(data, max_tokens, top if want else None, stream, options, defaults)
-    return ParsedRequest([], params, stream, include_usage, model), arguments
+    return ParsedRequest([], params, stream, include_usage, model, _kv(data)), arguments

@@ -104,9 +104,16 @@ class TierConfig:
     def coerce(cls, value: TierConfig | Mapping[str, Any] | None) -> TierConfig | None:
         """A :class:`TierConfig` from itself, ``None`` or a dict of its fields.
 
+        A ``hash_key`` given as a string is read as hex (a JSON config's form).
+
         Raises:
             ConfigError: another type, an unknown key, or a bad value (naming the field).
         """
+        if isinstance(value, Mapping) and isinstance(value.get("hash_key"), str):
+            try:
+                value = {**value, "hash_key": bytes.fromhex(value["hash_key"])}
+            except ValueError:
+                raise ConfigError(f"kv_tiers.hash_key as a string must be hex, got {value['hash_key']!r}") from None
         return config_from(cls, value, "kv_tiers")
 
 

@@ -49,6 +49,11 @@ class DiskTier:
         """True when ``key`` is on disk or being written there."""
         return self.slots.slot(key) is not None
 
+    def is_writing(self, key: bytes) -> bool:
+        """True while ``key``'s write is submitted and not yet settled by :meth:`poll_writes`."""
+        slot = self.slots.slot(key)
+        return slot is not None and not self.slots.is_ready(slot)
+
     def write(self, key: bytes, payload: Any) -> bytes | None | bool:
         """Start writing ``payload`` (a tensor the caller no longer touches) as ``key``.
 

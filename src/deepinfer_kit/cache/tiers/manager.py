@@ -53,7 +53,8 @@ class TieredKVCacheManager(BlockKVCacheManager):
         ConfigError: no prefix index, or a block size mismatch.
     """
 
-    __slots__ = ("_connector", "_hasher", "_keys", "_dev_keys", "_matched", "_resetting", "_idle_rounds")
+    __slots__ = ("_connector", "_hasher", "_keys", "_dev_keys", "_matched", "_resetting", "_idle_rounds",
+                 "_watched", "_owed")
 
     def __init__(self, allocator: BlockAllocator, index: PrefixIndex | None,
                  connector: KVConnectorScheduler, *, hash_key: bytes | None = None) -> None:
@@ -67,6 +68,8 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._matched: dict[str, tuple[int, int]] = {}  # request -> (device blocks, tier blocks)
         self._resetting = False
         self._idle_rounds = 0  # transfer_idle's rounds, numbered -1, -2, ...
+        self._watched: set[str] = set()  # live requests whose prompt saves are watched
+        self._owed: dict[str, list[bytes]] = {}  # finished watched request -> its prompt's keys
 
     @property
     def connector(self) -> KVConnectorScheduler:
@@ -184,12 +187,41 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._epoch += 1
 
     def free(self, request: Request) -> None:
-        """Release as the base class does; the connector drops the request's pins."""
-        super().free(request)
+        """Release as the base class does; the connector drops the request's pins. A
+        watched request's prompt keys are kept for :meth:`saves_pending`."""
         rid = request.request_id
+        if rid in self._watched:
+            self._watched.discard(rid)
+            full = min(request.num_prompt_tokens, request.num_tokens - 1) // self._P
+            self._owed[rid] = self._request_keys(request, full)[:full] if full > 0 else []
+        super().free(request)
         self._keys.pop(rid, None)
         self._matched.pop(rid, None)
         self._connector.request_finished(request)
+
+    def watch_saves(self, request_id: str) -> None:
+        """Track request ``request_id`` (queued, not finished) for :meth:`saves_pending`:
+        a prefill server answers a ``save_prompt`` request once its prompt is down."""
+        self._watched.add(request_id)
+
+    def saves_pending(self, request_id: str) -> bool:
+        """Whether a watched request's prompt blocks may still be on their way to the
+        lowest tier: True while it runs, then while any of its full prompt blocks is
+        queued for a save, being saved, owed to disk or being written there (the
+        connector's ``keys_pending``). False once each is down or will not go (failed,
+        refused, dropped: the reader recomputes it), and for an unwatched request; the
+        request is forgotten then. A connector without ``keys_pending`` answers False
+        once the request finished."""
+        if request_id in self._watched:
+            return True
+        keys = self._owed.get(request_id)
+        if keys is None:
+            return False
+        pending = getattr(self._connector, "keys_pending", None)
+        if keys and pending is not None and pending(keys):
+            return True
+        del self._owed[request_id]
+        return False
 
     def drain_kv_transfers(self, step_id: int) -> TransferPlan:
         """Round ``step_id``'s device <-> host copies (the scheduler puts them on its plan)."""

@@ -4,7 +4,6 @@ what comes back up, and when."""
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING
@@ -13,14 +12,12 @@ from deepinfer_kit.cache.tiers.admission import SeenTwice
 from deepinfer_kit.cache.tiers.bytes import HostBytes
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.disk_tier import MISSING, DiskTier, ReadResult
-from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput, TransferPlan
+from deepinfer_kit.cache.tiers.records import EventLog, KVEvent, TierStats, TransferOutput, TransferPlan
 from deepinfer_kit.cache.tiers.slots import TierSlots, eviction_policy
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request
 
 __all__ = ["OffloadConnector"]
-
-_MAX_EVENTS = 1 << 16  # events kept for a reader that never takes them (oldest dropped)
 
 
 class OffloadConnector:
@@ -63,7 +60,7 @@ class OffloadConnector:
         self._reads: dict[str, dict[bytes, Future[ReadResult]]] = {}
         self._deadline: dict[str, float] = {}
         self._forced: set[bytes] = set()  # save_prompt keys: to disk whatever the policy
-        self._events: deque[KVEvent] = deque(maxlen=_MAX_EVENTS)
+        self._events = EventLog()
         self._stats = TierStats()
 
     # ------------------------------------------------------------------ reads
@@ -154,7 +151,7 @@ class OffloadConnector:
                 self._stats.failed_reads += 1
                 if disk.has(key):
                     disk.drop(key)
-                    self._event("removed", "disk", [key])
+                    self._events.add("removed", "disk", [key])
                 return got, False
             slot = self._host_put(key, data)
             if slot is None:
@@ -184,7 +181,7 @@ class OffloadConnector:
     def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int]) -> None:
         """Device events; with write-through (or ``save_prompt``) queue the saves of the
         admitted blocks. ``start``: block index of ``keys[0]`` in the request."""
-        self._event("stored", "device", keys)
+        self._events.add("stored", "device", keys)
         kv = request.kv_params
         if kv is not None and not kv.write:
             return
@@ -197,7 +194,7 @@ class OffloadConnector:
 
     def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
         """Device events; with write-back queue the saves of the admitted victims."""
-        self._event("removed", "device", keys)
+        self._events.add("removed", "device", keys)
         if self._through:
             return
         for key, block, ok in zip(keys, blocks, writable):
@@ -240,13 +237,13 @@ class OffloadConnector:
             self._demote(evicted, slot)
         self._slab.write(slot, data)
         self.host.mark_ready(slot)
-        self._event("stored", "host", [key])
+        self._events.add("stored", "host", [key])
         return slot
 
     def _demote(self, key: bytes, slot: int) -> None:
         """``key`` leaves host ``slot`` for room: with write-back it goes to disk first."""
         self._stats.evicted_host += 1
-        self._event("removed", "host", [key])
+        self._events.add("removed", "host", [key])
         if not self._through or key in self._forced:
             self._to_disk(key, slot)
         else:
@@ -263,7 +260,16 @@ class OffloadConnector:
     def _note_evicted_disk(self, result: bytes | None | bool) -> None:
         if isinstance(result, bytes):
             self._stats.evicted_disk += 1
-            self._event("removed", "disk", [result])
+            self._events.add("removed", "disk", [result])
+
+    def keys_pending(self, keys: Sequence[bytes]) -> bool:
+        """Whether any of ``keys`` is queued for a host save or saving, owed to disk
+        (``save_prompt``, or write-through once its host copy lands) or being written
+        there — so a reader on another engine may not find it yet. Settles finished disk
+        writes first."""
+        self._poll_disk()
+        saving, disk = set(self._save_keys.values()), self.disk
+        return any(k in saving or k in self._forced or (disk is not None and disk.is_writing(k)) for k in keys)
 
     def _poll_disk(self) -> None:
         if self.disk is None:
@@ -271,7 +277,7 @@ class OffloadConnector:
         written, failed = self.disk.poll_writes()
         if written:
             self._stats.saved_disk += len(written)
-            self._event("stored", "disk", written)
+            self._events.add("stored", "disk", written)
         self._stats.failed_writes += len(failed)
 
     # ------------------------------------------------------------------ rounds
@@ -310,7 +316,7 @@ class OffloadConnector:
                 continue
             self.host.mark_ready(s)
             self._stats.saved_host += 1
-            self._event("stored", "host", [key])
+            self._events.add("stored", "host", [key])
             if self._through or key in self._forced:
                 self._to_disk(key, s)
         for s in output.failed_saves:
@@ -334,15 +340,9 @@ class OffloadConnector:
 
     # ------------------------------------------------------------------ the rest
 
-    def _event(self, kind: str, medium: str, keys: Sequence[bytes]) -> None:
-        if keys:
-            self._events.append(KVEvent(kind, medium, tuple(keys)))
-
     def take_events(self) -> list[KVEvent]:
         """The events since the last call, oldest first."""
-        out = list(self._events)
-        self._events.clear()
-        return out
+        return self._events.take()
 
     @property
     def stats(self) -> TierStats:
@@ -359,10 +359,10 @@ class OffloadConnector:
             else:
                 self.host.drop(s)
         self._forced.clear()
-        self._events.append(KVEvent("cleared", "host"))
+        self._events.add("cleared", "host")
         if self.disk is not None:
             self.disk.clear()
-            self._events.append(KVEvent("cleared", "disk"))
+            self._events.add("cleared", "disk")
 
     def check_idle(self) -> None:
         """Nothing pinned or queued for a request, and each tier's slots add up.

@@ -3,11 +3,12 @@ back, the events a router reads, and the tiers' counters (no torch)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["TransferPlan", "TransferOutput", "KVEvent", "TierStats", "MEDIA", "merge_outputs"]
+__all__ = ["TransferPlan", "TransferOutput", "KVEvent", "EventLog", "TierStats", "MEDIA", "merge_outputs"]
 
 MEDIA = ("device", "host", "disk")
 
@@ -90,6 +91,25 @@ class KVEvent:
     kind: str
     medium: str
     keys: tuple[bytes, ...] = ()
+
+
+class EventLog:
+    """The KV events not yet taken, oldest first; past ``limit`` the oldest are dropped
+    (a reader that never takes them costs bounded memory)."""
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self._events: deque[KVEvent] = deque(maxlen=limit)
+
+    def add(self, kind: str, medium: str, keys: Sequence[bytes] = ()) -> None:
+        """Record one event (``"cleared"`` without keys; other kinds only with some)."""
+        if keys or kind == "cleared":
+            self._events.append(KVEvent(kind, medium, tuple(keys)))
+
+    def take(self) -> list[KVEvent]:
+        """The events since the last call, oldest first."""
+        out = list(self._events)
+        self._events.clear()
+        return out
 
 
 @attrs.define(slots=True)

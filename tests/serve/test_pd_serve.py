@@ -1,0 +1,208 @@
+"""Prefill/decode disaggregation across servers: ``serve --kv-role prefill|decode`` sharing a
+KV folder, behind the ``pd-proxy``. Completions and chats through the proxy (streamed or
+not, greedy and seeded) equal one server's; the decode server loads every full prompt
+block the prefill server wrote; the prefill server answers only once the prompt is on
+disk; a dead prefill server costs only the prefill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+from served_app import App, free_port, uvicorn  # noqa: E402
+
+from deepinfer_kit import LLM, SamplingParams  # noqa: E402
+from deepinfer_kit.disagg.proxy import build_proxy_app  # noqa: E402
+from deepinfer_kit.errors import ConfigError  # noqa: E402
+from deepinfer_kit.serve import AsyncLLM  # noqa: E402
+from deepinfer_kit.serve.options import ServeOptions  # noqa: E402
+
+POOL = dict(num_blocks=256, block_size=8, max_model_len=256, max_num_seqs=16)
+PROMPTS = [[(7 * i + 3 * j) % 250 + 1 for j in range(20 + 9 * i)] for i in range(5)]
+
+
+class Proxy:
+    """The proxy app served by uvicorn on a thread."""
+
+    def __init__(self, prefill: list[str], decode: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app = build_proxy_app(prefill, decode)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "proxy did not start"
+            time.sleep(0.02)
+
+    @property
+    def stats(self) -> Any:
+        return self.app.state.stats
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class Pair:
+    def __init__(self, folder: Path) -> None:
+        tiers = {"host_blocks": 64, "disk_blocks": 1024, "disk_path": str(folder),
+                 "hash_key": secrets.token_hex(32)}
+        self.folder = folder
+        self.prefill = App(ServeOptions(), kv_role="prefill", kv_tiers=tiers, **POOL)
+        self.decode = App(ServeOptions(), kv_role="decode", kv_tiers=tiers, **POOL)
+        self.proxy = Proxy([self.prefill.url], [self.decode.url])
+
+    def disk_hits(self) -> int:
+        return int(self.decode.llm.engine.cache.tier_stats.disk_hits)  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.prefill.stop()
+        self.decode.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    p = Pair(tmp_path_factory.mktemp("pd-kv"))
+    yield p
+    p.prefill.wait_idle()
+    p.decode.wait_idle()
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def reference() -> LLM:
+    return LLM("tiny", **POOL)
+
+
+def _body(i: int, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "tiny", "prompt": PROMPTS[i], "max_tokens": 6, "stream": stream}
+    if i % 2:
+        body.update(temperature=0.8, top_p=0.9, seed=40 + i)
+    else:
+        body["temperature"] = 0.0
+    return body
+
+
+def _want(reference: LLM, i: int) -> str:
+    b = _body(i, False)
+    params = SamplingParams(max_tokens=6, temperature=b["temperature"], top_p=b.get("top_p", 1.0), seed=b.get("seed"))
+    return reference.generate([PROMPTS[i]], params)[0].outputs[0].text
+
+
+def _text(r: Any, stream: bool) -> str:
+    if not stream:
+        return str(r.json()["choices"][0]["text"])
+    text = ""
+    for line in r.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line[6:])
+            text += "".join(c.get("text", "") for c in chunk.get("choices", []))
+    return text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_completions_through_the_proxy_equal_one_server(pair: Pair, reference: LLM, stream: bool) -> None:
+    before = pair.disk_hits()
+    for i in range(len(PROMPTS)):
+        r = httpx.post(pair.proxy.url + "/v1/completions", json=_body(i, stream), timeout=60)
+        assert r.status_code == 200, r.text
+        assert _text(r, stream) == _want(reference, i)
+    if not stream:  # the first pass: every full prompt block came from the prefill server
+        assert pair.disk_hits() - before == sum((len(p) - 1) // 8 for p in PROMPTS)
+    assert pair.proxy.stats.fallbacks == 0 and pair.proxy.stats.prefilled >= len(PROMPTS)
+
+
+def test_a_chat_through_the_proxy_equals_the_decode_servers_own(pair: Pair) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "the paged KV cache " * 6}],
+            "max_tokens": 5, "temperature": 0.0}
+    before = pair.disk_hits()
+    proxied = httpx.post(pair.proxy.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert proxied.status_code == 200
+    assert pair.disk_hits() > before
+    local = httpx.post(pair.decode.url + "/v1/chat/completions",
+                       json={**body, "kv_transfer_params": {"load_remote": False}}, timeout=60)
+    content = ""
+    for line in proxied.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            content += "".join(c["delta"].get("content", "") for c in json.loads(line[6:])["choices"])
+    assert content == local.json()["choices"][0]["message"]["content"]
+
+
+def test_the_prefill_server_answers_once_the_prompt_is_on_disk(pair: Pair) -> None:
+    fresh = [(11 * j) % 250 + 2 for j in range(8 * 6 + 3)]  # six full blocks nobody wrote yet
+    files = set(pair.folder.glob("*.kvb"))
+    r = httpx.post(pair.prefill.url + "/v1/completions",
+                   json={"model": "tiny", "prompt": fresh, "max_tokens": 9}, timeout=60)
+    assert r.status_code == 200
+    assert len(r.json()["choices"][0]["text"]) > 0 and r.json()["usage"]["completion_tokens"] == 1
+    new = set(pair.folder.glob("*.kvb")) - files  # read at once: no waiting for writes
+    assert len(new) == 6
+
+
+def test_a_dead_prefill_server_costs_only_the_prefill(pair: Pair, reference: LLM) -> None:
+    proxy = Proxy([f"http://127.0.0.1:{free_port()}"], [pair.decode.url])
+    try:
+        for i in (0, 1):
+            r = httpx.post(proxy.url + "/v1/completions", json=_body(i, False), timeout=60)
+            assert r.status_code == 200 and _text(r, False) == _want(reference, i)
+        assert proxy.stats.fallbacks == 2 and proxy.stats.prefilled == 0
+    finally:
+        proxy.stop()
+
+
+def test_a_clients_error_is_the_prefill_servers_answer(pair: Pair) -> None:
+    r = httpx.post(pair.proxy.url + "/v1/completions", json={"model": "tiny", "prompt": [1, 2], "top_p": 7.0},
+                   timeout=60)
+    assert r.status_code == 400 and "top_p" in r.text
+
+
+def test_bad_kv_transfer_params_name_the_field(pair: Pair) -> None:
+    r = httpx.post(pair.decode.url + "/v1/completions",
+                   json={"model": "tiny", "prompt": [1, 2, 3], "kv_transfer_params": {"bogus": 1}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params"
+    r = httpx.post(pair.decode.url + "/v1/completions",
+                   json={"model": "tiny", "prompt": [1, 2, 3], "kv_transfer_params": "yes"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params"
+
+
+def test_roles_the_engine_cannot_play_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="kv_role='prefill' needs kv_tiers with disk_blocks"):
+        AsyncLLM("tiny", kv_role="prefill", **POOL)
+    with pytest.raises(ConfigError, match="kv_role must be one of"):
+        AsyncLLM("tiny", kv_role="middle", kv_tiers={"host_blocks": 8, "disk_blocks": 8,
+                                                     "disk_path": str(tmp_path)}, **POOL)
+    with pytest.raises(ConfigError, match="at least one prefill server"):
+        build_proxy_app([], ["http://127.0.0.1:1"])
+    with pytest.raises(ConfigError, match="must start with http"):
+        build_proxy_app(["127.0.0.1:1"], ["http://127.0.0.1:1"])
+
+
+def test_prefill_role_requests_save_and_stop_after_one_token(tmp_path: Path) -> None:
+    llm = AsyncLLM("tiny", kv_role="prefill",
+                   kv_tiers={"host_blocks": 16, "disk_blocks": 64, "disk_path": str(tmp_path)}, **POOL)
+
+    async def one() -> Any:
+        async for out in llm.generate(PROMPTS[2], SamplingParams(max_tokens=30, n=3, logprobs=2)):
+            last = out
+        return last
+
+    try:
+        out = asyncio.run(one())
+        assert len(out.outputs) == 1 and len(out.outputs[0].token_ids) == 1
+        assert len(list(tmp_path.glob("*.kvb"))) == len(PROMPTS[2]) // 8  # its full blocks, once answered
+        asyncio.run(asyncio.wait_for(llm.wait_idle(), 30))
+    finally:
+        llm.shutdown()
