@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 __all__ = ["Logprob", "CompletionOutput", "RequestMetrics", "RequestOutput"]
@@ -77,6 +79,10 @@ class RequestOutput:
         prompt_logprobs: with ``SamplingParams.prompt_logprobs`` set, per prompt token
             ``None`` for the first, then a map from token id to :class:`Logprob` holding the
             prompt token and the top alternatives given the tokens before it; else ``None``.
+        kv_transfer_params: what a prefill server tells the decode side about the
+            request's KV (``{"remote_blocks": n}``: its leading prompt blocks on disk; vLLM's
+            field), set on the final output of a ``save_prompt`` request served by
+            ``AsyncLLM``; else ``None``.
     """
 
     request_id: str
@@ -87,3 +93,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    kv_transfer_params: dict[str, Any] | None = None

@@ -150,6 +150,7 @@ def test_the_prefill_server_answers_once_the_prompt_is_on_disk(pair: Pair) -> No
     assert len(r.json()["choices"][0]["text"]) > 0 and r.json()["usage"]["completion_tokens"] == 1
     new = set(pair.folder.glob("*.kvb")) - files  # read at once: no waiting for writes
     assert len(new) == 6
+    assert r.json()["kv_transfer_params"] == {"remote_blocks": 6}  # what the proxy tells the decode server
 
 
 def test_a_dead_prefill_server_costs_only_the_prefill(pair: Pair, reference: LLM) -> None:
@@ -206,3 +207,14 @@ def test_prefill_role_requests_save_and_stop_after_one_token(tmp_path: Path) -> 
         asyncio.run(asyncio.wait_for(llm.wait_idle(), 30))
     finally:
         llm.shutdown()
+
+
+def test_the_decode_server_is_told_what_the_prefill_server_wrote() -> None:
+    from deepinfer_kit.disagg.proxy import _decode_kv
+
+    said = httpx.Response(200, json={"choices": [], "kv_transfer_params": {"remote_blocks": 3}})
+    assert _decode_kv(said) == {"load_remote": True, "remote_blocks": 3}
+    assert _decode_kv(httpx.Response(200, json={"choices": []})) == {"load_remote": True}
+    assert _decode_kv(httpx.Response(200, json={"kv_transfer_params": {"remote_blocks": True}})) == {"load_remote": True}
+    assert _decode_kv(httpx.Response(200, content=b"not json")) == {"load_remote": True}
+    assert _decode_kv(None) == {"load_remote": False}

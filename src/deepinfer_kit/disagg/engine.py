@@ -33,13 +33,14 @@ class DisaggregatedEngine:
     files' fingerprint says so; the decode side would recompute anything else).
 
     Faults: when the prefill engine fails a request (or is dead), the request goes to
-    the decode engine all the same and whatever blocks are missing are recomputed there
-    (after at most the decode tiers' ``prefetch_timeout_s`` per request); a damaged file
-    reads as missing. Neither engine leaks a block (both idle checks hold).
+    the decode engine all the same and is computed there; a block the prefill engine
+    could not write is not waited for (the decode side is told how many leading prompt
+    blocks are down, ``KVRequestParams.remote_blocks``); a damaged file reads as missing
+    and is recomputed. Neither engine leaks a block (both idle checks hold).
 
     Both engines must share ``kv_tiers.disk_path`` and ``kv_tiers.hash_key`` and serve
-    the same model (:func:`build_disaggregated` sets them up). Same tensor-parallel size
-    on both sides: one rank each in this build.
+    the same model (:func:`build_disaggregated` sets them up). Either may run worker
+    processes with any tensor-parallel size: the files hold whole blocks.
 
     Args:
         prefill, decode: the two engines (built with tiers).
@@ -72,6 +73,9 @@ class DisaggregatedEngine:
                 raise
             self._to_decode(request_id, prompt, params, remote=False)  # the prefill engine is dead
             return request_id
+        cache = self.prefill.cache
+        assert isinstance(cache, TieredKVCacheManager)
+        cache.watch_saves(request_id)
         self._pending[request_id] = (prompt, params)
         return request_id
 
@@ -95,16 +99,21 @@ class DisaggregatedEngine:
                     self._to_decode(rid, prompt, params, remote=False)
                 self._pending.clear()
                 done = []
+            cache = self.prefill.cache
+            assert isinstance(cache, TieredKVCacheManager)
             for out in done:
                 prompt, params = self._pending.pop(out.request_id)
                 failed = out.outputs[0].finish_reason == "error"
-                self._to_decode(out.request_id, prompt, params, remote=not failed)
+                down = cache.settled_saves(out.request_id)  # pushed down: settled
+                self._to_decode(out.request_id, prompt, params, remote=not failed, blocks=down)
         return self.decode.step() if self.decode.has_unfinished_requests() else []
 
-    def _to_decode(self, rid: str, prompt: str | Sequence[int], params: SamplingParams | None, *, remote: bool) -> None:
+    def _to_decode(self, rid: str, prompt: str | Sequence[int], params: SamplingParams | None, *, remote: bool,
+                   blocks: int | None = None) -> None:
         if not remote:
             self.num_fallbacks += 1
-        self.decode.add_request(rid, prompt, params, kv={"load_remote": True} if remote else None)
+        kv = {"load_remote": True, "remote_blocks": blocks} if remote else None
+        self.decode.add_request(rid, prompt, params, kv=kv)
 
     def run(self) -> list[RequestOutput]:
         """Step until every request finished; the decode engine's outputs, in finishing order."""

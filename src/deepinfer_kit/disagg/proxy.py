@@ -3,8 +3,9 @@
 for its prompt's KV, then to a decode server that loads it (``deepinfer-kit pd-proxy``).
 
 The prefill server answers once the prompt's blocks are on disk (``PromptSaves``), so the
-decode server's loads find them at once. The client's body goes to the decode server
-unchanged but for ``kv_transfer_params``, and its answer (JSON or a server-sent event
+decode server's loads find them at once; its answer's ``kv_transfer_params`` says how many
+of the prompt's blocks it wrote, and the decode server waits for no others. The client's
+body goes to the decode server unchanged but for ``kv_transfer_params``, and its answer (JSON or a server-sent event
 stream) comes back as it is produced; a client that disconnects closes the upstream
 stream, which aborts the request there. A prefill server that fails (down, 5xx) costs
 only the prefill: the decode server computes the prompt itself (``load_remote: false``,
@@ -60,6 +61,22 @@ def _prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return pre
 
 
+def _decode_kv(prefill: httpx.Response | None) -> dict[str, Any]:
+    """The decode server's ``kv_transfer_params``: load what the prefill server says it
+    wrote (its answer's ``remote_blocks``; all prompt blocks when it does not say), or
+    nothing when it failed."""
+    if prefill is None:
+        return {"load_remote": False}
+    try:
+        said = prefill.json().get("kv_transfer_params")
+    except (ValueError, AttributeError):
+        said = None
+    blocks = said.get("remote_blocks") if isinstance(said, dict) else None
+    if isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 0:
+        return {"load_remote": True, "remote_blocks": blocks}
+    return {"load_remote": True}
+
+
 def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s: float = 600.0,
                     transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The proxy over ``prefill`` and ``decode`` server URLs (``http://host:port``), each
@@ -113,7 +130,7 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
             remote = pre is not None and pre.status_code == 200
             stats.prefilled += remote
             stats.fallbacks += not remote
-            raw = json.dumps({**body, "kv_transfer_params": {"load_remote": remote}}).encode()
+            raw = json.dumps({**body, "kv_transfer_params": _decode_kv(pre if remote else None)}).encode()
         upstream = client.build_request("POST", next(next_dec) + path, content=raw,
                                         headers={**headers(request), "content-type": "application/json"})
         try:

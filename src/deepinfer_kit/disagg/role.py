@@ -60,8 +60,10 @@ def role_request(role: str | None, params: SamplingParams,
 
 class PromptSaves:
     """The final outputs of ``save_prompt`` requests, held until the tiers report their
-    prompt's blocks down (``TieredKVCacheManager.saves_pending``): a prefill server
-    answers only when the decode server can read the whole prompt. Driven by the engine's
+    prompt's blocks down (``TieredKVCacheManager.settled_saves``): a prefill server
+    answers only when the decode server can read the whole prompt, and says how much of
+    it (``RequestOutput.kv_transfer_params = {"remote_blocks": n}``, for the decode side's
+    ``KVRequestParams.remote_blocks``: it waits for no block that will not come). Driven by the engine's
     thread (``AsyncLLM``): :meth:`watch` after queueing, :meth:`hold` on each output,
     :meth:`release` after each round; with the engine idle, :meth:`release` pushes the
     tiers' queued copies and disk writes (``push_kv_down``), so nothing is held past an
@@ -100,8 +102,10 @@ class PromptSaves:
         cache = engine.cache
         assert isinstance(cache, TieredKVCacheManager)
         for rid, out in list(self._held.items()):
-            if not cache.saves_pending(rid):
+            down = cache.settled_saves(rid)
+            if down is not None:
                 del self._held[rid]
+                out.kv_transfer_params = {"remote_blocks": down}
                 dispatch(out)
 
     @property

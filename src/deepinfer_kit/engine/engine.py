@@ -216,7 +216,7 @@ class Engine:
         *,
         priority: int = 0,
         cache_context: Any = None,
-        kv: KVRequestParams | dict[str, bool] | None = None,
+        kv: KVRequestParams | dict[str, Any] | None = None,
     ) -> str:
         """Validate and queue a request; returns its id (generated when ``None``). ``kv``:
         its use of the KV tiers (:class:`~deepinfer_kit.cache.tiers.KVRequestParams`).

@@ -203,7 +203,11 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
                 for i, o in enumerate(outs):
                     for c in choices[i * n:(i + 1) * n]:
                         c["prompt_logprobs"] = prompt_logprobs_json(o)
-            return JSONResponse({**envelope(kind, model_name, rid), "choices": choices, "usage": usage(outs)})
+            answer = {**envelope(kind, model_name, rid), "choices": choices, "usage": usage(outs)}
+            kv = [o.kv_transfer_params for o in outs]
+            if kv and all(k is not None for k in kv):  # a prefill server's: how much of the prompts is down
+                answer["kv_transfer_params"] = {"remote_blocks": min(int(k["remote_blocks"]) for k in kv if k)}
+            return JSONResponse(answer)
 
         async def events() -> AsyncIterator[str]:
             base = envelope(kind + ".chunk" if kind == "chat.completion" else kind, model_name, rid)

@@ -131,11 +131,15 @@ class KVRequestParams:
         load_remote: the prompt's blocks are being written to the shared disk folder by
             another engine: wait for each (up to ``TierConfig.prefetch_timeout_s``) instead
             of taking only what is there (the decode side).
+        remote_blocks: with ``load_remote``, how many leading prompt blocks the other
+            engine wrote (its answer's ``kv_transfer_params``): only those are waited
+            for, the rest computed at once. ``None``: wait for every prompt block.
     """
 
     write: bool = attrs.field(default=True, validator=_flag)
     save_prompt: bool = attrs.field(default=False, validator=_flag)
     load_remote: bool = attrs.field(default=False, validator=_flag)
+    remote_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(0)))
 
     def __attrs_post_init__(self) -> None:
         if self.save_prompt and not self.write:

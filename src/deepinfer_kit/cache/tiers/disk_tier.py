@@ -51,8 +51,7 @@ class DiskTier:
 
     def is_writing(self, key: bytes) -> bool:
         """True while ``key``'s write is submitted and not yet settled by :meth:`poll_writes`."""
-        slot = self.slots.slot(key)
-        return slot is not None and not self.slots.is_ready(slot)
+        return self.has(key) and not self.slots.holds(key)
 
     def write(self, key: bytes, payload: Any) -> bytes | None | bool:
         """Start writing ``payload`` (a tensor the caller no longer touches) as ``key``.

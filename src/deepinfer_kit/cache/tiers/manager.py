@@ -188,7 +188,7 @@ class TieredKVCacheManager(BlockKVCacheManager):
 
     def free(self, request: Request) -> None:
         """Release as the base class does; the connector drops the request's pins. A
-        watched request's prompt keys are kept for :meth:`saves_pending`."""
+        watched request's prompt keys are kept for :meth:`settled_saves`."""
         rid = request.request_id
         if rid in self._watched:
             self._watched.discard(rid)
@@ -200,28 +200,29 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._connector.request_finished(request)
 
     def watch_saves(self, request_id: str) -> None:
-        """Track request ``request_id`` (queued, not finished) for :meth:`saves_pending`:
+        """Track request ``request_id`` (queued, not finished) for :meth:`settled_saves`:
         a prefill server answers a ``save_prompt`` request once its prompt is down."""
         self._watched.add(request_id)
 
-    def saves_pending(self, request_id: str) -> bool:
-        """Whether a watched request's prompt blocks may still be on their way to the
-        lowest tier: True while it runs, then while any of its full prompt blocks is
-        queued for a save, being saved, owed to disk or being written there (the
-        connector's ``keys_pending``). False once each is down or will not go (failed,
-        refused, dropped: the reader recomputes it), and for an unwatched request; the
-        request is forgotten then. A connector without ``keys_pending`` answers False
-        once the request finished."""
+    def settled_saves(self, request_id: str) -> int | None:
+        """A watched request's prompt saves, once settled: ``None`` while it runs or any of
+        its full prompt blocks is queued for a save, being saved, owed to disk or being
+        written there (the connector's ``keys_pending``); then how many of its leading
+        prompt blocks another engine can read (``keys_down``; the rest failed, were
+        refused or dropped: a reader computes them), and the request is forgotten. ``0``
+        for a request not watched. A connector without those methods answers ``0`` once
+        the request finished."""
         if request_id in self._watched:
-            return True
+            return None
         keys = self._owed.get(request_id)
         if keys is None:
-            return False
+            return 0
         pending = getattr(self._connector, "keys_pending", None)
         if keys and pending is not None and pending(keys):
-            return True
+            return None
         del self._owed[request_id]
-        return False
+        down = getattr(self._connector, "keys_down", None)
+        return int(down(keys)) if keys and down is not None else 0
 
     def drain_kv_transfers(self, step_id: int) -> TransferPlan:
         """Round ``step_id``'s device <-> host copies (the scheduler puts them on its plan)."""

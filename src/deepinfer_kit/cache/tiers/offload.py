@@ -74,14 +74,15 @@ class OffloadConnector:
         if disk is None:
             return
         kv = request.kv_params
-        remote = kv is not None and kv.load_remote
+        remote = 0 if kv is None or not kv.load_remote else len(keys) if kv.remote_blocks is None else kv.remote_blocks
         reads: dict[bytes, Future[ReadResult]] = {}
-        for key in keys[first:]:
+        for i in range(first, len(keys)):
+            key = keys[i]
             if self.host.slot(key) is not None:
                 continue
             if disk.has(key):
                 reads[key] = disk.read(key)
-            elif remote:
+            elif i < remote:
                 reads[key] = disk.read(key, deadline=deadline)
             else:
                 break
@@ -263,13 +264,17 @@ class OffloadConnector:
             self._events.add("removed", "disk", [result])
 
     def keys_pending(self, keys: Sequence[bytes]) -> bool:
-        """Whether any of ``keys`` is queued for a host save or saving, owed to disk
-        (``save_prompt``, or write-through once its host copy lands) or being written
-        there — so a reader on another engine may not find it yet. Settles finished disk
-        writes first."""
+        """Whether any of ``keys`` is queued for a host save or saving, owed to disk or
+        being written there: another engine may not find it yet."""
         self._poll_disk()
         saving, disk = set(self._save_keys.values()), self.disk
         return any(k in saving or k in self._forced or (disk is not None and disk.is_writing(k)) for k in keys)
+
+    def keys_down(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, another engine can read now: written to
+        the disk tier (the host tier without one)."""
+        tier = self.disk.slots if self.disk is not None else self.host
+        return next((i for i, k in enumerate(keys) if not tier.holds(k)), len(keys))
 
     def _poll_disk(self) -> None:
         if self.disk is None:
@@ -337,8 +342,6 @@ class OffloadConnector:
         slots, _ = self._match.pop(rid, ([], []))
         for s in slots:
             self.host.unpin(s)
-
-    # ------------------------------------------------------------------ the rest
 
     def take_events(self) -> list[KVEvent]:
         """The events since the last call, oldest first."""

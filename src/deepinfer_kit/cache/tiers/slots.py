@@ -57,6 +57,11 @@ class TierSlots:
         """True when the slot's bytes are written."""
         return self._ready[slot]
 
+    def holds(self, key: bytes) -> bool:
+        """True when a slot holds ``key`` with its bytes written. O(1)."""
+        slot = self._slot_of.get(key)
+        return slot is not None and self._ready[slot]
+
     def touch(self, slot: int) -> None:
         """A use of ``slot``'s block (recency and frequency)."""
         self._policy.touch([slot])
