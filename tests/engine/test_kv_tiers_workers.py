@@ -132,3 +132,14 @@ def test_an_injected_connector_is_refused_with_a_worker_process() -> None:
 
     with pytest.raises(ConfigError, match="kv_connector .* worker='process' use kv_tiers"):
         build_engine(worker="process", components=Components(kv_connector=Factory(lambda ctx: None)))
+
+
+def test_a_speculative_worker_with_tiers_gives_the_same_greedy_tokens(tmp_path: Path) -> None:
+    # Greedy only: a seeded draw under speculation follows how many drafts each round
+    # verifies, which loaded tokens change (tests/engine/test_kv_tiers_engine.py says why).
+    spec = {"drafter": "ngram", "num_draft": 3}
+    reference, _ = _serve(worker="process", speculative=spec)
+    got, stats = _serve(worker="process", speculative=spec,
+                        kv_tiers={"host_blocks": 12, "disk_blocks": 120, "disk_path": str(tmp_path)})
+    assert {k: v for k, v in got.items() if int(k) % 2} == {k: v for k, v in reference.items() if int(k) % 2}
+    assert stats.disk_hits > 0
