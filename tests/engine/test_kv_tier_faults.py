@@ -95,3 +95,42 @@ def test_a_slow_disk_is_waited_for_or_recomputed(tmp_path: object, prefetch: str
     engine.check_idle()
     engine.close()
     plain.close()
+
+
+class _RaisesOnFirstSave:
+    """A device side whose first round with saves raises before copying anything (the
+    round fails); every later call goes through."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.raised = False
+
+    def start_save_kv(self, plan: object) -> None:
+        if plan.saves and not self.raised:  # type: ignore[attr-defined]
+            self.raised = True
+            raise RuntimeError("injected: the save copy failed to launch")
+        self.inner.start_save_kv(plan)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_saves_of_a_failed_round_free_their_host_slots() -> None:
+    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192,
+                          kv_tiers={"host_blocks": 64})
+    runner = engine.runner.runner if hasattr(engine.runner, "runner") else engine.runner  # type: ignore[attr-defined]
+    runner.kv_transfer = _RaisesOnFirstSave(runner.kv_transfer)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0)
+    engine.add_request("publishes", _HEAD + [1, 2], greedy)
+    engine.run()  # its blocks' saves are queued for the next round
+    engine.add_request("fails", _OTHERS[0], greedy)  # its round carries them, and raises
+    outs = {o.request_id: o.outputs[0] for o in engine.run()}
+    assert runner.kv_transfer.raised and outs["fails"].finish_reason in ("error", "length")  # retried or failed
+    engine.add_request("after", _OTHERS[1], greedy)
+    assert engine.run()[0].outputs[0].finish_reason == "length"  # the engine serves on
+    push_kv_down(engine)
+    host = engine.cache.connector.host  # type: ignore[attr-defined]
+    saving = [s for s in range(host.capacity) if host.key(s) is not None and not host.is_ready(s)]
+    assert saving == []  # the failed round's saves never ran: their slots are free again
+    engine.check_idle()
+    engine.close()

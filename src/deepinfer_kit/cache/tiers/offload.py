@@ -13,6 +13,7 @@ from deepinfer_kit.cache.tiers.bytes import HostBytes
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.disk_tier import MISSING, DiskTier, ReadResult
 from deepinfer_kit.cache.tiers.records import EventLog, KVEvent, TierStats, TransferOutput, TransferPlan
+from deepinfer_kit.cache.tiers.save_ledger import SaveLedger
 from deepinfer_kit.cache.tiers.slots import TierSlots, eviction_policy
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request
@@ -50,10 +51,8 @@ class OffloadConnector:
         self._admission = SeenTwice(config.admission_window) if config.admission == "seen_twice" else None
         self._P = block_size
         self._through = config.write_policy == "write_through"
-        self._saves: list[tuple[int, int]] = []
+        self._ledger = SaveLedger()  # host saves from queued to reported
         self._loads: list[tuple[int, int]] = []
-        self._save_keys: dict[int, bytes] = {}  # host slot -> key: a save queued or running
-        self._stale: set[int] = set()  # slots saving when the tiers were reset: dropped when done
         self._load_pins: list[int] = []  # sources of loads queued for the round being planned
         self._round_pins: dict[int, list[int]] = {}  # step id -> its loads' sources, held until its commit
         self._match: dict[str, tuple[list[int], list[bool]]] = {}  # request -> pinned slots, each read from disk?
@@ -223,8 +222,7 @@ class OffloadConnector:
         slot, evicted = taken
         if evicted is not None:
             self._demote(evicted, slot)
-        self._save_keys[slot] = key
-        self._saves.append((block, slot))
+        self._ledger.queue(block, slot, key)
         if force:
             self._forced.add(key)
 
@@ -264,15 +262,13 @@ class OffloadConnector:
             self._events.add("removed", "disk", [result])
 
     def keys_pending(self, keys: Sequence[bytes]) -> bool:
-        """Whether any of ``keys`` is queued for a host save or saving, owed to disk or
-        being written there: another engine may not find it yet."""
+        """Whether any of ``keys`` is being saved, owed to disk or written there (not readable yet)."""
         self._poll_disk()
-        saving, disk = set(self._save_keys.values()), self.disk
+        saving, disk = self._ledger.keys(), self.disk
         return any(k in saving or k in self._forced or (disk is not None and disk.is_writing(k)) for k in keys)
 
     def keys_down(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, another engine can read now: written to
-        the disk tier (the host tier without one)."""
+        """How many leading ``keys`` another engine can read now (on disk; host without one)."""
         tier = self.disk.slots if self.disk is not None else self.host
         return next((i for i, k in enumerate(keys) if not tier.holds(k)), len(keys))
 
@@ -291,32 +287,35 @@ class OffloadConnector:
         """Drain the queued saves and loads into round ``step_id``'s plan; the loads'
         sources stay pinned until that round commits (the device side may read them on
         another thread while later rounds are planned)."""
-        plan = TransferPlan(self._saves, self._loads)
-        self._saves, self._loads = [], []
+        plan = TransferPlan(self._ledger.drain(step_id), self._loads)
+        self._loads = []
         if self._load_pins:
             self._round_pins[step_id] = self._load_pins
             self._load_pins = []
         return plan
 
     def update_from_output(self, step_id: int, output: TransferOutput | None) -> None:
-        """Round ``step_id`` committed (rounds commit in order): its loads' sources, and
-        any older round's, are released. ``output``: what the device side reported since
-        the last report (None: nothing); saved slots become readable (and go on to disk
-        with write-through), failed ones are forgotten."""
+        """Round ``step_id`` committed (in order): its and older rounds' load sources are
+        released. ``output`` (the device side's report since the last; None: nothing):
+        saved slots become readable (to disk too with write-through); failed ones, and
+        saves of this round or older it does not name (their round failed before running
+        them; every round's when ``step_id < 0``, idle), are forgotten (:class:`SaveLedger`)."""
         for sid in [k for k in self._round_pins if k <= step_id]:
             for s in self._round_pins.pop(sid):
                 self.host.unpin(s)
         if output is not None:
             self._settle(output)
+        if output is not None or step_id < 0:
+            for s, key in self._ledger.conclude(step_id):
+                self._forget_save(s, key)
         self._poll_disk()
 
     def _settle(self, output: TransferOutput) -> None:
-        for s in output.saved:
-            key = self._save_keys.pop(s, None)
-            if key is None or self.host.key(s) != key:
+        saved, failed = self._ledger.settle(output)
+        for s, key, stale in saved:
+            if self.host.key(s) != key:
                 continue
-            if s in self._stale:
-                self._stale.discard(s)
+            if stale:
                 self.host.drop(s)
                 continue
             self.host.mark_ready(s)
@@ -324,11 +323,13 @@ class OffloadConnector:
             self._events.add("stored", "host", [key])
             if self._through or key in self._forced:
                 self._to_disk(key, s)
-        for s in output.failed_saves:
-            key = self._save_keys.pop(s, None)
-            self._stale.discard(s)
-            if key is not None and self.host.key(s) == key:
-                self.host.drop(s)
+        for s, key in failed:
+            self._forget_save(s, key)
+
+    def _forget_save(self, slot: int, key: bytes) -> None:  # failed or never ran: free the slot
+        self._forced.discard(key)
+        if self.host.key(slot) == key:
+            self.host.drop(slot)
 
     def request_finished(self, request: Request) -> None:
         """Release the request's pins and cancel its reads not yet started."""
@@ -339,8 +340,7 @@ class OffloadConnector:
             fut.cancel()
 
     def _unpin_match(self, rid: str) -> None:
-        slots, _ = self._match.pop(rid, ([], []))
-        for s in slots:
+        for s in self._match.pop(rid, ([], []))[0]:
             self.host.unpin(s)
 
     def take_events(self) -> list[KVEvent]:
@@ -357,8 +357,8 @@ class OffloadConnector:
         for s in range(self.host.capacity):
             if self.host.key(s) is None:
                 continue
-            if s in self._save_keys:
-                self._stale.add(s)
+            if self._ledger.saving(s):
+                self._ledger.mark_stale(s)
             else:
                 self.host.drop(s)
         self._forced.clear()

@@ -70,6 +70,7 @@ class RemoteKVTransfer:
         self._ranks = list(ranks)
         self._plan = TransferPlan()
         self._report: TransferOutput | None = None
+        self._ran = False  # a plan ran on the ranks since the last get_finished
 
     def start_save_kv(self, plan: TransferPlan) -> None:
         """Queue ``plan.saves`` (run at :meth:`wait_for_load`)."""
@@ -87,8 +88,12 @@ class RemoteKVTransfer:
             Exception: what a rank's device side raised.
         """
         plan, self._plan = self._plan, TransferPlan()
-        if not plan:
-            return
+        if plan:
+            self._run(plan)
+
+    def _run(self, plan: TransferPlan) -> None:
+        """Every rank runs ``plan`` (possibly empty) and reports; the reports merge."""
+        self._ran = True
         for rank in self._ranks:  # all receive it before any is awaited
             rank.send_control(("kv_transfer", rank.released, plan))
         answers = [rank.answer() for rank in self._ranks]
@@ -104,6 +109,10 @@ class RemoteKVTransfer:
             self._report = merged
 
     def get_finished(self) -> TransferOutput | None:
-        """What the ranks reported since the last call (merged); None when nothing ran."""
-        report, self._report = self._report, None
+        """What the ranks reported since the last call (merged); None when they have
+        nothing to report. With nothing run since the last call, asks them anyway (a
+        failed round's saves that ran are reported by the next report)."""
+        if not self._ran:
+            self._run(TransferPlan())
+        report, self._report, self._ran = self._report, None, False
         return report
