@@ -12,7 +12,10 @@
 #    tests); the differential engine runs, captured vs eager decode token for token on the
 #    embedded MoE model and a dense Qwen3 in fp32 and bf16 plus a two-layer Qwen3-1.7B-shaped
 #    bf16 model (tests/engine/test_cuda_graphs.py), with the compile counter
-#    (deepinfer_kit.engine.runner.kernel_keys.compiled_variants) that must not move after warm-up.
+#    (deepinfer_kit.engine.runner.kernel_keys.compiled_variants) that must not move after warm-up;
+#    the KV tiers' CUDA paths (tests/engine/test_kv_tiers_cuda.py: pinned slab, saves settled
+#    by an event, pinned staging for loads; overlapped, synchronous and in a worker process;
+#    added 2026-12-04 without a GPU to size them: six small engines, about 20 s more).
 #    Only the files holding cuda tests are collected, and a collection error (a missing
 #    optional package) fails its file, not the run. pytest-xdist spreads the tests over 8
 #    workers when installed (Triton compiles on the CPU; its disk cache is shared).

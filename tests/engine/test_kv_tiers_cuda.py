@@ -1,0 +1,79 @@
+"""The KV tiers' CUDA paths (run by scripts/device_check_correctness.sh, which collects every
+``cuda`` test): the pinned host slab, saves gathered on the device and copied to the host
+without blocking (an event settles them), loads staged in pinned memory and scattered on
+the runner's stream before the forward — under the overlapped executor CUDA engines use by
+default, and in a worker process over a shared-memory slab. Tokens equal the device-only
+engine's; a round trip through the host slab is byte for byte."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
+from deepinfer_kit.cache.tiers.records import TransferPlan
+from deepinfer_kit.engine.build import build_engine
+from deepinfer_kit.sample.params import SamplingParams
+
+pytestmark = pytest.mark.cuda
+
+_RNG = random.Random(5)
+_HEADS = [[_RNG.randrange(250) for _ in range(64)] for _ in range(4)]
+_PROMPTS = [_HEADS[i % 4] + [_RNG.randrange(250) for _ in range(_RNG.randrange(3, 20))] for i in range(12)]
+_POOL = {"device": "cuda", "num_blocks": 24, "block_size": 8, "max_num_seqs": 2, "max_model_len": 192}
+
+
+def _params(i: int) -> SamplingParams:
+    if i % 2:
+        return SamplingParams(max_tokens=5, temperature=0.0)
+    return SamplingParams(max_tokens=5, temperature=0.9, top_p=0.9, seed=100 + i)
+
+
+def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
+    engine = build_engine(**_POOL, **kw)
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(_PROMPTS):
+        engine.add_request(str(i), p, _params(i))
+        out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
+    engine.flush()
+    engine.check_idle()
+    stats = getattr(engine.cache, "tier_stats", None)
+    engine.close()
+    return out, stats
+
+
+@pytest.mark.parametrize("engine", [{}, {"overlap": False}, {"worker": "process"}],
+                         ids=["overlapped", "synchronous", "worker-process"])
+def test_tokens_equal_the_device_only_engine_on_cuda(engine: dict[str, Any], tmp_path: Path) -> None:
+    reference, _ = _serve(**engine)
+    got, stats = _serve(kv_tiers={"host_blocks": 12, "disk_blocks": 120, "disk_path": str(tmp_path)}, **engine)
+    assert got == reference
+    assert stats.loaded_tokens > 0 and stats.host_hits + stats.disk_hits > 0
+
+
+def test_a_round_trip_through_the_pinned_slab_is_exact() -> None:
+    kv = PagedKVCache(3, 8, 4, 2, 16, dtype=torch.bfloat16, device="cuda")
+    for layer in range(3):
+        kv.write_blocks(layer, torch.arange(8, device="cuda"),
+                        torch.randn((8, *kv.block_shape[1:]), dtype=torch.bfloat16, device="cuda"))
+    before = [kv.read_blocks(layer, torch.tensor([1, 2], device="cuda")).clone() for layer in range(3)]
+    slab = host_slab(kv, 4)
+    assert slab.is_pinned()
+    worker = HostTransferWorker(kv, slab)
+    # One round saves blocks 1 and 2 into slots 0 and 3 and loads slot 3 into block 5 (a
+    # load reading a slot the same round saves: settled first); the next loads slot 0.
+    worker.start_save_kv(TransferPlan(saves=[(1, 0), (2, 3)]))
+    worker.start_load_kv(TransferPlan(loads=[(3, 5)]))
+    worker.wait_for_load()
+    assert sorted(worker.get_finished().saved) == [0, 3]  # type: ignore[union-attr]
+    worker.start_load_kv(TransferPlan(loads=[(0, 6)]))
+    worker.get_finished()
+    torch.cuda.synchronize()
+    for layer in range(3):
+        got = kv.read_blocks(layer, torch.tensor([6, 5], device="cuda"))
+        assert torch.equal(got, before[layer])
