@@ -268,6 +268,9 @@ class ProcessRunner(WorkerPool):
         self._finalizer()
         if self._dead is None:
             self._dead = EngineDeadError("the model worker process was closed")
+        if self.kv_slab_fd is not None:  # never mapped: the build failed before the tiers
+            os.close(self.kv_slab_fd)
+            self.kv_slab_fd = None
 
     # ---- messages ----------------------------------------------------------------------
 
