@@ -48,11 +48,15 @@ def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
 
 
 @pytest.mark.parametrize("ranks, tiers", [
-    ({}, {"host_blocks": 12, "disk_blocks": 120}),
-    ({"tensor_parallel": 2}, {"host_blocks": 64}),
-    ({"tensor_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120, "write_policy": "write_back"}),
-    ({"expert_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120}),
-], ids=["one_worker_disk", "tp2_host", "tp2_disk_back", "ep2_disk"])
+    pytest.param({}, {"host_blocks": 12, "disk_blocks": 120}, id="one_worker_disk"),
+    # host only on two TP ranks: the differential test below covers it by default
+    pytest.param({"tensor_parallel": 2}, {"host_blocks": 64}, id="tp2_host", marks=pytest.mark.slow),
+    pytest.param({"tensor_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120, "write_policy": "write_back"},
+                 id="tp2_disk_back"),
+    # replicated heads: RankSlabs' unit tests cover them by default
+    pytest.param({"expert_parallel": 2}, {"host_blocks": 12, "disk_blocks": 120}, id="ep2_disk",
+                 marks=pytest.mark.slow),
+])
 def test_tokens_equal_the_same_workers_without_tiers(ranks: dict[str, Any], tiers: dict[str, Any],
                                                      tmp_path: Path) -> None:
     if "disk_blocks" in tiers:
@@ -134,6 +138,7 @@ def test_an_injected_connector_is_refused_with_a_worker_process() -> None:
         build_engine(worker="process", components=Components(kv_connector=Factory(lambda ctx: None)))
 
 
+@pytest.mark.slow  # the in-process speculative case runs by default (test_kv_tiers_engine.py)
 def test_a_speculative_worker_with_tiers_gives_the_same_greedy_tokens(tmp_path: Path) -> None:
     # Greedy only: a seeded draw under speculation follows how many drafts each round
     # verifies, which loaded tokens change (tests/engine/test_kv_tiers_engine.py says why).
