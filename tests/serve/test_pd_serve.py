@@ -218,3 +218,54 @@ def test_the_decode_server_is_told_what_the_prefill_server_wrote() -> None:
     assert _decode_kv(httpx.Response(200, json={"kv_transfer_params": {"remote_blocks": True}})) == {"load_remote": True}
     assert _decode_kv(httpx.Response(200, content=b"not json")) == {"load_remote": True}
     assert _decode_kv(None) == {"load_remote": False}
+
+
+def _command(*args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    return subprocess.Popen([sys.executable, "-m", "deepinfer_kit.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _up(proc: Any, url: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not come up"
+        time.sleep(0.1)
+
+
+def test_the_commands_serve_a_prefill_decode_pair(tmp_path: Path, reference: LLM) -> None:
+    tiers = json.dumps({"host_blocks": 32, "disk_blocks": 256, "disk_path": str(tmp_path),
+                        "hash_key": secrets.token_hex(32)})
+    pool = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
+            "--max-num-seqs", "16", "--kv-tiers", tiers]
+    ports = [free_port() for _ in range(3)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = [_command("serve", "--port", str(ports[0]), "--kv-role", "prefill", *pool),
+             _command("serve", "--port", str(ports[1]), "--kv-role", "decode", *pool),
+             _command("pd-proxy", "--port", str(ports[2]), "--prefill", urls[0], "--decode", urls[1])]
+    try:
+        for proc, url in zip(procs, urls):
+            _up(proc, url)
+        r = httpx.post(urls[2] + "/v1/completions", json=_body(4, False), timeout=60)
+        assert r.status_code == 200 and _text(r, False) == _want(reference, 4)
+        assert len(list(tmp_path.glob("*.kvb"))) == len(PROMPTS[4]) // 8  # the prefill server wrote them
+        stats = httpx.get(urls[2] + "/proxy/stats").json()
+        assert stats["prefilled"] == 1 and stats["fallbacks"] == 0
+        # --kv-role prefill, asked directly: one token, the prompt saved
+        direct = httpx.post(urls[0] + "/v1/completions", json={"model": "tiny", "prompt": PROMPTS[3], "max_tokens": 9},
+                            timeout=60).json()
+        assert direct["usage"]["completion_tokens"] == 1 and direct["kv_transfer_params"]["remote_blocks"] > 0
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(20)
