@@ -269,3 +269,15 @@ def test_the_commands_serve_a_prefill_decode_pair(tmp_path: Path, reference: LLM
         for proc in procs:
             proc.terminate()
             proc.wait(20)
+
+
+def test_the_serving_benchmark_runs_and_the_pair_gives_one_servers_tokens() -> None:
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_pd_serve.py"
+    out = subprocess.run([sys.executable, str(bench), "--requests", "2", "--warmup", "1", "--concurrency", "1",
+                          "--prompt-tokens", "64", "--max-tokens", "4"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith(("one server", "prefill+decode"))]
+    assert len(rows) == 2 and all(row.endswith("True") for row in rows), out
