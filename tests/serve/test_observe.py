@@ -68,6 +68,7 @@ def test_metrics_parse_and_count_requests_tokens_and_engine_state(app: App) -> N
     assert total(after, "deepinfer_inter_token_latency_seconds_count") > 0
     assert 0.0 <= total(after, "deepinfer_prefix_cache_hit_rate") <= 1.0
     assert total(after, "deepinfer_http_requests_total", status="200") >= 2
+    assert not [name for name in after if name.startswith("deepinfer_kv_tier")]  # no tiers: none shown
 
 
 def test_health_version_and_models_say_what_vllm_clients_read(app: App) -> None:

@@ -141,6 +141,24 @@ def test_a_chat_through_the_proxy_equals_the_decode_servers_own(pair: Pair) -> N
     assert content == local.json()["choices"][0]["message"]["content"]
 
 
+def test_the_tiers_show_on_metrics(pair: Pair) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(url: str) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+            for s in family.samples:
+                out[(s.name, s.labels.get("medium", s.labels.get("kind", "")))] = s.value
+        return out
+
+    httpx.post(pair.proxy.url + "/v1/completions", json=_body(0, False), timeout=60)
+    pre, dec = samples(pair.prefill.url), samples(pair.decode.url)
+    assert pre[("deepinfer_kv_tier_saved_total", "disk")] > 0 and pre[("deepinfer_kv_answers_held", "")] == 0
+    assert dec[("deepinfer_kv_tier_hits_total", "disk")] == pair.disk_hits() > 0
+    assert dec[("deepinfer_kv_tier_loaded_tokens_total", "")] > 0
+    assert ("deepinfer_kv_tier_failures_total", "late_read") in dec
+
+
 def test_the_prefill_server_answers_once_the_prompt_is_on_disk(pair: Pair) -> None:
     fresh = [(11 * j) % 250 + 2 for j in range(8 * 6 + 3)]  # six full blocks nobody wrote yet
     files = set(pair.folder.glob("*.kvb"))

@@ -238,6 +238,12 @@ class AsyncLLM:
                 self.engine.close()
 
     @property
+    def num_answers_held(self) -> int:
+        """Final outputs held until their prompt's blocks are down (``save_prompt``
+        requests; read on the engine thread, through :meth:`call`)."""
+        return self._saves.num_held
+
+    @property
     def is_running(self) -> bool:
         """True until :meth:`shutdown` or an engine death."""
         return self._thread.is_alive() and not self._stopping

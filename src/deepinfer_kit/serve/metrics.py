@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -25,6 +26,7 @@ class _EngineCollector(Collector):
     def __init__(self, model: str) -> None:
         self.model = model
         self.state: dict[str, float] = {}
+        self.tiers: dict[str, float] | None = None  # TierStats fields, with KV tiers
         self.steps = StepTimes()
 
     def collect(self) -> Iterator[Any]:
@@ -45,6 +47,7 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(f"deepinfer_{name}", doc, labels=["model_name"])
             c.add_metric(labels, s.get(name, 0.0))
             yield c
+        yield from _tier_families(self.tiers, labels)
         steps = self.steps
         h = HistogramMetricFamily("deepinfer_engine_step_seconds", "Duration of one engine round.",
                                   labels=["model_name"])
@@ -56,6 +59,41 @@ class _EngineCollector(Collector):
         yield h
 
 
+# (metric, help, {label value: TierStats field}) of the KV tiers' counters
+_TIERS = (
+    ("kv_tier_hits", "KV blocks a request took from a lower tier instead of computing them.",
+     "medium", {"host": "host_hits", "disk": "disk_hits"}),
+    ("kv_tier_saved", "KV blocks written to a tier.", "medium", {"host": "saved_host", "disk": "saved_disk"}),
+    ("kv_tier_evicted", "KV blocks dropped from a tier for room.", "medium",
+     {"host": "evicted_host", "disk": "evicted_disk"}),
+    ("kv_tier_failures", "Tier reads found damaged or missing, reads late at their deadline, "
+     "writes that failed (each recomputed when needed).", "kind",
+     {"read": "failed_reads", "late_read": "late_reads", "write": "failed_writes"}),
+)
+
+
+def _tier_families(tiers: dict[str, float] | None, labels: list[str]) -> Iterator[Any]:
+    """The KV tiers' counters (nothing without tiers)."""
+    if tiers is None:
+        return
+    for name, doc, key, fields in _TIERS:
+        c = CounterMetricFamily(f"deepinfer_{name}", doc, labels=["model_name", key])
+        for value, field in fields.items():
+            c.add_metric([*labels, value], tiers[field])
+        yield c
+    for name, doc, field in (("kv_tier_loaded_tokens", "Prompt tokens whose KV came from a lower tier.",
+                              "loaded_tokens"),
+                             ("kv_tier_refused", "KV blocks the admission policy kept out of the tiers.",
+                              "refused")):
+        c = CounterMetricFamily(f"deepinfer_{name}", doc, labels=["model_name"])
+        c.add_metric(labels, tiers[field])
+        yield c
+    g = GaugeMetricFamily("deepinfer_kv_answers_held", "Answers of save_prompt requests waiting for "
+                          "their prompt's blocks to reach the lowest tier.", labels=["model_name"])
+    g.add_metric(labels, tiers["answers_held"])
+    yield g
+
+
 class ServerMetrics:
     """Counters and histograms fed by the endpoints, plus the engine's gauges.
 
@@ -65,7 +103,10 @@ class ServerMetrics:
     ``deepinfer_e2e_request_latency_seconds``, ``deepinfer_engine_step_seconds``,
     ``deepinfer_num_requests_running`` / ``_waiting``, ``deepinfer_kv_blocks_used`` /
     ``_total``, ``deepinfer_kv_cache_usage_perc``, ``deepinfer_prefix_cache_queries_total`` /
-    ``_hits_total``, ``deepinfer_prefix_cache_hit_rate``, ``deepinfer_http_requests_total{status}``.
+    ``_hits_total``, ``deepinfer_prefix_cache_hit_rate``, ``deepinfer_http_requests_total{status}``;
+    with KV tiers also ``deepinfer_kv_tier_hits_total{medium}``, ``_saved_total{medium}``,
+    ``_evicted_total{medium}``, ``_failures_total{kind}``, ``_loaded_tokens_total``,
+    ``_refused_total`` and ``deepinfer_kv_answers_held``.
     A registry of its own: several apps in one process do not collide.
     """
 
@@ -131,12 +172,13 @@ class ServerMetrics:
 
     async def render(self, llm: AsyncLLM) -> bytes:
         """The exposition text, after reading the engine's state on its thread."""
-        self._engine.state, self._engine.steps = await llm.call(lambda: _snapshot(llm))
+        self._engine.state, self._engine.tiers, self._engine.steps = await llm.call(lambda: _snapshot(llm))
         return bytes(generate_latest(self.registry))
 
 
-def _snapshot(llm: AsyncLLM) -> tuple[dict[str, float], StepTimes]:
-    """Engine gauges and the step histogram; runs on the engine thread."""
+def _snapshot(llm: AsyncLLM) -> tuple[dict[str, float], dict[str, float] | None, StepTimes]:
+    """Engine gauges, the KV tiers' counters (None without tiers) and the step histogram;
+    runs on the engine thread."""
     engine = llm.engine
     total = engine.cache.num_blocks
     used = total - engine.cache.num_free_blocks
@@ -150,4 +192,9 @@ def _snapshot(llm: AsyncLLM) -> tuple[dict[str, float], StepTimes]:
         "prefix_cache_queries": float(queries), "prefix_cache_hits": float(hits),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
     }
-    return state, llm.step_times.copy()
+    stats = getattr(engine.cache, "tier_stats", None)
+    tiers = None
+    if stats is not None:
+        tiers = {k: float(v) for k, v in attrs.asdict(stats).items()}
+        tiers["answers_held"] = float(llm.num_answers_held)
+    return state, tiers, llm.step_times.copy()
