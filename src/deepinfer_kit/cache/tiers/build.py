@@ -4,6 +4,9 @@ that worker processes hold (:func:`host_side_tiers`)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore, layout_fingerprint
@@ -34,11 +37,15 @@ def build_tiers(config: TierConfig, kv_cache: PagedKVCache, *, model: str = "") 
     return connector, HostTransferWorker(kv_cache, slab)
 
 
-def host_side_tiers(config: TierConfig, slabs: RankSlabs, *, block_size: int, model: str = "") -> OffloadConnector:
+def host_side_tiers(config: TierConfig, slabs: RankSlabs, *, block_size: int, model: str = "",
+                    agree: Callable[[int], int] | None = None) -> OffloadConnector:
     """The scheduler side of ``config``'s tiers over host slabs the device side fills
     (this process's, or worker processes' mapped here). The disk files hold whole blocks
     (:class:`RankSlabs`): their fingerprint names ``model``, the whole block's shape and
-    the dtype, not the ranks' split.
+    the dtype, not the ranks' split. Slabs of a run of heads short of the model's (one
+    ``worker="launched"`` rank's) write files of those heads, in a folder of their own
+    under ``disk_path`` and with the heads in the fingerprint. ``agree``: see
+    :class:`OffloadConnector`.
 
     Raises:
         ConfigError: the disk folder cannot be created.
@@ -46,7 +53,12 @@ def host_side_tiers(config: TierConfig, slabs: RankSlabs, *, block_size: int, mo
     disk = None
     if config.disk_blocks:
         assert config.disk_path is not None  # TierConfig checked it
+        path = config.disk_path
+        lo, hi, total = slabs.heads
+        if (lo, hi) != (0, total):  # a run of heads (one launched rank's): files of their own
+            model = f"{model}|heads {lo}:{hi} of {total}"
+            path = os.path.join(path, f"heads-{lo}-{hi}-of-{total}")
         fp = layout_fingerprint(model, slabs.block_shape, str(slabs.dtype))
-        disk = DiskTier(DiskBlockStore(config.disk_path, fp), config.disk_blocks, config.disk_eviction,
+        disk = DiskTier(DiskBlockStore(path, fp), config.disk_blocks, config.disk_eviction,
                         config.io_threads, slabs.new_block)
-    return OffloadConnector(config, slabs, disk, block_size)
+    return OffloadConnector(config, slabs, disk, block_size, agree=agree)

@@ -3,15 +3,14 @@ what comes back up, and when."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from concurrent.futures import Future, wait
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache.tiers.admission import SeenTwice
 from deepinfer_kit.cache.tiers.bytes import HostBytes
 from deepinfer_kit.cache.tiers.config import TierConfig
-from deepinfer_kit.cache.tiers.disk_tier import MISSING, DiskTier, ReadResult
+from deepinfer_kit.cache.tiers.disk_tier import MISSING, DiskTier
+from deepinfer_kit.cache.tiers.prefetch import Prefetch
 from deepinfer_kit.cache.tiers.records import EventLog, KVEvent, TierStats, TransferOutput, TransferPlan
 from deepinfer_kit.cache.tiers.save_ledger import SaveLedger
 from deepinfer_kit.cache.tiers.slots import TierSlots, eviction_policy
@@ -41,10 +40,15 @@ class OffloadConnector:
         slab: the host tier's bytes.
         disk: the disk tier, or None.
         block_size: tokens per block.
+        agree: for ranks that each schedule alike (``worker="launched"``): called with the
+            count of tier blocks this rank could load for a request, returns the count every
+            rank can (a collective MIN); the rest are released. ``None``: one scheduler.
     """
 
-    def __init__(self, config: TierConfig, slab: HostBytes, disk: DiskTier | None, block_size: int) -> None:
+    def __init__(self, config: TierConfig, slab: HostBytes, disk: DiskTier | None, block_size: int, *,
+                 agree: Callable[[int], int] | None = None) -> None:
         self._cfg = config
+        self._agree = agree
         self._slab = slab
         self.host = TierSlots(config.host_blocks, eviction_policy(config.host_eviction))
         self.disk = disk
@@ -56,8 +60,7 @@ class OffloadConnector:
         self._load_pins: list[int] = []  # sources of loads queued for the round being planned
         self._round_pins: dict[int, list[int]] = {}  # step id -> its loads' sources, held until its commit
         self._match: dict[str, tuple[list[int], list[bool]]] = {}  # request -> pinned slots, each read from disk?
-        self._reads: dict[str, dict[bytes, Future[ReadResult]]] = {}
-        self._deadline: dict[str, float] = {}
+        self._prefetch = Prefetch(disk, config.prefetch_timeout_s, config.prefetch == "wait") if disk else None
         self._forced: set[bytes] = set()  # save_prompt keys: to disk whatever the policy
         self._events = EventLog()
         self._stats = TierStats()
@@ -66,27 +69,15 @@ class OffloadConnector:
 
     def on_arrival(self, request: Request, keys: Sequence[bytes], first: int) -> None:
         """Start reading, in the I/O threads, the prompt blocks the disk tier holds (and,
-        for ``load_remote``, every block not held elsewhere: another engine writes them)."""
-        deadline = time.monotonic() + self._cfg.prefetch_timeout_s
-        self._deadline[request.request_id] = deadline
-        disk = self.disk
-        if disk is None:
+        for ``load_remote``, the blocks another engine writes: all, or ``remote_blocks``)."""
+        if self._prefetch is None:
             return
         kv = request.kv_params
         remote = 0 if kv is None or not kv.load_remote else len(keys) if kv.remote_blocks is None else kv.remote_blocks
-        reads: dict[bytes, Future[ReadResult]] = {}
-        for i in range(first, len(keys)):
-            key = keys[i]
-            if self.host.slot(key) is not None:
-                continue
-            if disk.has(key):
-                reads[key] = disk.read(key)
-            elif i < remote:
-                reads[key] = disk.read(key, deadline=deadline)
-            else:
-                break
-        if reads:
-            self._reads[request.request_id] = reads
+        self._prefetch.start(request.request_id, keys, first, remote, self._in_host)
+
+    def _in_host(self, key: bytes) -> bool:
+        return self.host.slot(key) is not None
 
     def get_num_new_matched_tokens(self, request: Request, keys: Sequence[bytes], first: int) -> int:
         """Blocks after the device's ``first`` hits that the host tier holds or the disk
@@ -114,38 +105,30 @@ class OffloadConnector:
             j += len(got)
             if not got or not complete:
                 break
+        if self._agree is not None:  # ranks scheduling alike take what every one of them holds
+            n = self._agree(len(slots))
+            for s in slots[n:]:
+                self.host.unpin(s)
+            slots, from_disk = slots[:n], from_disk[:n]
         self._match[rid] = (slots, from_disk)
         return len(slots)
 
     def _fetch(self, request: Request, keys: Sequence[bytes], j: int) -> tuple[list[int], bool]:
         """Read the run of disk blocks from ``keys[j]`` into the host tier (waiting per
         the prefetch policy); returns their slots, pinned, and whether the whole run came."""
-        disk = self.disk
-        if disk is None:
+        disk, pre = self.disk, self._prefetch
+        if disk is None or pre is None:
             return [], False
         rid = request.request_id
-        reads = self._reads.setdefault(rid, {})
-        run: list[tuple[bytes, Future[ReadResult]]] = []
-        for key in keys[j:]:
-            if self.host.slot(key) is not None:
-                break
-            fut = reads.get(key)
-            if fut is None:
-                if not disk.has(key):
-                    break
-                fut = reads[key] = disk.read(key)
-            run.append((key, fut))
+        run = pre.run(rid, keys, j, self._in_host)
         if not run:
             return [], False
-        if self._cfg.prefetch == "wait":
-            deadline = self._deadline.get(rid, time.monotonic() + self._cfg.prefetch_timeout_s)
-            wait([f for _, f in run], timeout=max(0.0, deadline - time.monotonic()))
         got: list[int] = []
         for key, fut in run:
             if not fut.done():
                 self._stats.late_reads += 1
                 return got, False
-            del reads[key]
+            pre.taken(rid, key)
             data = fut.result()
             if data is MISSING:
                 self._stats.failed_reads += 1
@@ -335,9 +318,8 @@ class OffloadConnector:
         """Release the request's pins and cancel its reads not yet started."""
         rid = request.request_id
         self._unpin_match(rid)
-        self._deadline.pop(rid, None)
-        for fut in self._reads.pop(rid, {}).values():
-            fut.cancel()
+        if self._prefetch is not None:
+            self._prefetch.forget(rid)
 
     def _unpin_match(self, rid: str) -> None:
         for s in self._match.pop(rid, ([], []))[0]:
@@ -373,11 +355,12 @@ class OffloadConnector:
         Raises:
             InvariantError: naming what is held.
         """
-        if self._match or self._load_pins or self._round_pins or self._reads or self.host.num_pinned:
+        reads = self._prefetch.num_requests if self._prefetch is not None else 0
+        if self._match or self._load_pins or self._round_pins or reads or self.host.num_pinned:
             raise InvariantError(
                 f"kv tiers idle check: {len(self._match)} matches, "
                 f"{len(self._load_pins) + sum(map(len, self._round_pins.values()))} loads, "
-                f"{len(self._reads)} requests' reads and {self.host.num_pinned} pinned host slots held")
+                f"{reads} requests' reads and {self.host.num_pinned} pinned host slots held")
         self.host.check()
         if self.disk is not None:
             self.disk.slots.check()

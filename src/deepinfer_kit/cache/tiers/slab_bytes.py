@@ -29,17 +29,24 @@ class RankSlabs:
     (``worker="inline"``) or, mapped from shared memory, in the worker processes
     (:mod:`~deepinfer_kit.cache.tiers.shared_slab`). Called on the scheduler's thread.
 
+    With ``partial`` the slabs may hold a run of heads short of the model's (one rank of
+    ``worker="launched"``, which sees only its own slab): blocks are then those heads only
+    (:attr:`heads` says which), and the disk files must say so too.
+
     Args:
         slabs: one per rank, equal but for the head axis, of one dtype.
         starts: each slab's first head.
         total_heads: the model's key/value heads.
+        partial: allow heads ``lo .. hi`` short of ``0 .. total_heads``.
 
     Raises:
         ConfigError: slabs of different shapes or dtypes, or head ranges that do not
-            tile ``0 .. total_heads`` (two distinct ranges overlapping, or a gap).
+            tile ``0 .. total_heads`` (two distinct ranges overlapping, or a gap; with
+            ``partial``, a run of heads inside it).
     """
 
-    def __init__(self, slabs: Sequence[torch.Tensor], starts: Sequence[int], total_heads: int) -> None:
+    def __init__(self, slabs: Sequence[torch.Tensor], starts: Sequence[int], total_heads: int, *,
+                 partial: bool = False) -> None:
         if not slabs or len(slabs) != len(starts):
             raise ConfigError(f"RankSlabs needs one start per slab, got {len(slabs)} slabs and {len(starts)} starts")
         first = slabs[0]
@@ -50,17 +57,18 @@ class RankSlabs:
                 raise ConfigError(f"rank {i}'s host slab {tuple(s.shape)} {s.dtype} does not match rank 0's "
                                   f"{tuple(first.shape)} {first.dtype} but for the head axis")
         ranges = sorted({(int(b), int(b) + int(s.shape[HEAD_AXIS + 1])) for b, s in zip(starts, slabs)})
-        edge = 0
+        low = edge = ranges[0][0] if partial else 0
         for lo, hi in ranges:
             if lo != edge:
                 raise ConfigError(f"the ranks' key/value heads {ranges} do not tile 0..{total_heads}")
             edge = hi
-        if edge != total_heads:
+        if edge > total_heads or (edge != total_heads and not partial):
             raise ConfigError(f"the ranks' key/value heads {ranges} do not tile 0..{total_heads}")
         self.slabs = list(slabs)
-        self._spans = [(int(b), int(b) + int(s.shape[HEAD_AXIS + 1])) for b, s in zip(starts, slabs)]
-        self._readers = [self._spans.index(r) for r in ranges]  # the first rank of each range
-        self.block_shape = (*first.shape[1:HEAD_AXIS + 1], total_heads, first.shape[-1])
+        self._spans = [(int(b) - low, int(b) - low + int(s.shape[HEAD_AXIS + 1])) for b, s in zip(starts, slabs)]
+        self._readers = [self._spans.index((lo - low, hi - low)) for lo, hi in ranges]  # the first rank of each
+        self.heads = (low, edge, total_heads)  # the heads a block here holds, of the model's
+        self.block_shape = (*first.shape[1:HEAD_AXIS + 1], edge - low, first.shape[-1])
 
     @property
     def dtype(self) -> torch.dtype:
