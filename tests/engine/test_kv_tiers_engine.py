@@ -159,7 +159,6 @@ def test_reset_forgets_the_tiers_and_events_name_the_blocks(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"worker": "launched"}, "worker='launched'"),
     ({"enable_prefix_caching": False}, "enable_prefix_caching"),
 ])
 def test_unsupported_builds_are_refused(fields: dict[str, object], message: str) -> None:

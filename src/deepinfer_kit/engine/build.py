@@ -104,7 +104,7 @@ def build_engine(
     if groups is not None and config.eplb is not None:
         raise ConfigError("eplb with worker='launched' is not built yet; set eplb=None")
     device = build_device(config, depth=depth, components=parts, groups=groups)
-    connector = attach_kv_tiers(config, device.runner, parts)
+    connector = attach_kv_tiers(config, device.runner, parts, model=device.loaded.config, groups=groups)
     if worker_setup is not None:  # after the tiers, as in a worker: a setup may wrap their device side
         try:
             worker_setup(device.runner)

@@ -174,9 +174,10 @@ class EngineConfig:
             :class:`~deepinfer_kit.cache.tiers.TierConfig` or a dict with its keys, e.g.
             ``{"host_blocks": 4096, "disk_blocks": 65536, "disk_path": "/var/kv"}``): a
             prefix evicted from the device is loaded back instead of recomputed
-            (docs/kv_tiers.md). Needs prefix caching, ``worker="inline"`` or ``"process"``
-            (each rank's worker then holds its heads' host slab in shared memory, which
-            the scheduler side maps) and no sliding-window group (ConfigError otherwise).
+            (docs/kv_tiers.md). Needs prefix caching and no sliding-window group
+            (ConfigError otherwise). With ``worker="process"`` each rank's worker holds its
+            heads' host slab in shared memory, which the scheduler side maps; with
+            ``"launched"`` each rank's tiers hold its heads and agree with the other ranks.
             ``None``: the device pool only.
         speculative: speculative decoding (a :class:`~deepinfer_kit.spec.SpecConfig` or a
             dict with its keys, e.g. ``{"drafter": "ngram", "num_draft": 4}``); ``None``
@@ -272,14 +273,10 @@ class EngineConfig:
         ``kv_tiers`` is set, and at build for ``components.kv_connector``.
 
         Raises:
-            ConfigError: prefix caching off, or ``worker="launched"``.
+            ConfigError: prefix caching off.
         """
         if not self.enable_prefix_caching:
             raise ConfigError("kv_tiers needs enable_prefix_caching=True: the tiers hold published blocks")
-        if self.worker == "launched":
-            raise ConfigError("kv_tiers with worker='launched' is not built yet (every rank schedules for "
-                              "itself: the ranks would have to agree on each disk read's outcome); use "
-                              "worker='process' for several ranks")
 
     def kv_layout(self, windows: Sequence[int | None]) -> KVLayout | None:
         """The cache groups of a model whose layers have these sliding ``windows``

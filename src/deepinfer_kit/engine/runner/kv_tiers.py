@@ -10,6 +10,7 @@ from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.build import build_tiers
 from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker
 from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
+from deepinfer_kit.cache.tiers.rank_agreement import launched_tiers
 from deepinfer_kit.cache.tiers.shared_slab import SlabShard, shared_host_slab
 from deepinfer_kit.comm.world import ParallelGroups
 from deepinfer_kit.components import BuildContext, Components
@@ -23,18 +24,20 @@ from deepinfer_kit.models.parallel.shard import attention_shard
 __all__ = ["attach_kv_tiers", "attach_worker_slab", "kv_heads_of_rank"]
 
 
-def attach_kv_tiers(config: EngineConfig, runner: ServingRunner,
-                    components: Components | None = None) -> KVConnectorScheduler | None:
+def attach_kv_tiers(config: EngineConfig, runner: ServingRunner, components: Components | None = None, *,
+                    model: ModelConfig | None = None,
+                    groups: ParallelGroups | None = None) -> KVConnectorScheduler | None:
     """The KV connector over the runner's pool — ``components.kv_connector``'s when given,
     else the tiers ``config.kv_tiers`` names: its device side goes to the plain runner
     (``ModelRunner.kv_transfer``), its scheduler side is returned for the cache manager
     (None when there is neither). Called once, by ``build_engine``, in the process that
-    holds the pool (``worker="inline"``).
+    holds the pool (``worker="inline"``, or each ``"launched"`` rank: ``groups`` and
+    ``model`` given, the tiers hold this rank's heads and agree with the other ranks,
+    :mod:`~deepinfer_kit.cache.tiers.rank_agreement`; a collective there).
 
     Raises:
-        ConfigError: a pool with sliding-window groups, a worker kind or ranks the tiers
-            cannot run with (``EngineConfig.check_kv_transfer``), or a disk folder that
-            cannot be created.
+        ConfigError: a pool with sliding-window groups, prefix caching off, an injected
+            connector on launched ranks, or a disk folder that cannot be created.
         CapacityError: the host cannot allocate the host tier.
     """
     factory = components.kv_connector if components is not None else None
@@ -42,6 +45,16 @@ def attach_kv_tiers(config: EngineConfig, runner: ServingRunner,
         return None
     config.check_kv_transfer()
     plain, pool = _paged_runner(runner)
+    if groups is not None and model is not None:
+        if factory is not None:
+            raise ConfigError("components.kv_connector on worker='launched' ranks is not built (the ranks' "
+                              "tiers must agree on what they load): use kv_tiers")
+        assert config.kv_tiers is not None
+        start, total = kv_heads_of_rank(model, groups)
+        tiers, plain.kv_transfer = launched_tiers(config.kv_tiers, pool, start, total,
+                                                  model=f"{config.model}|{config.seed}")
+        return tiers
+    connector: KVConnectorScheduler
     if factory is not None:
         ctx = BuildContext(config=config, clock=time.monotonic, block_size=config.block_size,
                            num_blocks=pool.num_blocks, device=str(pool.device), base=pool)
