@@ -289,6 +289,7 @@ def test_the_commands_serve_a_prefill_decode_pair(tmp_path: Path, reference: LLM
             proc.wait(20)
 
 
+@pytest.mark.slow  # five processes start: the commands test above covers the default tier
 def test_the_serving_benchmark_runs_and_the_pair_gives_one_servers_tokens() -> None:
     import subprocess
     import sys
