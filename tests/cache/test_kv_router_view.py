@@ -38,3 +38,24 @@ def test_the_view_routes_to_the_engine_holding_the_prefix_below_the_device(tmp_p
     assert view.best(heads[1] + [9]) == (1, 6)
     for engine in engines:
         engine.close()
+
+
+def test_a_feed_that_lost_events_rebuilds_the_engines_view() -> None:
+    from deepinfer_kit.cache.tiers.router_view import PrefixRouterView
+
+    view = PrefixRouterView(b"k" * 32, 4)
+    tokens = list(range(1, 10))
+    keys = [k.hex() for k in _keys(view, tokens)]
+    cursor = view.apply_feed("e", {"events": [{"seq": 1, "kind": "stored", "medium": "disk", "keys": keys}],
+                                   "last": 1, "lost": False})
+    assert cursor == 1 and view.matched_blocks("e", tokens) == 2
+    # the reader fell behind: what it held may be gone; it keeps only what follows
+    cursor = view.apply_feed("e", {"events": [{"seq": 9, "kind": "stored", "medium": "host", "keys": keys[:1]}],
+                                   "last": 9, "lost": True})
+    assert cursor == 9 and view.matched_blocks("e", tokens) == 1
+
+
+def _keys(view: object, tokens: list[int]) -> list[bytes]:
+    from deepinfer_kit.cache.tiers.manager import chain_keys
+
+    return chain_keys(view._hasher, tokens, None, 4, (len(tokens) - 1) // 4)  # type: ignore[attr-defined]

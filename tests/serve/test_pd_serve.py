@@ -300,3 +300,46 @@ def test_the_serving_benchmark_runs_and_the_pair_gives_one_servers_tokens() -> N
                          capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith(("one server", "prefill+decode"))]
     assert len(rows) == 2 and all(row.endswith("True") for row in rows), out
+
+
+def test_a_router_reads_the_servers_kv_events(tmp_path: Path) -> None:
+    from deepinfer_kit.cache.tiers.router_view import PrefixRouterView
+
+    key = secrets.token_hex(32)
+    servers = [App(ServeOptions(), kv_tiers={"host_blocks": 16, "disk_blocks": 64, "disk_path": str(tmp_path / n),
+                                             "hash_key": key}, **POOL) for n in ("a", "b")]
+    plain = App(ServeOptions(), **POOL)
+    try:
+        view = PrefixRouterView(bytes.fromhex(key), 8)
+        cursors = [0, 0]
+        prompt = PROMPTS[4]
+        r = httpx.post(servers[1].url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 200
+        for i, s in enumerate(servers):
+            feed = httpx.get(s.url + "/v1/kv_events", params={"after": cursors[i]}).json()
+            assert feed["block_size"] == 8 and not feed["lost"]
+            cursors[i] = view.apply_feed(i, feed)
+        assert view.best(prompt) == (1, (len(prompt) - 1) // 8)  # the server that computed it
+        again = httpx.get(servers[1].url + "/v1/kv_events", params={"after": cursors[1]}).json()
+        assert again["events"] == [] and again["last"] == cursors[1]  # a cursor reads each event once
+        first = httpx.get(servers[1].url + "/v1/kv_events").json()  # another router, from the start
+        assert first["events"] and first["last"] == cursors[1]
+        missing = httpx.get(plain.url + "/v1/kv_events")
+        assert missing.status_code == 404 and "no kv_tiers" in missing.text
+    finally:
+        for s in (*servers, plain):
+            s.stop()
+
+
+def test_a_feed_says_when_a_reader_lost_events() -> None:
+    from deepinfer_kit.cache.tiers.records import KVEvent
+    from deepinfer_kit.serve.kv_events import KVEventFeed
+
+    feed = KVEventFeed(limit=2)
+    feed.extend([KVEvent("stored", "device", (b"a",)), KVEvent("stored", "host", (b"a",))])
+    assert feed.since(0)["lost"] is False and len(feed.since(0)["events"]) == 2
+    feed.extend([KVEvent("removed", "device", (b"a",))])
+    late = feed.since(0)  # event 1 fell out before this reader saw it
+    assert late["lost"] is True and [e["seq"] for e in late["events"]] == [2, 3] and late["last"] == 3
+    assert feed.since(1)["lost"] is False  # it saw event 1: nothing it missed was dropped

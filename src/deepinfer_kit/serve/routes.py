@@ -15,9 +15,11 @@ from fastapi.responses import JSONResponse, Response
 
 from deepinfer_kit.serve.async_llm import AsyncLLM
 from deepinfer_kit.serve.http import read_json
+from deepinfer_kit.serve.kv_events import KVEventFeed
 from deepinfer_kit.serve.metrics import CONTENT_TYPE, ServerMetrics
 from deepinfer_kit.serve.options import ServeOptions, short
 from deepinfer_kit.serve.protocol import BadRequest
+from deepinfer_kit.serve.responses import error_body
 
 __all__ = ["add_info_routes", "chat_renderer_call", "max_model_len"]
 
@@ -97,8 +99,8 @@ def _permission(created: int) -> dict[str, Any]:
 
 def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, options: ServeOptions,
                     metrics: ServerMetrics, render: Render, chat_template: str | None) -> None:
-    """Register /health, /version, /metrics, /v1/models, /tokenize and /detokenize on
-    ``app``."""
+    """Register /health, /version, /metrics, /v1/models, /v1/kv_events, /tokenize and
+    /detokenize on ``app``."""
     from deepinfer_kit import __version__
 
     created = int(time.time())
@@ -128,6 +130,19 @@ def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, 
             "id": model_name, "object": "model", "created": created, "owned_by": "deepinfer_kit",
             "root": root, "parent": None, "max_model_len": context,
             "permission": [_permission(created)]}]}
+
+    feed = KVEventFeed()
+
+    @app.get("/v1/kv_events")
+    async def kv_events(after: int = 0) -> Response:
+        """The KV tiers' events after cursor ``after`` (:class:`KVEventFeed`), for routers
+        that send a prompt where most of it is cached (``PrefixRouterView.apply_feed``)."""
+        take = getattr(llm.engine.cache, "take_kv_events", None)
+        if take is None:
+            return JSONResponse(error_body("this server has no kv_tiers: it publishes no KV events",
+                                           kind="NotFoundError", code=404), status_code=404)
+        feed.extend(await llm.call(take))
+        return JSONResponse({**feed.since(after), "block_size": llm.engine.cache.block_size})
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

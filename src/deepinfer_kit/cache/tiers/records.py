@@ -78,8 +78,8 @@ def merge_outputs(outputs: Sequence[TransferOutput | None]) -> TransferOutput | 
 @attrs.frozen(slots=True)
 class KVEvent:
     """A change of what one medium holds, for a router choosing the engine with the most
-    of a prompt cached (``Engine.take_kv_events``; vLLM's BlockStored / BlockRemoved /
-    AllBlocksCleared).
+    of a prompt cached (``engine.cache.take_kv_events()``, a server's ``GET /v1/kv_events``;
+    vLLM's BlockStored / BlockRemoved / AllBlocksCleared).
 
     Attributes:
         kind: ``"stored"``, ``"removed"`` or ``"cleared"`` (every block of ``medium``).

@@ -3,7 +3,8 @@ events — device, host and disk alike — to send a prompt where most of it is 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 from deepinfer_kit.cache.hashing import BlockHasher
 from deepinfer_kit.cache.tiers.manager import chain_keys
@@ -43,6 +44,17 @@ class PrefixRouterView:
                 held.difference_update(ev.keys)
             else:
                 held.clear()
+
+    def apply_feed(self, engine: Hashable, feed: Mapping[str, Any]) -> int:
+        """Fold a server's ``GET /v1/kv_events?after=N`` answer into ``engine``'s view and
+        return the cursor for the next request (its ``last``). An answer that says events
+        were ``lost`` (read too rarely) first forgets what the view held of ``engine``: it
+        rebuilds from what follows (undercounting, never routing to what is gone)."""
+        if feed.get("lost"):
+            self._held[engine] = {m: set() for m in MEDIA}
+        self.apply(engine, [KVEvent(e["kind"], e["medium"], tuple(bytes.fromhex(k) for k in e["keys"]))
+                            for e in feed.get("events", [])])
+        return int(feed.get("last", 0))
 
     def matched_blocks(self, engine: Hashable, tokens: Sequence[int], context: Hashable = None) -> int:
         """Leading full blocks of ``tokens`` that ``engine`` holds in some medium (the last
