@@ -229,7 +229,7 @@ def _pd_proxy(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from deepinfer_kit.disagg.proxy import build_proxy_app
+        from deepinfer_kit.serve.pd_proxy import build_proxy_app
     except ImportError as exc:
         raise ConfigError(f"deepinfer-kit pd-proxy needs FastAPI, uvicorn and httpx: "
                           f"pip install 'deepinfer_kit[serve]' ({exc})") from None

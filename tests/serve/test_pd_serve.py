@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 from served_app import App, free_port, uvicorn  # noqa: E402
 
 from deepinfer_kit import LLM, SamplingParams  # noqa: E402
-from deepinfer_kit.disagg.proxy import build_proxy_app  # noqa: E402
+from deepinfer_kit.serve.pd_proxy import build_proxy_app  # noqa: E402
 from deepinfer_kit.errors import ConfigError  # noqa: E402
 from deepinfer_kit.serve import AsyncLLM  # noqa: E402
 from deepinfer_kit.serve.options import ServeOptions  # noqa: E402
@@ -228,7 +228,7 @@ def test_prefill_role_requests_save_and_stop_after_one_token(tmp_path: Path) -> 
 
 
 def test_the_decode_server_is_told_what_the_prefill_server_wrote() -> None:
-    from deepinfer_kit.disagg.proxy import _decode_kv
+    from deepinfer_kit.serve.pd_proxy import _decode_kv
 
     said = httpx.Response(200, json={"choices": [], "kv_transfer_params": {"remote_blocks": 3}})
     assert _decode_kv(said) == {"load_remote": True, "remote_blocks": 3}
@@ -325,6 +325,9 @@ def test_a_router_reads_the_servers_kv_events(tmp_path: Path) -> None:
         assert again["events"] == [] and again["last"] == cursors[1]  # a cursor reads each event once
         first = httpx.get(servers[1].url + "/v1/kv_events").json()  # another router, from the start
         assert first["events"] and first["last"] == cursors[1]
+        for bad in ("abc", "-5", "1e3", "9" * 40):
+            r = httpx.get(servers[0].url + "/v1/kv_events", params={"after": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "after", bad
         missing = httpx.get(plain.url + "/v1/kv_events")
         assert missing.status_code == 404 and "no kv_tiers" in missing.text
     finally:
@@ -343,3 +346,17 @@ def test_a_feed_says_when_a_reader_lost_events() -> None:
     late = feed.since(0)  # event 1 fell out before this reader saw it
     assert late["lost"] is True and [e["seq"] for e in late["events"]] == [2, 3] and late["last"] == 3
     assert feed.since(1)["lost"] is False  # it saw event 1: nothing it missed was dropped
+
+
+def test_the_proxy_reads_a_body_as_a_server_does(pair: Pair) -> None:
+    url = pair.proxy.url + "/v1/completions"
+    bad = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "body"
+    text = httpx.post(url, content=b"{}", headers={"content-type": "text/plain"})
+    assert text.status_code == 415
+    big = httpx.post(url, content=b"[" + b"1," * (5 * 2**20) + b"1]", headers={"content-type": "application/json"})
+    assert big.status_code == 413
+    deep = httpx.post(url, content=b"[" * 10_000 + b"]" * 10_000, headers={"content-type": "application/json"})
+    assert deep.status_code == 400
+    listed = httpx.post(url, json=[1, 2])  # JSON, not an object: the decode server answers for it
+    assert listed.status_code == 400 and listed.json()["error"]["param"] == "body"

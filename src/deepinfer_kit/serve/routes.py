@@ -134,9 +134,13 @@ def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, 
     feed = KVEventFeed()
 
     @app.get("/v1/kv_events")
-    async def kv_events(after: int = 0) -> Response:
+    async def kv_events(request: Request) -> Response:
         """The KV tiers' events after cursor ``after`` (:class:`KVEventFeed`), for routers
         that send a prompt where most of it is cached (``PrefixRouterView.apply_feed``)."""
+        raw = request.query_params.get("after", "0")
+        after = int(raw) if raw.isdigit() and len(raw) < 20 else -1
+        if after < 0:
+            raise BadRequest(f"after must be an event number >= 0, got {short(raw)}", "after")
         take = getattr(llm.engine.cache, "take_kv_events", None)
         if take is None:
             return JSONResponse(error_body("this server has no kv_tiers: it publishes no KV events",

@@ -28,6 +28,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.serve.http import read_json
+from deepinfer_kit.serve.options import ServeOptions
+from deepinfer_kit.serve.responses import error_body
 
 __all__ = ["ProxyStats", "build_proxy_app"]
 
@@ -78,9 +81,12 @@ def _decode_kv(prefill: httpx.Response | None) -> dict[str, Any]:
 
 
 def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s: float = 600.0,
+                    options: ServeOptions | None = None,
                     transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     """The proxy over ``prefill`` and ``decode`` server URLs (``http://host:port``), each
-    list taken round robin.
+    list taken round robin. A body is read as a server reads it (``options``: its size
+    and nesting limits; a body that is not a JSON object goes to a decode server, which
+    answers for it).
 
     Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (prefill, then
     decode), ``GET /v1/models`` (the first decode server's), ``GET /health`` (200 when
@@ -96,6 +102,7 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"pd-proxy {name} server URL must start with http:// or https://, got {url!r}")
+    options = options if options is not None else ServeOptions()
     pre_urls, dec_urls = [u.rstrip("/") for u in prefill], [u.rstrip("/") for u in decode]
     next_pre, next_dec = itertools.cycle(pre_urls), itertools.cycle(dec_urls)
     client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
@@ -111,12 +118,15 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
     def headers(request: Request) -> dict[str, str]:
         return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED}
 
+    @app.exception_handler(ConfigError)
+    async def refused(request: Request, exc: ConfigError) -> JSONResponse:
+        status = getattr(exc, "status", 400)
+        return JSONResponse(error_body(str(exc), kind=getattr(exc, "kind", "BadRequestError"),
+                                       param=getattr(exc, "param", None), code=status), status_code=status)
+
     async def route(request: Request, path: str) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            body = None
+        body = await read_json(request, options)  # 415, 413, 400 as a server answers them
+        raw = json.dumps(body).encode()
         if isinstance(body, dict):
             stats.requests += 1
             try:
