@@ -360,3 +360,15 @@ def test_the_proxy_reads_a_body_as_a_server_does(pair: Pair) -> None:
     assert deep.status_code == 400
     listed = httpx.post(url, json=[1, 2])  # JSON, not an object: the decode server answers for it
     assert listed.status_code == 400 and listed.json()["error"]["param"] == "body"
+
+
+def test_a_dead_decode_server_is_a_503() -> None:
+    proxy = Proxy([f"http://127.0.0.1:{free_port()}"], [f"http://127.0.0.1:{free_port()}"])
+    try:
+        r = httpx.post(proxy.url + "/v1/completions", json={"model": "tiny", "prompt": [1, 2, 3]}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailable"
+        assert httpx.get(proxy.url + "/v1/models").status_code == 503
+        health = httpx.get(proxy.url + "/health")
+        assert health.status_code == 503 and len(health.json()["down"]) == 2
+    finally:
+        proxy.stop()

@@ -146,8 +146,7 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
         try:
             answer = await client.send(upstream, stream=True)
         except httpx.HTTPError as exc:
-            return JSONResponse({"error": {"message": f"the decode server could not be reached: {exc}",
-                                           "type": "ServiceUnavailable", "code": 503}}, status_code=503)
+            return unreachable(exc)
         return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
                                  media_type=answer.headers.get("content-type"),
                                  background=BackgroundTask(answer.aclose))
@@ -162,8 +161,15 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        answer = await client.get(dec_urls[0] + "/v1/models", headers=headers(request))
+        try:
+            answer = await client.get(dec_urls[0] + "/v1/models", headers=headers(request))
+        except httpx.HTTPError as exc:
+            return unreachable(exc)
         return Response(answer.content, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
+
+    def unreachable(exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"the decode server could not be reached: {exc}", kind="ServiceUnavailable",
+                                       code=503), status_code=503)
 
     @app.get("/health")
     async def health() -> Response:
