@@ -16,6 +16,7 @@ from deepinfer_kit.disagg import push_kv_down
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.sample.params import SamplingParams
 from deepinfer_kit.testing.kv_connector import FlakyWorker
+from tier_workload import a_failed_load_errors_its_request
 
 _RNG = random.Random(9)
 _HEAD = [_RNG.randrange(250) for _ in range(64)]
@@ -25,21 +26,13 @@ _OTHERS = [[_RNG.randrange(250) for _ in range(70)] for _ in range(3)]
 def test_a_failed_load_errors_its_requests_and_the_engine_serves_on() -> None:
     engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192,
                           kv_tiers={"host_blocks": 64})
-    greedy = SamplingParams(max_tokens=4, temperature=0.0)
-    engine.add_request("first", _HEAD + [1, 2], greedy)
-    for i, p in enumerate(_OTHERS):  # push the head out of the device pool, into the host tier
-        engine.add_request(f"other{i}", p, greedy)
-    engine.run()
     runner = engine.runner.runner if hasattr(engine.runner, "runner") else engine.runner  # type: ignore[attr-defined]
-    runner.kv_transfer = FlakyWorker(runner.kv_transfer, fail_loads=True)
-    engine.add_request("reads_the_tier", _HEAD + [3, 4], greedy)
-    engine.add_request("fresh", [5] * 30, greedy)
-    outs = {o.request_id: o.outputs[0] for o in engine.run()}
-    cache = engine.cache
-    assert isinstance(cache, TieredKVCacheManager) and cache.tier_stats.host_hits > 0
-    assert outs["reads_the_tier"].finish_reason == "error"
-    assert "KV load failed" in str(outs["reads_the_tier"].stop_reason)
-    assert outs["fresh"].finish_reason == "length"
+
+    def flaky() -> None:
+        runner.kv_transfer = FlakyWorker(runner.kv_transfer, fail_loads=True)
+
+    a_failed_load_errors_its_request(engine, _HEAD, _OTHERS, before_read=flaky)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
     runner.kv_transfer = runner.kv_transfer.inner  # the link heals: the same prompt is served right
     engine.add_request("again", _HEAD + [3, 4], greedy)
     again = engine.run()[0].outputs[0]

@@ -7,7 +7,6 @@ engine's; a round trip through the host slab is byte for byte."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,34 +16,15 @@ import torch
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
 from deepinfer_kit.cache.tiers.records import TransferPlan
-from deepinfer_kit.engine.build import build_engine
-from deepinfer_kit.sample.params import SamplingParams
+from tier_workload import serve_one_at_a_time, tier_prompts
 
 pytestmark = pytest.mark.cuda
 
-_RNG = random.Random(5)
-_HEADS = [[_RNG.randrange(250) for _ in range(64)] for _ in range(4)]
-_PROMPTS = [_HEADS[i % 4] + [_RNG.randrange(250) for _ in range(_RNG.randrange(3, 20))] for i in range(12)]
-_POOL = {"device": "cuda", "num_blocks": 24, "block_size": 8, "max_num_seqs": 2, "max_model_len": 192}
-
-
-def _params(i: int) -> SamplingParams:
-    if i % 2:
-        return SamplingParams(max_tokens=5, temperature=0.0)
-    return SamplingParams(max_tokens=5, temperature=0.9, top_p=0.9, seed=100 + i)
+_, _PROMPTS, _ = tier_prompts(5, 4, 12)
 
 
 def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
-    engine = build_engine(**_POOL, **kw)
-    out: dict[str, list[int]] = {}
-    for i, p in enumerate(_PROMPTS):
-        engine.add_request(str(i), p, _params(i))
-        out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
-    engine.flush()
-    engine.check_idle()
-    stats = getattr(engine.cache, "tier_stats", None)
-    engine.close()
-    return out, stats
+    return serve_one_at_a_time(_PROMPTS, device="cuda", **kw)
 
 
 @pytest.mark.parametrize("engine", [{}, {"overlap": False}, {"worker": "process"}],

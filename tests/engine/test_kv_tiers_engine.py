@@ -4,7 +4,6 @@ refusals."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -19,32 +18,14 @@ from deepinfer_kit.components import BuildContext, Components, Factory
 from deepinfer_kit.disagg import push_kv_down
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.errors import CapacityError, ConfigError
-from deepinfer_kit.sample.params import SamplingParams
+from tier_workload import serve_one_at_a_time, tier_params, tier_prompts
 
-_RNG = random.Random(7)
-_HEADS = [[_RNG.randrange(250) for _ in range(64)] for _ in range(6)]
-_PROMPTS = [_HEADS[i % 6] + [_RNG.randrange(250) for _ in range(_RNG.randrange(3, 20))] for i in range(18)]
-
-
-def _params(i: int) -> SamplingParams:
-    if i % 2:
-        return SamplingParams(max_tokens=5, temperature=0.0)
-    return SamplingParams(max_tokens=5, temperature=0.9, top_p=0.9, seed=100 + i)
+_HEADS, _PROMPTS, _RNG = tier_prompts(7, 6, 18)
+_params = tier_params
 
 
 def _serve(prompts: list[list[int]], **kw: object) -> tuple[dict[str, list[int]], object]:
-    """One request at a time (so each finds the last ones' prefixes where they went)."""
-    engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192, **kw)  # type: ignore[arg-type]
-    out: dict[str, list[int]] = {}
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, _params(i))
-        for o in engine.run():
-            out[o.request_id] = list(o.outputs[0].token_ids)
-    engine.flush()
-    engine.check_idle()
-    stats = getattr(engine.cache, "tier_stats", None)
-    engine.close()
-    return out, stats
+    return serve_one_at_a_time(prompts, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -6,45 +6,25 @@ rank ends exactly the requests that read it."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
 from deepinfer_kit.disagg import build_disaggregated
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError
-from deepinfer_kit.sample.params import SamplingParams
 from differential import run_workload, workload
 from runner_hooks import FailLoadsOnRank
+from tier_workload import POOL, a_failed_load_errors_its_request, serve_one_at_a_time, tier_params, tier_prompts
 
-_RNG = random.Random(11)
-_HEADS = [[_RNG.randrange(250) for _ in range(64)] for _ in range(4)]
-_PROMPTS = [_HEADS[i % 4] + [_RNG.randrange(250) for _ in range(_RNG.randrange(3, 20))] for i in range(12)]
-_POOL = {"num_blocks": 24, "block_size": 8, "max_num_seqs": 2, "max_model_len": 192}
-
-
-def _params(i: int) -> SamplingParams:
-    if i % 2:
-        return SamplingParams(max_tokens=5, temperature=0.0)
-    return SamplingParams(max_tokens=5, temperature=0.9, top_p=0.9, seed=100 + i)
+_HEADS, _PROMPTS, _RNG = tier_prompts(11, 4, 12)
+_POOL = POOL
 
 
 def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
-    """One request at a time, so each finds the earlier prefixes in the tiers."""
-    engine = build_engine(**_POOL, **kw)
-    out: dict[str, list[int]] = {}
-    for i, p in enumerate(_PROMPTS):
-        engine.add_request(str(i), p, _params(i))
-        out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
-    engine.flush()
-    engine.check_idle()
-    stats = getattr(engine.cache, "tier_stats", None)
-    engine.close()
-    return out, stats
+    return serve_one_at_a_time(_PROMPTS, **kw)
 
 
 @pytest.mark.parametrize("ranks, tiers", [
@@ -95,12 +75,12 @@ def test_a_disk_block_written_under_two_ranks_is_read_under_one(tmp_path: Path) 
     config = EngineConfig(num_blocks=64, block_size=8, max_num_seqs=4, max_model_len=256)
     plain = build_engine(config)
     for i, p in enumerate(_PROMPTS):
-        plain.add_request(str(i), p, _params(i))
+        plain.add_request(str(i), p, tier_params(i))
     reference = {o.request_id: list(o.outputs[0].token_ids) for o in plain.run()}
     plain.close()
     d = build_disaggregated(config, tmp_path, prefill={"worker": "process", "tensor_parallel": 2})
     for i, p in enumerate(_PROMPTS):
-        d.add_request(str(i), p, _params(i))
+        d.add_request(str(i), p, tier_params(i))
     got = {o.request_id: list(o.outputs[0].token_ids) for o in d.run()}
     d.prefill.check_idle()
     d.decode.check_idle()
@@ -113,19 +93,7 @@ def test_a_disk_block_written_under_two_ranks_is_read_under_one(tmp_path: Path) 
 def test_a_load_failing_on_one_rank_errors_its_requests() -> None:
     engine = build_engine(**_POOL, worker="process", tensor_parallel=2, kv_tiers={"host_blocks": 64},
                           worker_setup=FailLoadsOnRank(1))
-    greedy = SamplingParams(max_tokens=4, temperature=0.0)
-    engine.add_request("first", _HEADS[0] + [1, 2], greedy)
-    for i in range(3):  # push the head out of the device pool, into the host tier
-        engine.add_request(f"other{i}", [_RNG.randrange(250) for _ in range(70)], greedy)
-    engine.run()
-    engine.add_request("reads_the_tier", _HEADS[0] + [3, 4], greedy)
-    engine.add_request("fresh", [5] * 30, greedy)
-    outs = {o.request_id: o.outputs[0] for o in engine.run()}
-    cache = engine.cache
-    assert isinstance(cache, TieredKVCacheManager) and cache.tier_stats.host_hits > 0
-    assert outs["reads_the_tier"].finish_reason == "error"
-    assert "KV load failed" in str(outs["reads_the_tier"].stop_reason)
-    assert outs["fresh"].finish_reason == "length"
+    a_failed_load_errors_its_request(engine, _HEADS[0], [[_RNG.randrange(250) for _ in range(70)] for _ in range(3)])
     engine.flush()
     engine.check_idle()
     engine.close()
