@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from deepinfer_kit.cache.tiers.disk_tier import DiskTier
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
@@ -17,7 +18,7 @@ from deepinfer_kit.errors import ConfigError, DeepInferError
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.sample.params import SamplingParams
 
-__all__ = ["DisaggregatedEngine", "build_disaggregated", "push_kv_down"]
+__all__ = ["DisaggregatedEngine", "build_disaggregated", "push_kv_down", "disk_tier"]
 
 
 class DisaggregatedEngine:
@@ -127,6 +128,16 @@ class DisaggregatedEngine:
         """Close both engines."""
         self.prefill.close()
         self.decode.close()
+
+
+def disk_tier(engine: Engine) -> DiskTier | None:
+    """``engine``'s disk tier (the folder a prefill/decode pair shares), or None when it has
+    no KV tiers or its connector has no disk tier."""
+    cache = engine.cache
+    if not isinstance(cache, TieredKVCacheManager):
+        return None
+    disk = getattr(cache.connector, "disk", None)
+    return disk if isinstance(disk, DiskTier) else None
 
 
 def push_kv_down(engine: Engine) -> list[RequestOutput]:

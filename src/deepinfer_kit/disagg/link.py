@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore
-from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.disagg.engine import disk_tier
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
 
@@ -71,8 +71,7 @@ def push_saved_blocks(engine: Engine, peer: int, group: Any = None) -> PushStore
     Raises:
         ConfigError: the engine has no disk tier.
     """
-    cache = engine.cache
-    disk = getattr(getattr(cache, "connector", None), "disk", None) if isinstance(cache, TieredKVCacheManager) else None
+    disk = disk_tier(engine)
     if disk is None:
         raise ConfigError("push_saved_blocks needs an engine with kv_tiers.disk_blocks > 0")
     if not isinstance(disk.store, DiskBlockStore):

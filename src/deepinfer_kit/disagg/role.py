@@ -10,7 +10,7 @@ import attrs
 
 from deepinfer_kit.cache.tiers.config import KVRequestParams
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
-from deepinfer_kit.disagg.engine import push_kv_down
+from deepinfer_kit.disagg.engine import disk_tier, push_kv_down
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import RequestOutput
@@ -32,8 +32,7 @@ def check_kv_role(role: str | None, engine: Engine) -> None:
         return
     if role not in KV_ROLES:
         raise ConfigError(f"kv_role must be one of {KV_ROLES} or None, got {role!r}")
-    cache = engine.cache
-    if not isinstance(cache, TieredKVCacheManager) or getattr(cache.connector, "disk", None) is None:
+    if disk_tier(engine) is None:
         raise ConfigError(f"kv_role={role!r} needs kv_tiers with disk_blocks and disk_path (the folder the "
                           f"prefill and decode servers share) and the same hash_key on both")
 
