@@ -1,7 +1,8 @@
 """The KV tiers' CUDA paths (run by scripts/device_check_correctness.sh, which collects every
 ``cuda`` test): the pinned host slab, saves gathered on the device and copied to the host
 without blocking (an event settles them), loads staged in pinned memory and scattered on
-the runner's stream before the forward — under the overlapped executor CUDA engines use by
+the runner's stream before the forward, or layer by layer on a stream of their own that the
+forward waits on per layer (``layerwise_loads``) — under the overlapped executor CUDA engines use by
 default, and in a worker process over a shared-memory slab. Tokens equal the device-only
 engine's; a round trip through the host slab is byte for byte."""
 
@@ -27,16 +28,19 @@ def _serve(**kw: Any) -> tuple[dict[str, list[int]], Any]:
     return serve_one_at_a_time(_PROMPTS, device="cuda", **kw)
 
 
+@pytest.mark.parametrize("layerwise", [True, False], ids=["layerwise", "whole-round"])
 @pytest.mark.parametrize("engine", [{}, {"overlap": False}, {"worker": "process"}],
                          ids=["overlapped", "synchronous", "worker-process"])
-def test_tokens_equal_the_device_only_engine_on_cuda(engine: dict[str, Any], tmp_path: Path) -> None:
+def test_tokens_equal_the_device_only_engine_on_cuda(engine: dict[str, Any], layerwise: bool, tmp_path: Path) -> None:
     reference, _ = _serve(**engine)
-    got, stats = _serve(kv_tiers={"host_blocks": 12, "disk_blocks": 120, "disk_path": str(tmp_path)}, **engine)
+    got, stats = _serve(kv_tiers={"host_blocks": 12, "disk_blocks": 120, "disk_path": str(tmp_path),
+                                  "layerwise_loads": layerwise}, **engine)
     assert got == reference
     assert stats.loaded_tokens > 0 and stats.host_hits + stats.disk_hits > 0
 
 
-def test_a_round_trip_through_the_pinned_slab_is_exact() -> None:
+@pytest.mark.parametrize("layerwise", [True, False], ids=["layerwise", "whole-round"])
+def test_a_round_trip_through_the_pinned_slab_is_exact(layerwise: bool) -> None:
     kv = PagedKVCache(3, 8, 4, 2, 16, dtype=torch.bfloat16, device="cuda")
     for layer in range(3):
         kv.write_blocks(layer, torch.arange(8, device="cuda"),
@@ -44,7 +48,7 @@ def test_a_round_trip_through_the_pinned_slab_is_exact() -> None:
     before = [kv.read_blocks(layer, torch.tensor([1, 2], device="cuda")).clone() for layer in range(3)]
     slab = host_slab(kv, 4)
     assert slab.is_pinned()
-    worker = HostTransferWorker(kv, slab)
+    worker = HostTransferWorker(kv, slab, layerwise=layerwise)
     # One round saves blocks 1 and 2 into slots 0 and 3 and loads slot 3 into block 5 (a
     # load reading a slot the same round saves: settled first); the next loads slot 0.
     worker.start_save_kv(TransferPlan(saves=[(1, 0), (2, 3)]))
@@ -52,6 +56,10 @@ def test_a_round_trip_through_the_pinned_slab_is_exact() -> None:
     worker.wait_for_load()
     assert sorted(worker.get_finished().saved) == [0, 3]  # type: ignore[union-attr]
     worker.start_load_kv(TransferPlan(loads=[(0, 6)]))
+    for layer in range(3):  # the forward's stream waits per layer (layerwise) or not at all
+        worker.wait_for_layer_load(layer)
+        assert torch.equal(kv.read_blocks(layer, torch.tensor([6], device="cuda")), before[layer][:1])
+    worker.wait_for_load()
     worker.get_finished()
     torch.cuda.synchronize()
     for layer in range(3):

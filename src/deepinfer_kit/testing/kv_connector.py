@@ -90,7 +90,8 @@ class TierDeviceModel:
     """Drives a :class:`TieredKVCacheManager` as the engine does, one request per round:
     match, allocate, drain the round's transfers, run them (saves, then loads), compute
     the blocks not loaded (write their content), report, publish, free. Checks every
-    loaded block against the content of its prefix."""
+    loaded block against the content of its prefix, as the forward would read it: a
+    worker with ``wait_for_layer_load`` has each layer read right after its wait."""
 
     def __init__(self, factory: ConnectorFactory, folder: str, *, num_blocks: int = 24,
                  wrap: Callable[[KVConnectorWorker], KVConnectorWorker] | None = None) -> None:
@@ -114,18 +115,15 @@ class TierDeviceModel:
         device_hit = len(req.prefix_state.hits) * _P if req.prefix_state is not None else 0  # type: ignore[attr-defined]
         m.allocate(req, len(tokens) - cached, cached)
         plan = m.drain_kv_transfers(self._n)
+        loaded_blocks = range(device_hit // _P, cached // _P)
         self.worker.start_save_kv(plan)
         self.worker.start_load_kv(plan)
-        self.worker.wait_for_load()
-        loaded_blocks = range(device_hit // _P, cached // _P)
+        seen = self._read_loads([req.block_table[i] for i in loaded_blocks], bool(plan.loads))
         report = self.worker.get_finished()
         failed = set(report.failed_loads) if report is not None else set()
-        for i in loaded_blocks:
+        for i, got in zip(loaded_blocks, seen):
             block = req.block_table[i]
-            if block in failed:
-                continue
-            got = self.kv._kv[:, :, block]  # noqa: SLF001 - the suite reads the pool as the model would
-            if not torch.equal(got, _content(tokens[:(i + 1) * _P])):
+            if block not in failed and not torch.equal(got, _content(tokens[:(i + 1) * _P])):
                 self.bad_loads.append(block)
         self.loaded += len(loaded_blocks)
         for i in range(cached // _P, len(tokens) // _P):  # the forward writes what it computes
@@ -136,6 +134,23 @@ class TierDeviceModel:
             m.cache_full_blocks(req, len(tokens))
         m.free(req)
         return cached
+
+    def _read_loads(self, blocks: list[int], loading: bool) -> list[torch.Tensor]:
+        """What a forward reads of ``blocks`` (each ``[L, 2, P, H, D]``), as the runner
+        orders it: with the worker's ``wait_for_layer_load`` (a round with loads), each
+        layer read right after its wait, then :meth:`wait_for_load`; else after
+        :meth:`wait_for_load`."""
+        layered = getattr(self.worker, "wait_for_layer_load", None)
+        pool = self.kv._kv  # noqa: SLF001 - the suite reads the pool as the model would
+        if layered is None or not loading:
+            self.worker.wait_for_load()
+            return [pool[:, :, b].clone() for b in blocks]
+        layers = []
+        for layer in range(_L):
+            layered(layer)
+            layers.append(pool[layer, :, blocks].clone())  # [2, n, P, H, D]
+        self.worker.wait_for_load()
+        return list(torch.stack(layers).permute(2, 0, 1, 3, 4, 5)) if blocks else []
 
     def finish(self) -> None:
         """Push the last saves down, then the idle check."""

@@ -5,7 +5,7 @@ Torch-free names only here (the simulator and the scheduler's records import the
 stores and workers are imported from their modules."""
 
 from deepinfer_kit.cache.tiers.config import KVRequestParams, TierConfig
-from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler, KVConnectorWorker
+from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler, KVConnectorWorker, LayerwiseKVConnectorWorker
 from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput, TransferPlan
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "KVRequestParams",
     "KVConnectorScheduler",
     "KVConnectorWorker",
+    "LayerwiseKVConnectorWorker",
     "KVEvent",
     "TierStats",
     "TransferOutput",

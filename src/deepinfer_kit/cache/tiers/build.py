@@ -34,7 +34,7 @@ def build_tiers(config: TierConfig, kv_cache: PagedKVCache, *, model: str = "") 
     slab = host_slab(kv_cache, config.host_blocks)
     connector = host_side_tiers(config, RankSlabs([slab], [0], kv_cache.num_kv_heads), block_size=kv_cache.block_size,
                                 model=model)
-    return connector, HostTransferWorker(kv_cache, slab)
+    return connector, HostTransferWorker(kv_cache, slab, layerwise=config.layerwise_loads)
 
 
 def host_side_tiers(config: TierConfig, slabs: RankSlabs, *, block_size: int, model: str = "",

@@ -75,6 +75,11 @@ class TierConfig:
         hash_key: the BLAKE2b key of block identities (16..64 bytes), shared by engines
             that share a disk folder; ``None``: a random key per engine.
         io_threads: threads reading and writing the disk tier.
+        layerwise_loads: a round's loads into the device are copied layer by layer beside
+            its forward, which waits for each layer's copy just before that layer (a
+            stream of their own on CUDA, a thread on the CPU); ``False``: every load is
+            done, or ordered on the forward's stream, before the forward starts. The
+            tokens are the same either way.
     """
 
     host_blocks: int = attrs.field(default=0, validator=int_at_least(0))
@@ -89,6 +94,7 @@ class TierConfig:
     prefetch_timeout_s: float = attrs.field(default=5.0, validator=_seconds)
     hash_key: bytes | None = attrs.field(default=None, validator=_key)
     io_threads: int = attrs.field(default=2, validator=int_at_least(1))
+    layerwise_loads: bool = attrs.field(default=True, validator=_flag)
 
     def __attrs_post_init__(self) -> None:
         if self.disk_blocks and not self.disk_path:

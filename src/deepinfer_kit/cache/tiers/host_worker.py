@@ -10,6 +10,7 @@ import math
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.tiers.layer_loads import LayerLoads
 from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
 from deepinfer_kit.errors import CapacityError
 
@@ -46,15 +47,23 @@ class HostTransferWorker:
     copy it to the device without blocking and scatter it layer by layer into the pool,
     on the same stream, before the forward. On the CPU every copy is done on return.
 
+    With ``layerwise`` (the default) loads are instead copied layer by layer beside the
+    forward (:class:`~deepinfer_kit.cache.tiers.layer_loads.LayerLoads`: a stream of their
+    own on CUDA, a thread on the CPU), and the forward waits for each layer's copy just
+    before that layer (:meth:`wait_for_layer_load`): layer ``i + 1``'s copy overlaps layer
+    ``i``'s compute.
+
     Args:
         kv_cache: the device pool.
         slab: the host tier's bytes (:func:`host_slab`).
+        layerwise: per-layer loads (``TierConfig.layerwise_loads``).
     """
 
-    def __init__(self, kv_cache: PagedKVCache, slab: torch.Tensor) -> None:
+    def __init__(self, kv_cache: PagedKVCache, slab: torch.Tensor, *, layerwise: bool = True) -> None:
         self._kv = kv_cache
         self._slab = slab
         self._cuda = kv_cache.device.type == "cuda"
+        self._layers = LayerLoads(kv_cache) if layerwise else None
         self._saving: tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None] | None = None
         self._saved: list[int] = []
         self._asked = False
@@ -99,6 +108,9 @@ class HostTransferWorker:
         self._asked = True
         if self._saving is not None and {s for s, _ in plan.loads} & set(self._saving[1].tolist()):
             self._settle()  # a load reads a slot this round saves
+        if self._layers is not None:
+            self._layers.start(self._slab, [s for s, _ in plan.loads], [b for _, b in plan.loads])
+            return
         kv = self._kv
         dev = kv.device
         slots = torch.tensor([s for s, _ in plan.loads], dtype=torch.int64)
@@ -111,8 +123,32 @@ class HostTransferWorker:
         for layer in range(kv.num_layers):
             kv.write_blocks(layer, blocks, data[:, layer])
 
+    def wait_for_layer_load(self, layer: int) -> None:
+        """Called inside the forward before layer ``layer`` first touches its cache: order
+        that layer's loads before it (CUDA: a stream dependency; CPU: until copied). A no-op
+        without ``layerwise`` (the loads were ordered at :meth:`start_load_kv`).
+
+        Raises:
+            Exception: what the copy raised (the round fails).
+        """
+        if self._layers is not None:
+            self._layers.wait_layer(layer)
+
     def wait_for_load(self) -> None:
-        """Nothing to wait for: the loads are on the forward's stream (CUDA) or done (CPU)."""
+        """Order every load started before what follows: with ``layerwise``, the
+        forward's stream waits for the last layer (CUDA) or the copies are joined (CPU);
+        without, nothing to wait for (the loads are on the forward's stream, or done).
+
+        Raises:
+            Exception: what a layerwise copy raised.
+        """
+        if self._layers is not None:
+            self._layers.wait_all()
+
+    def close(self) -> None:
+        """Finish the loads in flight and stop the copy thread (the engine's close)."""
+        if self._layers is not None:
+            self._layers.close()
 
     def get_finished(self) -> TransferOutput | None:
         """The slots saved since the last call (after settling them); None when nothing
@@ -121,6 +157,8 @@ class HostTransferWorker:
             return None
         self._settle()
         self._keep.clear()  # the round's forward, after the loads, has finished by now
+        if self._layers is not None:
+            self._layers.release()
         out = TransferOutput(saved=self._saved)
         self._saved = []
         self._asked = False
@@ -128,6 +166,6 @@ class HostTransferWorker:
 
 
 if TYPE_CHECKING:
-    from deepinfer_kit.cache.tiers.protocols import KVConnectorWorker
+    from deepinfer_kit.cache.tiers.protocols import LayerwiseKVConnectorWorker
 
-    _check: type[KVConnectorWorker] = HostTransferWorker
+    _check: type[LayerwiseKVConnectorWorker] = HostTransferWorker

@@ -9,7 +9,7 @@ from typing import Protocol
 from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput, TransferPlan
 from deepinfer_kit.request import Request
 
-__all__ = ["KVConnectorScheduler", "KVConnectorWorker"]
+__all__ = ["KVConnectorScheduler", "KVConnectorWorker", "LayerwiseKVConnectorWorker"]
 
 
 class KVConnectorScheduler(Protocol):
@@ -111,7 +111,10 @@ class KVConnectorWorker(Protocol):
 
     The runner calls :meth:`start_save_kv` first, then performs the round's copy-on-write
     copies, then :meth:`start_load_kv`, then :meth:`wait_for_load` before the forward,
-    and :meth:`get_finished` when the round's result is built.
+    and :meth:`get_finished` when the round's result is built. A worker that also has
+    :class:`LayerwiseKVConnectorWorker`'s ``wait_for_layer_load`` gets, in a round with
+    loads and an eager forward, that call before each layer first touches its cache
+    instead, and :meth:`wait_for_load` after the forward.
     """
 
     def start_save_kv(self, plan: TransferPlan) -> None:
@@ -134,4 +137,28 @@ class KVConnectorWorker(Protocol):
         """What finished (or failed) since the last call; None when nothing was asked.
         Waits for the saves of the round just run (they precede its forward on the
         stream, so they are done when its tokens are)."""
+        ...
+
+
+class LayerwiseKVConnectorWorker(KVConnectorWorker, Protocol):
+    """A device side whose loads land layer by layer, so the forward can start before
+    they all have (vLLM's ``wait_for_layer_load``).
+
+    In a round with loads run by an eager forward (not a captured CUDA graph), the runner
+    calls :meth:`start_load_kv`, then the forward, during which it calls
+    :meth:`wait_for_layer_load` before layer ``i`` first reads or writes its cache, then
+    :meth:`wait_for_load` once the forward returned or raised (every load is finished or
+    ordered before what follows). Other rounds run as for a :class:`KVConnectorWorker`.
+    The runner finds the member with ``getattr``: a worker without it is waited for
+    before the forward.
+    """
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        """Return when the loads of layer ``layer`` (``[0, L)``) are ordered before what
+        the caller does next: a CUDA stream dependency, or copied. Called on the runner's
+        thread, at most once per layer and round; mutates only the worker's wait state.
+
+        Raises:
+            Exception: what the copy raised (the round fails; its requests get errors).
+        """
         ...

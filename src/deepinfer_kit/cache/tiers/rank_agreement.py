@@ -16,7 +16,7 @@ from deepinfer_kit.cache.tiers.build import host_side_tiers
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
 from deepinfer_kit.cache.tiers.offload import OffloadConnector
-from deepinfer_kit.cache.tiers.protocols import KVConnectorWorker
+from deepinfer_kit.cache.tiers.protocols import LayerwiseKVConnectorWorker
 from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
 from deepinfer_kit.cache.tiers.slab_bytes import RankSlabs
 
@@ -44,11 +44,11 @@ class AgreedLoads:
     (each rank's tiers hold its own heads).
 
     Args:
-        inner: this rank's device side.
+        inner: this rank's device side (the host tier's).
         group: the ranks that schedule alike.
     """
 
-    def __init__(self, inner: KVConnectorWorker, group: Any) -> None:
+    def __init__(self, inner: HostTransferWorker, group: Any) -> None:
         self.inner = inner
         self.group = group
 
@@ -60,9 +60,17 @@ class AgreedLoads:
         """As the inner worker."""
         self.inner.start_load_kv(plan)
 
+    def wait_for_layer_load(self, layer: int) -> None:
+        """As the inner worker (each rank's loads are its own)."""
+        self.inner.wait_for_layer_load(layer)
+
     def wait_for_load(self) -> None:
         """As the inner worker."""
         self.inner.wait_for_load()
+
+    def close(self) -> None:
+        """As the inner worker."""
+        self.inner.close()
 
     def get_finished(self) -> TransferOutput | None:
         """The inner report, its failed loads those of every rank. Collective: every rank
@@ -97,8 +105,8 @@ def launched_tiers(tiers: TierConfig, pool: PagedKVCache, start: int, total: int
     group = dist.new_group(backend="gloo")
     connector = host_side_tiers(tiers, RankSlabs([slab], [start], total, partial=True), block_size=pool.block_size,
                                 model=model, agree=world_min(group))
-    return connector, AgreedLoads(HostTransferWorker(pool, slab), group)
+    return connector, AgreedLoads(HostTransferWorker(pool, slab, layerwise=tiers.layerwise_loads), group)
 
 
 if TYPE_CHECKING:
-    _check: type[KVConnectorWorker] = AgreedLoads
+    _check: type[LayerwiseKVConnectorWorker] = AgreedLoads

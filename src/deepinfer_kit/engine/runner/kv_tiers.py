@@ -82,7 +82,7 @@ def attach_worker_slab(config: EngineConfig, runner: ServingRunner, model: Model
     plain, pool = _paged_runner(runner)
     start, total = kv_heads_of_rank(model, groups)
     slab, fd, shard = shared_host_slab(pool, config.kv_tiers.host_blocks, start, total)
-    plain.kv_transfer = HostTransferWorker(pool, slab)
+    plain.kv_transfer = HostTransferWorker(pool, slab, layerwise=config.kv_tiers.layerwise_loads)
     return shard, fd
 
 

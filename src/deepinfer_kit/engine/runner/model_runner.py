@@ -21,9 +21,10 @@ from deepinfer_kit.sample.logit_mask import MaskMemo
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.step import StepResult
 from deepinfer_kit.cache.hybrid_kv import HybridKVCache
+from deepinfer_kit.engine.runner.layer_gate import LayerGatedStore
 
 if TYPE_CHECKING:
-    from deepinfer_kit.models.protocols import CausalLM
+    from deepinfer_kit.models.protocols import CausalLM, PagedKVStore
     from deepinfer_kit.engine.runner.static_decode import StagedDecode, StaticDecode
     from deepinfer_kit.engine.runner.token_slots import TokenSlots
     from deepinfer_kit.models.records import ForwardBatch
@@ -115,7 +116,11 @@ class ModelRunner:
         return self.kv_cache.num_blocks
 
     def close(self) -> None:
-        """Nothing beyond memory to release (the :class:`StepRunner` contract)."""
+        """Stop the KV connector's device side (its copy thread), when it has one to
+        stop; nothing else beyond memory (the :class:`StepRunner` contract)."""
+        close = getattr(self.kv_transfer, "close", None)
+        if close is not None:
+            close()
 
     def check_idle(self) -> None:
         """Raise :class:`InvariantError` unless the runner holds no per-sequence state:
@@ -237,9 +242,9 @@ class ModelRunner:
         for r, sid in step.placeholder_rows:
             if sid in last:
                 histories[r] = (*histories[r], last[sid])
-        self._prepare_pool(step.plan)
+        store = self._prepare_pool(step.plan, eager=step.staged is None)
         with torch.inference_mode():
-            logits = self._logits(step, forward)
+            logits = self._logits(step, forward, store)
             expert_counts, slot_counts = self._expert_counts(step.record_expert_counts)
             logits, prompt_maps = step.prompt.split(logits, len(step.logits_rows), len(step.row_counts))
             if not step.sampling.params:
@@ -269,10 +274,13 @@ class ModelRunner:
         return LaunchedStep(ordinal=ordinal, step=step, copy=copy, emitted=emitted, expert_counts=expert_counts,
                             slot_counts=slot_counts, prompt_maps=prompt_maps)
 
-    def _prepare_pool(self, plan: SchedulePlan) -> None:
+    def _prepare_pool(self, plan: SchedulePlan, *, eager: bool) -> PagedKVStore:
         """Before the forward: the group tables' updates, the KV tiers' saves (blocks
         evicted this round are read before the forward overwrites them), the
-        copy-on-write copies, then the tiers' loads into the blocks the forward reads."""
+        copy-on-write copies, then the tiers' loads into the blocks the forward reads.
+        Returns the store the forward uses: the pool, or (an ``eager`` forward whose
+        connector loads layer by layer) a :class:`LayerGatedStore` that waits for each
+        layer's loads as the forward reaches it."""
         if plan.table_updates:
             assert isinstance(self.kv_cache, HybridKVCache), "table updates for a cache without groups"
             self.kv_cache.apply_table_updates(plan.table_updates)
@@ -282,9 +290,14 @@ class ModelRunner:
             connector.start_save_kv(transfers)
         if plan.block_copies:
             self.kv_cache.copy_blocks(plan.block_copies)
-        if transfers is not None and connector is not None:
-            connector.start_load_kv(transfers)
+        if transfers is None or connector is None:
+            return self.kv_cache
+        connector.start_load_kv(transfers)
+        layered = getattr(connector, "wait_for_layer_load", None)
+        if layered is None or not eager or not transfers.loads:
             connector.wait_for_load()
+            return self.kv_cache
+        return LayerGatedStore(self.kv_cache, layered)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Wait for ``launched``'s copy back (its event on CUDA) and build its result:
@@ -351,11 +364,20 @@ class ModelRunner:
         slots = self.balancer.slot_counts() if self.balancer is not None else None
         return self.model.expert_counts(), slots
 
-    def _logits(self, step: PreparedStep, forward: ForwardBatch) -> torch.Tensor:
-        """``[rows, V]`` float32 logits of the sampling rows: an eager forward, or the
-        static path's padded ``[size, V]`` with the padded rows dropped."""
+    def _logits(self, step: PreparedStep, forward: ForwardBatch, store: PagedKVStore) -> torch.Tensor:
+        """``[rows, V]`` float32 logits of the sampling rows: an eager forward over
+        ``store``, or the static path's padded ``[size, V]`` with the padded rows dropped.
+        A forward over a :class:`LayerGatedStore` is followed by the connector's
+        ``wait_for_load`` (every layer's loads done, even on an error), so nothing after
+        it sees a load in flight."""
         if step.staged is None:
-            return self.model(forward, self.kv_cache)
+            if store is self.kv_cache:
+                return self.model(forward, store)
+            assert self.kv_transfer is not None
+            try:
+                return self.model(forward, store)
+            finally:
+                self.kv_transfer.wait_for_load()
         assert self.static is not None
         full = self.static.forward(forward, step.staged.size)
         rows = step.logits_rows
