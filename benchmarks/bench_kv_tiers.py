@@ -22,8 +22,10 @@ tokens computed (from the step traces, recomputation included) and saved against
 device-only run, the tiers' counters, wall time, and whether every request generated the
 same tokens as the device-only run (greedy: a tier load must give the K/V a recompute
 gives). A second table times the device side's transfers: ``HostTransferWorker``'s
-``start_save_kv`` / ``start_load_kv`` and ``get_finished`` (which settles the saves into
-the host slab on the CPU) are wrapped on the engine's instance, per round that carried
+``start_save_kv`` / ``start_load_kv``, the forward's waits for loads
+(``wait_for_layer_load``, ``wait_for_load``: the loads are copied beside the forward, layer
+by layer) and ``get_finished`` (which settles the saves into the host slab on the CPU) are
+wrapped on the engine's instance, per round that carried
 transfers, against the mean round (schedule + execute + commit); and, in total, the
 connector's scheduler-side calls (``OffloadConnector``: disk reads are waited for there).
 The hit rate of a cache that forgets nothing bounds every row.
@@ -181,6 +183,8 @@ class TransferTimer:
         timed(worker, "start_save_kv", lambda s, a: self._add(s, len(a[0].saves), 0))
         timed(worker, "start_load_kv", lambda s, a: self._add(s, 0, len(a[0].loads)))
         timed(worker, "get_finished", lambda s, a: self._add(s, 0, 0))
+        for name in ("wait_for_layer_load", "wait_for_load"):  # a layerwise load's waits (the copy runs beside)
+            timed(worker, name, lambda s, a: self._add(s, 0, 0))
         for name in self.CONNECTOR:
             timed(connector, name, self._add_connector)
 
@@ -352,7 +356,7 @@ def main() -> None:
             f"{'saves/rd':>9}{'loads/rd':>9}{'MB/rd':>7}{'round ms':>9}{'xfer/round':>11}{'xfer/wall':>10}"
             f"{'conn s':>8}{'conn/wall':>10}")
     print(f"device-side transfers per round that carried any (HostTransferWorker start_save_kv + "
-          f"start_load_kv + get_finished), {base.block_bytes} bytes per block")
+          f"start_load_kv + the load waits + get_finished), {base.block_bytes} bytes per block")
     if results[1].timer is None:
         print("(the device side runs in the worker processes: its transfers are not timed here)")
         return
