@@ -20,7 +20,7 @@ from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_models import COMMON, hf_greedy_full, hf_logits, randomize  # noqa: E402
+from hf_models import five_to_one, hf_greedy_full, hf_logits  # noqa: E402
 
 NEW_TOKENS = 12
 WINDOW = 5
@@ -28,17 +28,8 @@ WINDOW = 5
 
 def _five_to_one(factory: pytest.TempPathFactory, window: int, seed: int) -> tuple[Path, Any]:
     """A Qwen2 with 5 sliding layers (``window``) then 1 full one, saved; (folder, model)."""
-    import transformers as T
-
     folder = factory.mktemp(f"qwen2_5to1_w{window}")
-    config = T.Qwen2Config(**(COMMON | {"num_hidden_layers": 6}), intermediate_size=96,
-                           use_sliding_window=True, sliding_window=window, max_window_layers=0,
-                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
-    config.architectures = ["Qwen2ForCausalLM"]
-    model = T.Qwen2ForCausalLM(config).eval()
-    randomize(model, seed)
-    model.save_pretrained(folder)
-    return folder, model
+    return folder, five_to_one(folder, window, seed)
 
 
 @pytest.fixture(scope="module")

@@ -142,6 +142,21 @@ def make_checkpoint(family: str, folder: Path, *, seed: int = 0) -> Any:
     return model
 
 
+def five_to_one(folder: Path, window: int, seed: int) -> Any:
+    """A Qwen2 with 5 sliding layers (``window``) then 1 full one, randomized and saved to
+    ``folder``; returns the HF model (eval). The hybrid KV cache's test model."""
+    import transformers as T
+
+    config = T.Qwen2Config(**(COMMON | {"num_hidden_layers": 6}), intermediate_size=96,
+                           use_sliding_window=True, sliding_window=window, max_window_layers=0,
+                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    config.architectures = ["Qwen2ForCausalLM"]
+    model = T.Qwen2ForCausalLM(config).eval()
+    randomize(model, seed)
+    model.save_pretrained(folder)
+    return model
+
+
 @torch.no_grad()
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     """``transformers`` greedy generation (its own KV cache); the new tokens only."""

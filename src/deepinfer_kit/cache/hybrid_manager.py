@@ -148,15 +148,16 @@ class HybridKVCacheManager:
 
     def match_prefix(self, request: Request) -> int:
         """The full group's hit, shortened by whole blocks until every sliding group still
-        holds the window before its end (the blocks of tokens ``end - window + 1 ..
-        end - 1``). Changes no reference count."""
+        holds the window before its end (tokens ``end - window + 1 .. end - 1``), or served
+        whole by a bounded replay. A full group over KV tiers may hit past its device blocks
+        (blocks a tier loads hold no window: a replay serves them, or the hit stops before
+        them). Changes no reference count."""
         hit = self._inner.match_prefix(request)
-        if not hit:
-            return 0
         st = request.prefix_state
-        blocks = st.hits if isinstance(st, PrefixState) else []
+        if not hit or not isinstance(st, PrefixState):
+            return 0
+        blocks = st.hits
         P = self._P
-        hit = min(hit, len(blocks) * P)
         stats = self.window_stats
         stats.queries += 1
         stats.full_hit_tokens += hit
@@ -184,6 +185,8 @@ class HybridKVCacheManager:
 
     def _window_cached(self, blocks: list[int], end: int) -> bool:
         P = self._P
+        if end > len(blocks) * P:  # blocks a tier would load hold no window
+            return False
         for _, spec, m in self._groups:
             first = max(0, end - spec.window + 1) // P
             if not all(m.cached(b) for b in blocks[first:end // P]):

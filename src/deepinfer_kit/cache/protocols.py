@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from deepinfer_kit.cache.records import PrefixCacheStats
 from deepinfer_kit.request import Request
 
-__all__ = ["BlockAllocator", "EvictionPolicy", "PrefixIndex", "KVCacheManager"]
+__all__ = ["BlockAllocator", "EvictionPolicy", "PrefixIndex", "KVCacheManager", "wrapped_member"]
 
 
 class BlockAllocator(Protocol):
@@ -365,3 +365,16 @@ class KVCacheManager(Protocol):
         prefix caching off. O(cached blocks).
         """
         ...
+
+
+def wrapped_member(cache: object, name: str) -> Any:
+    """``cache``'s member ``name``, or the first one down the chain of managers it wraps
+    (each exposing the one under it as ``inner``: a hybrid cache over KV tiers); ``None``
+    when none has it. How the scheduler and the engine find a cache's optional hooks
+    (``on_arrival``, ``drain_kv_transfers``, ``close``, ...). Pure."""
+    while cache is not None:
+        member = getattr(cache, name, None)
+        if member is not None:
+            return member
+        cache = getattr(cache, "inner", None)
+    return None

@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from deepinfer_kit.cache.tiers.disk_tier import DiskTier
-from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError, DeepInferError
@@ -52,7 +52,7 @@ class DisaggregatedEngine:
 
     def __init__(self, prefill: Engine, decode: Engine) -> None:
         for name, engine in (("prefill", prefill), ("decode", decode)):
-            if not isinstance(engine.cache, TieredKVCacheManager):
+            if tiered(engine.cache) is None:
                 raise ConfigError(f"{name} engine has no kv_tiers: both sides need a shared disk tier")
         self.prefill = prefill
         self.decode = decode
@@ -74,8 +74,8 @@ class DisaggregatedEngine:
                 raise
             self._to_decode(request_id, prompt, params, remote=False)  # the prefill engine is dead
             return request_id
-        cache = self.prefill.cache
-        assert isinstance(cache, TieredKVCacheManager)
+        cache = tiered(self.prefill.cache)
+        assert cache is not None
         cache.watch_saves(request_id)
         self._pending[request_id] = (prompt, params)
         return request_id
@@ -100,8 +100,8 @@ class DisaggregatedEngine:
                     self._to_decode(rid, prompt, params, remote=False)
                 self._pending.clear()
                 done = []
-            cache = self.prefill.cache
-            assert isinstance(cache, TieredKVCacheManager)
+            cache = tiered(self.prefill.cache)
+            assert cache is not None
             for out in done:
                 prompt, params = self._pending.pop(out.request_id)
                 failed = out.outputs[0].finish_reason == "error"
@@ -133,8 +133,8 @@ class DisaggregatedEngine:
 def disk_tier(engine: Engine) -> DiskTier | None:
     """``engine``'s disk tier (the folder a prefill/decode pair shares), or None when it has
     no KV tiers or its connector has no disk tier."""
-    cache = engine.cache
-    if not isinstance(cache, TieredKVCacheManager):
+    cache = tiered(engine.cache)
+    if cache is None:
         return None
     disk = getattr(cache.connector, "disk", None)
     return disk if isinstance(disk, DiskTier) else None
@@ -151,8 +151,8 @@ def push_kv_down(engine: Engine) -> list[RequestOutput]:
     Raises:
         ConfigError: the engine has no KV tiers.
     """
-    cache = engine.cache
-    if not isinstance(cache, TieredKVCacheManager):
+    cache = tiered(engine.cache)
+    if cache is None:
         raise ConfigError("push_kv_down needs an engine with kv_tiers (or components.kv_connector)")
     outputs = engine.flush()
     runner: Any = engine.runner  # in this process: the plain runner's; worker processes: a handle on theirs

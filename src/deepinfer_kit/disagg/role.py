@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from deepinfer_kit.cache.tiers.config import KVRequestParams
-from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.disagg.engine import disk_tier, push_kv_down
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
@@ -75,8 +75,8 @@ class PromptSaves:
 
     def watch(self, request_id: str, kv: KVRequestParams | None) -> None:
         """Hold ``request_id``'s final output when ``kv`` saves its prompt (and the engine has tiers)."""
-        cache = self._engine.cache
-        if kv is not None and kv.save_prompt and isinstance(cache, TieredKVCacheManager):
+        cache = tiered(self._engine.cache)
+        if kv is not None and kv.save_prompt and cache is not None:
             cache.watch_saves(request_id)
             self._watched.add(request_id)
 
@@ -98,8 +98,8 @@ class PromptSaves:
             for out in push_kv_down(engine):
                 if not self.hold(out):
                     dispatch(out)
-        cache = engine.cache
-        assert isinstance(cache, TieredKVCacheManager)
+        cache = tiered(engine.cache)
+        assert cache is not None
         for rid, out in list(self._held.items()):
             down = cache.settled_saves(rid)
             if down is not None:

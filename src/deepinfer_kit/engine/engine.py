@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.protocols import KVCacheManager, wrapped_member
 from deepinfer_kit.cache.tiers.config import KVRequestParams
 from deepinfer_kit.engine.detokenizer import detokenizer_for
 from deepinfer_kit.engine.failures import StepFailures
@@ -334,7 +334,7 @@ class Engine:
             self._inflight.clear()
             self.executor.close()
             self.runner.close()
-            getattr(self.cache, "close", lambda: None)()  # a tiered cache's I/O threads
+            (wrapped_member(self.cache, "close") or (lambda: None))()  # a tiered cache's I/O threads
             if self._failures.dead is None:
                 self._failures.dead = EngineDeadError("the engine was closed")
 

@@ -27,6 +27,7 @@ from deepinfer_kit.sched.scheduler import BatchScheduler
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from deepinfer_kit.cache.layer_groups import KVLayout
     from deepinfer_kit.cache.protocols import EvictionPolicy
     from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
 
@@ -78,10 +79,11 @@ def build_host_components(
                        max_model_len=max_model_len)
     layout = config.kv_layout(windows)
     if connector is not None:
-        if parts.cache_manager is not None or layout is not None:
-            raise ConfigError("kv_tiers with " + ("components.cache_manager" if layout is None else
-                              "a sliding-window model (hybrid_kv_cache=True)") +
-                              " is not built yet: the tiers wrap the built-in full-attention manager")
+        if parts.cache_manager is not None:
+            raise ConfigError("kv_tiers with components.cache_manager is not built yet: the tiers wrap the "
+                              "built-in full-attention manager")
+        if layout is not None:
+            _check_tier_replay(config, layout)
     cache = _cache_manager(config, parts, ctx, connector)
     if layout is not None and not hasattr(cache, "drain_table_updates"):
         cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout),
@@ -102,6 +104,23 @@ def build_host_components(
             "check and reset_prefix_cache read the engine's: build the scheduler over "
             "BuildContext.cache, and inject a cache of yours as components.cache_manager")
     return scheduler, cache
+
+
+def _check_tier_replay(config: EngineConfig, layout: KVLayout) -> None:
+    """KV tiers under a hybrid cache keep the full-attention layers only; the sliding
+    windows before a hit loaded from a tier are recomputed by a bounded replay, which one
+    round must hold.
+
+    Raises:
+        ConfigError: naming the replay's length and the round's room for it.
+    """
+    need = layout.replay_bound + config.block_size - 1
+    if config.replay_limit() < need:
+        raise ConfigError(
+            f"kv_tiers with a sliding-window model (hybrid_kv_cache=True) recompute the windows before a hit "
+            f"loaded from a tier: a bounded replay of up to {need} tokens, but a round holds "
+            f"{config.replay_limit()} (bounded_replay={config.bounded_replay}, max_num_batched_tokens="
+            f"{config.max_num_batched_tokens}): raise max_num_batched_tokens, or set hybrid_kv_cache=False")
 
 
 def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext,

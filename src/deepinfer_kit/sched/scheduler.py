@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.protocols import KVCacheManager, wrapped_member
 from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import RequestOutput
@@ -83,12 +83,12 @@ class BatchScheduler:
         # A cache with sliding-window groups hands each plan the block mappings it set.
         self._drain_table_updates: Callable[[], list[tuple[int, int, int]]] | None = getattr(
             cache, "drain_table_updates", None)
-        # A cache over KV tiers: told of arrivals (prefetch), hands each plan its copies
-        # and hears what the device side did (cache/tiers/manager.py).
-        self._on_arrival: Callable[[Request], None] | None = getattr(cache, "on_arrival", None)
-        self._drain_kv: Callable[[int], TransferPlan] | None = getattr(cache, "drain_kv_transfers", None)
-        self._finish_kv: Callable[[int, TransferOutput | None], None] | None = getattr(
-            cache, "finish_kv_transfers", None)
+        # A cache over KV tiers (or wrapping one): told of arrivals (prefetch), hands each
+        # plan its copies and hears what the device side did (cache/tiers/manager.py).
+        self._on_arrival: Callable[[Request], None] | None = wrapped_member(cache, "on_arrival")
+        self._drain_kv: Callable[[int], TransferPlan] | None = wrapped_member(cache, "drain_kv_transfers")
+        self._finish_kv: Callable[[int, TransferOutput | None], None] | None = wrapped_member(
+            cache, "finish_kv_transfers")
 
     # ---------------------------------------------------------------- the round
 

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.outputs import RequestOutput
 from deepinfer_kit.serve.async_llm import AsyncLLM, StepTimes
 
@@ -192,7 +193,7 @@ def _snapshot(llm: AsyncLLM) -> tuple[dict[str, float], dict[str, float] | None,
         "prefix_cache_queries": float(queries), "prefix_cache_hits": float(hits),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
     }
-    stats = getattr(engine.cache, "tier_stats", None)
+    stats = getattr(tiered(engine.cache), "tier_stats", None)
     tiers = None
     if stats is not None:
         tiers = {k: float(v) for k, v in attrs.asdict(stats).items()}

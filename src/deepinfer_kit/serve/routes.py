@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.serve.async_llm import AsyncLLM
 from deepinfer_kit.serve.http import read_json
 from deepinfer_kit.serve.kv_events import KVEventFeed
@@ -141,7 +142,7 @@ def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, 
         after = int(raw) if raw.isdigit() and len(raw) < 20 else -1
         if after < 0:
             raise BadRequest(f"after must be an event number >= 0, got {short(raw)}", "after")
-        take = getattr(llm.engine.cache, "take_kv_events", None)
+        take = getattr(tiered(llm.engine.cache), "take_kv_events", None)
         if take is None:
             return JSONResponse(error_body("this server has no kv_tiers: it publishes no KV events",
                                            kind="NotFoundError", code=404), status_code=404)

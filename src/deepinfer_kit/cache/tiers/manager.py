@@ -15,7 +15,7 @@ from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput
 from deepinfer_kit.errors import ConfigError, InvariantError
 from deepinfer_kit.request import Request
 
-__all__ = ["TieredKVCacheManager", "chain_keys"]
+__all__ = ["TieredKVCacheManager", "chain_keys", "tiered"]
 
 
 def chain_keys(hasher: BlockHasher, tokens: Sequence[int], context: Hashable, block_size: int,
@@ -287,3 +287,13 @@ if TYPE_CHECKING:
     from deepinfer_kit.cache.protocols import KVCacheManager
 
     _check: type[KVCacheManager] = TieredKVCacheManager
+
+
+def tiered(cache: object) -> TieredKVCacheManager | None:
+    """The :class:`TieredKVCacheManager` ``cache`` is, or wraps (down the ``inner`` chain: a
+    hybrid cache over the tiers); ``None`` for a cache without tiers. Pure."""
+    while cache is not None:
+        if isinstance(cache, TieredKVCacheManager):
+            return cache
+        cache = getattr(cache, "inner", None)
+    return None

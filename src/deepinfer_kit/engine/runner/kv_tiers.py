@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from deepinfer_kit.cache.hybrid_kv import HybridKVCache
 from deepinfer_kit.cache.kv_cache import PagedKVCache
 from deepinfer_kit.cache.tiers.build import build_tiers
 from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker
@@ -36,8 +37,8 @@ def attach_kv_tiers(config: EngineConfig, runner: ServingRunner, components: Com
     :mod:`~deepinfer_kit.cache.tiers.rank_agreement`; a collective there).
 
     Raises:
-        ConfigError: a pool with sliding-window groups, prefix caching off, an injected
-            connector on launched ranks, or a disk folder that cannot be created.
+        ConfigError: a hybrid pool whose every layer slides, prefix caching off, an
+            injected connector on launched ranks, or a disk folder that cannot be created.
         CapacityError: the host cannot allocate the host tier.
     """
     factory = components.kv_connector if components is not None else None
@@ -74,7 +75,7 @@ def attach_worker_slab(config: EngineConfig, runner: ServingRunner, model: Model
     ``config.kv_tiers``). Called once, after ``build_device``.
 
     Raises:
-        ConfigError: a pool with sliding-window groups.
+        ConfigError: a hybrid pool whose every layer slides.
         CapacityError: the host cannot reserve the slab.
     """
     if config.kv_tiers is None:
@@ -99,10 +100,14 @@ def kv_heads_of_rank(model: ModelConfig, groups: ParallelGroups | None) -> tuple
 
 
 def _paged_runner(runner: ServingRunner) -> tuple[ModelRunner, PagedKVCache]:
-    """The plain runner under ``runner`` and its pool, which must be one :class:`PagedKVCache`."""
+    """The plain runner under ``runner`` and the pool the tiers copy: its one
+    :class:`PagedKVCache`, or a hybrid cache's full-attention group (the sliding groups'
+    windows of a hit loaded from a tier are recomputed by a bounded replay)."""
     plain = runner.runner if isinstance(runner, SpeculativeRunner) else runner
     assert isinstance(plain, ModelRunner)
-    if not isinstance(plain.kv_cache, PagedKVCache):
-        raise ConfigError("a KV connector with a sliding-window model (hybrid_kv_cache=True) is not built "
-                          "yet: set hybrid_kv_cache=False, or neither kv_tiers nor components.kv_connector")
-    return plain, plain.kv_cache
+    kv = plain.kv_cache
+    pool = kv.pool(0) if isinstance(kv, HybridKVCache) else kv
+    if pool is None:
+        raise ConfigError("kv_tiers with a model whose every layer slides (hybrid_kv_cache=True) has no "
+                          "full-attention layer to keep: set hybrid_kv_cache=False to keep every layer in the tiers")
+    return plain, pool

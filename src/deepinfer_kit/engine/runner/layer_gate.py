@@ -1,5 +1,6 @@
 """LayerGatedStore: the KV store a forward sees in a round whose KV tier loads arrive layer
-by layer — the first touch of a layer's cache waits for that layer's loads."""
+by layer — the first touch of a layer's cache waits for that layer's loads. ``gate_store``
+builds it over a plain pool or a hybrid one (whose loads fill the full-attention group)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,28 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from deepinfer_kit.cache.hybrid_kv import HybridKVCache
 from deepinfer_kit.models.protocols import PagedKVStore
 
-__all__ = ["LayerGatedStore"]
+__all__ = ["LayerGatedStore", "gate_store"]
+
+
+def gate_store(store: PagedKVStore, ready: Callable[[int], None]) -> PagedKVStore:
+    """The store a forward uses while the KV connector's loads land layer by layer:
+    ``ready`` (the connector's ``wait_for_layer_load``, numbered as the pool it loads)
+    is called before a layer's first use. Over a :class:`HybridKVCache` the loads fill the
+    full-attention group's pool: model layer ``i`` of that group waits for the pool's
+    layer (its index among the group's layers); sliding layers wait for nothing (their
+    windows are recomputed). Called by the runner once per round with loads."""
+    if not isinstance(store, HybridKVCache):
+        return LayerGatedStore(store, ready)
+    local = {layer: k for k, layer in enumerate(store.layout.layers_of(0))}
+
+    def ready_full(layer: int) -> None:
+        if layer in local:
+            ready(local[layer])
+
+    return GroupedLayerGatedStore(store, ready_full)
 
 
 class LayerGatedStore:
@@ -64,5 +84,32 @@ class LayerGatedStore:
         return getattr(self._store, name)
 
 
+class GroupedLayerGatedStore(LayerGatedStore):
+    """A :class:`LayerGatedStore` over a store with layer groups, which it shows as one
+    (``models.layer_attention.GroupedKVStore``: the members are its own, not looked up)."""
+
+    def __init__(self, store: HybridKVCache, ready: Callable[[int], None]) -> None:
+        super().__init__(store, ready)
+        self._grouped = store
+
+    @property
+    def pad_slot(self) -> int:
+        """The store's."""
+        return self._grouped.pad_slot
+
+    @property
+    def group_of_layer(self) -> tuple[int, ...]:
+        """The store's."""
+        return self._grouped.group_of_layer
+
+    def group_tables(self, slot_mapping: torch.Tensor,
+                     block_tables: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The store's."""
+        return self._grouped.group_tables(slot_mapping, block_tables)
+
+
 if TYPE_CHECKING:
+    from deepinfer_kit.models.layer_attention import GroupedKVStore
+
     _check: type[PagedKVStore] = LayerGatedStore
+    _grouped: type[GroupedKVStore] = GroupedLayerGatedStore

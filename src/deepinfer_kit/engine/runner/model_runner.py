@@ -21,7 +21,7 @@ from deepinfer_kit.sample.logit_mask import MaskMemo
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.step import StepResult
 from deepinfer_kit.cache.hybrid_kv import HybridKVCache
-from deepinfer_kit.engine.runner.layer_gate import LayerGatedStore
+from deepinfer_kit.engine.runner.layer_gate import gate_store
 
 if TYPE_CHECKING:
     from deepinfer_kit.models.protocols import CausalLM, PagedKVStore
@@ -279,8 +279,8 @@ class ModelRunner:
         evicted this round are read before the forward overwrites them), the
         copy-on-write copies, then the tiers' loads into the blocks the forward reads.
         Returns the store the forward uses: the pool, or (an ``eager`` forward whose
-        connector loads layer by layer) a :class:`LayerGatedStore` that waits for each
-        layer's loads as the forward reaches it."""
+        connector loads layer by layer) a gated view of it that waits for each layer's
+        loads as the forward reaches it (:func:`gate_store`)."""
         if plan.table_updates:
             assert isinstance(self.kv_cache, HybridKVCache), "table updates for a cache without groups"
             self.kv_cache.apply_table_updates(plan.table_updates)
@@ -297,7 +297,7 @@ class ModelRunner:
         if layered is None or not eager or not transfers.loads:
             connector.wait_for_load()
             return self.kv_cache
-        return LayerGatedStore(self.kv_cache, layered)
+        return gate_store(self.kv_cache, layered)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Wait for ``launched``'s copy back (its event on CUDA) and build its result:
@@ -367,7 +367,7 @@ class ModelRunner:
     def _logits(self, step: PreparedStep, forward: ForwardBatch, store: PagedKVStore) -> torch.Tensor:
         """``[rows, V]`` float32 logits of the sampling rows: an eager forward over
         ``store``, or the static path's padded ``[size, V]`` with the padded rows dropped.
-        A forward over a :class:`LayerGatedStore` is followed by the connector's
+        A forward over a gated store (:func:`gate_store`) is followed by the connector's
         ``wait_for_load`` (every layer's loads done, even on an error), so nothing after
         it sees a load in flight."""
         if step.staged is None:

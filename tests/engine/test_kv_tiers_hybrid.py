@@ -1,0 +1,144 @@
+"""KV tiers under the hybrid cache (a 5 local : 1 global model, window 3, blocks of 4): the
+tiers keep the full-attention layers' blocks; a prefix the device lost comes back from the
+host or disk tier and its sliding windows are recomputed by a bounded replay. Tokens are
+transformers' and each token's logprob is within 2e-4 of its log-softmax (the replayed
+windows are exact) — inline, overlapped, speculative, static batching, in a worker process,
+loads layerwise or whole; a replay that cannot fit a round is refused at build."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from deepinfer_kit import SamplingParams, build_engine
+from deepinfer_kit.cache.hybrid_kv import HybridKVCache
+from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
+from deepinfer_kit.cache.tiers.manager import tiered
+from deepinfer_kit.disagg import push_kv_down
+from deepinfer_kit.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+from hf_models import five_to_one, hf_greedy_full, hf_logits  # noqa: E402
+
+NEW = 8
+_RNG = random.Random(12)
+_PREFIX = [_RNG.randrange(160) for _ in range(40)]
+# the prefix, three prompts that push it out of the device (24 blocks of 4), the prefix again
+_PROMPTS = [_PREFIX + [1, 2, 3]] + [[_RNG.randrange(160) for _ in range(60)] for _ in range(3)] + [_PREFIX + [4, 5]]
+_ENGINE = {"block_size": 4, "attention_impl": "ref", "max_num_seqs": 2, "num_blocks": 24,
+           "max_num_batched_tokens": 64, "max_model_len": 96}
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("qwen2_5to1_w3")
+    return folder, five_to_one(folder, 3, 5)
+
+
+@pytest.fixture(scope="module")
+def oracle(narrow: tuple[Path, Any]) -> list[tuple[list[int], torch.Tensor]]:
+    """Per prompt: transformers' greedy tokens and their log-probabilities."""
+    _, model = narrow
+    out = []
+    for p in _PROMPTS:
+        tokens = hf_greedy_full(model, p, NEW)
+        logp = torch.log_softmax(hf_logits(model, p + tokens[:-1])[len(p) - 1:], dim=-1)
+        out.append((tokens, logp[torch.arange(NEW), tokens]))
+    return out
+
+
+def _serve(folder: Path, **config: Any) -> tuple[list[list[int]], list[list[float]], Any]:
+    """Serve the prompts one at a time; tokens, logprobs and the (closed, idle) engine."""
+    engine = build_engine(model=str(folder), **{**_ENGINE, **config})
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    tokens, logprobs = [], []
+    for p in _PROMPTS:
+        rid = engine.add_request(None, p, params)
+        for o in engine.run():
+            if o.request_id == rid:
+                tokens.append(list(o.outputs[0].token_ids))
+                logprobs.append([lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, tokens[-1])])
+    engine.check_idle()
+    engine.close()
+    return tokens, logprobs, engine
+
+
+def _check(oracle: list[tuple[list[int], torch.Tensor]], tokens: list[list[int]], logprobs: list[list[float]]) -> None:
+    assert tokens == [t for t, _ in oracle]
+    for (_, want), got in zip(oracle, logprobs):
+        torch.testing.assert_close(torch.tensor(got), want, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param({}, id="inline"),
+    pytest.param({"kv_tiers": {"host_blocks": 64, "layerwise_loads": False}}, id="whole-round-loads"),
+    pytest.param({"overlap": True}, id="overlap"),
+    pytest.param({"scheduler": "static"}, id="static"),
+    pytest.param({"speculative": {"drafter": "ngram", "num_draft": 3}}, id="speculative"),
+    pytest.param({"worker": "process"}, id="worker-process"),
+])
+def test_a_prefix_from_the_host_tier_replays_its_windows(narrow: tuple[Path, Any], oracle: Any,
+                                                         config: dict[str, Any]) -> None:
+    folder, _ = narrow
+    tokens, logprobs, engine = _serve(folder, **{"kv_tiers": {"host_blocks": 64}, **config})
+    _check(oracle, tokens, logprobs)
+    cache = engine.cache
+    assert isinstance(cache, HybridKVCacheManager)
+    stats = tiered(cache).tier_stats  # type: ignore[union-attr]
+    assert stats.loaded_tokens == 40 and stats.host_hits == 10  # the whole prefix from the tier
+    assert cache.window_stats.replays == 1 and cache.window_stats.replayed_tokens == 16  # 13, rounded to blocks
+
+
+def test_the_tiers_hold_the_full_group_only(narrow: tuple[Path, Any]) -> None:
+    folder, _ = narrow
+    engine = build_engine(model=str(folder), **_ENGINE, kv_tiers={"host_blocks": 8})
+    kv = engine.runner.kv_cache  # type: ignore[attr-defined]
+    assert isinstance(kv, HybridKVCache)
+    slab = engine.runner.kv_transfer._slab  # type: ignore[attr-defined]  # noqa: SLF001
+    full = kv.pool(0)
+    assert full is not None and full.num_layers == 1
+    assert tuple(slab.shape[1:]) == full.block_shape  # one layer of K and V per block, not six
+    engine.close()
+
+
+def test_a_prefix_from_disk_replays_its_windows(narrow: tuple[Path, Any], oracle: Any, tmp_path: Path) -> None:
+    """A second engine over the first one's disk folder (as the decode side of
+    disaggregation) serves the prefix from disk."""
+    folder, _ = narrow
+    tiers = {"host_blocks": 16, "disk_blocks": 64, "disk_path": str(tmp_path), "hash_key": b"h" * 32}
+    first = build_engine(model=str(folder), **_ENGINE, kv_tiers=tiers)
+    first.add_request("warm", _PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1))
+    first.run()
+    push_kv_down(first)
+    first.close()
+    engine = build_engine(model=str(folder), **_ENGINE, kv_tiers=tiers)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    engine.add_request("again", _PROMPTS[-1], params, kv={"load_remote": True})
+    (out,) = [o.outputs[0] for o in engine.run()]
+    tokens = list(out.token_ids)
+    _check(oracle[-1:], [tokens], [[lp[t].logprob for lp, t in zip(out.logprobs, tokens)]])
+    assert tiered(engine.cache).tier_stats.disk_hits == 10  # type: ignore[union-attr]
+    engine.check_idle()
+    engine.close()
+
+
+def test_a_replay_that_cannot_fit_a_round_is_refused(narrow: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder, _ = narrow
+    with pytest.raises(ConfigError, match=r"a bounded replay of up to 16 tokens, but a round holds 13 "
+                                          r"\(bounded_replay=True, max_num_batched_tokens=16\)"):
+        build_engine(model=str(folder), **{**_ENGINE, "max_num_batched_tokens": 16}, kv_tiers={"host_blocks": 8})
+    with pytest.raises(ConfigError, match="bounded_replay=False"):
+        build_engine(model=str(folder), **_ENGINE, bounded_replay=False, kv_tiers={"host_blocks": 8})
+    build_engine(model=str(folder), **_ENGINE, hybrid_kv_cache=False, kv_tiers={"host_blocks": 8}).close()
+    every = tmp_path_factory.mktemp("mistral")
+    from hf_models import make_checkpoint
+
+    make_checkpoint("mistral", every)  # every layer slides: no full-attention layer to keep
+    with pytest.raises(ConfigError, match="every layer slides"):
+        build_engine(model=str(every), block_size=4, max_num_batched_tokens=256, kv_tiers={"host_blocks": 8})
