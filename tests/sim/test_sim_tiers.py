@@ -10,7 +10,7 @@ from pathlib import Path
 
 import attrs
 
-from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager, tiered
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.sim.build import build_simulator
 from deepinfer_kit.sim.cost_analytic import H200, QWEN3_1_7B, AnalyticCost
@@ -65,3 +65,42 @@ def test_the_simulated_tiers_import_no_torch() -> None:
     """)
     src = Path(__file__).resolve().parents[2] / "src"
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(src), "PATH": ""})
+
+
+def test_a_hybrid_cache_moves_and_prices_its_full_layers_only() -> None:
+    """Gemma-3-like (5 sliding layers in 6, window 64): the tiers under the hybrid cache
+    keep the full group, a hit from a tier replays its windows, and its copies are priced
+    at the full layers' bytes."""
+    model = attrs.evolve(QWEN3_1_7B, num_layers=24, sliding_window=64, sliding_layers=20)
+    cost = AnalyticCost(model, H200)
+    shape = StepShape(num_prefill_tokens=100, num_context_tokens=100, num_sampled_rows=1, num_chunks=1,
+                      num_kv_transfer_tokens=1600)
+    full_only = attrs.evolve(shape, kv_transfer_full_layers_only=True)
+    bare = attrs.evolve(shape, num_kv_transfer_tokens=0)
+    per_token = model.kv_bytes_per_token - model.sliding_kv_bytes_per_token
+    assert abs(cost.step_time(full_only) - cost.step_time(bare) - 1600 * per_token / H200.host_bandwidth) < 1e-12
+    assert per_token * 6 == model.kv_bytes_per_token
+
+    config = EngineConfig(num_blocks=700, block_size=16, max_num_seqs=32, max_model_len=8192,
+                          max_num_batched_tokens=2048, kv_tiers={"host_blocks": 1400})
+    recording = _Recording(model, H200)
+    sim = build_simulator(config, recording, model)
+    seen = recording.seen
+    report = sim.run(generate(_WORK))
+    assert report.num_finished == _WORK.num_requests
+    moved = [s for s in seen if s.num_kv_transfer_tokens]
+    assert moved and all(s.kv_transfer_full_layers_only for s in moved)
+    stats = tiered(sim.cache).tier_stats  # type: ignore[union-attr]
+    assert stats.host_hits > 0 and sim.cache.window_stats.replays > 0  # type: ignore[attr-defined]
+
+
+class _Recording(AnalyticCost):
+    """The analytic cost, keeping every shape it priced."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.seen: list[StepShape] = []
+
+    def step_time(self, shape: StepShape) -> float:
+        self.seen.append(shape)
+        return super().step_time(shape)

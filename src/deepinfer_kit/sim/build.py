@@ -120,7 +120,8 @@ def build_simulator(
                             policy=build(parts.placement_policy, ctx))
     elif parts.placement_policy is not None:
         raise ConfigError("components.placement_policy needs eplb={...}, got eplb=None")
-    runner = SimRunner(priced, tokens, experts, block_size=config.block_size)
+    runner = SimRunner(priced, tokens, experts, block_size=config.block_size,
+                       full_layers_only=hasattr(cache, "drain_table_updates"))  # a hybrid cache's tiers
     sim = Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)
     if config.speculative is not None:
         _speculate(sim, config, parts, ctx)

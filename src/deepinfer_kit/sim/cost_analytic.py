@@ -131,7 +131,7 @@ class AnalyticCost:
     """
 
     __slots__ = ("model", "gpu", "window", "_weights_s", "_kv_s", "_slide_s", "_tok_f", "_row_f", "_pair_f",
-                 "_slide_f", "_over", "_xfer_s")
+                 "_slide_f", "_over", "_xfer_s", "_xfer_full_s")
 
     def __init__(self, model: ModelShape, gpu: GpuSpec) -> None:
         self.model = model
@@ -149,6 +149,7 @@ class AnalyticCost:
         self._pair_f = 4.0 * model.num_layers * model.num_q_heads * model.head_dim / peak - self._slide_f
         self._over = gpu.step_overhead_s
         self._xfer_s = model.kv_bytes_per_token / gpu.host_bandwidth  # KV tiers' copies, before the forward
+        self._xfer_full_s = (model.kv_bytes_per_token - model.sliding_kv_bytes_per_token) / gpu.host_bandwidth
 
     def step_time(self, shape: StepShape) -> float:
         """See :meth:`CostModel.step_time`. Pure; O(1)."""
@@ -163,7 +164,8 @@ class AnalyticCost:
         if self.window is not None:
             memory += self._slide_s * (shape.num_window_context_tokens + tokens)
             compute += self._slide_f * shape.window_attention_pairs
-        return (memory if memory > compute else compute) + self._over + self._xfer_s * shape.num_kv_transfer_tokens
+        xfer = self._xfer_full_s if shape.kv_transfer_full_layers_only else self._xfer_s
+        return (memory if memory > compute else compute) + self._over + xfer * shape.num_kv_transfer_tokens
 
     def decode_round_times(self, num_seqs: int, context: int, start: float, until: float,
                            max_rounds: int) -> list[float]:

@@ -68,6 +68,8 @@ class StepShape:
             reads at most ``window`` keys).
         num_kv_transfer_tokens: tokens of KV copied between the device pool and the host
             tier before the round's forward (saves and loads of the KV tiers).
+        kv_transfer_full_layers_only: the copies hold the full-attention layers only (a
+            hybrid KV cache: the tiers keep its full group; sliding windows are replayed).
     """
 
     num_prefill_tokens: int = 0
@@ -80,6 +82,7 @@ class StepShape:
     num_window_context_tokens: int = 0
     window_attention_pairs: int = 0
     num_kv_transfer_tokens: int = 0
+    kv_transfer_full_layers_only: bool = False
 
     @property
     def num_tokens(self) -> int:
