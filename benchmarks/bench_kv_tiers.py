@@ -37,6 +37,12 @@ precedes the measured ones (the first engine of a process pays one-time costs).
 
     .venv/bin/python benchmarks/bench_kv_tiers.py [--quick] [--workload conv|mooncake]
         [--seed S] [--threads N] [--batch-invariant] [--worker process [--tensor-parallel T]]
+        [--hybrid W]
+
+With ``--hybrid W`` the model is a random Qwen2 of 5 sliding layers (window ``W``) to 1 full
+one under the hybrid KV cache: the tiers keep the full layer's blocks, and a prefix loaded
+from a tier has its windows recomputed by a bounded replay (counted in the prefill column,
+and per row below the table).
 
 With ``--worker process`` the model runs in worker processes (``--tensor-parallel`` of
 them), each holding its heads' host tier in shared memory; the tiers' decisions are the
@@ -63,6 +69,7 @@ from typing import Any
 import attrs
 import torch
 
+from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.trace import StepTrace
 from deepinfer_kit.sample.params import SamplingParams
@@ -217,21 +224,25 @@ class Result:
     timer: TransferTimer | None = None
     block_bytes: int = 0
     prompts: list[tuple[str, list[int]]] = attrs.Factory(list)  # in the order added
+    replays: int = 0  # hybrid cache: hits whose windows were recomputed, and the tokens they recomputed
+    replayed: int = 0
 
 
 def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Namespace) -> Result:
     """Serve ``wl`` on a fresh engine with ``tiers``; check it idle afterwards."""
+    model = {"model": args.model} if args.model else {}
     e = build_engine(num_blocks=wl.pool, block_size=P, max_num_seqs=MAX_NUM_SEQS,
                      max_model_len=min(wl.pool * P, 4096), kv_tiers=tiers, seed=0,
                      batch_invariant=args.batch_invariant, worker=args.worker,
-                     tensor_parallel=args.tensor_parallel)
+                     tensor_parallel=args.tensor_parallel, **model)
     res = Result(name)
     plain: Any = getattr(e.runner, "runner", e.runner)  # the ModelRunner holding the pool (inline)
-    cache: Any = e.cache  # a TieredKVCacheManager when tiers are on
+    cache: Any = tiered(e.cache) or e.cache  # the TieredKVCacheManager (under a hybrid cache's) when tiers are on
     if tiers is not None and args.worker == "inline":  # in workers the device side is out of reach
         res.timer = TransferTimer(plain.kv_transfer, cache.connector)
     if args.worker == "inline":
         kv = plain.kv_cache
+        kv = kv.pool(0) if hasattr(kv, "pool") else kv  # a hybrid cache's tiers copy its full group
         res.block_bytes = kv.dtype.itemsize * math.prod(kv.block_shape)  # [L, K/V, P, Hkv, D]
 
     def on_trace(tr: StepTrace) -> None:
@@ -267,8 +278,25 @@ def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Na
     # device hits: PrefixCacheStats.hit_blocks counts every match_prefix call, and the scheduler
     # matches a waiting request again each round it does not fit: read what was served instead
     res.device_hits = res.cached - (res.stats.loaded_tokens if res.stats else 0)
+    windows = getattr(e.cache, "window_stats", None)  # a hybrid cache: hits served by a bounded replay
+    if windows is not None:
+        res.replays, res.replayed = windows.replays, windows.replayed_tokens
     e.close()
     return res
+
+
+def hybrid_checkpoint(folder: Path, window: int) -> str:
+    """A random Qwen2 with 5 sliding layers (``window``) then 1 full one, saved."""
+    import transformers as T
+
+    config = T.Qwen2Config(vocab_size=256, hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,
+                           use_sliding_window=True, sliding_window=window, max_window_layers=0,
+                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    config.architectures = ["Qwen2ForCausalLM"]
+    torch.manual_seed(0)
+    T.Qwen2ForCausalLM(config).save_pretrained(folder)
+    return str(folder)
 
 
 def unbounded_hit_rate(res: Result) -> float:
@@ -300,8 +328,11 @@ def main() -> None:
     ap.add_argument("--worker", choices=("inline", "process"), default="inline",
                     help="process: the model in worker processes (the host tier in shared memory)")
     ap.add_argument("--tensor-parallel", type=int, default=1, help="ranks (needs --worker process)")
+    ap.add_argument("--hybrid", type=int, default=0, metavar="W",
+                    help="a random 5 sliding (window W) : 1 full Qwen2 instead of the tiny model (hybrid KV cache)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    args.model = None
 
     make = conv_workload if args.workload == "conv" else mooncake_workload
     wl = plan(make(args.quick, args.seed))
@@ -312,6 +343,11 @@ def main() -> None:
           f"({wl.working_set / wl.pool:.1f}x); host tier {host} blocks; disk tier {2 * wl.working_set} blocks")
 
     with tempfile.TemporaryDirectory(prefix="bench_kv_tiers_") as tmp:
+        if args.hybrid:
+            args.model = hybrid_checkpoint(Path(tmp) / "model", args.hybrid)
+            print(f"model: a random Qwen2, 5 sliding layers (window {args.hybrid}) : 1 full, hybrid KV cache; "
+                  f"the tiers keep the full layer, a tier hit replays its windows")
+
         def disk(policy: str) -> dict[str, Any]:
             return {"host_blocks": host, "disk_blocks": 2 * wl.working_set,
                     "disk_path": str(Path(tmp) / policy), "write_policy": policy}
@@ -351,6 +387,11 @@ def main() -> None:
     print(f"tokens identical: {identical}")
     print("(hit rate: prompt tokens from any cache / prompt tokens; dev hit: from the device pool; "
           "prefill: prompt tokens computed, recomputation included; saved, vs dev: against device only)\n")
+    if args.hybrid:
+        for r in results:
+            print(f"{r.name:<23} bounded replays {r.replays:>6}, tokens they recomputed {r.replayed:>8} "
+                  f"(in 'prefill')")
+        print()
 
     head = (f"{'config':<23}{'rounds':>7}{'w/ xfer':>8}{'mean ms':>8}{'p50 ms':>8}{'p99 ms':>8}"
             f"{'saves/rd':>9}{'loads/rd':>9}{'MB/rd':>7}{'round ms':>9}{'xfer/round':>11}{'xfer/wall':>10}"

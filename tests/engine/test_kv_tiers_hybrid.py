@@ -142,3 +142,48 @@ def test_a_replay_that_cannot_fit_a_round_is_refused(narrow: tuple[Path, Any], t
     make_checkpoint("mistral", every)  # every layer slides: no full-attention layer to keep
     with pytest.raises(ConfigError, match="every layer slides"):
         build_engine(model=str(every), block_size=4, max_num_batched_tokens=256, kv_tiers={"host_blocks": 8})
+
+
+def _conversations(seed: int) -> list[list[int]]:
+    """40 turns of 5 conversations over 2 system prompts (a conversation restarts past 80
+    tokens): prefixes the small pool keeps losing to the tiers and getting back."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(160) for _ in range(20)] for _ in range(2)]
+    history: dict[int, list[int]] = {}
+    prompts = []
+    for _ in range(40):
+        c = rng.randrange(5)
+        fresh = [rng.randrange(160) for _ in range(rng.randint(4, 12))]
+        prompt = history.get(c, systems[c % 2]) + fresh
+        history[c] = prompt if len(prompt) <= 80 else systems[c % 2] + fresh
+        prompts.append(history[c])
+    return prompts
+
+
+def _greedy(folder: Path, prompts: list[list[int]], **config: Any) -> tuple[list[list[int]], int]:
+    engine = build_engine(model=str(folder), **{**_ENGINE, **config})
+    out = []
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        out += [list(o.outputs[0].token_ids) for o in engine.run()]
+    engine.check_idle()
+    tiers = tiered(engine.cache)
+    engine.close()
+    return out, tiers.tier_stats.loaded_tokens if tiers is not None else 0
+
+
+@pytest.mark.parametrize("seed, tiers", [(3, {"host_blocks": 64}), (4, {"host_blocks": 64}),
+                                         (4, {"host_blocks": 16, "disk_blocks": 200})],
+                         ids=["host-3", "host-4", "disk-4"])
+def test_conversations_keep_the_device_only_tokens(narrow: tuple[Path, Any], seed: int, tiers: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    """A block loaded from a tier before a replay's start lands in a full-group block whose
+    sliding window, idle since the tokens it held before, must not be matched later."""
+    folder, _ = narrow
+    prompts = _conversations(seed)
+    reference, _ = _greedy(folder, prompts)
+    if "disk_blocks" in tiers:
+        tiers = {**tiers, "disk_path": str(tmp_path)}
+    got, loaded = _greedy(folder, prompts, kv_tiers=tiers)
+    assert loaded > 0
+    assert got == reference

@@ -12,9 +12,8 @@ as long as every sliding group still holds the window before its end, or, when t
 window was evicted, served whole by a bounded replay (:meth:`replay_start`: the sliding
 layers recompute the last ``KVLayout.replay_bound`` tokens before it; docs/hybrid_kv_cache.md).
 
-Every call that changes a table is delegated to the full group first and then reconciled
-in the sliding groups (:meth:`_sync`); an allocation the sliding groups cannot hold is
-refused before the full group changes, so a failed call changes nothing.
+Every call that changes a table goes to the full group first, then the sliding groups
+(:meth:`_sync`); what they cannot hold is refused before the full group changes.
 """
 
 from __future__ import annotations
@@ -205,8 +204,8 @@ class HybridKVCacheManager:
                 and self._sliding_fits(request, first, start + num_new_tokens))
 
     def allocate(self, request: Request, num_new_tokens: int, num_cached_tokens: int = 0) -> list[tuple[int, int]]:
-        """See :meth:`KVCacheManager.allocate`; the sliding groups then take the blocks of
-        the new window and release those it left.
+        """See :meth:`KVCacheManager.allocate`; the sliding groups then take the new
+        window's blocks, release those it left and forget stale windows of fresh blocks.
 
         Raises:
             OutOfBlocksError: the full group or a sliding group is short; nothing changed.
@@ -220,13 +219,16 @@ class HybridKVCacheManager:
                 f"request {request.request_id!r}: a sliding-window group has too few free blocks "
                 f"for {num_new_tokens} tokens")
         if not table and num_cached_tokens and first == start:
-            st = request.prefix_state
-            matched = st.hits if isinstance(st, PrefixState) else []
+            matched = request.prefix_state.hits if isinstance(request.prefix_state, PrefixState) else []
             if len(matched) * self._P < num_cached_tokens or not self._window_cached(matched, num_cached_tokens):
                 raise InvariantError(
                     f"allocate: num_cached_tokens={num_cached_tokens} for request {request.request_id!r} is "
                     f"not a current match_prefix result (a sliding window before it is not cached)")
+        st = request.prefix_state
+        fresh = len(table) or min(len(st.hits) if isinstance(st, PrefixState) else 0, num_cached_tokens // self._P)
         copies = self._inner.allocate(request, num_new_tokens, num_cached_tokens)
+        for _, _, m in self._groups:  # blocks new to the full group (a tier's loads too): old windows are stale
+            m.forget_idle(request.block_table[fresh:])
         if first < start:  # a bounded replay: its windows start at the replay
             del self._replays[request.request_id]
             self._sync(request, first, replay=True)
@@ -356,11 +358,8 @@ class HybridKVCacheManager:
         """Release every block of ``request`` in every group (tail first). Idempotent."""
         self._inner.free(request)
         self._replays.pop(request.request_id, None)  # a replay matched and never allocated
-        windows = self._windows.pop(request.request_id, None)
-        if windows is None:
-            return
         index = index_of(self._inner)
-        for (_, _, m), w in zip(self._groups, windows):
+        for (_, _, m), w in zip(self._groups, self._windows.pop(request.request_id, None) or ()):
             for b in reversed(w.held):
                 m.release(b, keep=index is not None and index.contains(b))
 

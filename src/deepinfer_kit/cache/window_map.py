@@ -128,6 +128,17 @@ class WindowBlockMap:
                 self._allocator.free((own,))
                 del self._own[full]
 
+    def forget_idle(self, fulls: Iterable[int]) -> None:
+        """Unmap the idle blocks of ``fulls``: full-group blocks just allocated afresh,
+        whose old mapping holds K/V of the tokens they held before. (A window that will
+        write the block would overwrite it anyway; one that never will, a block loaded
+        from a KV tier before a replay's start, must not be matched with it.) O(len)."""
+        for full in fulls:
+            if full in self._idle:
+                del self._idle[full]
+                self._allocator.free((self._own.pop(full),))
+                self._inexact.discard(full)
+
     def evict(self, n: int) -> list[int]:
         """Free the ``n`` least recently released idle blocks; returns the full-group
         blocks they stood for."""
