@@ -5,6 +5,7 @@ refusals."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from deepinfer_kit.components import BuildContext, Components, Factory
 from deepinfer_kit.disagg import push_kv_down
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.errors import CapacityError, ConfigError
+from deepinfer_kit.sample.params import SamplingParams
 from tier_workload import serve_one_at_a_time, tier_params, tier_prompts
 
 _HEADS, _PROMPTS, _RNG = tier_prompts(7, 6, 18)
@@ -215,3 +217,31 @@ def test_an_injected_connector_is_the_one_the_engine_drives(reference: dict[str,
     engine.close()
     with pytest.raises(ConfigError, match="kv_connector is built over the engine's KV pool: give a Factory"):
         Components(kv_connector=_make_connector)  # type: ignore[arg-type]
+
+
+def test_a_drafter_with_its_own_kv_drafts_as_without_tiers() -> None:
+    """Self-speculation's drafter keeps a KV pool of its own, without prefix sharing: it
+    computes every new request's whole prompt itself, so prompts served from a tier give
+    it the same context, the same drafts and the same acceptances."""
+    counts = []
+    for tiers in (None, {"host_blocks": 64}):
+        engine = build_engine(num_blocks=24, block_size=8, max_num_seqs=2, max_model_len=192, kv_tiers=tiers,
+                              speculative={"drafter": "self", "num_draft": 3, "draft_layers": 1})
+        seen = [0, 0]
+
+        def on(trace: Any, seen: list[int] = seen) -> None:
+            seen[0] += trace.num_drafted
+            seen[1] += trace.num_accepted
+
+        engine.subscribe(on)
+        out = {}
+        for i, p in enumerate(_PROMPTS):
+            engine.add_request(str(i), p, SamplingParams(max_tokens=8, temperature=0.0))
+            out.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.run()})
+        loaded = engine.cache.tier_stats.loaded_tokens if tiers else 0  # type: ignore[attr-defined]
+        engine.check_idle()
+        engine.close()
+        counts.append((out, seen, loaded))
+    (plain, drafts, _), (tiered_out, tiered_drafts, loaded) = counts
+    assert loaded > 0 and drafts[0] > 0
+    assert tiered_out == plain and tiered_drafts == drafts
