@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -23,9 +23,10 @@ from deepinfer_kit.sim.shape import plan_shape
 from deepinfer_kit.sim.simulator import Simulator
 
 if TYPE_CHECKING:
-    from deepinfer_kit.sim.disagg import ClusterSimulator
+    from deepinfer_kit.sim.cost_analytic import ModelShape
+    from deepinfer_kit.sim.disagg_records import TransferLink
 
-__all__ = ["InstanceSlot", "ClusterRun"]
+__all__ = ["Cluster", "InstanceSlot", "ClusterRun"]
 
 _NEVER = float("inf")
 _COMMIT, _DELIVER, _PLAN = 0, 1, 2  # at one instant: commits, then deliveries, then plans
@@ -71,6 +72,19 @@ class InstanceSlot:
         self.waits = 0  # times it parked
 
 
+class Cluster(Protocol):
+    """What a run reads of its cluster (:class:`~deepinfer_kit.sim.disagg.ClusterSimulator`
+    has it): the instances, those requests arrive at (``front``) and the decode ones, the
+    KV link and the model shape that sizes a transfer."""
+
+    mode: str
+    model: ModelShape
+    link: TransferLink | None
+    instances: list[InstanceSlot]
+    front: list[InstanceSlot]
+    decode: list[InstanceSlot]
+
+
 class ClusterRun:
     """The state of one :meth:`ClusterSimulator.run` (see there for the rules).
 
@@ -83,7 +97,7 @@ class ClusterRun:
         ConfigError: duplicate request ids or a follow-up turn.
     """
 
-    def __init__(self, cluster: ClusterSimulator, requests: Sequence[SimRequest], keep_outputs: bool = False) -> None:
+    def __init__(self, cluster: Cluster, requests: Sequence[SimRequest], keep_outputs: bool = False) -> None:
         ids: set[str] = set()
         for r in requests:
             if r.request_id in ids:
