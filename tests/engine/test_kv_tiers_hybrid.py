@@ -160,11 +160,13 @@ def _conversations(seed: int) -> list[list[int]]:
     return prompts
 
 
-def _greedy(folder: Path, prompts: list[list[int]], **config: Any) -> tuple[list[list[int]], int]:
+def _tokens(folder: Path, prompts: list[list[int]], seeded: bool, **config: Any) -> tuple[list[list[int]], int]:
     engine = build_engine(model=str(folder), **{**_ENGINE, **config})
     out = []
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        params = (SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=6, ignore_eos=True) if seeded
+                  else SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        engine.add_request(str(i), p, params)
         out += [list(o.outputs[0].token_ids) for o in engine.run()]
     engine.check_idle()
     tiers = tiered(engine.cache)
@@ -172,18 +174,20 @@ def _greedy(folder: Path, prompts: list[list[int]], **config: Any) -> tuple[list
     return out, tiers.tier_stats.loaded_tokens if tiers is not None else 0
 
 
-@pytest.mark.parametrize("seed, tiers", [(3, {"host_blocks": 64}), (4, {"host_blocks": 64}),
-                                         (4, {"host_blocks": 16, "disk_blocks": 200})],
-                         ids=["host-3", "host-4", "disk-4"])
+@pytest.mark.parametrize("seed, tiers, seeded", [(3, {"host_blocks": 64}, False), (4, {"host_blocks": 64}, False),
+                                                 (4, {"host_blocks": 16, "disk_blocks": 200}, False),
+                                                 (5, {"host_blocks": 64}, True)],
+                         ids=["host-3", "host-4", "disk-4", "seeded-5"])
 def test_conversations_keep_the_device_only_tokens(narrow: tuple[Path, Any], seed: int, tiers: dict[str, Any],
-                                                   tmp_path: Path) -> None:
+                                                   seeded: bool, tmp_path: Path) -> None:
     """A block loaded from a tier before a replay's start lands in a full-group block whose
-    sliding window, idle since the tokens it held before, must not be matched later."""
+    sliding window, idle since the tokens it held before, must not be matched later.
+    Greedy, and seeded nucleus sampling."""
     folder, _ = narrow
     prompts = _conversations(seed)
-    reference, _ = _greedy(folder, prompts)
+    reference, _ = _tokens(folder, prompts, seeded)
     if "disk_blocks" in tiers:
         tiers = {**tiers, "disk_path": str(tmp_path)}
-    got, loaded = _greedy(folder, prompts, kv_tiers=tiers)
+    got, loaded = _tokens(folder, prompts, seeded, kv_tiers=tiers)
     assert loaded > 0
     assert got == reference
