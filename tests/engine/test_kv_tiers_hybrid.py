@@ -191,3 +191,25 @@ def test_conversations_keep_the_device_only_tokens(narrow: tuple[Path, Any], see
     got, loaded = _tokens(folder, prompts, seeded, kv_tiers=tiers)
     assert loaded > 0
     assert got == reference
+
+
+def test_disaggregated_prefill_and_decode(narrow: tuple[Path, Any], oracle: Any, tmp_path: Path) -> None:
+    """A prefill engine and a decode engine of the hybrid model sharing a folder: the decode
+    side loads each prompt's full-layer blocks and replays its windows; transformers' tokens."""
+    from deepinfer_kit.disagg import build_disaggregated
+    from deepinfer_kit.engine.config import EngineConfig
+
+    folder, _ = narrow
+    d = build_disaggregated(EngineConfig(model=str(folder), **_ENGINE), tmp_path, host_blocks=32, disk_blocks=256)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    for i in (0, 1):
+        d.add_request(str(i), _PROMPTS[i], params)
+    outs = {o.request_id: o.outputs[0] for o in d.run()}
+    for i in (0, 1):
+        tokens = list(outs[str(i)].token_ids)
+        _check(oracle[i:i + 1], [tokens], [[lp[t].logprob for lp, t in zip(outs[str(i)].logprobs, tokens)]])
+    assert tiered(d.decode.cache).tier_stats.loaded_tokens == (10 + 14) * 4  # type: ignore[union-attr]  # every full block
+    assert d.decode.cache.window_stats.replays == 2  # type: ignore[attr-defined]
+    d.prefill.check_idle()
+    d.decode.check_idle()
+    d.close()
