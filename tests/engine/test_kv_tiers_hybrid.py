@@ -3,7 +3,9 @@ tiers keep the full-attention layers' blocks; a prefix the device lost comes bac
 host or disk tier and its sliding windows are recomputed by a bounded replay. Tokens are
 transformers' and each token's logprob is within 2e-4 of its log-softmax (the replayed
 windows are exact) — inline, overlapped, speculative, static batching, in a worker process,
-loads layerwise or whole; a replay that cannot fit a round is refused at build."""
+loads layerwise or whole, from another engine's disk folder and between prefill and decode
+engines; multi-turn conversations keep the device-only engine's tokens (greedy and seeded);
+a replay that cannot fit a round is refused at build."""
 
 from __future__ import annotations
 
