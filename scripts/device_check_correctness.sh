@@ -15,7 +15,9 @@
 #    (deepinfer_kit.engine.runner.kernel_keys.compiled_variants) that must not move after warm-up;
 #    the KV tiers' CUDA paths (tests/engine/test_kv_tiers_cuda.py: pinned slab, saves settled
 #    by an event, pinned staging for loads; overlapped, synchronous and in a worker process;
-#    added 2026-12-04 without a GPU to size them: six small engines, about 20 s more).
+#    added 2026-12-04 without a GPU to size them: six small engines, about 20 s more; on
+#    2026-12-05 both load modes, layerwise on a side stream and whole-round, and the tiers
+#    under the hybrid cache: eight more small engines, about 25 s more).
 #    Only the files holding cuda tests are collected, and a collection error (a missing
 #    optional package) fails its file, not the run. pytest-xdist spreads the tests over 8
 #    workers when installed (Triton compiles on the CPU; its disk cache is shared).
