@@ -107,7 +107,8 @@ class LayerLoads:
         A no-op after the first call per layer, or with no loads started.
 
         Raises:
-            Exception: what the CPU copy raised (every later wait raises it too).
+            Exception: what the CPU copy of this layer or an earlier one raised (once: the
+                round is over; later waits of the round return at once).
         """
         if layer >= len(self._waited) or self._waited[layer]:
             return
