@@ -104,3 +104,36 @@ class _Recording(AnalyticCost):
     def step_time(self, shape: StepShape) -> float:
         self.seen.append(shape)
         return super().step_time(shape)
+
+
+def test_layerwise_loads_are_priced_beside_the_forward() -> None:
+    """Loads that land layer by layer cost the first layer's copy plus what the rest take
+    beyond the forward; saves (and whole-round loads) stay before it."""
+    cost = AnalyticCost(QWEN3_1_7B, H200)
+    per_token = QWEN3_1_7B.kv_bytes_per_token / H200.host_bandwidth
+    layers = QWEN3_1_7B.num_layers
+    bare = StepShape(num_prefill_tokens=512, num_context_tokens=512, num_sampled_rows=1, num_chunks=1,
+                     attention_pairs=512 * 513 // 2)
+    forward = cost.step_time(bare)
+    for loads in (160, 1_600_000):  # copies shorter than the forward, then far longer
+        whole = attrs.evolve(bare, num_kv_transfer_tokens=loads)
+        beside = attrs.evolve(whole, num_kv_layerwise_load_tokens=loads)
+        copy = loads * per_token
+        assert abs(cost.step_time(whole) - forward - copy) < 1e-12
+        want = copy / layers + max(0.0, copy * (layers - 1) / layers - (forward - H200.step_overhead_s))
+        assert abs(cost.step_time(beside) - forward - want) < 1e-9
+        assert cost.step_time(beside) < cost.step_time(whole)
+
+
+def test_the_simulator_marks_loads_layerwise_as_the_engine_runs_them() -> None:
+    marked = {}
+    for layerwise in (True, False):
+        config = EngineConfig(num_blocks=700, block_size=16, max_num_seqs=32, max_model_len=8192,
+                              kv_tiers={"host_blocks": 1400, "layerwise_loads": layerwise})
+        recording = _Recording(QWEN3_1_7B, H200)
+        sim = build_simulator(config, recording, QWEN3_1_7B)
+        sim.run(generate(_WORK))
+        loads = [s for s in recording.seen if s.num_kv_transfer_tokens]
+        assert loads
+        marked[layerwise] = sum(s.num_kv_layerwise_load_tokens for s in loads)
+    assert marked[True] > 0 and marked[False] == 0

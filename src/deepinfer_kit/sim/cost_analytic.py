@@ -131,7 +131,7 @@ class AnalyticCost:
     """
 
     __slots__ = ("model", "gpu", "window", "_weights_s", "_kv_s", "_slide_s", "_tok_f", "_row_f", "_pair_f",
-                 "_slide_f", "_over", "_xfer_s", "_xfer_full_s")
+                 "_slide_f", "_over", "_xfer_s", "_xfer_full_s", "_layers")
 
     def __init__(self, model: ModelShape, gpu: GpuSpec) -> None:
         self.model = model
@@ -150,6 +150,7 @@ class AnalyticCost:
         self._over = gpu.step_overhead_s
         self._xfer_s = model.kv_bytes_per_token / gpu.host_bandwidth  # KV tiers' copies, before the forward
         self._xfer_full_s = (model.kv_bytes_per_token - model.sliding_kv_bytes_per_token) / gpu.host_bandwidth
+        self._layers = model.num_layers
 
     def step_time(self, shape: StepShape) -> float:
         """See :meth:`CostModel.step_time`. Pure; O(1)."""
@@ -164,8 +165,13 @@ class AnalyticCost:
         if self.window is not None:
             memory += self._slide_s * (shape.num_window_context_tokens + tokens)
             compute += self._slide_f * shape.window_attention_pairs
+        forward = memory if memory > compute else compute
         xfer = self._xfer_full_s if shape.kv_transfer_full_layers_only else self._xfer_s
-        return (memory if memory > compute else compute) + self._over + xfer * shape.num_kv_transfer_tokens
+        layerwise = xfer * shape.num_kv_layerwise_load_tokens  # beside the forward, a layer ahead of it
+        hidden = layerwise * (self._layers - 1) / self._layers
+        late = hidden - forward if hidden > forward else 0.0
+        return (forward + self._over + xfer * (shape.num_kv_transfer_tokens - shape.num_kv_layerwise_load_tokens)
+                + layerwise / self._layers + late)
 
     def decode_round_times(self, num_seqs: int, context: int, start: float, until: float,
                            max_rounds: int) -> list[float]:

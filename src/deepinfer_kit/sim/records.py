@@ -70,6 +70,9 @@ class StepShape:
             tier before the round's forward (saves and loads of the KV tiers).
         kv_transfer_full_layers_only: the copies hold the full-attention layers only (a
             hybrid KV cache: the tiers keep its full group; sliding windows are replayed).
+        num_kv_layerwise_load_tokens: of ``num_kv_transfer_tokens``, the loads that land
+            layer by layer beside the forward (``TierConfig.layerwise_loads``): only the
+            first layer's copy, and what the rest take beyond the forward, add to the round.
     """
 
     num_prefill_tokens: int = 0
@@ -83,6 +86,7 @@ class StepShape:
     window_attention_pairs: int = 0
     num_kv_transfer_tokens: int = 0
     kv_transfer_full_layers_only: bool = False
+    num_kv_layerwise_load_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

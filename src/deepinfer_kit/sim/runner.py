@@ -34,19 +34,22 @@ class SimRunner:
             price is stretched by its expert imbalance (:meth:`ExpertSim.on_step`).
         block_size: tokens per block (a round's KV-tier copies are priced per token).
         full_layers_only: the KV tiers copy the full-attention layers only (a hybrid cache).
+        layerwise_loads: the tiers' loads land layer by layer beside the forward.
 
     Attributes:
         num_steps: rounds executed; busy_time: their summed durations (seconds).
     """
 
     __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times", "_window", "_P",
-                 "_full_only")
+                 "_full_only", "_layerwise")
 
     def __init__(self, cost: CostModel, tokens: SyntheticTokens,
-                 experts: ExpertSim | None = None, *, block_size: int = 16, full_layers_only: bool = False) -> None:
+                 experts: ExpertSim | None = None, *, block_size: int = 16, full_layers_only: bool = False,
+                 layerwise_loads: bool = False) -> None:
         self.cost = cost
         self._P = block_size
         self._full_only = full_layers_only
+        self._layerwise = layerwise_loads
         self.tokens = tokens
         self.experts = experts
         self.num_steps = 0
@@ -64,6 +67,8 @@ class SimRunner:
         if transfers is not None:
             shape.num_kv_transfer_tokens = (len(transfers.saves) + len(transfers.loads)) * self._P
             shape.kv_transfer_full_layers_only = self._full_only
+            if self._layerwise:
+                shape.num_kv_layerwise_load_tokens = len(transfers.loads) * self._P
         duration = self.cost.step_time(shape)
         if self.experts is not None:
             duration = self.experts.on_step(shape.num_tokens, duration)
