@@ -137,3 +137,17 @@ def test_the_simulator_marks_loads_layerwise_as_the_engine_runs_them() -> None:
         assert loads
         marked[layerwise] = sum(s.num_kv_layerwise_load_tokens for s in loads)
     assert marked[True] > 0 and marked[False] == 0
+
+
+def test_a_model_whose_every_layer_slides_is_refused_tiers() -> None:
+    """The engine refuses it at its pool; the simulator, which has none, at its cache."""
+    import pytest
+
+    from deepinfer_kit.errors import ConfigError
+
+    model = attrs.evolve(QWEN3_1_7B, num_layers=24, sliding_window=64, sliding_layers=24)
+    config = EngineConfig(num_blocks=700, block_size=16, max_num_seqs=32, max_model_len=8192,
+                          kv_tiers={"host_blocks": 64})
+    with pytest.raises(ConfigError, match="every layer of this model slides: set hybrid_kv_cache=False"):
+        build_simulator(config, AnalyticCost(model, H200), model)
+    build_simulator(attrs.evolve(config, hybrid_kv_cache=False), AnalyticCost(model, H200), model)

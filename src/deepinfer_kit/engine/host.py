@@ -112,8 +112,12 @@ def _check_tier_replay(config: EngineConfig, layout: KVLayout) -> None:
     round must hold.
 
     Raises:
-        ConfigError: naming the replay's length and the round's room for it.
+        ConfigError: a model whose every layer slides (no full-attention layer to keep), or
+            a replay longer than a round (naming both).
     """
+    if not layout.layers_of(0):
+        raise ConfigError("kv_tiers under the hybrid cache keep the full-attention layers, and every layer of "
+                          "this model slides: set hybrid_kv_cache=False")
     need = layout.replay_bound + config.block_size - 1
     if config.replay_limit() < need:
         raise ConfigError(
