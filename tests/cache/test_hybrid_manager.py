@@ -36,6 +36,41 @@ def test_sliding_window_suite(check: Check[object], kind: str) -> None:
                                                                         sliding, replay))
 
 
+def _over_tiers(num_blocks: int, block_size: int, layout: KVLayout, sliding: int,
+                replay_limit: int = 0) -> HybridKVCacheManager:
+    """The hybrid manager over a full group with a host tier under it (the engine's tiers'
+    scheduler side over counted slots): prefixes the small pool lost come back from the
+    tier, their windows replayed, into blocks whose old windows must be forgotten."""
+    from deepinfer_kit.cache.tiers.bytes import NoBytes
+    from deepinfer_kit.cache.tiers.config import TierConfig
+    from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+    from deepinfer_kit.cache.tiers.offload import OffloadConnector
+
+    connector = OffloadConnector(TierConfig(host_blocks=4 * num_blocks), NoBytes(), None, block_size)
+    inner = TieredKVCacheManager(FreeListBlockAllocator(num_blocks, block_size), RadixPrefixIndex(block_size),
+                                 connector)
+    return HybridKVCacheManager(inner, layout, sliding, replay_limit=replay_limit)
+
+
+@pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
+def test_sliding_window_suite_over_kv_tiers(check: Check[object]) -> None:
+    check(_over_tiers)
+
+
+def test_the_suite_loads_from_the_tier() -> None:
+    """The random check really serves hits from the tier (else it proves nothing of them)."""
+    from deepinfer_kit.cache.tiers.manager import tiered
+    from deepinfer_kit.testing.hybrid_cache import _Driver
+
+    layout = KVLayout.from_windows([None, 5, 5, 9], backtrack=3)
+    m = _over_tiers(32, 4, layout, 16, 64)  # the random check's small full pool
+    driver = _Driver(m, 0, 20)
+    for _ in range(150):
+        driver.step()
+    stats = tiered(m).tier_stats  # type: ignore[union-attr]
+    assert stats.loaded_tokens > 0 and m.window_stats.replays > 0
+
+
 def test_window_stats_price_the_hits_the_windows_cost() -> None:
     """A hit whose window was evicted is shortened; the stats count the tokens lost and what
     a bounded replay (``replay_bound`` tokens at most) would have recomputed instead."""

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from deepinfer_kit.cache.layer_groups import KVLayout, SlidingWindowSpec
-from deepinfer_kit.cache.protocols import KVCacheManager
+from deepinfer_kit.cache.protocols import KVCacheManager, wrapped_member
+from deepinfer_kit.cache.tiers.records import TransferOutput
 from deepinfer_kit.errors import OutOfBlocksError
 from deepinfer_kit.request import Request
 from deepinfer_kit.testing.cache_manager_checks import make_request
@@ -120,6 +121,7 @@ class _Driver:
         self.live: dict[str, Request] = {}
         self.chunk: dict[str, int] = {}  # each sequence's last chunk: its window's bound grows with it
         self.n = 0
+        self.rounds = 0  # the KV tiers' rounds (step ids)
         P = m.block_size
         common = [self.rng.randrange(3) for _ in range(6 * P)]
         self.bases = [common + [self.rng.randrange(3) for _ in range(tail_blocks * P)] for _ in range(3)]
@@ -139,6 +141,7 @@ class _Driver:
         self.chunk[r.request_id] = n + (start - first if first is not None else 0)
         self.dev.apply()
         self.dev.copy(copies)
+        self._tier_round(r)
         r.num_computed_tokens = start
         if first is not None and first < start:
             layout = self.m.layout
@@ -148,6 +151,23 @@ class _Driver:
             self.dev.write(r, start, n)
         self.dev.check_reads(r, start, n)
         return True
+
+    def _tier_round(self, r: Request) -> None:
+        """With KV tiers under the manager (its ``drain_kv_transfers``, found down the
+        ``inner`` chain): the round's loads write ``r``'s tokens into the full group's
+        blocks they fill (a tier's bytes are its prefix's, by their chained keys; the
+        sliding groups get nothing), and every save is reported done."""
+        drain = wrapped_member(self.m, "drain_kv_transfers")
+        if drain is None:
+            return
+        self.rounds += 1
+        plan = drain(self.rounds)
+        P = self.m.block_size
+        for _, block in plan.loads:
+            j = r.block_table.index(block)
+            for o in range(P):
+                self.dev.slots[(0, block, o)] = r.all_token_ids[j * P + o]
+        wrapped_member(self.m, "finish_kv_transfers")(self.rounds, TransferOutput(saved=[s for _, s in plan.saves]))
 
     def step(self) -> None:
         rng, m = self.rng, self.m
@@ -207,13 +227,15 @@ class _Driver:
 
 def _check_random_operations_keep_every_window_readable(factory: HybridManagerFactory) -> None:
     """Also with bounded replays (the sliding K/V a replay writes before its first exact
-    position is modelled as wrong: no window may ever read it)."""
+    position is modelled as wrong: no window may ever read it), and over KV tiers when the
+    manager has them (a block a tier fills holds its prefix's full-group K/V, no window)."""
     replays = 0
     for seed in range(6):
-        for replay_limit in (0, 64):
+        for replay_limit, full in ((0, 48), (64, 64), (64, 32)):
             layout = KVLayout.from_windows([None, 5, 5, 9], backtrack=3)
-            # with replays: long prompts over a small sliding pool, so windows are evicted
-            m = factory(64, 4, layout, 16, replay_limit) if replay_limit else factory(48, 4, layout, 40, 0)
+            # with replays: long prompts over a small sliding pool, so windows are evicted (and
+            # over a small full pool, so prefixes are too: a manager over KV tiers loads them)
+            m = factory(full, 4, layout, 16, replay_limit) if replay_limit else factory(full, 4, layout, 40, 0)
             driver = _Driver(m, seed, 20 if replay_limit else 8)
             for _ in range(150):
                 driver.step()
