@@ -83,7 +83,9 @@ def kv_bytes(args: argparse.Namespace) -> None:
           f"(blocks {peak})")
 
 
-def _tiny(folder: Path, window: int | None, context: int, seed: int = 0) -> None:
+def tiny_checkpoint(folder: Path, window: int | None, context: int, seed: int = 0) -> None:
+    """A random Qwen2 of 5 sliding layers (``window``; ``None``: every layer full) to 1 full
+    one, for contexts up to ``context`` tokens, saved to ``folder`` (bench_kv_tiers uses it too)."""
     import transformers as T
 
     from deepinfer_kit.models.config import ModelConfig  # noqa: F401  (the kit parses what is saved)
@@ -105,7 +107,7 @@ def throughput(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, window in (("hybrid (window %d)" % args.tiny_window, args.tiny_window), ("full attention", None)):
             folder = Path(tmp) / name.split()[0]
-            _tiny(folder, window, args.tiny_context)
+            tiny_checkpoint(folder, window, args.tiny_context)
             engine = build_engine(model=str(folder), max_num_seqs=args.requests,
                                   max_model_len=args.tiny_context + args.new_tokens + 8,
                                   enable_prefix_caching=False)

@@ -69,6 +69,7 @@ from typing import Any
 import attrs
 import torch
 
+from bench_hybrid_kv import tiny_checkpoint
 from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.trace import StepTrace
@@ -285,20 +286,6 @@ def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Na
     return res
 
 
-def hybrid_checkpoint(folder: Path, window: int) -> str:
-    """A random Qwen2 with 5 sliding layers (``window``) then 1 full one, saved."""
-    import transformers as T
-
-    config = T.Qwen2Config(vocab_size=256, hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,
-                           use_sliding_window=True, sliding_window=window, max_window_layers=0,
-                           layer_types=["sliding_attention"] * 5 + ["full_attention"])
-    config.architectures = ["Qwen2ForCausalLM"]
-    torch.manual_seed(0)
-    T.Qwen2ForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 def unbounded_hit_rate(res: Result) -> float:
     """Prompt tokens a cache that forgets nothing could serve: each prompt's leading full
     blocks (its last token excepted) published by a request added before it."""
@@ -344,7 +331,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_kv_tiers_") as tmp:
         if args.hybrid:
-            args.model = hybrid_checkpoint(Path(tmp) / "model", args.hybrid)
+            args.model = str(Path(tmp) / "model")
+            tiny_checkpoint(Path(args.model), args.hybrid, 4096 - 256)  # positions up to 4096, as the tiny model's
             print(f"model: a random Qwen2, 5 sliding layers (window {args.hybrid}) : 1 full, hybrid KV cache; "
                   f"the tiers keep the full layer, a tier hit replays its windows")
 

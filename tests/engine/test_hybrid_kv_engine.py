@@ -20,7 +20,7 @@ from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_models import five_to_one, hf_greedy_full, hf_logits  # noqa: E402
+from hf_models import five_to_one, hf_greedy_full, hf_logits, serve_in_turn  # noqa: E402
 
 NEW_TOKENS = 12
 WINDOW = 5
@@ -171,13 +171,7 @@ def test_a_bounded_replay_recomputes_the_windows_and_keeps_the_tokens(narrow: tu
     prompts = [prefix + [1, 2, 3]]
     prompts += [[rng.randrange(160) for _ in range(60)] for _ in range(2)]  # evict the idle windows
     prompts += [prefix + [4, 5]]
-    got, logprobs = [], []
-    for p in prompts:
-        rid = engine.add_request(None, p, params)
-        for o in engine.run():
-            if o.request_id == rid:
-                got.append(list(o.outputs[0].token_ids))
-                logprobs.append([lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, got[-1])])
+    got, logprobs = serve_in_turn(engine, prompts, params)
     engine.check_idle()
     stats = engine.cache.window_stats
     assert stats.replays >= 1 and 0 < stats.replayed_tokens < 40

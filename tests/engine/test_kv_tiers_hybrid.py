@@ -26,7 +26,7 @@ from deepinfer_kit.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_models import five_to_one, hf_greedy_full, hf_logits  # noqa: E402
+from hf_models import five_to_one, hf_greedy_full, hf_logits, serve_in_turn  # noqa: E402
 
 NEW = 8
 _RNG = random.Random(12)
@@ -59,13 +59,7 @@ def _serve(folder: Path, **config: Any) -> tuple[list[list[int]], list[list[floa
     """Serve the prompts one at a time; tokens, logprobs and the (closed, idle) engine."""
     engine = build_engine(model=str(folder), **{**_ENGINE, **config})
     params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
-    tokens, logprobs = [], []
-    for p in _PROMPTS:
-        rid = engine.add_request(None, p, params)
-        for o in engine.run():
-            if o.request_id == rid:
-                tokens.append(list(o.outputs[0].token_ids))
-                logprobs.append([lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, tokens[-1])])
+    tokens, logprobs = serve_in_turn(engine, _PROMPTS, params)
     engine.check_idle()
     engine.close()
     return tokens, logprobs, engine

@@ -178,3 +178,18 @@ def hf_greedy_full(model: Any, prompt: list[int], max_new_tokens: int) -> list[i
 def hf_logits(model: Any, prompt: list[int]) -> torch.Tensor:
     """``[len(prompt), V]`` float32 logits of one forward over ``prompt``."""
     return model(torch.tensor([prompt])).logits[0].float()
+
+
+def serve_in_turn(engine: Any, prompts: list[list[int]], params: Any) -> tuple[list[list[int]], list[list[float]]]:
+    """Serve ``prompts`` on a kit ``engine`` one after another (each run to the end before
+    the next is added, so later ones find the earlier ones' prefixes); per prompt its tokens
+    and each token's logprob (``params`` must ask for ``logprobs``)."""
+    tokens: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    for p in prompts:
+        rid = engine.add_request(None, p, params)
+        for o in engine.run():
+            if o.request_id == rid:
+                tokens.append(list(o.outputs[0].token_ids))
+                logprobs.append([lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, tokens[-1])])
+    return tokens, logprobs

@@ -218,13 +218,13 @@ class HybridKVCacheManager:
             raise OutOfBlocksError(
                 f"request {request.request_id!r}: a sliding-window group has too few free blocks "
                 f"for {num_new_tokens} tokens")
+        st = request.prefix_state
         if not table and num_cached_tokens and first == start:
-            matched = request.prefix_state.hits if isinstance(request.prefix_state, PrefixState) else []
+            matched = st.hits if isinstance(st, PrefixState) else []
             if len(matched) * self._P < num_cached_tokens or not self._window_cached(matched, num_cached_tokens):
                 raise InvariantError(
                     f"allocate: num_cached_tokens={num_cached_tokens} for request {request.request_id!r} is "
                     f"not a current match_prefix result (a sliding window before it is not cached)")
-        st = request.prefix_state
         fresh = len(table) or min(len(st.hits) if isinstance(st, PrefixState) else 0, num_cached_tokens // self._P)
         copies = self._inner.allocate(request, num_new_tokens, num_cached_tokens)
         for _, _, m in self._groups:  # blocks new to the full group (a tier's loads too): old windows are stale
