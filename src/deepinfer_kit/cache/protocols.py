@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from deepinfer_kit.cache.records import PrefixCacheStats
 from deepinfer_kit.request import Request
 
-__all__ = ["BlockAllocator", "EvictionPolicy", "PrefixIndex", "KVCacheManager", "wrapped_member"]
+__all__ = ["BlockAllocator", "EvictionPolicy", "PrefixIndex", "KVCacheManager", "wrapped_chain", "wrapped_member"]
 
 
 class BlockAllocator(Protocol):
@@ -367,14 +367,16 @@ class KVCacheManager(Protocol):
         ...
 
 
+def wrapped_chain(cache: object) -> Iterator[object]:
+    """``cache``, then each cache manager down the chain it wraps (each exposing the one
+    under it as ``inner``: a hybrid cache over KV tiers). Pure."""
+    while cache is not None:
+        yield cache
+        cache = getattr(cache, "inner", None)
+
+
 def wrapped_member(cache: object, name: str) -> Any:
-    """``cache``'s member ``name``, or the first one down the chain of managers it wraps
-    (each exposing the one under it as ``inner``: a hybrid cache over KV tiers); ``None``
+    """``cache``'s member ``name``, or the first one down :func:`wrapped_chain`; ``None``
     when none has it. How the scheduler and the engine find a cache's optional hooks
     (``on_arrival``, ``drain_kv_transfers``, ``close``, ...). Pure."""
-    while cache is not None:
-        member = getattr(cache, name, None)
-        if member is not None:
-            return member
-        cache = getattr(cache, "inner", None)
-    return None
+    return next((m for m in (getattr(c, name, None) for c in wrapped_chain(cache)) if m is not None), None)

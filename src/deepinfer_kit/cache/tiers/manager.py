@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from deepinfer_kit.cache.hashing import BlockHasher
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.prefix_state import PrefixState
-from deepinfer_kit.cache.protocols import BlockAllocator, PrefixIndex
+from deepinfer_kit.cache.protocols import BlockAllocator, PrefixIndex, wrapped_chain
 from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler, KVConnectorWorker
 from deepinfer_kit.cache.tiers.records import KVEvent, TierStats, TransferOutput, TransferPlan
 from deepinfer_kit.errors import ConfigError, InvariantError
@@ -292,8 +292,4 @@ if TYPE_CHECKING:
 def tiered(cache: object) -> TieredKVCacheManager | None:
     """The :class:`TieredKVCacheManager` ``cache`` is, or wraps (down the ``inner`` chain: a
     hybrid cache over the tiers); ``None`` for a cache without tiers. Pure."""
-    while cache is not None:
-        if isinstance(cache, TieredKVCacheManager):
-            return cache
-        cache = getattr(cache, "inner", None)
-    return None
+    return next((c for c in wrapped_chain(cache) if isinstance(c, TieredKVCacheManager)), None)
