@@ -40,9 +40,10 @@ precedes the measured ones (the first engine of a process pays one-time costs).
         [--hybrid W]
 
 With ``--hybrid W`` the model is a random Qwen2 of 5 sliding layers (window ``W``) to 1 full
-one under the hybrid KV cache: the tiers keep the full layer's blocks, and a prefix loaded
-from a tier has its windows recomputed by a bounded replay (counted in the prefill column,
-and per row below the table).
+one under the hybrid KV cache: a tier block keeps every layer (the sliding layers' windows
+too), so a prefix loaded from a tier needs no recompute; bounded replays still serve device
+hits whose windows the device evicted (counted in the prefill column, and per row below the
+table), and saves whose window had gone are dropped (``failed_saves`` below it).
 
 With ``--worker process`` the model runs in worker processes (``--tensor-parallel`` of
 them), each holding its heads' host tier in shared memory; the tiers' decisions are the
@@ -227,6 +228,7 @@ class Result:
     prompts: list[tuple[str, list[int]]] = attrs.Factory(list)  # in the order added
     replays: int = 0  # hybrid cache: hits whose windows were recomputed, and the tokens they recomputed
     replayed: int = 0
+    dropped: int = 0  # hybrid cache over tiers: saves whose window had gone
 
 
 def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Namespace) -> Result:
@@ -242,8 +244,7 @@ def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Na
     if tiers is not None and args.worker == "inline":  # in workers the device side is out of reach
         res.timer = TransferTimer(plain.kv_transfer, cache.connector)
     if args.worker == "inline":
-        kv = plain.kv_cache
-        kv = kv.pool(0) if hasattr(kv, "pool") else kv  # a hybrid cache's tiers copy its full group
+        kv = plain.kv_cache  # every layer of a block, a hybrid cache's too
         res.block_bytes = kv.dtype.itemsize * math.prod(kv.block_shape)  # [L, K/V, P, Hkv, D]
 
     def on_trace(tr: StepTrace) -> None:
@@ -282,6 +283,7 @@ def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Na
     windows = getattr(e.cache, "window_stats", None)  # a hybrid cache: hits served by a bounded replay
     if windows is not None:
         res.replays, res.replayed = windows.replays, windows.replayed_tokens
+        res.dropped = getattr(e.cache, "dropped_saves", 0)
     e.close()
     return res
 
@@ -334,7 +336,7 @@ def main() -> None:
             args.model = str(Path(tmp) / "model")
             tiny_checkpoint(Path(args.model), args.hybrid, 4096 - 256)  # positions up to 4096, as the tiny model's
             print(f"model: a random Qwen2, 5 sliding layers (window {args.hybrid}) : 1 full, hybrid KV cache; "
-                  f"the tiers keep the full layer, a tier hit replays its windows")
+                  f"the tiers keep every layer, windows included")
 
         def disk(policy: str) -> dict[str, Any]:
             return {"host_blocks": host, "disk_blocks": 2 * wl.working_set,
@@ -378,7 +380,7 @@ def main() -> None:
     if args.hybrid:
         for r in results:
             print(f"{r.name:<23} bounded replays {r.replays:>6}, tokens they recomputed {r.replayed:>8} "
-                  f"(in 'prefill')")
+                  f"(in 'prefill'); saves dropped without their window {r.dropped:>6}")
         print()
 
     head = (f"{'config':<23}{'rounds':>7}{'w/ xfer':>8}{'mean ms':>8}{'p50 ms':>8}{'p99 ms':>8}"

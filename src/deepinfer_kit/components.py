@@ -81,8 +81,10 @@ class BuildContext:
                            built-in router that holds the checkpoint's gate weights
     replica_selector       ``device``, ``layer``
     placement_policy       ``device``
-    kv_connector           ``device``, ``num_blocks``; ``base`` is the KV pool
-                           (``PagedKVCache``) its device side copies from and to
+    kv_connector           ``device``, ``num_blocks``; ``base`` is the K/V its device
+                           side copies from and to (``PagedKVCache``, or a
+                           ``HybridKVCache``: plans then carry each sliding
+                           group's blocks, ``TransferPlan.save_groups``)
     =====================  ====================================================
 
     Attributes:

@@ -37,19 +37,29 @@ def test_sliding_window_suite(check: Check[object], kind: str) -> None:
 
 
 def _over_tiers(num_blocks: int, block_size: int, layout: KVLayout, sliding: int,
-                replay_limit: int = 0) -> HybridKVCacheManager:
+                replay_limit: int = 0, *, windows: bool = False) -> HybridKVCacheManager:
     """The hybrid manager over a full group with a host tier under it (the engine's tiers'
     scheduler side over counted slots): prefixes the small pool lost come back from the
-    tier, their windows replayed, into blocks whose old windows must be forgotten."""
+    tier into blocks whose old windows must be forgotten — with their windows
+    (``windows``: :class:`TieredHybridKVCacheManager`, what the engine builds), or
+    replayed (a :class:`HybridKVCacheManager` over tiers that keep the full group only)."""
     from deepinfer_kit.cache.tiers.bytes import NoBytes
     from deepinfer_kit.cache.tiers.config import TierConfig
+    from deepinfer_kit.cache.tiers.hybrid import TieredHybridKVCacheManager
     from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
     from deepinfer_kit.cache.tiers.offload import OffloadConnector
 
     connector = OffloadConnector(TierConfig(host_blocks=4 * num_blocks), NoBytes(), None, block_size)
     inner = TieredKVCacheManager(FreeListBlockAllocator(num_blocks, block_size), RadixPrefixIndex(block_size),
                                  connector)
+    if windows:
+        return TieredHybridKVCacheManager(inner, layout, sliding, replay_limit=replay_limit)
     return HybridKVCacheManager(inner, layout, sliding, replay_limit=replay_limit)
+
+
+def _over_windowed_tiers(num_blocks: int, block_size: int, layout: KVLayout, sliding: int,
+                         replay_limit: int = 0) -> HybridKVCacheManager:
+    return _over_tiers(num_blocks, block_size, layout, sliding, replay_limit, windows=True)
 
 
 @pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
@@ -57,18 +67,29 @@ def test_sliding_window_suite_over_kv_tiers(check: Check[object]) -> None:
     check(_over_tiers)
 
 
-def test_the_suite_loads_from_the_tier() -> None:
-    """The random check really serves hits from the tier (else it proves nothing of them)."""
+@pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
+def test_sliding_window_suite_over_tiers_keeping_windows(check: Check[object]) -> None:
+    check(_over_windowed_tiers)
+
+
+@pytest.mark.parametrize("windows", [False, True], ids=["replayed", "kept"])
+def test_the_suite_loads_from_the_tier(windows: bool) -> None:
+    """The random check really serves hits from the tier (else it proves nothing of them):
+    replaying their windows, or loading them."""
     from deepinfer_kit.cache.tiers.manager import tiered
     from deepinfer_kit.testing.hybrid_cache import _Driver
 
     layout = KVLayout.from_windows([None, 5, 5, 9], backtrack=3)
-    m = _over_tiers(32, 4, layout, 16, 64)  # the random check's small full pool
+    m = _over_tiers(32, 4, layout, 16, 64, windows=windows)  # the random check's small full pool
     driver = _Driver(m, 0, 20)
     for _ in range(150):
         driver.step()
     stats = tiered(m).tier_stats  # type: ignore[union-attr]
-    assert stats.loaded_tokens > 0 and m.window_stats.replays > 0
+    assert stats.loaded_tokens > 0
+    if windows:
+        assert driver.loaded_windows > 0 and stats.saved_host > 0
+    else:
+        assert m.window_stats.replays > 0 and driver.loaded_windows == 0
 
 
 def test_window_stats_price_the_hits_the_windows_cost() -> None:

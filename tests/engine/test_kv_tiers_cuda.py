@@ -68,10 +68,10 @@ def test_a_round_trip_through_the_pinned_slab_is_exact(layerwise: bool) -> None:
 
 
 def test_hybrid_tiers_on_cuda(tmp_path: Path) -> None:
-    """The tiers under the hybrid cache on the device (the gate waits on the load stream's
-    events for the full layers only; the Triton kernels read the group tables): a prefix
-    pushed out of the pool and loaded back, its windows replayed, gives the tokens of the
-    same engine without tiers."""
+    """The tiers under the hybrid cache on the device (every layer waits on the load
+    stream's events; a sliding layer's rows go to its group's blocks; the Triton kernels
+    read the group tables): a prefix pushed out of the pool and loaded back with its
+    windows, layer by layer and whole, gives the tokens of the same engine without tiers."""
     import random
     import sys
 
@@ -79,22 +79,26 @@ def test_hybrid_tiers_on_cuda(tmp_path: Path) -> None:
     from hf_models import five_to_one
 
     from deepinfer_kit import SamplingParams, build_engine
+    from deepinfer_kit.cache.tiers.manager import tiered
 
     five_to_one(tmp_path, 3, 5)
     rng = random.Random(12)
     prefix = [rng.randrange(160) for _ in range(40)]
     prompts = [prefix + [1, 2, 3]] + [[rng.randrange(160) for _ in range(60)] for _ in range(3)] + [prefix + [4, 5]]
     runs = []
-    for tiers in (None, {"host_blocks": 64}):
+    for tiers in (None, {"host_blocks": 64}, {"host_blocks": 64, "layerwise_loads": False}):
         engine = build_engine(model=str(tmp_path), device="cuda", block_size=4, max_num_seqs=2, num_blocks=24,
                               max_num_batched_tokens=64, max_model_len=96, kv_tiers=tiers)
         out = []
         for p in prompts:
             engine.add_request(None, p, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
             out += [list(o.outputs[0].token_ids) for o in engine.run()]
+        cache = tiered(engine.cache)
+        loaded = cache.tier_stats.loaded_tokens if cache is not None else 0
         replays = engine.cache.window_stats.replays  # type: ignore[attr-defined]
         engine.check_idle()
         engine.close()
-        runs.append((out, replays))
-    (plain, _), (tiered_out, replays) = runs
-    assert tiered_out == plain and replays >= 1
+        runs.append((out, loaded, replays))
+    plain = runs[0][0]
+    for out, loaded, replays in runs[1:]:
+        assert out == plain and loaded == 40 and replays == 0

@@ -1,11 +1,12 @@
-"""KV tiers under the hybrid cache (a 5 local : 1 global model, window 3, blocks of 4): the
-tiers keep the full-attention layers' blocks; a prefix the device lost comes back from the
-host or disk tier and its sliding windows are recomputed by a bounded replay. Tokens are
-transformers' and each token's logprob is within 2e-4 of its log-softmax (the replayed
-windows are exact) — inline, overlapped, speculative, static batching, in a worker process,
-loads layerwise or whole, from another engine's disk folder and between prefill and decode
-engines; multi-turn conversations keep the device-only engine's tokens (greedy and seeded);
-a replay that cannot fit a round is refused at build."""
+"""KV tiers under the hybrid cache (a 5 local : 1 global model, window 3, blocks of 4): a
+tier block keeps every layer — the full-attention layer's K/V and each sliding layer's window
+of it, in model order, the bytes a cache without layer groups keeps — so a prefix the device
+lost comes back from the host or disk tier with its windows and nothing is recomputed.
+Tokens are transformers' and each token's logprob is within 2e-4 of its log-softmax —
+inline, overlapped, speculative, static batching, in a worker process, loads layerwise or
+whole, from another engine's disk folder (one without layer groups too) and between prefill
+and decode engines; multi-turn conversations keep the device-only engine's tokens (greedy and
+seeded), for a model whose every layer slides as well."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ import torch
 
 from deepinfer_kit import SamplingParams, build_engine
 from deepinfer_kit.cache.hybrid_kv import HybridKVCache
-from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
+from deepinfer_kit.cache.tiers.hybrid import TieredHybridKVCacheManager
 from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.disagg import push_kv_down
-from deepinfer_kit.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
@@ -78,37 +78,60 @@ def _check(oracle: list[tuple[list[int], torch.Tensor]], tokens: list[list[int]]
     pytest.param({"scheduler": "static"}, id="static"),
     pytest.param({"speculative": {"drafter": "ngram", "num_draft": 3}}, id="speculative"),
     pytest.param({"worker": "process"}, id="worker-process"),
+    pytest.param({"max_num_batched_tokens": 16}, id="small-rounds"),  # no replay has to fit a round
 ])
-def test_a_prefix_from_the_host_tier_replays_its_windows(narrow: tuple[Path, Any], oracle: Any,
-                                                         config: dict[str, Any]) -> None:
+def test_a_prefix_from_the_host_tier_brings_its_windows(narrow: tuple[Path, Any], oracle: Any,
+                                                        config: dict[str, Any]) -> None:
     folder, _ = narrow
     tokens, logprobs, engine = _serve(folder, **{"kv_tiers": {"host_blocks": 64}, **config})
     _check(oracle, tokens, logprobs)
     cache = engine.cache
-    assert isinstance(cache, HybridKVCacheManager)
+    assert isinstance(cache, TieredHybridKVCacheManager)
     stats = tiered(cache).tier_stats  # type: ignore[union-attr]
     assert stats.loaded_tokens == 40 and stats.host_hits == 10  # the whole prefix from the tier
-    assert cache.window_stats.replays == 1 and cache.window_stats.replayed_tokens == 16  # 13, rounded to blocks
+    assert cache.window_stats.replays == 0 and cache.window_stats.kept_tokens >= 40
 
 
-def test_the_tiers_hold_the_full_group_only(narrow: tuple[Path, Any]) -> None:
+def _slots(engine: Any) -> dict[bytes, torch.Tensor]:
+    """Each host-tier block of ``engine`` (an inline one) by its key."""
+    host = tiered(engine.cache).connector.host  # type: ignore[union-attr]
+    slab = engine.runner.kv_transfer._slab  # noqa: SLF001
+    return {host.key(s): slab[s] for s in range(host.capacity) if host.key(s) is not None}
+
+
+def test_a_tier_block_holds_what_a_cache_without_groups_holds(narrow: tuple[Path, Any]) -> None:
+    """Every layer in model order: the hybrid engine's host blocks equal, to float rounding,
+    those of the same model with every layer in one pool (the sliding layers' rows read from
+    their groups' blocks, the full layer's from its own)."""
     folder, _ = narrow
-    engine = build_engine(model=str(folder), **_ENGINE, kv_tiers={"host_blocks": 8})
-    kv = engine.runner.kv_cache  # type: ignore[attr-defined]
-    assert isinstance(kv, HybridKVCache)
-    slab = engine.runner.kv_transfer._slab  # type: ignore[attr-defined]  # noqa: SLF001
-    full = kv.pool(0)
-    assert full is not None and full.num_layers == 1
-    assert tuple(slab.shape[1:]) == full.block_shape  # one layer of K and V per block, not six
-    engine.close()
+    slabs = []
+    for hybrid in (True, False):
+        engine = build_engine(model=str(folder), **_ENGINE, hybrid_kv_cache=hybrid,
+                              kv_tiers={"host_blocks": 32, "hash_key": b"k" * 32})
+        kv = engine.runner.kv_cache  # type: ignore[attr-defined]
+        assert isinstance(kv, HybridKVCache) is hybrid
+        assert tuple(engine.runner.kv_transfer._slab.shape[1:]) == (6, 2, 4, 2, 16)  # type: ignore[attr-defined]  # noqa: SLF001
+        engine.add_request("p", _PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1))
+        engine.run()
+        push_kv_down(engine)
+        slabs.append(_slots(engine))
+        engine.close()
+    grouped, flat = slabs
+    assert len(grouped) == len(flat) == 10 and grouped.keys() == flat.keys()
+    for key, block in grouped.items():
+        torch.testing.assert_close(block, flat[key], atol=1e-5, rtol=0)
+        assert block.abs().sum(dim=(1, 2, 3, 4)).min() > 0  # no layer left empty
 
 
-def test_a_prefix_from_disk_replays_its_windows(narrow: tuple[Path, Any], oracle: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", [True, False], ids=["hybrid-writer", "flat-writer"])
+def test_a_prefix_from_disk_brings_its_windows(narrow: tuple[Path, Any], oracle: Any, tmp_path: Path,
+                                               writer: bool) -> None:
     """A second engine over the first one's disk folder (as the decode side of
-    disaggregation) serves the prefix from disk."""
+    disaggregation) serves the prefix from disk — whether the first one kept layer groups
+    or not: their files are the same K/V, under the same fingerprint."""
     folder, _ = narrow
     tiers = {"host_blocks": 16, "disk_blocks": 64, "disk_path": str(tmp_path), "hash_key": b"h" * 32}
-    first = build_engine(model=str(folder), **_ENGINE, kv_tiers=tiers)
+    first = build_engine(model=str(folder), **_ENGINE, hybrid_kv_cache=writer, kv_tiers=tiers)
     first.add_request("warm", _PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1))
     first.run()
     push_kv_down(first)
@@ -119,25 +142,11 @@ def test_a_prefix_from_disk_replays_its_windows(narrow: tuple[Path, Any], oracle
     (out,) = [o.outputs[0] for o in engine.run()]
     tokens = list(out.token_ids)
     _check(oracle[-1:], [tokens], [[lp[t].logprob for lp, t in zip(out.logprobs, tokens)]])
-    assert tiered(engine.cache).tier_stats.disk_hits == 10  # type: ignore[union-attr]
+    cache = engine.cache
+    assert tiered(cache).tier_stats.disk_hits == 10  # type: ignore[union-attr]
+    assert cache.window_stats.replays == 0  # type: ignore[attr-defined]
     engine.check_idle()
     engine.close()
-
-
-def test_a_replay_that_cannot_fit_a_round_is_refused(narrow: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
-    folder, _ = narrow
-    with pytest.raises(ConfigError, match=r"a bounded replay of up to 16 tokens, but a round holds 13 "
-                                          r"\(bounded_replay=True, max_num_batched_tokens=16\)"):
-        build_engine(model=str(folder), **{**_ENGINE, "max_num_batched_tokens": 16}, kv_tiers={"host_blocks": 8})
-    with pytest.raises(ConfigError, match="bounded_replay=False"):
-        build_engine(model=str(folder), **_ENGINE, bounded_replay=False, kv_tiers={"host_blocks": 8})
-    build_engine(model=str(folder), **_ENGINE, hybrid_kv_cache=False, kv_tiers={"host_blocks": 8}).close()
-    every = tmp_path_factory.mktemp("mistral")
-    from hf_models import make_checkpoint
-
-    make_checkpoint("mistral", every)  # every layer slides: no full-attention layer to keep
-    with pytest.raises(ConfigError, match="every layer slides"):
-        build_engine(model=str(every), block_size=4, max_num_batched_tokens=256, kv_tiers={"host_blocks": 8})
 
 
 def _conversations(seed: int) -> list[list[int]]:
@@ -172,13 +181,14 @@ def _tokens(folder: Path, prompts: list[list[int]], seeded: bool, **config: Any)
 
 @pytest.mark.parametrize("seed, tiers, seeded", [(3, {"host_blocks": 64}, False), (4, {"host_blocks": 64}, False),
                                                  (4, {"host_blocks": 16, "disk_blocks": 200}, False),
-                                                 (5, {"host_blocks": 64}, True)],
-                         ids=["host-3", "host-4", "disk-4", "seeded-5"])
+                                                 (5, {"host_blocks": 64}, True),
+                                                 (6, {"host_blocks": 64, "write_policy": "write_back"}, False)],
+                         ids=["host-3", "host-4", "disk-4", "seeded-5", "write-back-6"])
 def test_conversations_keep_the_device_only_tokens(narrow: tuple[Path, Any], seed: int, tiers: dict[str, Any],
                                                    seeded: bool, tmp_path: Path) -> None:
-    """A block loaded from a tier before a replay's start lands in a full-group block whose
-    sliding window, idle since the tokens it held before, must not be matched later.
-    Greedy, and seeded nucleus sampling."""
+    """Prefixes the small pool keeps losing come back from the tiers into full-group blocks
+    whose old idle windows must be forgotten, with windows saved while they were cached
+    (a save whose window had gone is dropped). Greedy, and seeded nucleus sampling."""
     folder, _ = narrow
     prompts = _conversations(seed)
     reference, _ = _tokens(folder, prompts, seeded)
@@ -189,9 +199,22 @@ def test_conversations_keep_the_device_only_tokens(narrow: tuple[Path, Any], see
     assert got == reference
 
 
+def test_a_model_whose_every_layer_slides_keeps_its_windows_in_the_tiers(tmp_path: Path) -> None:
+    """Mistral (window 5, every layer sliding): the full group has no layers (its blocks are
+    names); the tiers keep the sliding layers' windows and serve the conversations' prefixes."""
+    from hf_models import make_checkpoint
+
+    make_checkpoint("mistral-sliding", tmp_path)
+    prompts = _conversations(7)
+    reference, _ = _tokens(tmp_path, prompts, False)
+    got, loaded = _tokens(tmp_path, prompts, False, kv_tiers={"host_blocks": 64})
+    assert loaded > 0
+    assert got == reference
+
+
 def test_disaggregated_prefill_and_decode(narrow: tuple[Path, Any], oracle: Any, tmp_path: Path) -> None:
     """A prefill engine and a decode engine of the hybrid model sharing a folder: the decode
-    side loads each prompt's full-layer blocks and replays its windows; transformers' tokens."""
+    side loads each prompt's blocks with their windows; transformers' tokens."""
     from deepinfer_kit.disagg import build_disaggregated
     from deepinfer_kit.engine.config import EngineConfig
 
@@ -205,7 +228,7 @@ def test_disaggregated_prefill_and_decode(narrow: tuple[Path, Any], oracle: Any,
         tokens = list(outs[str(i)].token_ids)
         _check(oracle[i:i + 1], [tokens], [[lp[t].logprob for lp, t in zip(outs[str(i)].logprobs, tokens)]])
     assert tiered(d.decode.cache).tier_stats.loaded_tokens == (10 + 14) * 4  # type: ignore[union-attr]  # every full block
-    assert d.decode.cache.window_stats.replays == 2  # type: ignore[attr-defined]
+    assert d.decode.cache.window_stats.replays == 0  # type: ignore[attr-defined]
     d.prefill.check_idle()
     d.decode.check_idle()
     d.close()

@@ -119,6 +119,18 @@ class HybridKVCache:
         """The write/copy implementation chosen at construction."""
         return self._impl
 
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """One block of every model layer as the KV tiers store it: ``[L, 2, P, Hkv, D]``,
+        layers in model order (what a pool without groups would hold; each sliding layer's
+        rows are its group's block for the full block)."""
+        return (self.num_layers, 2, self._P, self._heads, self._dim)
+
+    def pool_of_layer(self, layer: int) -> tuple[int, PagedKVCache | None, int]:
+        """``(group, pool, index in the pool)`` of model layer ``layer``."""
+        g, local = self._where[layer]
+        return g, self._pools[g], local
+
     def pool(self, group: int) -> PagedKVCache | None:
         """The pool of ``group`` (``None`` for a full group without layers)."""
         return self._pools[group]

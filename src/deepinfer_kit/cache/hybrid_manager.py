@@ -57,6 +57,8 @@ class HybridKVCacheManager:
             wrong count.
     """
 
+    _tier_windows = False  # the KV tiers under the full group keep windows (cache.tiers.hybrid)
+
     def __init__(self, inner: KVCacheManager, layout: KVLayout, sliding_blocks: int | Sequence[int], *,
                  replay_limit: int = 0) -> None:
         sliding = layout.sliding()
@@ -148,9 +150,8 @@ class HybridKVCacheManager:
     def match_prefix(self, request: Request) -> int:
         """The full group's hit, shortened by whole blocks until every sliding group still
         holds the window before its end (tokens ``end - window + 1 .. end - 1``), or served
-        whole by a bounded replay. A full group over KV tiers may hit past its device blocks
-        (blocks a tier loads hold no window: a replay serves them, or the hit stops before
-        them). Changes no reference count."""
+        whole by a bounded replay. Over KV tiers the hit may reach past the device's blocks
+        (their windows come with them: ``cache.tiers.hybrid``). Changes no reference count."""
         hit = self._inner.match_prefix(request)
         st = request.prefix_state
         if not hit or not isinstance(st, PrefixState):
@@ -184,7 +185,7 @@ class HybridKVCacheManager:
 
     def _window_cached(self, blocks: list[int], end: int) -> bool:
         P = self._P
-        if end > len(blocks) * P:  # blocks a tier would load hold no window
+        if end > len(blocks) * P and not self._tier_windows:  # blocks a tier loads: windowed if it keeps them
             return False
         for _, spec, m in self._groups:
             first = max(0, end - spec.window + 1) // P
@@ -221,7 +222,7 @@ class HybridKVCacheManager:
         st = request.prefix_state
         if not table and num_cached_tokens and first == start:
             matched = st.hits if isinstance(st, PrefixState) else []
-            if len(matched) * self._P < num_cached_tokens or not self._window_cached(matched, num_cached_tokens):
+            if not self._window_cached(matched, num_cached_tokens):
                 raise InvariantError(
                     f"allocate: num_cached_tokens={num_cached_tokens} for request {request.request_id!r} is "
                     f"not a current match_prefix result (a sliding window before it is not cached)")
@@ -252,8 +253,7 @@ class HybridKVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_computed_tokens: int | None = None) -> SlotGrant:
-        """:func:`~deepinfer_kit.cache.slots.allocate_slots` over this manager (its prefix
-        hit shortened by the windows)."""
+        """:func:`~deepinfer_kit.cache.slots.allocate_slots` over this manager."""
         return allocate_slots(self, request, num_new_tokens, num_computed_tokens)
 
     def allocate_next_blocks(self, requests: Sequence[Request]) -> int:

@@ -15,6 +15,7 @@ from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
 from deepinfer_kit.cache.hybrid_manager import HybridKVCacheManager
 from deepinfer_kit.cache.manager import BlockKVCacheManager
 from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
+from deepinfer_kit.cache.tiers.hybrid import TieredHybridKVCacheManager
 from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
 from deepinfer_kit.components import BuildContext, Components, build
 from deepinfer_kit.engine.config import EngineConfig
@@ -27,7 +28,6 @@ from deepinfer_kit.sched.scheduler import BatchScheduler
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from deepinfer_kit.cache.layer_groups import KVLayout
     from deepinfer_kit.cache.protocols import EvictionPolicy
     from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
 
@@ -66,7 +66,8 @@ def build_host_components(
     (``ModelConfig.sliding_windows``); with one set and ``config.hybrid_kv_cache`` the
     manager is wrapped in a :class:`HybridKVCacheManager` over its layer groups.
     ``connector``: the scheduler side of ``config.kv_tiers`` (built beside the device
-    pool); the manager is then a :class:`TieredKVCacheManager` over it.
+    pool); the manager is then a :class:`TieredKVCacheManager` over it (wrapped in a
+    :class:`TieredHybridKVCacheManager` for a hybrid cache: the tiers keep the windows).
 
     Raises:
         ConfigError: a field the scheduler or cache config rejects, a component of the
@@ -82,12 +83,13 @@ def build_host_components(
         if parts.cache_manager is not None:
             raise ConfigError("kv_tiers with components.cache_manager is not built yet: the tiers wrap the "
                               "built-in full-attention manager")
-        if layout is not None:
-            _check_tier_replay(config, layout)
     cache = _cache_manager(config, parts, ctx, connector)
     if layout is not None and not hasattr(cache, "drain_table_updates"):
-        cache = HybridKVCacheManager(cache, layout, config.sliding_pool_sizes(layout),
-                                     replay_limit=config.replay_limit())
+        sizes, limit = config.sliding_pool_sizes(layout), config.replay_limit()
+        if isinstance(cache, TieredKVCacheManager):  # the tiers keep each block's windows too
+            cache = TieredHybridKVCacheManager(cache, layout, sizes, replay_limit=limit)
+        else:
+            cache = HybridKVCacheManager(cache, layout, sizes, replay_limit=limit)
     sched_config = scheduler_config(config, max_model_len)
     ctx = attrs.evolve(ctx, cache=cache, scheduler_config=sched_config)
     scheduler = build(parts.scheduler, ctx)
@@ -104,27 +106,6 @@ def build_host_components(
             "check and reset_prefix_cache read the engine's: build the scheduler over "
             "BuildContext.cache, and inject a cache of yours as components.cache_manager")
     return scheduler, cache
-
-
-def _check_tier_replay(config: EngineConfig, layout: KVLayout) -> None:
-    """KV tiers under a hybrid cache keep the full-attention layers only; the sliding
-    windows before a hit loaded from a tier are recomputed by a bounded replay, which one
-    round must hold.
-
-    Raises:
-        ConfigError: a model whose every layer slides (no full-attention layer to keep), or
-            a replay longer than a round (naming both).
-    """
-    if not layout.layers_of(0):
-        raise ConfigError("kv_tiers under the hybrid cache keep the full-attention layers, and every layer of "
-                          "this model slides: set hybrid_kv_cache=False")
-    need = layout.replay_bound + config.block_size - 1
-    if config.replay_limit() < need:
-        raise ConfigError(
-            f"kv_tiers with a sliding-window model (hybrid_kv_cache=True) recompute the windows before a hit "
-            f"loaded from a tier: a bounded replay of up to {need} tokens, but a round holds "
-            f"{config.replay_limit()} (bounded_replay={config.bounded_replay}, max_num_batched_tokens="
-            f"{config.max_num_batched_tokens}): raise max_num_batched_tokens, or set hybrid_kv_cache=False")
 
 
 def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext,

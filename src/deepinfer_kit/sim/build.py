@@ -121,7 +121,6 @@ def build_simulator(
     elif parts.placement_policy is not None:
         raise ConfigError("components.placement_policy needs eplb={...}, got eplb=None")
     runner = SimRunner(priced, tokens, experts, block_size=config.block_size,
-                       full_layers_only=hasattr(cache, "drain_table_updates"),  # a hybrid cache's tiers
                        layerwise_loads=config.kv_tiers is not None and config.kv_tiers.layerwise_loads)
     sim = Simulator(scheduler, cache, runner, clock, PromptBuilder(model.vocab_size, seed), eos)
     if config.speculative is not None:

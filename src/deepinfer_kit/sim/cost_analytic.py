@@ -131,7 +131,7 @@ class AnalyticCost:
     """
 
     __slots__ = ("model", "gpu", "window", "_weights_s", "_kv_s", "_slide_s", "_tok_f", "_row_f", "_pair_f",
-                 "_slide_f", "_over", "_xfer_s", "_xfer_full_s", "_layers")
+                 "_slide_f", "_over", "_xfer_s", "_layers")
 
     def __init__(self, model: ModelShape, gpu: GpuSpec) -> None:
         self.model = model
@@ -148,8 +148,7 @@ class AnalyticCost:
         self._slide_f = 4.0 * model.sliding_layers * model.num_q_heads * model.head_dim / peak
         self._pair_f = 4.0 * model.num_layers * model.num_q_heads * model.head_dim / peak - self._slide_f
         self._over = gpu.step_overhead_s
-        self._xfer_s = model.kv_bytes_per_token / gpu.host_bandwidth  # KV tiers' copies, before the forward
-        self._xfer_full_s = (model.kv_bytes_per_token - model.sliding_kv_bytes_per_token) / gpu.host_bandwidth
+        self._xfer_s = model.kv_bytes_per_token / gpu.host_bandwidth  # KV tiers' copies: every layer of a block
         self._layers = model.num_layers
 
     def step_time(self, shape: StepShape) -> float:
@@ -166,7 +165,7 @@ class AnalyticCost:
             memory += self._slide_s * (shape.num_window_context_tokens + tokens)
             compute += self._slide_f * shape.window_attention_pairs
         forward = memory if memory > compute else compute
-        xfer = self._xfer_full_s if shape.kv_transfer_full_layers_only else self._xfer_s
+        xfer = self._xfer_s
         layerwise = xfer * shape.num_kv_layerwise_load_tokens  # beside the forward, a layer ahead of it
         hidden = layerwise * (self._layers - 1) / self._layers
         late = hidden - forward if hidden > forward else 0.0

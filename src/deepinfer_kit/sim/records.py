@@ -68,8 +68,6 @@ class StepShape:
             reads at most ``window`` keys).
         num_kv_transfer_tokens: tokens of KV copied between the device pool and the host
             tier before the round's forward (saves and loads of the KV tiers).
-        kv_transfer_full_layers_only: the copies hold the full-attention layers only (a
-            hybrid KV cache: the tiers keep its full group; sliding windows are replayed).
         num_kv_layerwise_load_tokens: of ``num_kv_transfer_tokens``, the loads that land
             layer by layer beside the forward (``TierConfig.layerwise_loads``): only the
             first layer's copy, and what the rest take beyond the forward, add to the round.
@@ -85,7 +83,6 @@ class StepShape:
     num_window_context_tokens: int = 0
     window_attention_pairs: int = 0
     num_kv_transfer_tokens: int = 0
-    kv_transfer_full_layers_only: bool = False
     num_kv_layerwise_load_tokens: int = 0
 
     @property

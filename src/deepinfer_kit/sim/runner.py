@@ -33,7 +33,6 @@ class SimRunner:
         experts: a simulated MoE router and placement policy; when given, each round's
             price is stretched by its expert imbalance (:meth:`ExpertSim.on_step`).
         block_size: tokens per block (a round's KV-tier copies are priced per token).
-        full_layers_only: the KV tiers copy the full-attention layers only (a hybrid cache).
         layerwise_loads: the tiers' loads land layer by layer beside the forward.
 
     Attributes:
@@ -41,14 +40,13 @@ class SimRunner:
     """
 
     __slots__ = ("cost", "tokens", "experts", "num_steps", "busy_time", "_round_times", "_window", "_P",
-                 "_full_only", "_layerwise")
+                 "_layerwise")
 
     def __init__(self, cost: CostModel, tokens: SyntheticTokens,
-                 experts: ExpertSim | None = None, *, block_size: int = 16, full_layers_only: bool = False,
+                 experts: ExpertSim | None = None, *, block_size: int = 16,
                  layerwise_loads: bool = False) -> None:
         self.cost = cost
         self._P = block_size
-        self._full_only = full_layers_only
         self._layerwise = layerwise_loads
         self.tokens = tokens
         self.experts = experts
@@ -66,7 +64,6 @@ class SimRunner:
         transfers = plan.kv_transfers
         if transfers is not None:
             shape.num_kv_transfer_tokens = (len(transfers.saves) + len(transfers.loads)) * self._P
-            shape.kv_transfer_full_layers_only = self._full_only
             if self._layerwise:
                 shape.num_kv_layerwise_load_tokens = len(transfers.loads) * self._P
         duration = self.cost.step_time(shape)

@@ -122,6 +122,8 @@ class _Driver:
         self.chunk: dict[str, int] = {}  # each sequence's last chunk: its window's bound grows with it
         self.n = 0
         self.rounds = 0  # the KV tiers' rounds (step ids)
+        self.host: dict[int, dict[tuple[int, int], int | None]] = {}  # host slot -> (group, offset) -> token
+        self.loaded_windows = 0  # sliding groups' blocks the tiers' loads filled
         P = m.block_size
         common = [self.rng.randrange(3) for _ in range(6 * P)]
         self.bases = [common + [self.rng.randrange(3) for _ in range(tail_blocks * P)] for _ in range(3)]
@@ -154,19 +156,30 @@ class _Driver:
 
     def _tier_round(self, r: Request) -> None:
         """With KV tiers under the manager (its ``drain_kv_transfers``, found down the
-        ``inner`` chain): the round's loads write ``r``'s tokens into the full group's
-        blocks they fill (a tier's bytes are its prefix's, by their chained keys; the
-        sliding groups get nothing), and every save is reported done."""
+        ``inner`` chain), run the round's copies on the device model: a save keeps what the
+        device holds in the block (and, for a plan carrying ``save_groups``, in each
+        group's block for it), a load writes it back (into each group's block of
+        ``load_groups``; without them the sliding groups get nothing). Every save is
+        reported done."""
         drain = wrapped_member(self.m, "drain_kv_transfers")
         if drain is None:
             return
         self.rounds += 1
         plan = drain(self.rounds)
-        P = self.m.block_size
-        for _, block in plan.loads:
-            j = r.block_table.index(block)
-            for o in range(P):
-                self.dev.slots[(0, block, o)] = r.all_token_ids[j * P + o]
+        P, dev = self.m.block_size, self.dev
+        for i, (block, slot) in enumerate(plan.saves):
+            owns = [(0, block)] + [(g, own[i]) for g, own in plan.save_groups.items()]
+            self.host[slot] = {(g, o): dev.slots.get((g, b, o)) for g, b in owns for o in range(P)}
+        for i, (slot, block) in enumerate(plan.loads):
+            saved = self.host.get(slot)
+            if saved is None:  # saved before this model ran (another manager's): the prefix's tokens
+                j = r.block_table.index(block)
+                saved = {(0, o): r.all_token_ids[j * P + o] for o in range(P)}
+            owns = [(0, block)] + [(g, own[i]) for g, own in plan.load_groups.items() if own[i] >= 0]
+            for g, b in owns:
+                for o in range(P):
+                    dev.slots[(g, b, o)] = saved.get((g, o))
+        self.loaded_windows += sum(1 for own in plan.load_groups.values() for b in own if b >= 0)
         wrapped_member(self.m, "finish_kv_transfers")(self.rounds, TransferOutput(saved=[s for _, s in plan.saves]))
 
     def step(self) -> None:
@@ -228,7 +241,9 @@ class _Driver:
 def _check_random_operations_keep_every_window_readable(factory: HybridManagerFactory) -> None:
     """Also with bounded replays (the sliding K/V a replay writes before its first exact
     position is modelled as wrong: no window may ever read it), and over KV tiers when the
-    manager has them (a block a tier fills holds its prefix's full-group K/V, no window)."""
+    manager has them (a tier slot keeps what the device held in the blocks its save read,
+    and a load writes it back: a window saved stale or loaded into the wrong block is read
+    back wrong)."""
     replays = 0
     for seed in range(6):
         for replay_limit, full in ((0, 48), (64, 64), (64, 32)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.disk_store import DiskBlockStore, layout_fingerprint
 from deepinfer_kit.cache.tiers.disk_tier import DiskTier
@@ -18,7 +18,7 @@ from deepinfer_kit.cache.tiers.slab_bytes import RankSlabs
 __all__ = ["build_tiers", "host_side_tiers"]
 
 
-def build_tiers(config: TierConfig, kv_cache: PagedKVCache, *, model: str = "") -> tuple[OffloadConnector, HostTransferWorker]:
+def build_tiers(config: TierConfig, kv_cache: KVStorage, *, model: str = "") -> tuple[OffloadConnector, HostTransferWorker]:
     """The scheduler side and the device side of ``config``'s tiers over ``kv_cache``.
 
     Called once per engine build, in the process that holds the pool. Allocates the host

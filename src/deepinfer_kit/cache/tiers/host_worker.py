@@ -9,18 +9,20 @@ import math
 
 import torch
 
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.tiers.layer_loads import LayerLoads
+from deepinfer_kit.cache.tiers.layer_targets import layer_targets
 from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
-from deepinfer_kit.errors import CapacityError
+from deepinfer_kit.errors import CapacityError, InvariantError
 
 __all__ = ["HostTransferWorker", "host_slab"]
 
 
-def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
+def host_slab(kv_cache: KVStorage, num_blocks: int) -> torch.Tensor:
     """The host tier's bytes for ``num_blocks`` blocks of ``kv_cache``: a zeroed CPU tensor
-    ``[num_blocks, L, planes, P, Hkv, D]`` in the pool's dtype, pinned when the pool is on
-    CUDA (so copies run asynchronously to the host). Allocated once, at engine build.
+    ``[num_blocks, L, planes, P, Hkv, D]`` (``kv_cache.block_shape``: every model layer,
+    a hybrid cache's too) in the pool's dtype, pinned when the pool is on CUDA (so copies
+    run asynchronously to the host). Allocated once, at engine build.
 
     Raises:
         CapacityError: the host cannot allocate it (names ``host_blocks`` and the bytes).
@@ -36,8 +38,10 @@ def host_slab(kv_cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
 
 
 class HostTransferWorker:
-    """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorWorker` between a
-    :class:`PagedKVCache` and a host slab.
+    """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorWorker` between the
+    device's K/V (a :class:`PagedKVCache`, or a :class:`HybridKVCache` whose sliding
+    layers move their group's blocks, ``TransferPlan.save_groups`` / ``load_groups``) and
+    a host slab.
 
     Saves gather each layer's blocks on the device into one staging tensor and copy it to
     the host with one non-blocking copy (pinned memory on CUDA, on the runner's stream, so
@@ -54,12 +58,12 @@ class HostTransferWorker:
     ``i``'s compute.
 
     Args:
-        kv_cache: the device pool.
+        kv_cache: the device pool(s).
         slab: the host tier's bytes (:func:`host_slab`).
         layerwise: per-layer loads (``TierConfig.layerwise_loads``).
     """
 
-    def __init__(self, kv_cache: PagedKVCache, slab: torch.Tensor, *, layerwise: bool = True) -> None:
+    def __init__(self, kv_cache: KVStorage, slab: torch.Tensor, *, layerwise: bool = True) -> None:
         self._kv = kv_cache
         self._slab = slab
         self._cuda = kv_cache.device.type == "cuda"
@@ -76,12 +80,14 @@ class HostTransferWorker:
         self._asked = True
         self._settle()
         kv = self._kv
-        dev = kv.device
-        blocks = torch.tensor([b for b, _ in plan.saves], dtype=torch.int64).to(dev, non_blocking=True)
+        targets = layer_targets(kv, [b for b, _ in plan.saves], plan.save_groups)
         slots = torch.tensor([s for _, s in plan.saves], dtype=torch.int64)
-        staged = torch.empty((len(plan.saves), *kv.block_shape), dtype=kv.dtype, device=dev)
-        for layer in range(kv.num_layers):
-            staged[:, layer] = kv.read_blocks(layer, blocks)
+        staged = torch.empty((len(plan.saves), *kv.block_shape), dtype=kv.dtype, device=kv.device)
+        for layer, t in enumerate(targets):
+            if t.pool is None or t.rows is not None:
+                raise InvariantError(f"tier save of {len(plan.saves)} blocks: layer {layer} holds only "
+                                     f"{t.blocks.numel()} of them (a window missing)")
+            staged[:, layer] = t.pool.read_blocks(t.local, t.blocks)
         host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=self._cuda)
         host.copy_(staged, non_blocking=self._cuda)
         event = None
@@ -108,20 +114,19 @@ class HostTransferWorker:
         self._asked = True
         if self._saving is not None and {s for s, _ in plan.loads} & set(self._saving[1].tolist()):
             self._settle()  # a load reads a slot this round saves
+        targets = layer_targets(self._kv, [b for _, b in plan.loads], plan.load_groups)
         if self._layers is not None:
-            self._layers.start(self._slab, [s for s, _ in plan.loads], [b for _, b in plan.loads])
+            self._layers.start(self._slab, [s for s, _ in plan.loads], targets)
             return
-        kv = self._kv
-        dev = kv.device
         slots = torch.tensor([s for s, _ in plan.loads], dtype=torch.int64)
         staged = self._slab.index_select(0, slots)
         if self._cuda:
             staged = staged.pin_memory()
             self._keep.append(staged)
-        data = staged.to(dev, non_blocking=self._cuda)
-        blocks = torch.tensor([b for _, b in plan.loads], dtype=torch.int64).to(dev, non_blocking=True)
-        for layer in range(kv.num_layers):
-            kv.write_blocks(layer, blocks, data[:, layer])
+        data = staged.to(self._kv.device, non_blocking=self._cuda)
+        for layer, t in enumerate(targets):
+            if t.pool is not None:
+                t.pool.write_blocks(t.local, t.blocks, t.pick(data[:, layer]))
 
     def wait_for_layer_load(self, layer: int) -> None:
         """Called inside the forward before layer ``layer`` first touches its cache: order

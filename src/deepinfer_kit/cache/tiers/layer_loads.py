@@ -9,7 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
+from deepinfer_kit.cache.tiers.layer_targets import LayerTarget
 
 __all__ = ["LayerLoads"]
 
@@ -31,10 +32,10 @@ class LayerLoads:
     prompt blocks the forward does not write.
 
     Args:
-        kv_cache: the device pool the copies write.
+        kv_cache: the device pool(s) the copies write (a layer is numbered as the model's).
     """
 
-    def __init__(self, kv_cache: PagedKVCache) -> None:
+    def __init__(self, kv_cache: KVStorage) -> None:
         self._kv = kv_cache
         self._cuda = kv_cache.device.type == "cuda"
         self._stream: torch.cuda.Stream | None = None
@@ -46,23 +47,24 @@ class LayerLoads:
         self._future: Future[None] | None = None
         self._keep: list[torch.Tensor] = []  # host staging the CUDA copies still read
 
-    def start(self, slab: torch.Tensor, slots: list[int], blocks: list[int]) -> None:
-        """Start copying slab slots ``slots`` into device blocks ``blocks`` (pairwise,
-        ``blocks`` distinct), layer 0 first. Returns at once; the slab's slots must stay
-        unchanged until :meth:`wait_all` returns. Mutates the device pool (later)."""
+    def start(self, slab: torch.Tensor, slots: list[int], targets: list[LayerTarget]) -> None:
+        """Start copying slab slots ``slots`` into the device, layer 0 first: model layer
+        ``i``'s rows of them to ``targets[i]`` (:func:`~deepinfer_kit.cache.tiers.layer_targets.layer_targets`
+        of the loads' blocks, distinct). Returns at once; the slab's slots must stay
+        unchanged until :meth:`wait_all` returns. Mutates the device pool(s) (later)."""
         self.wait_all()
         layers = self._kv.num_layers
         self._waited = [False] * layers
         if self._cuda:
-            self._start_cuda(slab, slots, blocks)
+            self._start_cuda(slab, slots, targets)
             return
         self._flags = [threading.Event() for _ in range(layers)]
         self._failed = []
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="kv-load")
-        self._future = self._thread.submit(self._copy_cpu, slab, slots, blocks, self._flags, self._failed)
+        self._future = self._thread.submit(self._copy_cpu, slab, slots, targets, self._flags, self._failed)
 
-    def _copy_cpu(self, slab: torch.Tensor, slots: list[int], blocks: list[int],
+    def _copy_cpu(self, slab: torch.Tensor, slots: list[int], targets: list[LayerTarget],
                   flags: list[threading.Event], failed: list[int]) -> None:
         """The CPU thread's work: each layer's slots into its blocks, then its flag. A
         copy that raises is noted in ``failed`` (its layer) before every flag is set, so a
@@ -70,10 +72,11 @@ class LayerLoads:
         layer = 0
         try:
             at = torch.tensor(slots, dtype=torch.int64)
-            to = torch.tensor(blocks, dtype=torch.int64)
             with torch.inference_mode():
                 for layer, flag in enumerate(flags):
-                    self._kv.write_blocks(layer, to, slab[:, layer].index_select(0, at))
+                    t = targets[layer]
+                    if t.pool is not None:
+                        t.pool.write_blocks(t.local, t.blocks, t.pick(slab[:, layer].index_select(0, at)))
                     flag.set()
         except BaseException:
             failed.append(layer)
@@ -82,7 +85,7 @@ class LayerLoads:
             for flag in flags:
                 flag.set()
 
-    def _start_cuda(self, slab: torch.Tensor, slots: list[int], blocks: list[int]) -> None:
+    def _start_cuda(self, slab: torch.Tensor, slots: list[int], targets: list[LayerTarget]) -> None:
         """Queue the layers' copies on the load stream, an event after each."""
         dev = self._kv.device
         if self._stream is None:
@@ -92,11 +95,15 @@ class LayerLoads:
         staged.transpose(0, 1).copy_(slab.index_select(0, at))  # layer-major: each layer one contiguous copy
         self._keep.append(staged)
         self._stream.wait_stream(torch.cuda.current_stream(dev))
+        for t in targets:  # made on the caller's stream, read on this one: not reused before
+            for ids in (t.blocks, t.rows):
+                if ids is not None:
+                    ids.record_stream(self._stream)
         self._events = []
         with torch.cuda.stream(self._stream):
-            to = torch.tensor(blocks, dtype=torch.int64).pin_memory().to(dev, non_blocking=True)
-            for layer in range(staged.shape[0]):
-                self._kv.write_blocks(layer, to, staged[layer].to(dev, non_blocking=True))
+            for layer, t in enumerate(targets):
+                if t.pool is not None:
+                    t.pool.write_blocks(t.local, t.blocks, t.pick(staged[layer].to(dev, non_blocking=True)))
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(self._stream)
                 self._events.append(event)

@@ -3,7 +3,7 @@ hits reach past the device into the tiers."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from deepinfer_kit.cache.hashing import BlockHasher
@@ -54,7 +54,7 @@ class TieredKVCacheManager(BlockKVCacheManager):
     """
 
     __slots__ = ("_connector", "_hasher", "_keys", "_dev_keys", "_matched", "_resetting", "_idle_rounds",
-                 "_watched", "_owed")
+                 "_watched", "_owed", "plan_hook", "_dropped")
 
     def __init__(self, allocator: BlockAllocator, index: PrefixIndex | None,
                  connector: KVConnectorScheduler, *, hash_key: bytes | None = None) -> None:
@@ -70,6 +70,11 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._idle_rounds = 0  # transfer_idle's rounds, numbered -1, -2, ...
         self._watched: set[str] = set()  # live requests whose prompt saves are watched
         self._owed: dict[str, list[bytes]] = {}  # finished watched request -> its prompt's keys
+        self.plan_hook: Callable[[TransferPlan], list[int]] | None = None
+        """Completes each round's plan before it leaves (a hybrid cache over these tiers adds
+        its sliding groups' blocks, ``cache.tiers.hybrid``); returns the host slots of the
+        saves it took off the plan, reported failed when that round finishes."""
+        self._dropped: dict[int, list[int]] = {}  # step id -> host slots of saves the hook dropped
 
     @property
     def connector(self) -> KVConnectorScheduler:
@@ -225,12 +230,24 @@ class TieredKVCacheManager(BlockKVCacheManager):
         return int(down(keys)) if keys and down is not None else 0
 
     def drain_kv_transfers(self, step_id: int) -> TransferPlan:
-        """Round ``step_id``'s device <-> host copies (the scheduler puts them on its plan)."""
-        return self._connector.build_transfers(step_id)
+        """Round ``step_id``'s device <-> host copies (the scheduler puts them on its plan),
+        completed by :attr:`plan_hook`."""
+        plan = self._connector.build_transfers(step_id)
+        if self.plan_hook is not None:
+            dropped = self.plan_hook(plan)
+            if dropped:
+                self._dropped[step_id] = dropped
+        return plan
 
     def finish_kv_transfers(self, step_id: int, output: TransferOutput | None) -> None:
         """Round ``step_id`` committed, with the device side's report since the last one
-        (the scheduler, at every commit of a non-empty round)."""
+        (the scheduler, at every commit of a non-empty round); the saves :attr:`plan_hook`
+        took off this round's plan (or an older one's) are reported failed with it."""
+        done = [k for k in self._dropped if k <= step_id or step_id < 0]  # idle: every round's, as the ledger
+        dropped = [s for k in done for s in self._dropped.pop(k)]
+        if dropped:
+            output = output if output is not None else TransferOutput()
+            output.failed_saves.extend(dropped)
         self._connector.update_from_output(step_id, output)
 
     def take_kv_events(self) -> list[KVEvent]:
@@ -256,12 +273,13 @@ class TieredKVCacheManager(BlockKVCacheManager):
         prefill side of disaggregation, a benchmark's end); then wait for the disk writes.
         Nothing else may touch the pool meanwhile (no forward runs)."""
         self._idle_rounds -= 1  # a step id no scheduled round has
-        plan = self._connector.build_transfers(self._idle_rounds)
+        step = self._idle_rounds
+        plan = self.drain_kv_transfers(step)
         if plan:
             worker.start_save_kv(plan)
             worker.start_load_kv(plan)
             worker.wait_for_load()
-        self._connector.update_from_output(self._idle_rounds, worker.get_finished())
+        self.finish_kv_transfers(step, worker.get_finished())
         drain = getattr(self._connector, "drain", None)
         if drain is not None:
             drain()
@@ -280,6 +298,8 @@ class TieredKVCacheManager(BlockKVCacheManager):
         reqs = list(requests) if requests is not None else None
         super().check_integrity(reqs)
         if reqs is not None and not reqs:
+            if self._dropped:
+                raise InvariantError(f"kv tiers idle check: saves dropped by rounds not finished: {self._dropped}")
             self._connector.check_idle()
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.tiers.build import host_side_tiers
 from deepinfer_kit.cache.tiers.config import TierConfig
 from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker, host_slab
@@ -89,7 +89,7 @@ class AgreedLoads:
         return out
 
 
-def launched_tiers(tiers: TierConfig, pool: PagedKVCache, start: int, total: int, *,
+def launched_tiers(tiers: TierConfig, pool: KVStorage, start: int, total: int, *,
                    model: str = "") -> tuple[OffloadConnector, AgreedLoads]:
     """One launched rank's tiers over its pool, which holds key/value heads ``start ..``
     of ``total``: a host slab of those heads, disk files of its own (in a folder per run of

@@ -22,14 +22,25 @@ class TransferPlan:
     this round is read before the round writes it), then the plan's copy-on-write copies,
     then the loads (into blocks allocated this round, read by the forward after them).
 
+    Under a hybrid cache a block id names a full-attention group block; each sliding
+    group holds its own block for the blocks its windows read, and a host slot keeps every
+    layer of the model (the bytes a cache without groups would keep).
+
     Attributes:
         saves: ``(device_block, host_slot)``: copy the device block's K/V of every layer
             into the host slot.
         loads: ``(host_slot, device_block)``: copy the host slot into the device block.
+        save_groups: per sliding group (a hybrid cache), the group's block holding each
+            save's window, aligned with ``saves`` (every save has one in every group).
+        load_groups: per sliding group, the group's block each load's window goes to,
+            aligned with ``loads``; ``-1`` where the group holds none (the block is outside
+            every window of the request: only the other groups' layers are loaded).
     """
 
     saves: list[tuple[int, int]] = attrs.field(factory=list)
     loads: list[tuple[int, int]] = attrs.field(factory=list)
+    save_groups: dict[int, list[int]] = attrs.field(factory=dict)
+    load_groups: dict[int, list[int]] = attrs.field(factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.saves or self.loads)

@@ -17,7 +17,7 @@ import tempfile
 import attrs
 import torch
 
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.errors import CapacityError, ConfigError
 
 __all__ = ["SlabShard", "shared_host_slab", "map_host_slab", "available_memory"]
@@ -53,7 +53,7 @@ class SlabShard:
         return math.prod(self.shape) * torch.empty((), dtype=self.torch_dtype).element_size()
 
 
-def shared_host_slab(kv_cache: PagedKVCache, num_blocks: int, kv_start: int,
+def shared_host_slab(kv_cache: KVStorage, num_blocks: int, kv_start: int,
                      total_heads: int) -> tuple[torch.Tensor, int, SlabShard]:
     """A zeroed host slab for ``num_blocks`` blocks of ``kv_cache`` (this rank's pool) in
     shared memory: ``(tensor, file descriptor, shard)``. Called once, in the worker

@@ -73,12 +73,16 @@ class RemoteKVTransfer:
         self._ran = False  # a plan ran on the ranks since the last get_finished
 
     def start_save_kv(self, plan: TransferPlan) -> None:
-        """Queue ``plan.saves`` (run at :meth:`wait_for_load`)."""
+        """Queue ``plan.saves`` and their windows (run at :meth:`wait_for_load`)."""
         self._plan.saves.extend(plan.saves)
+        for g, own in plan.save_groups.items():
+            self._plan.save_groups.setdefault(g, []).extend(own)
 
     def start_load_kv(self, plan: TransferPlan) -> None:
-        """Queue ``plan.loads`` (run at :meth:`wait_for_load`)."""
+        """Queue ``plan.loads`` and their windows (run at :meth:`wait_for_load`)."""
         self._plan.loads.extend(plan.loads)
+        for g, own in plan.load_groups.items():
+            self._plan.load_groups.setdefault(g, []).extend(own)
 
     def wait_for_load(self) -> None:
         """Have every rank run the queued copies; returns when all have.

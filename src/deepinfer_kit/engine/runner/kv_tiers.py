@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import time
 
-from deepinfer_kit.cache.hybrid_kv import HybridKVCache
-from deepinfer_kit.cache.kv_cache import PagedKVCache
+from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.tiers.build import build_tiers
 from deepinfer_kit.cache.tiers.host_worker import HostTransferWorker
 from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
@@ -37,8 +36,8 @@ def attach_kv_tiers(config: EngineConfig, runner: ServingRunner, components: Com
     :mod:`~deepinfer_kit.cache.tiers.rank_agreement`; a collective there).
 
     Raises:
-        ConfigError: a hybrid pool whose every layer slides, prefix caching off, an
-            injected connector on launched ranks, or a disk folder that cannot be created.
+        ConfigError: prefix caching off, an injected connector on launched ranks, or a
+            disk folder that cannot be created.
         CapacityError: the host cannot allocate the host tier.
     """
     factory = components.kv_connector if components is not None else None
@@ -75,7 +74,6 @@ def attach_worker_slab(config: EngineConfig, runner: ServingRunner, model: Model
     ``config.kv_tiers``). Called once, after ``build_device``.
 
     Raises:
-        ConfigError: a hybrid pool whose every layer slides.
         CapacityError: the host cannot reserve the slab.
     """
     if config.kv_tiers is None:
@@ -99,15 +97,10 @@ def kv_heads_of_rank(model: ModelConfig, groups: ParallelGroups | None) -> tuple
     return attention_shard(model, tp.world_size, tp.rank).kv_start, model.num_kv_heads
 
 
-def _paged_runner(runner: ServingRunner) -> tuple[ModelRunner, PagedKVCache]:
-    """The plain runner under ``runner`` and the pool the tiers copy: its one
-    :class:`PagedKVCache`, or a hybrid cache's full-attention group (the sliding groups'
-    windows of a hit loaded from a tier are recomputed by a bounded replay)."""
+def _paged_runner(runner: ServingRunner) -> tuple[ModelRunner, KVStorage]:
+    """The plain runner under ``runner`` and the K/V the tiers copy: its one
+    :class:`PagedKVCache`, or a hybrid cache's pools (every layer: the full-attention
+    group's blocks and the sliding groups' windows of them)."""
     plain = runner.runner if isinstance(runner, SpeculativeRunner) else runner
     assert isinstance(plain, ModelRunner)
-    kv = plain.kv_cache
-    pool = kv.pool(0) if isinstance(kv, HybridKVCache) else kv
-    if pool is None:
-        raise ConfigError("kv_tiers with a model whose every layer slides (hybrid_kv_cache=True) has no "
-                          "full-attention layer to keep: set hybrid_kv_cache=False to keep every layer in the tiers")
-    return plain, pool
+    return plain, plain.kv_cache

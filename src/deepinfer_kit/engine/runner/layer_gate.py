@@ -1,6 +1,6 @@
 """LayerGatedStore: the KV store a forward sees in a round whose KV tier loads arrive layer
 by layer — the first touch of a layer's cache waits for that layer's loads. ``gate_store``
-builds it over a plain pool or a hybrid one (whose loads fill the full-attention group)."""
+builds it over a plain pool or a hybrid one."""
 
 from __future__ import annotations
 
@@ -17,20 +17,13 @@ __all__ = ["LayerGatedStore", "gate_store"]
 
 def gate_store(store: PagedKVStore, ready: Callable[[int], None]) -> PagedKVStore:
     """The store a forward uses while the KV connector's loads land layer by layer:
-    ``ready`` (the connector's ``wait_for_layer_load``, numbered as the pool it loads)
-    is called before a layer's first use. Over a :class:`HybridKVCache` the loads fill the
-    full-attention group's pool: model layer ``i`` of that group waits for the pool's
-    layer (its index among the group's layers); sliding layers wait for nothing (their
-    windows are recomputed). Called by the runner once per round with loads."""
-    if not isinstance(store, HybridKVCache):
-        return LayerGatedStore(store, ready)
-    local = {layer: k for k, layer in enumerate(store.layout.layers_of(0))}
-
-    def ready_full(layer: int) -> None:
-        if layer in local:
-            ready(local[layer])
-
-    return GroupedLayerGatedStore(store, ready_full)
+    ``ready`` (the connector's ``wait_for_layer_load``, numbered as the model's layers) is
+    called before a layer's first use. Over a :class:`HybridKVCache` every layer waits
+    too: the loads fill the full-attention group's blocks and the sliding groups' windows.
+    Called by the runner once per round with loads."""
+    if isinstance(store, HybridKVCache):
+        return GroupedLayerGatedStore(store, ready)
+    return LayerGatedStore(store, ready)
 
 
 class LayerGatedStore:

@@ -1,0 +1,113 @@
+"""TieredHybridKVCacheManager: the hybrid cache's plans over KV tiers that keep windows — each
+save and load carries every sliding group's block, and a save whose window is not there to
+read (evicted, or mapped this round and not written yet) is taken off the plan and reported
+failed, so no tier slot ever holds a block without its windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer_kit.cache.free_list_allocator import FreeListBlockAllocator
+from deepinfer_kit.cache.layer_groups import KVLayout
+from deepinfer_kit.cache.radix_index import RadixPrefixIndex
+from deepinfer_kit.cache.tiers.bytes import NoBytes
+from deepinfer_kit.cache.tiers.config import TierConfig
+from deepinfer_kit.cache.tiers.hybrid import TieredHybridKVCacheManager
+from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
+from deepinfer_kit.cache.tiers.offload import OffloadConnector
+from deepinfer_kit.cache.tiers.records import TransferOutput
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.testing.cache_manager_checks import make_request
+
+P = 4
+
+
+def _manager(sliding: int, full: int = 64) -> tuple[TieredHybridKVCacheManager, OffloadConnector]:
+    connector = OffloadConnector(TierConfig(host_blocks=64), NoBytes(), None, P)
+    inner = TieredKVCacheManager(FreeListBlockAllocator(full, P), RadixPrefixIndex(P), connector)
+    layout = KVLayout.from_windows([None, 5])  # replay bound (5 - 1) + 5 = 9
+    return TieredHybridKVCacheManager(inner, layout, sliding, replay_limit=64), connector
+
+
+def _round(m: TieredHybridKVCacheManager, step: int) -> tuple[list[tuple[int, int, int]], object]:
+    """What the scheduler does when a plan is built: the mappings, then the transfers."""
+    updates = m.drain_table_updates()
+    return updates, m.inner.drain_kv_transfers(step)  # type: ignore[attr-defined]
+
+
+def test_saves_and_loads_carry_each_groups_blocks() -> None:
+    m, connector = _manager(sliding=16, full=8)
+    r1 = make_request("r1", list(range(16)))
+    m.allocate(r1, 16)
+    _round(m, 1)
+    m.inner.finish_kv_transfers(1, None)  # type: ignore[attr-defined]
+    m.cache_full_blocks(r1, 16)  # write-through: four saves queued
+    updates, plan = _round(m, 2)
+    own = {full: b for g, full, b in m.drain_table_updates()}  # nothing new
+    assert not updates and not own
+    blocks = [b for b, _ in plan.saves]  # type: ignore[attr-defined]
+    assert blocks == r1.block_table
+    (maps,) = [mp for _, mp in m.group_maps()]
+    assert plan.save_groups == {1: [maps.lookup(b) for b in blocks]}  # type: ignore[attr-defined]
+    m.inner.finish_kv_transfers(2, TransferOutput(saved=[s for _, s in plan.saves]))  # type: ignore[attr-defined]
+    assert connector.stats.saved_host == 4
+
+    m.free(r1)
+    other = make_request("other", [100 + i for i in range(32)])
+    m.allocate(other, 32)  # the whole device pool: r1's blocks are evicted (the host tier keeps them)
+    m.free(other)
+    r2 = make_request("r2", list(range(16)) + [7, 7])
+    assert m.match_prefix(r2) == 16  # every block from the tier: their windows come with them
+    m.allocate(r2, 2, 16)
+    updates, plan = _round(m, 3)
+    loads = plan.loads  # type: ignore[attr-defined]
+    assert [b for _, b in loads] == r2.block_table[:4]
+    mapped = {full: b for _, full, b in updates}
+    # the window before token 16 (tokens 12..15 and the next block's) holds blocks 3 and 4 only
+    assert plan.load_groups == {1: [-1, -1, -1, mapped[r2.block_table[3]]]}  # type: ignore[attr-defined]
+    assert m.window_stats.replays == 0
+    m.inner.finish_kv_transfers(3, TransferOutput())  # type: ignore[attr-defined]
+    m.free(r2)
+    m.check_integrity(())
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["saved", "no-report"])
+def test_a_save_without_its_window_is_dropped_and_reported_failed(reported: bool) -> None:
+    """r1's six saves are queued at publish; before the round that would run them, another
+    request evicts five of r1's idle windows and a bounded replay maps three of them afresh
+    (their blocks hold nothing until that round's forward). Only block 0, whose window is
+    still cached, is saved; the five others are taken off the plan and reported failed
+    when the round finishes, even when the device side reports nothing."""
+    m, connector = _manager(sliding=8)
+    r1 = make_request("r1", list(range(24)))
+    m.allocate(r1, 24)
+    _round(m, 1)
+    m.inner.finish_kv_transfers(1, None)  # type: ignore[attr-defined]
+    m.cache_full_blocks(r1, 24)
+    m.free(r1)  # six idle windows, their saves queued
+    r2 = make_request("r2", [100 + i for i in range(28)])
+    m.allocate(r2, 28)  # seven sliding blocks: the two free, then five of r1's idle ones
+    m.free(r2)  # preempted in the same plan
+    r3 = make_request("r3", list(range(24)) + [9, 9, 9, 9])
+    assert m.match_prefix(r3) == 24 and m.replay_start(r3, 24) == 12  # a replay from token 12
+    m.allocate(r3, 4, 24)
+    (maps,) = [mp for _, mp in m.group_maps()]
+    table = r3.block_table
+    assert [maps.lookup(b) is not None for b in table[:6]] == [True, False, False, True, True, True]
+    _, plan = _round(m, 2)
+    assert plan.saves == [(table[0], plan.saves[0][1])]  # type: ignore[attr-defined]
+    assert plan.save_groups == {1: [maps.lookup(table[0])]}  # type: ignore[attr-defined]
+    slot = plan.saves[0][1]  # type: ignore[attr-defined]
+    m.inner.finish_kv_transfers(2, TransferOutput(saved=[slot]) if reported else None)  # type: ignore[attr-defined]
+    assert connector.stats.saved_host == int(reported) and m.dropped_saves == 5
+    held = [slot] if reported else []  # unreported with the drops: never ran
+    assert [s for s in range(64) if connector.host.key(s) is not None] == held  # the dropped slots are free
+    m.free(r3)
+    m.check_integrity(())
+
+
+def test_a_load_into_a_window_some_sequence_reads_is_refused() -> None:
+    m, _ = _manager(sliding=8)
+    with pytest.raises(InvariantError, match="holds a window from an earlier round"):
+        m._load_target(1, 3, fresh=False)  # noqa: SLF001
+    assert m._load_target(1, None, fresh=False) == -1  # noqa: SLF001
