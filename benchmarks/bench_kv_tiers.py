@@ -43,7 +43,7 @@ With ``--hybrid W`` the model is a random Qwen2 of 5 sliding layers (window ``W`
 one under the hybrid KV cache: a tier block keeps every layer (the sliding layers' windows
 too), so a prefix loaded from a tier needs no recompute; bounded replays still serve device
 hits whose windows the device evicted (counted in the prefill column, and per row below the
-table), and saves whose window had gone are dropped (``failed_saves`` below it).
+table), and saves whose window had gone are refused (counted below it).
 
 With ``--worker process`` the model runs in worker processes (``--tensor-parallel`` of
 them), each holding its heads' host tier in shared memory; the tiers' decisions are the
@@ -228,7 +228,7 @@ class Result:
     prompts: list[tuple[str, list[int]]] = attrs.Factory(list)  # in the order added
     replays: int = 0  # hybrid cache: hits whose windows were recomputed, and the tokens they recomputed
     replayed: int = 0
-    dropped: int = 0  # hybrid cache over tiers: saves whose window had gone
+    dropped: int = 0  # hybrid cache over tiers: saves refused, their window gone
 
 
 def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Namespace) -> Result:
@@ -283,7 +283,7 @@ def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Na
     windows = getattr(e.cache, "window_stats", None)  # a hybrid cache: hits served by a bounded replay
     if windows is not None:
         res.replays, res.replayed = windows.replays, windows.replayed_tokens
-        res.dropped = getattr(e.cache, "dropped_saves", 0)
+        res.dropped = getattr(e.cache, "refused_saves", 0)
     e.close()
     return res
 
@@ -380,7 +380,7 @@ def main() -> None:
     if args.hybrid:
         for r in results:
             print(f"{r.name:<23} bounded replays {r.replays:>6}, tokens they recomputed {r.replayed:>8} "
-                  f"(in 'prefill'); saves dropped without their window {r.dropped:>6}")
+                  f"(in 'prefill'); blocks without their window at publish or eviction (never saved) {r.dropped:>6}")
         print()
 
     head = (f"{'config':<23}{'rounds':>7}{'w/ xfer':>8}{'mean ms':>8}{'p50 ms':>8}{'p99 ms':>8}"

@@ -25,10 +25,12 @@ class TieredHybridKVCacheManager(HybridKVCacheManager):
     (:attr:`TieredKVCacheManager.plan_hook`) gets, per sliding group, the group's block of
     each save and of each load (``TransferPlan.save_groups`` / ``load_groups``):
 
-    - **A save** reads the window the group holds for the block. A block whose window is
-      gone (evicted, or written by a bounded replay's inexact start) or mapped afresh
-      this round (nothing written in it yet) is not saved: the save is taken off the plan
-      and reported failed, so no tier ever holds a block without its windows.
+    - **A save** is queued only while every sliding group holds the block's window, exact
+      (:attr:`TieredKVCacheManager.save_filter`, asked at publish and at eviction); the
+      groups' blocks are taken then. A window evicted or remapped after that is still
+      intact when the save runs: its blocks are written only by a later round, or by the
+      same round's copies, loads and forward, which run after its saves. So no tier ever
+      holds a block without its windows, and no slot a load may read is given up.
     - **A load** writes each group's rows into the block the group mapped for the request's
       window (mapped this round, by the allocation that queued the load), and nothing
       where the block is outside the window.
@@ -50,42 +52,42 @@ class TieredHybridKVCacheManager(HybridKVCacheManager):
                  replay_limit: int = 0) -> None:
         super().__init__(inner, layout, sliding_blocks, replay_limit=replay_limit)
         self._fresh: set[tuple[int, int]] = set()  # (group, full block) mapped by the plan being built
-        self.dropped_saves = 0
-        """Saves taken off a plan because a window of their block was not there to read."""
+        self._windows_of: dict[int, list[int]] = {}  # full block -> its groups' blocks when its save was allowed
+        self.refused_saves = 0
+        """Saves not queued because a window of their block was gone (or inexact)."""
         inner.plan_hook = self._complete_plan
+        inner.save_filter = self._savable
 
     def drain_table_updates(self) -> list[TableUpdate]:
         """As :meth:`HybridKVCacheManager.drain_table_updates`; the mappings drained are
-        remembered as fresh until the same round's transfers are drained (their blocks are
-        written by that round, after its saves)."""
+        remembered as fresh until the same round's transfers are drained (the loads of
+        that round write them)."""
         out = super().drain_table_updates()
         self._fresh = {(g, full) for g, full, _ in out}
         return out
 
-    def _complete_plan(self, plan: TransferPlan) -> list[int]:
-        """Add each sliding group's blocks to ``plan`` (in place); returns the host slots
-        of the saves taken off it (a window not there to save)."""
+    def _savable(self, block: int) -> bool:
+        """Whether ``block``'s save may be queued now: every sliding group holds its exact
+        window (whose blocks are noted for the save). Counts a refusal."""
+        window = [m.lookup(block) if m.cached(block) else None for _, m in self.group_maps()]
+        if any(own is None for own in window):
+            self.refused_saves += 1
+            return False
+        self._windows_of[block] = window  # type: ignore[assignment]  # checked above
+        return True
+
+    def _complete_plan(self, plan: TransferPlan) -> None:
+        """Add each sliding group's blocks to ``plan`` (in place)."""
         fresh, self._fresh = self._fresh, set()
         groups = self.group_maps()
         for g, m in groups:
             fresh |= {(g, full) for full in m.undrained()}
-        kept: list[tuple[int, int]] = []
-        dropped: list[int] = []
-        owns: dict[int, list[int]] = {g: [] for g, _ in groups}
-        for block, slot in plan.saves:
-            window = [m.lookup(block) if m.cached(block) and (g, block) not in fresh else None for g, m in groups]
-            if any(own is None for own in window):
-                dropped.append(slot)
-                continue
-            kept.append((block, slot))
-            for (g, _), own in zip(groups, window):
-                owns[g].append(own)  # type: ignore[arg-type]  # checked above
-        plan.saves = kept
-        self.dropped_saves += len(dropped)
-        plan.save_groups = owns
+        windows = [self._windows_of.pop(block, None) for block, _ in plan.saves]
+        if any(w is None for w in windows):
+            raise InvariantError("a tier save was queued without its windows noted (save_filter not asked)")
+        plan.save_groups = {g: [w[k] for w in windows] for k, (g, _) in enumerate(groups)}  # type: ignore[index]
         plan.load_groups = {g: [self._load_target(g, m.lookup(b), (g, b) in fresh) for _, b in plan.loads]
                             for g, m in groups}
-        return dropped
 
     @staticmethod
     def _load_target(group: int, own: int | None, fresh: bool) -> int:

@@ -54,7 +54,7 @@ class TieredKVCacheManager(BlockKVCacheManager):
     """
 
     __slots__ = ("_connector", "_hasher", "_keys", "_dev_keys", "_matched", "_resetting", "_idle_rounds",
-                 "_watched", "_owed", "plan_hook", "_dropped")
+                 "_watched", "_owed", "plan_hook", "save_filter")
 
     def __init__(self, allocator: BlockAllocator, index: PrefixIndex | None,
                  connector: KVConnectorScheduler, *, hash_key: bytes | None = None) -> None:
@@ -70,11 +70,12 @@ class TieredKVCacheManager(BlockKVCacheManager):
         self._idle_rounds = 0  # transfer_idle's rounds, numbered -1, -2, ...
         self._watched: set[str] = set()  # live requests whose prompt saves are watched
         self._owed: dict[str, list[bytes]] = {}  # finished watched request -> its prompt's keys
-        self.plan_hook: Callable[[TransferPlan], list[int]] | None = None
+        self.plan_hook: Callable[[TransferPlan], None] | None = None
         """Completes each round's plan before it leaves (a hybrid cache over these tiers adds
-        its sliding groups' blocks, ``cache.tiers.hybrid``); returns the host slots of the
-        saves it took off the plan, reported failed when that round finishes."""
-        self._dropped: dict[int, list[int]] = {}  # step id -> host slots of saves the hook dropped
+        its sliding groups' blocks, ``cache.tiers.hybrid``)."""
+        self.save_filter: Callable[[int], bool] | None = None
+        """Whether a device block may be saved now, asked as its save would be queued (at
+        publish or eviction): a hybrid cache answers False when a window of it is gone."""
 
     @property
     def connector(self) -> KVConnectorScheduler:
@@ -172,7 +173,11 @@ class TieredKVCacheManager(BlockKVCacheManager):
                 self._dev_keys[block] = (key, writable)
                 kept_keys.append(key)
                 kept.append(block)
-        self._connector.on_published(request, before, kept_keys, kept)
+        savable = [self.save_filter(b) for b in kept] if self.save_filter is not None else []
+        if all(savable):
+            self._connector.on_published(request, before, kept_keys, kept)
+        else:
+            self._connector.on_published(request, before, kept_keys, kept, savable)
 
     def _evict(self, index: PrefixIndex, n: int) -> None:
         """Evict as the base class does; the victims' keys go to the connector first
@@ -185,7 +190,8 @@ class TieredKVCacheManager(BlockKVCacheManager):
             if entry is not None:
                 keys.append(entry[0])
                 blocks.append(b)
-                writable.append(entry[1] and not self._resetting)
+                writable.append(entry[1] and not self._resetting
+                                and (self.save_filter is None or self.save_filter(b)))
         if keys:
             self._connector.on_evicted(keys, blocks, writable)
         self._allocator.free(victims)
@@ -234,20 +240,12 @@ class TieredKVCacheManager(BlockKVCacheManager):
         completed by :attr:`plan_hook`."""
         plan = self._connector.build_transfers(step_id)
         if self.plan_hook is not None:
-            dropped = self.plan_hook(plan)
-            if dropped:
-                self._dropped[step_id] = dropped
+            self.plan_hook(plan)
         return plan
 
     def finish_kv_transfers(self, step_id: int, output: TransferOutput | None) -> None:
         """Round ``step_id`` committed, with the device side's report since the last one
-        (the scheduler, at every commit of a non-empty round); the saves :attr:`plan_hook`
-        took off this round's plan (or an older one's) are reported failed with it."""
-        done = [k for k in self._dropped if k <= step_id or step_id < 0]  # idle: every round's, as the ledger
-        dropped = [s for k in done for s in self._dropped.pop(k)]
-        if dropped:
-            output = output if output is not None else TransferOutput()
-            output.failed_saves.extend(dropped)
+        (the scheduler, at every commit of a non-empty round)."""
         self._connector.update_from_output(step_id, output)
 
     def take_kv_events(self) -> list[KVEvent]:
@@ -298,8 +296,6 @@ class TieredKVCacheManager(BlockKVCacheManager):
         reqs = list(requests) if requests is not None else None
         super().check_integrity(reqs)
         if reqs is not None and not reqs:
-            if self._dropped:
-                raise InvariantError(f"kv tiers idle check: saves dropped by rounds not finished: {self._dropped}")
             self._connector.check_idle()
 
 

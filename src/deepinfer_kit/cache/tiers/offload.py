@@ -161,9 +161,11 @@ class OffloadConnector:
 
     # ------------------------------------------------------------------ writes
 
-    def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int]) -> None:
+    def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int],
+                     savable: Sequence[bool] | None = None) -> None:
         """Device events; with write-through (or ``save_prompt``) queue the saves of the
-        admitted blocks. ``start``: block index of ``keys[0]`` in the request."""
+        admitted blocks (not those ``savable`` rules out). ``start``: block index of
+        ``keys[0]`` in the request."""
         self._events.add("stored", "device", keys)
         kv = request.kv_params
         if kv is not None and not kv.write:
@@ -173,7 +175,8 @@ class OffloadConnector:
             force = start + i < prompt_blocks
             if not (self._through or force):
                 return
-            self._save(key, block, force)
+            if savable is None or savable[i]:
+                self._save(key, block, force)
 
     def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
         """Device events; with write-back queue the saves of the admitted victims."""

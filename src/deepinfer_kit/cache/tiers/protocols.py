@@ -47,10 +47,13 @@ class KVConnectorScheduler(Protocol):
         loads for the round being planned."""
         ...
 
-    def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int]) -> None:
+    def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int],
+                     savable: Sequence[bool] | None = None) -> None:
         """``blocks`` (device) were published with ``keys`` after the round that wrote
         them committed; ``request`` wrote or loaded them; ``keys[0]`` is the request's
-        block ``start``. The write-through point."""
+        block ``start``. The write-through point. ``savable[i]`` False (given only when
+        some is): block ``i`` must not be saved (a hybrid cache no longer holds its
+        whole window)."""
         ...
 
     def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
