@@ -37,7 +37,7 @@ def test_sliding_window_suite(check: Check[object], kind: str) -> None:
 
 
 def _over_tiers(num_blocks: int, block_size: int, layout: KVLayout, sliding: int,
-                replay_limit: int = 0, *, windows: bool = False) -> HybridKVCacheManager:
+                replay_limit: int = 0, *, windows: bool = False, policy: str = "write_through") -> HybridKVCacheManager:
     """The hybrid manager over a full group with a host tier under it (the engine's tiers'
     scheduler side over counted slots): prefixes the small pool lost come back from the
     tier into blocks whose old windows must be forgotten — with their windows
@@ -49,7 +49,8 @@ def _over_tiers(num_blocks: int, block_size: int, layout: KVLayout, sliding: int
     from deepinfer_kit.cache.tiers.manager import TieredKVCacheManager
     from deepinfer_kit.cache.tiers.offload import OffloadConnector
 
-    connector = OffloadConnector(TierConfig(host_blocks=4 * num_blocks), NoBytes(), None, block_size)
+    connector = OffloadConnector(TierConfig(host_blocks=4 * num_blocks, write_policy=policy), NoBytes(), None,
+                                 block_size)
     inner = TieredKVCacheManager(FreeListBlockAllocator(num_blocks, block_size), RadixPrefixIndex(block_size),
                                  connector)
     if windows:
@@ -62,14 +63,21 @@ def _over_windowed_tiers(num_blocks: int, block_size: int, layout: KVLayout, sli
     return _over_tiers(num_blocks, block_size, layout, sliding, replay_limit, windows=True)
 
 
+def _over_windowed_write_back(num_blocks: int, block_size: int, layout: KVLayout, sliding: int,
+                              replay_limit: int = 0) -> HybridKVCacheManager:
+    return _over_tiers(num_blocks, block_size, layout, sliding, replay_limit, windows=True, policy="write_back")
+
+
 @pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
 def test_sliding_window_suite_over_kv_tiers(check: Check[object]) -> None:
     check(_over_tiers)
 
 
 @pytest.mark.parametrize("check", HYBRID_KV_CACHE_MANAGER_SUITE.checks, ids=HYBRID_KV_CACHE_MANAGER_SUITE.ids)
-def test_sliding_window_suite_over_tiers_keeping_windows(check: Check[object]) -> None:
-    check(_over_windowed_tiers)
+@pytest.mark.parametrize("factory", [_over_windowed_tiers, _over_windowed_write_back],
+                         ids=["write-through", "write-back"])
+def test_sliding_window_suite_over_tiers_keeping_windows(check: Check[object], factory: object) -> None:
+    check(factory)
 
 
 @pytest.mark.parametrize("windows", [False, True], ids=["replayed", "kept"])

@@ -153,11 +153,6 @@ class WindowBlockMap:
         """Free every idle block (a prefix-cache reset)."""
         self.evict(len(self._idle))
 
-    def undrained(self) -> set[int]:
-        """The full-group blocks mapped since the last :meth:`drain_updates` (their blocks
-        hold nothing yet: no forward has written them). Pure."""
-        return {full for full, _ in self._updates}
-
     def drain_updates(self) -> list[tuple[int, int]]:
         """``(full, own)`` pairs mapped since the last drain, in order; clears them."""
         out, self._updates = self._updates, []

@@ -171,10 +171,7 @@ class _Driver:
             owns = [(0, block)] + [(g, own[i]) for g, own in plan.save_groups.items()]
             self.host[slot] = {(g, o): dev.slots.get((g, b, o)) for g, b in owns for o in range(P)}
         for i, (slot, block) in enumerate(plan.loads):
-            saved = self.host.get(slot)
-            if saved is None:  # saved before this model ran (another manager's): the prefix's tokens
-                j = r.block_table.index(block)
-                saved = {(0, o): r.all_token_ids[j * P + o] for o in range(P)}
+            saved = self.host.get(slot, {})  # a slot no save filled loads garbage (None)
             owns = [(0, block)] + [(g, own[i]) for g, own in plan.load_groups.items() if own[i] >= 0]
             for g, b in owns:
                 for o in range(P):

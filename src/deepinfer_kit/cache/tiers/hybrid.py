@@ -54,7 +54,8 @@ class TieredHybridKVCacheManager(HybridKVCacheManager):
         self._fresh: set[tuple[int, int]] = set()  # (group, full block) mapped by the plan being built
         self._windows_of: dict[int, list[int]] = {}  # full block -> its groups' blocks when its save was allowed
         self.refused_saves = 0
-        """Saves not queued because a window of their block was gone (or inexact)."""
+        """Blocks found without their whole exact window when a save could be queued (at
+        publish, and at every eviction, whichever the write policy): none was."""
         inner.plan_hook = self._complete_plan
         inner.save_filter = self._savable
 
@@ -78,10 +79,8 @@ class TieredHybridKVCacheManager(HybridKVCacheManager):
 
     def _complete_plan(self, plan: TransferPlan) -> None:
         """Add each sliding group's blocks to ``plan`` (in place)."""
-        fresh, self._fresh = self._fresh, set()
+        fresh, self._fresh = self._fresh, set()  # a plan's loads come with its table updates, drained first
         groups = self.group_maps()
-        for g, m in groups:
-            fresh |= {(g, full) for full in m.undrained()}
         windows = [self._windows_of.pop(block, None) for block, _ in plan.saves]
         if any(w is None for w in windows):
             raise InvariantError("a tier save was queued without its windows noted (save_filter not asked)")

@@ -44,7 +44,7 @@ def attach_kv_tiers(config: EngineConfig, runner: ServingRunner, components: Com
     if config.kv_tiers is None and factory is None:
         return None
     config.check_kv_transfer()
-    plain, pool = _paged_runner(runner)
+    plain, pool = _runner_and_kv(runner)
     if groups is not None and model is not None:
         if factory is not None:
             raise ConfigError("components.kv_connector on worker='launched' ranks is not built (the ranks' "
@@ -78,7 +78,7 @@ def attach_worker_slab(config: EngineConfig, runner: ServingRunner, model: Model
     """
     if config.kv_tiers is None:
         return None
-    plain, pool = _paged_runner(runner)
+    plain, pool = _runner_and_kv(runner)
     start, total = kv_heads_of_rank(model, groups)
     slab, fd, shard = shared_host_slab(pool, config.kv_tiers.host_blocks, start, total)
     plain.kv_transfer = HostTransferWorker(pool, slab, layerwise=config.kv_tiers.layerwise_loads)
@@ -97,7 +97,7 @@ def kv_heads_of_rank(model: ModelConfig, groups: ParallelGroups | None) -> tuple
     return attention_shard(model, tp.world_size, tp.rank).kv_start, model.num_kv_heads
 
 
-def _paged_runner(runner: ServingRunner) -> tuple[ModelRunner, KVStorage]:
+def _runner_and_kv(runner: ServingRunner) -> tuple[ModelRunner, KVStorage]:
     """The plain runner under ``runner`` and the K/V the tiers copy: its one
     :class:`PagedKVCache`, or a hybrid cache's pools (every layer: the full-attention
     group's blocks and the sliding groups' windows of them)."""
