@@ -25,6 +25,7 @@ from deepinfer_kit.cache.layer_groups import KVLayout, SlidingWindowSpec
 from deepinfer_kit.cache.prefix_state import PrefixState
 from deepinfer_kit.cache.protocols import BlockAllocator, KVCacheManager, PrefixIndex
 from deepinfer_kit.cache.records import PrefixCacheStats, SlotGrant, WindowHitStats
+from deepinfer_kit.cache.replay_marks import ReplayMarks
 from deepinfer_kit.cache.slots import allocate_slots
 from deepinfer_kit.cache.window_map import WindowBlockMap, WindowHold, index_of, replay_start_of
 from deepinfer_kit.errors import ConfigError, InvariantError, OutOfBlocksError
@@ -76,6 +77,7 @@ class HybridKVCacheManager:
         self._replay_bound = layout.replay_bound
         self._replay_limit = replay_limit
         self._replays: dict[str, tuple[int, int]] = {}  # request id -> (hit end, replay start)
+        self._marks, self._maps = ReplayMarks(), [m for _, _, m in self._groups]
         self.window_stats = WindowHitStats()
         """Live counters of the hits the windows shortened."""
 
@@ -117,8 +119,7 @@ class HybridKVCacheManager:
 
     @property
     def stats(self) -> PrefixCacheStats | None:
-        """The full group's prefix-index counters (hits as shortened by the windows are what
-        :meth:`match_prefix` returns)."""
+        """The full group's prefix-index counters (hits before the windows shortened them)."""
         return self._inner.stats
 
     @property
@@ -233,23 +234,19 @@ class HybridKVCacheManager:
         if first < start:  # a bounded replay: its windows start at the replay
             del self._replays[request.request_id]
             self._sync(request, first, replay=True)
-            self._mark_replay(request, first, start)
+            self._count_replay(request, first, start)
         else:
             self._sync(request, start)
         return copies
 
-    def _mark_replay(self, request: Request, first: int, end: int) -> None:
-        """Count a replay from ``first`` to the hit's ``end`` and mark the sliding blocks it
-        writes before the first exact position inexact (never matched, never kept idle)."""
+    def _count_replay(self, request: Request, first: int, end: int) -> None:
+        """Count a replay from ``first`` to the hit's ``end``; mark the blocks it writes
+        (:class:`ReplayMarks`: readable from its first exact position, once committed)."""
         stats = self.window_stats
         stats.replays += 1
         stats.replayed_tokens += end - first
         exact = first + self._replay_bound - max(spec.window for _, spec, _ in self._groups)
-        windows = self._windows[request.request_id]
-        for (_, _, m), w in zip(self._groups, windows):
-            for j, b in enumerate(w.held, w.lo):
-                if j * self._P < exact:
-                    m.mark_inexact(b)
+        self._marks.start(request.request_id, self._maps, self._windows[request.request_id], exact, end, self._P)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        num_computed_tokens: int | None = None) -> SlotGrant:
@@ -358,14 +355,18 @@ class HybridKVCacheManager:
         """Release every block of ``request`` in every group (tail first). Idempotent."""
         self._inner.free(request)
         self._replays.pop(request.request_id, None)  # a replay matched and never allocated
+        self._marks.forget(request.request_id)
         index = index_of(self._inner)
         for (_, _, m), w in zip(self._groups, self._windows.pop(request.request_id, None) or ()):
             for b in reversed(w.held):
                 m.release(b, keep=index is not None and index.contains(b))
 
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
-        """Publish in the full group (see :meth:`KVCacheManager.cache_full_blocks`)."""
+        """Publish in the full group (see :meth:`KVCacheManager.cache_full_blocks`); a
+        replay's exact windows become matchable once published past."""
         self._inner.cache_full_blocks(request, num_tokens)
+        if request.request_id in self._windows:
+            self._marks.settle(request.request_id, num_tokens, self._maps, self._windows[request.request_id])
 
     def reset_prefix_cache(self) -> bool:
         """Evict every cached block of every group when none is referenced; False

@@ -76,6 +76,11 @@ class WindowBlockMap:
         before it: only that replay reads it; it is never matched, nor kept idle."""
         self._inexact.add(full)
 
+    def mark_exact(self, full: int) -> None:
+        """``full``'s block (held), marked inexact while a replay's round was in flight,
+        now holds exact K/V: prefix hits may read it."""
+        self._inexact.discard(full)
+
     def lookup(self, full: int) -> int | None:
         """The group's block standing for full-group block ``full``, or ``None``."""
         return self._own.get(full)
