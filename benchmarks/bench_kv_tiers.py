@@ -36,7 +36,7 @@ thread barriers), which buried every difference between the configs. A short war
 precedes the measured ones (the first engine of a process pays one-time costs).
 
     .venv/bin/python benchmarks/bench_kv_tiers.py [--quick] [--workload conv|mooncake]
-        [--seed S] [--threads N] [--batch-invariant] [--worker process [--tensor-parallel T]]
+        [--seed S] [--threads N] [--batch-invariant] [--overlap] [--worker process [--tensor-parallel T]]
         [--hybrid W]
 
 With ``--hybrid W`` the model is a random Qwen2 of 5 sliding layers (window ``W``) to 1 full
@@ -237,7 +237,7 @@ def run(name: str, wl: Workload, tiers: dict[str, Any] | None, args: argparse.Na
     e = build_engine(num_blocks=wl.pool, block_size=P, max_num_seqs=MAX_NUM_SEQS,
                      max_model_len=min(wl.pool * P, 4096), kv_tiers=tiers, seed=0,
                      batch_invariant=args.batch_invariant, worker=args.worker,
-                     tensor_parallel=args.tensor_parallel, **model)
+                     tensor_parallel=args.tensor_parallel, overlap=args.overlap, **model)
     res = Result(name)
     plain: Any = getattr(e.runner, "runner", e.runner)  # the ModelRunner holding the pool (inline)
     cache: Any = tiered(e.cache) or e.cache  # the TieredKVCacheManager (under a hybrid cache's) when tiers are on
@@ -314,6 +314,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1: a shared 2-core machine runs 10x slower with 2)")
     ap.add_argument("--batch-invariant", action="store_true", help="EngineConfig.batch_invariant=True")
+    ap.add_argument("--overlap", action="store_true", help="EngineConfig.overlap=True (plan a round ahead)")
     ap.add_argument("--worker", choices=("inline", "process"), default="inline",
                     help="process: the model in worker processes (the host tier in shared memory)")
     ap.add_argument("--tensor-parallel", type=int, default=1, help="ranks (needs --worker process)")
@@ -380,7 +381,7 @@ def main() -> None:
     if args.hybrid:
         for r in results:
             print(f"{r.name:<23} bounded replays {r.replays:>6}, tokens they recomputed {r.replayed:>8} "
-                  f"(in 'prefill'); blocks without their window at publish or eviction (never saved) {r.dropped:>6}")
+                  f"(in 'prefill'); blocks without their window when a save was considered {r.dropped:>6}")
         print()
 
     head = (f"{'config':<23}{'rounds':>7}{'w/ xfer':>8}{'mean ms':>8}{'p50 ms':>8}{'p99 ms':>8}"

@@ -130,3 +130,19 @@ def test_a_load_into_a_window_some_sequence_reads_is_refused() -> None:
     with pytest.raises(InvariantError, match="holds a window from an earlier round"):
         m._load_target(1, 3, fresh=False)  # noqa: SLF001
     assert m._load_target(1, None, fresh=False) == -1  # noqa: SLF001
+
+
+@pytest.mark.parametrize("savable", [False, True])
+def test_a_block_not_savable_is_still_a_use_of_its_tier_copy(savable: bool) -> None:
+    """A block published without its window (loaded from a tier outside every window) whose
+    key the host tier holds counts as a use there, so LRU keeps it over an older key; a
+    block not savable whose key the tier lacks is not saved."""
+    connector = OffloadConnector(TierConfig(host_blocks=2), NoBytes(), None, P)
+    r = make_request("r", list(range(8)))
+    connector.on_published(r, 0, [b"A", b"B"], [1, 2])
+    plan = connector.build_transfers(1)
+    connector.update_from_output(1, TransferOutput(saved=[s for _, s in plan.saves]))
+    connector.on_published(r, 0, [b"A", b"D"], [3, 4], [savable, False])
+    connector.on_published(r, 0, [b"C"], [5])  # takes the least recently used slot
+    held = {k for s in range(2) if (k := connector.host.key(s)) is not None}
+    assert held == {b"A", b"C"}

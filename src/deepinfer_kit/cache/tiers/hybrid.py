@@ -54,8 +54,9 @@ class TieredHybridKVCacheManager(HybridKVCacheManager):
         self._fresh: set[tuple[int, int]] = set()  # (group, full block) mapped by the plan being built
         self._windows_of: dict[int, list[int]] = {}  # full block -> its groups' blocks when its save was allowed
         self.refused_saves = 0
-        """Blocks found without their whole exact window when a save could be queued (at
-        publish, and at every eviction, whichever the write policy): none was."""
+        """Blocks found without their whole exact window when a save was considered (at
+        publish; at eviction under write-back): never saved from the device. A block a tier
+        loaded outside every window counts too; its tier copy, complete, stays a use."""
         inner.plan_hook = self._complete_plan
         inner.save_filter = self._savable
 

@@ -75,7 +75,8 @@ class TieredKVCacheManager(BlockKVCacheManager):
         its sliding groups' blocks, ``cache.tiers.hybrid``)."""
         self.save_filter: Callable[[int], bool] | None = None
         """Whether a device block may be saved now, asked as its save would be queued (at
-        publish or eviction): a hybrid cache answers False when a window of it is gone."""
+        publish; at eviction when the connector's ``saves_on_eviction``, default True): a
+        hybrid cache answers False when a window of it is gone."""
 
     @property
     def connector(self) -> KVConnectorScheduler:
@@ -185,13 +186,13 @@ class TieredKVCacheManager(BlockKVCacheManager):
         before it)."""
         victims = index.evict(n)
         keys, blocks, writable = [], [], []
+        check = self.save_filter if getattr(self._connector, "saves_on_eviction", True) else None
         for b in victims:
             entry = self._dev_keys.pop(b, None)
             if entry is not None:
                 keys.append(entry[0])
                 blocks.append(b)
-                writable.append(entry[1] and not self._resetting
-                                and (self.save_filter is None or self.save_filter(b)))
+                writable.append(entry[1] and not self._resetting and (check is None or check(b)))
         if keys:
             self._connector.on_evicted(keys, blocks, writable)
         self._allocator.free(victims)

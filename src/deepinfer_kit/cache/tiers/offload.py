@@ -175,8 +175,13 @@ class OffloadConnector:
             force = start + i < prompt_blocks
             if not (self._through or force):
                 return
-            if savable is None or savable[i]:
-                self._save(key, block, force)
+            self._save(key, block, force, savable is None or savable[i])
+
+    @property
+    def saves_on_eviction(self) -> bool:
+        """Whether :meth:`on_evicted` queues saves (write-back); with write-through it
+        only records the events."""
+        return not self._through
 
     def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
         """Device events; with write-back queue the saves of the admitted victims."""
@@ -187,9 +192,10 @@ class OffloadConnector:
             if ok:
                 self._save(key, block, False)
 
-    def _save(self, key: bytes, block: int, force: bool) -> None:
+    def _save(self, key: bytes, block: int, force: bool, savable: bool = True) -> None:
         """Queue ``block``'s save to the host tier as ``key`` unless it is there already
-        (then it is a use) or refused."""
+        (then it is a use) or refused (by admission, or not ``savable``: its bytes are not
+        all on the device)."""
         slot = self.host.slot(key)
         if slot is not None:
             if self.host.is_ready(slot):
@@ -198,6 +204,8 @@ class OffloadConnector:
                     self._to_disk(key, slot)
             elif force:
                 self._forced.add(key)
+            return
+        if not savable:
             return
         if not force and self._admission is not None and not self._admission.admit(key):
             self._stats.refused += 1
