@@ -78,6 +78,7 @@ def _check(oracle: list[tuple[list[int], torch.Tensor]], tokens: list[list[int]]
     pytest.param({"scheduler": "static"}, id="static"),
     pytest.param({"speculative": {"drafter": "ngram", "num_draft": 3}}, id="speculative"),
     pytest.param({"worker": "process"}, id="worker-process"),
+    pytest.param({"worker": "process", "tensor_parallel": 2}, id="two-tp-ranks"),  # each rank its heads' slab
     pytest.param({"max_num_batched_tokens": 16}, id="small-rounds"),  # no replay has to fit a round
 ])
 def test_a_prefix_from_the_host_tier_brings_its_windows(narrow: tuple[Path, Any], oracle: Any,
