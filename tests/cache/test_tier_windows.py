@@ -103,25 +103,31 @@ def test_a_save_reads_the_window_it_was_queued_with() -> None:
 
 
 def test_a_block_whose_window_is_gone_is_never_saved() -> None:
-    """Published after its window left (a plan built before the round that computed it
-    committed moved the window on, and the block was not published yet, so its window was
-    freed): the block goes into the device index but not into the tiers."""
+    """The next chunk is planned before the round that computed blocks 0..3 commits (as
+    under overlap): the window leaves blocks 0..2, which are kept idle to be published a
+    round late; another request's allocation then evicts two of those idle windows. At the
+    commit the blocks go into the device index, but only blocks 2 and 3 (their windows
+    there) into the tier."""
     m, connector = _manager(sliding=8)
     r1 = make_request("r1", list(range(24)))
     m.allocate(r1, 16)
     _round(m, 1)
     r1.num_computed_tokens = 16
-    m.allocate(r1, 8)  # the next chunk is planned first: blocks 0..2 leave the window (freed)
+    m.allocate(r1, 8)  # blocks 0..2 leave the window: kept idle, not yet published
     (maps,) = [mp for _, mp in m.group_maps()]
-    assert [maps.lookup(b) is not None for b in r1.block_table] == [False, False, False, True, True, True]
+    assert all(maps.lookup(b) is not None for b in r1.block_table)
+    r2 = make_request("r2", [100 + i for i in range(16)])
+    m.allocate(r2, 16)  # four sliding blocks (five counted): the two free, then two idle ones
+    assert [maps.lookup(b) is not None for b in r1.block_table] == [False, False, True, True, True, True]
     m.inner.finish_kv_transfers(1, None)  # type: ignore[attr-defined]
     m.cache_full_blocks(r1, 16)  # round 1 commits
-    assert m.refused_saves == 3
+    assert m.refused_saves == 2
     _, plan = _round(m, 2)
-    assert [b for b, _ in plan.saves] == r1.block_table[3:4]  # type: ignore[attr-defined]
+    assert [b for b, _ in plan.saves] == r1.block_table[2:4]  # type: ignore[attr-defined]
     m.inner.finish_kv_transfers(2, TransferOutput(saved=[s for _, s in plan.saves]))  # type: ignore[attr-defined]
-    assert connector.stats.saved_host == 1
+    assert connector.stats.saved_host == 2
     m.free(r1)
+    m.free(r2)
     m.check_integrity(())
 
 

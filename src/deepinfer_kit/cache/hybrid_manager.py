@@ -297,13 +297,13 @@ class HybridKVCacheManager:
     def _sync(self, request: Request, start: int, replay: bool = False) -> None:
         """Reconcile the sliding groups with ``request``'s table after the full group
         changed it, its next step starting at token ``start``: release the blocks the
-        window left (and those no longer in the table: truncated, or replaced by a
-        copy-on-write), take the window's blocks it does not hold yet. A block freshly
-        allocated in the full group may still have an idle mapping from the tokens it held
-        before: taking it is harmless, as the step writes every position of a fresh block
-        before any window reads it (a copy-on-write copies into it first). A ``replay``
-        starting at ``start`` takes the blocks from ``start`` on only (the keys before it are
-        never read for an exact result)."""
+        window left (kept idle: published, or to be a round late under overlap) and those
+        no longer in the table (truncated, or replaced by a copy-on-write), take the
+        window's blocks it does not hold yet. A block freshly allocated in the full group
+        may still have an idle mapping from the tokens it held before: taking it is
+        harmless, as the step writes every position of a fresh block before any window
+        reads it (a copy-on-write copies into it first). A ``replay`` starting at ``start``
+        takes the blocks from ``start`` on only (the keys before it are never read)."""
         table = request.block_table
         windows = self._windows.get(request.request_id)
         if windows is None:
@@ -316,7 +316,7 @@ class HybridKVCacheManager:
                 if lo <= j < len(table) and table[j] == b:
                     mine[j] = b
                 else:
-                    m.release(b, keep=index is not None and index.contains(b))
+                    m.release(b, keep=index is not None and (index.contains(b) or (j < lo and table[j] == b)))
             for j in range(lo, len(table)):
                 if mine.get(j) != table[j]:
                     m.acquire(table[j])
