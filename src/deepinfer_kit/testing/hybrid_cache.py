@@ -129,32 +129,56 @@ class _Driver:
         self.bases = [common + [self.rng.randrange(3) for _ in range(tail_blocks * P)] for _ in range(3)]
 
     def run(self, r: Request, n: int, cached: int = 0, first: int | None = None) -> bool:
-        """Allocate, apply the mappings and copies, write (from ``first``, a bounded
-        replay's start, when given), check the reads; False when the manager refused (and
-        then nothing may have changed)."""
-        start = r.num_computed_tokens if r.block_table else cached
-        before = (list(r.block_table), [list(w) for w in self.m.window_blocks(r)], self.m.num_free_blocks)
-        try:
-            copies = self.m.allocate(r, n, cached)
-        except OutOfBlocksError:
-            after = (list(r.block_table), [list(w) for w in self.m.window_blocks(r)], self.m.num_free_blocks)
-            expect(after == before, f"{r.request_id}: a refused allocation changed {before} into {after}")
-            return False
-        self.chunk[r.request_id] = n + (start - first if first is not None else 0)
+        """One round of ``r`` alone (:meth:`run_round`); False when the manager refused."""
+        return bool(self.run_round([(r, n, cached, first)]))
+
+    def _admit(self, r: Request) -> tuple[Request, int, int, int | None]:
+        """Match a new request now (as a scheduler does just before allocating it) and pick
+        its first chunk."""
+        cached = self.m.match_prefix(r)
+        replay_start = getattr(self.m, "replay_start", None)
+        first = replay_start(r, cached) if replay_start is not None and cached else cached
+        return r, self.rng.randint(1, r.num_tokens - cached), cached, first
+
+    def run_round(self, chunks: list[tuple[Request, int | None, int, int | None]]) -> list[tuple[Request, int]]:
+        """One round: allocate each ``(request, n, cached, first)`` in order (``n`` None: a
+        new request, matched right before its allocation; a refused one must change
+        nothing), apply the mappings and copies, run the tiers' copies, write (from
+        ``first``, a bounded replay's start, when given) and check the reads. Returns each
+        request that got its blocks, with its chunk."""
+        ran: list[tuple[Request, int, int, int | None]] = []
+        copies: list[tuple[int, int]] = []
+        for item in chunks:
+            r, n, cached, first = self._admit(item[0]) if item[1] is None else item
+            assert n is not None
+            start = r.num_computed_tokens if r.block_table else cached
+            before = (list(r.block_table), [list(w) for w in self.m.window_blocks(r)], self.m.num_free_blocks)
+            try:
+                copies += self.m.allocate(r, n, cached)
+            except OutOfBlocksError:
+                after = (list(r.block_table), [list(w) for w in self.m.window_blocks(r)], self.m.num_free_blocks)
+                expect(after == before, f"{r.request_id}: a refused allocation changed {before} into {after}")
+                continue
+            self.chunk[r.request_id] = n + (start - first if first is not None else 0)
+            ran.append((r, n, start, first))
+        if not ran:
+            return []
         self.dev.apply()
         self.dev.copy(copies)
-        self._tier_round(r)
-        r.num_computed_tokens = start
-        if first is not None and first < start:
-            layout = self.m.layout
-            exact = first + layout.replay_bound - max(s.window for _, s in layout.sliding())
-            self.dev.write(r, first, start + n - first, shared=start, exact=exact)
-        else:
-            self.dev.write(r, start, n)
-        self.dev.check_reads(r, start, n)
-        return True
+        self._tier_round()
+        for r, n, start, first in ran:
+            r.num_computed_tokens = start
+            if first is not None and first < start:
+                layout = self.m.layout
+                exact = first + layout.replay_bound - max(s.window for _, s in layout.sliding())
+                self.dev.write(r, first, start + n - first, shared=start, exact=exact)
+            else:
+                self.dev.write(r, start, n)
+        for r, n, start, _ in ran:
+            self.dev.check_reads(r, start, n)
+        return [(r, n) for r, n, _, _ in ran]
 
-    def _tier_round(self, r: Request) -> None:
+    def _tier_round(self) -> None:
         """With KV tiers under the manager (its ``drain_kv_transfers``, found down the
         ``inner`` chain), run the round's copies on the device model: a save keeps what the
         device holds in the block (and, for a plan carrying ``save_groups``, in each
@@ -185,19 +209,19 @@ class _Driver:
         op = rng.randrange(7)
         r = self.live[rng.choice(sorted(self.live))] if self.live else None
         if op == 0 or r is None:
-            base = rng.choice(self.bases)
-            r = make_request(f"r{self.n}", base[: rng.randint(1, len(base))])
-            self.n += 1
-            cached = m.match_prefix(r)
-            replay_start = getattr(m, "replay_start", None)
-            first = replay_start(r, cached) if replay_start is not None and cached else cached
-            chunk = rng.randint(1, r.num_tokens - cached)
-            if self.run(r, chunk, cached, first):
-                self.live[r.request_id] = r
-                r.num_computed_tokens += chunk
-                m.cache_full_blocks(r, r.num_computed_tokens)
-            else:
-                m.free(r)
+            admitted: list[tuple[Request, int | None, int, int | None]] = []
+            for _ in range(1 if rng.randrange(3) else 2):  # one new request, or two in one round
+                base = rng.choice(self.bases)
+                admitted.append((make_request(f"r{self.n}", base[: rng.randint(1, len(base))]), None, 0, None))
+                self.n += 1
+            ran = dict((q.request_id, n) for q, n in self.run_round(admitted))
+            for new, _, _, _ in admitted:
+                if new.request_id in ran:
+                    self.live[new.request_id] = new
+                    new.num_computed_tokens += ran[new.request_id]
+                    m.cache_full_blocks(new, new.num_computed_tokens)
+                else:
+                    m.free(new)
         elif op in (1, 2):
             if r.num_computed_tokens == r.num_tokens:
                 r.all_token_ids.append(rng.randrange(3))
