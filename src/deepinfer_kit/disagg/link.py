@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -16,19 +16,42 @@ from deepinfer_kit.disagg.engine import disk_tier
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["PushStore", "KVLinkReceiver", "send_request", "send_close", "push_saved_blocks"]
+__all__ = ["PushStore", "KVLinkReceiver", "LinkEnd", "BlockSink", "send_request", "send_close", "push_saved_blocks"]
 
 _BLOCK, _REQUEST, _CLOSE = 1, 2, 0
 
 
-def _send(kind: int, head: bytes, body: torch.Tensor | None, peer: int, group: Any) -> None:
-    """One message: a header ``[kind, len(head), body bytes]``, ``head``, then ``body``."""
+def _send(kind: int, head: bytes, body: torch.Tensor | None, peer: int, group: Any,
+          data_group: Any = None) -> None:
+    """One message: a header ``[kind, len(head), body bytes]`` and ``head`` over ``group``
+    (CPU tensors), then ``body`` over ``data_group`` (NCCL: a device tensor, sent device to
+    device) or, without one, over ``group`` (a device ``body`` is copied to the host first:
+    gloo sends CPU tensors)."""
     nbytes = body.numel() * body.element_size() if body is not None else 0
     dist.send(torch.tensor([kind, len(head), nbytes], dtype=torch.int64), peer, group=group)
     if head:
         dist.send(torch.frombuffer(bytearray(head), dtype=torch.uint8), peer, group=group)
-    if body is not None and nbytes:
-        dist.send(body.contiguous().view(torch.uint8).reshape(-1), peer, group=group)
+    if body is None or not nbytes:
+        return
+    flat = body.contiguous().view(torch.uint8).reshape(-1)
+    if data_group is None:
+        dist.send(flat.cpu(), peer, group=group)
+    elif flat.device.type == "cuda":
+        stream = torch.cuda.Stream(flat.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(flat.device))
+        with torch.cuda.stream(stream):
+            dist.send(flat, peer, group=data_group)
+        stream.synchronize()  # the bytes are out: the caller may overwrite ``body``
+    else:
+        dist.send(flat, peer, group=data_group)
+
+
+class LinkEnd(Protocol):
+    """The sending end of a link: what :func:`send_request` and :func:`send_close` need."""
+
+    lock: threading.Lock
+    peer: int
+    group: Any
 
 
 class PushStore:
@@ -81,34 +104,53 @@ def push_saved_blocks(engine: Engine, peer: int, group: Any = None) -> PushStore
     return store
 
 
-def send_request(store: PushStore, request_id: str, prompt: list[int], params: Any) -> None:
+def send_request(store: LinkEnd, request_id: str, prompt: list[int], params: Any) -> None:
     """Hand ``request_id`` to the decode process, after its blocks (same channel, in order)."""
     with store.lock:
         _send(_REQUEST, pickle.dumps((request_id, prompt, params)), None, store.peer, store.group)
 
 
-def send_close(store: PushStore) -> None:
+def send_close(store: LinkEnd) -> None:
     """Tell the decode process nothing more comes."""
     with store.lock:
         _send(_CLOSE, b"", None, store.peer, store.group)
 
 
+class BlockSink(Protocol):
+    """Where a :class:`KVLinkReceiver` puts the blocks it receives: a disk tier's folder
+    (:class:`DiskBlockStore`) or a decode engine's landing slots
+    (:class:`~deepinfer_kit.disagg.landing.LandingSlots`)."""
+
+    fingerprint: bytes
+
+    def put(self, key: bytes, payload: torch.Tensor) -> None:
+        """Keep ``payload`` (one block's bytes, flat uint8) as ``key``; called on the
+        receiving thread."""
+        ...
+
+
 class KVLinkReceiver:
     """The decode side: a thread receiving from ``peer`` — blocks into ``store`` (the
-    decode engine's disk tier folder, which ``load_remote`` requests read), requests to
-    ``on_request(request_id, prompt, params)`` — until the close message or a failure.
-    A block whose fingerprint is not ``store``'s (another model, dtype or block shape) is
-    dropped, never stored. The channel ends at the close message or a failure
-    (``error`` holds it; a dead prefill process ends the channel, and requests whose
-    blocks never came are recomputed by the decode engine).
+    decode engine's disk tier folder, which ``load_remote`` requests read, or its landing
+    slots), requests to ``on_request(request_id, prompt, params)`` — until the close
+    message or a failure. A block whose fingerprint is not ``store``'s (another model,
+    dtype or block shape) is dropped, never stored. The channel ends at the close message
+    or a failure (``error`` holds it; a dead prefill process ends the channel, and
+    requests whose blocks never came are recomputed by the decode engine).
+
+    Blocks arrive over ``data_group`` when given (NCCL between GPUs: into a buffer on
+    ``device``, no host copy), else over ``group`` into host memory; headers and requests
+    always over ``group`` (gloo).
     """
 
-    def __init__(self, store: DiskBlockStore, on_request: Callable[[str, list[int], Any], None], peer: int,
-                 group: Any = None) -> None:
+    def __init__(self, store: BlockSink, on_request: Callable[[str, list[int], Any], None], peer: int,
+                 group: Any = None, *, data_group: Any = None, device: torch.device | str | None = None) -> None:
         self.store = store
         self.on_request = on_request
         self.peer = peer
         self.group = group
+        self.data_group = data_group
+        self.device = torch.device(device) if device is not None and data_group is not None else torch.device("cpu")
         self.error: BaseException | None = None
         self.rejected = 0  # blocks of another layout or model, dropped
         self.thread = threading.Thread(target=self._loop, name="kv-link", daemon=True)
@@ -117,6 +159,20 @@ class KVLinkReceiver:
     def _recv(self, n: int) -> torch.Tensor:
         buf = torch.empty(n, dtype=torch.uint8)
         dist.recv(buf, self.peer, group=self.group)
+        return buf
+
+    def _recv_body(self, n: int) -> torch.Tensor:
+        if self.data_group is None:
+            return self._recv(n)
+        buf = torch.empty(n, dtype=torch.uint8, device=self.device)
+        if self.device.type != "cuda":
+            dist.recv(buf, self.peer, group=self.data_group)
+            return buf
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            dist.recv(buf, self.peer, group=self.data_group)
+        stream.synchronize()
         return buf
 
     def _loop(self) -> None:
@@ -129,7 +185,7 @@ class KVLinkReceiver:
                     return
                 head = bytes(self._recv(hlen).numpy()) if hlen else b""
                 if kind == _BLOCK:
-                    body = self._recv(nbytes)
+                    body = self._recv_body(nbytes)
                     if head[:16] == self.store.fingerprint:  # another model's K/V is never stored
                         self.store.put(head[16:], body)
                     else:

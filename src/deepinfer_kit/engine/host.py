@@ -133,7 +133,7 @@ def _cache_manager(config: EngineConfig, parts: Components, ctx: BuildContext,
     if index is None:
         index = _named_index(config.prefix_index, block_size, policy)
     if connector is not None:
-        key = config.kv_tiers.hash_key if config.kv_tiers is not None else None
+        key = config.kv_tiers.hash_key if config.kv_tiers is not None else getattr(connector, "hash_key", None)
         return TieredKVCacheManager(allocator, index, connector, hash_key=key)
     if index.block_size != block_size:
         raise ConfigError(f"components.prefix_index has block_size {index.block_size}, the engine's "

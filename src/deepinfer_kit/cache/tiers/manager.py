@@ -150,6 +150,10 @@ class TieredKVCacheManager(BlockKVCacheManager):
         if fresh and self._matched.pop(request.request_id, None) is not None:
             first = device // self._P
             self._connector.update_state_after_alloc(request, request.block_table[first:first + tier])
+        hit = getattr(self._connector, "on_device_hit", None)  # optional (docs/kv_connector.md)
+        if fresh and hit is not None and device >= self._P and self.save_filter is None:
+            first = device // self._P
+            hit(request, self._request_keys(request, first)[:first], request.block_table[:first])
         return copies
 
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:

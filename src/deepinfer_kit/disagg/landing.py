@@ -1,0 +1,185 @@
+"""LandingSlots: device memory a KV link receives blocks into, keyed by block identity,
+until the decode engine's loads copy them into its pool (device to device)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from deepinfer_kit.cache.hybrid_kv import KVStorage
+from deepinfer_kit.errors import CapacityError, InvariantError
+
+__all__ = ["LandingSlots"]
+
+
+class LandingSlots:
+    """``num_slots`` blocks of ``kv``'s shape (``kv.block_shape``: every model layer) on
+    ``kv``'s device: where the decode side of a device link receives the prefill side's
+    blocks, and what its loads read.
+
+    A received block (:meth:`put`, on the link's receiving thread) becomes readable once
+    its bytes are in place (on CUDA its copy is synchronised first); the scheduler side
+    then counts (:meth:`ready`, waiting up to a deadline), pins (:meth:`pin`) and unpins
+    slots. Room for a new block is taken from a free slot, else from the least recently
+    received or read block no load pins; when every slot is pinned the block is dropped
+    (``dropped``: the decode engine recomputes it). A key received twice is kept once.
+
+    Args:
+        kv: the decode engine's K/V (its device, dtype and block shape).
+        num_slots: blocks (>= 1).
+        fingerprint: what the blocks mean (model, block shape, dtype:
+            ``cache.tiers.disk_store.layout_fingerprint``); the link drops a block sent
+            with another.
+
+    Raises:
+        CapacityError: the device cannot hold the slots (names the bytes).
+    """
+
+    def __init__(self, kv: KVStorage, num_slots: int, fingerprint: bytes) -> None:
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
+            raise CapacityError(f"landing slots must be an int >= 1, got num_slots={num_slots!r}")
+        shape = (num_slots, *kv.block_shape)
+        try:
+            self.slab = torch.zeros(shape, dtype=kv.dtype, device=kv.device)
+        except (RuntimeError, MemoryError) as exc:
+            raise CapacityError(f"num_slots={num_slots} landing slots {shape} do not fit on {kv.device}: {exc}") from exc
+        self.fingerprint = fingerprint
+        self._cv = threading.Condition()
+        self._ready: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, least recent first
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._pins: dict[int, int] = {}  # slot -> loads (or a receive) holding it
+        self._stored: list[bytes] = []  # keys received since take_stored
+        self._removed: list[bytes] = []
+        self.received = 0
+        self.dropped = 0  # blocks that found every slot pinned
+        self.evicted = 0
+
+    @property
+    def num_slots(self) -> int:
+        """How many blocks the slots hold."""
+        return int(self.slab.shape[0])
+
+    def put(self, key: bytes, payload: torch.Tensor) -> None:
+        """Receive ``key``'s bytes (``payload``: the block, or its bytes flat as uint8, on
+        any device). Called on the link's receiving thread; blocks only for the copy.
+
+        Raises:
+            InvariantError: ``payload`` is not one block's bytes.
+        """
+        dest = self.slab[0].view(torch.uint8).reshape(-1)
+        body = payload.contiguous().view(torch.uint8).reshape(-1)
+        if body.numel() != dest.numel():
+            raise InvariantError(f"a received block of {body.numel()} bytes; a slot holds {dest.numel()}")
+        with self._cv:
+            if key in self._ready:
+                self._ready.move_to_end(key)
+                return
+            slot = self._claim()
+            if slot is None:
+                self.dropped += 1
+                return  # the slot claimed is in neither the free list nor the ready map while it lands
+        try:
+            self.slab[slot].view(torch.uint8).reshape(-1).copy_(body)
+            for dev in {self.slab.device, body.device}:  # a peer copy from another GPU: both sides
+                if dev.type == "cuda":
+                    torch.cuda.current_stream(dev).synchronize()
+        except BaseException:
+            with self._cv:
+                self._free.append(slot)
+            raise
+        with self._cv:
+            self._ready[key] = slot
+            self._stored.append(key)
+            self.received += 1
+            self._cv.notify_all()
+
+    def _claim(self) -> int | None:
+        """A slot for a new block (under the lock): a free one, else the least recent
+        unpinned block's (forgotten); None when every slot is pinned."""
+        if self._free:
+            return self._free.pop()
+        for key, slot in self._ready.items():
+            if slot not in self._pins:
+                del self._ready[key]
+                self._removed.append(key)
+                self.evicted += 1
+                return slot
+        return None
+
+    def ready(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None) -> int:
+        """How many of ``keys``, from the first, are here. While fewer than ``wait_for``
+        are and ``time.monotonic()`` is before ``deadline``, waits for more to land. Called
+        on the scheduler's thread."""
+        with self._cv:
+            while True:
+                n = 0
+                for key in keys:
+                    if key not in self._ready:
+                        break
+                    n += 1
+                if n >= min(wait_for, len(keys)) or deadline is None:
+                    return n
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return n
+                self._cv.wait(left)
+
+    def pin(self, keys: Sequence[bytes]) -> list[int]:
+        """The slots of ``keys`` (all here: see :meth:`ready`), held until :meth:`unpin`
+        (never overwritten meanwhile), and made the most recent.
+
+        Raises:
+            InvariantError: a key not here.
+        """
+        with self._cv:
+            slots = []
+            for key in keys:
+                slot = self._ready.get(key)
+                if slot is None:
+                    raise InvariantError(f"landing key {key.hex()} pinned but not here")
+                self._ready.move_to_end(key)
+                self._pins[slot] = self._pins.get(slot, 0) + 1
+                slots.append(slot)
+            return slots
+
+    def unpin(self, slots: Sequence[int]) -> None:
+        """Release one hold of each of ``slots`` (from :meth:`pin`)."""
+        with self._cv:
+            for slot in slots:
+                left = self._pins.get(slot, 0) - 1
+                if left < 0:
+                    raise InvariantError(f"landing slot {slot} unpinned more than pinned")
+                if left:
+                    self._pins[slot] = left
+                else:
+                    del self._pins[slot]
+
+    def take_changes(self) -> tuple[list[bytes], list[bytes]]:
+        """``(stored, removed)`` keys since the last call (the connector's KV events)."""
+        with self._cv:
+            out = (self._stored, self._removed)
+            self._stored, self._removed = [], []
+            return out
+
+    def clear(self) -> None:
+        """Forget every block no load pins (``reset_prefix_cache``)."""
+        with self._cv:
+            for key, slot in list(self._ready.items()):
+                if slot not in self._pins:
+                    del self._ready[key]
+                    self._removed.append(key)
+                    self._free.append(slot)
+
+    def check_idle(self) -> None:
+        """With no request live: no slot pinned.
+
+        Raises:
+            InvariantError: naming the pinned slots.
+        """
+        with self._cv:
+            if self._pins:
+                raise InvariantError(f"landing slots still pinned with no request live: {sorted(self._pins)}")

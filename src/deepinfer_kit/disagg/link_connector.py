@@ -1,0 +1,287 @@
+"""DeviceLinkConnector: the scheduler side of a device link — a prefill engine sends its
+prompt blocks from device memory, a decode engine loads them from landing slots on its
+device; the blocks never pass through host memory when the link runs over NCCL."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from deepinfer_kit.cache.tiers.records import EventLog, KVEvent, TierStats, TransferOutput, TransferPlan
+from deepinfer_kit.disagg.landing import LandingSlots
+from deepinfer_kit.disagg.link_sender import BlockSender
+from deepinfer_kit.errors import InvariantError
+from deepinfer_kit.request import Request
+
+__all__ = ["DeviceLinkConnector"]
+
+_SENT_MEMORY = 1 << 16  # keys remembered as sent (keys_down)
+
+
+class DeviceLinkConnector:
+    """A :class:`~deepinfer_kit.cache.tiers.protocols.KVConnectorScheduler` with two
+    halves, either or both present:
+
+    * **Sending** (``sender`` and ``send_slots``, the prefill side): every full prompt
+      block of a request with ``KVRequestParams(save_prompt=True)`` (of every request
+      with ``send_all``; never of one with ``write=False``) is copied, at publish, into a
+      free send slot on the device (a save of the round's plan, run by
+      :class:`~deepinfer_kit.disagg.link_worker.DeviceSlotWorker` before the forward),
+      then handed to ``sender``; the slot is free again when the send ended. The blocks
+      such a request took from its own device cache are sent too, at its admission (the
+      decode side may not hold them). A block finding no free send slot is not sent
+      (``stats.refused``); the decode side recomputes it.
+    * **Landing** (``landing``, the decode side): a request's leading blocks after its
+      device hit that are in the landing slots load from there into its fresh blocks, a
+      device-to-device copy before the round's forward. A request with
+      ``load_remote`` waits at its first admission attempt, up to ``timeout_s`` after
+      its arrival, for the blocks it was told of (``remote_blocks``; every prompt block
+      when unset); one still missing then is recomputed (``stats.late_reads``).
+
+    ``keys_pending`` / ``keys_down`` let the prefill side answer once a prompt is
+    across (``TieredKVCacheManager.settled_saves``); ``drain`` waits for the sends.
+    KV events: ``device`` for the pool's blocks, ``host`` for the landing slots (a
+    medium below the pool from which this engine loads).
+
+    Args:
+        block_size: tokens per block.
+        hash_key: the block identities' key, equal on both sides (the engine's manager
+            reads it from here when ``kv_tiers`` does not set one).
+        sender, send_slots: the sending half (``send_slots``: ``[S, *block_shape]`` on
+            the pool's device, shared with the worker).
+        landing: the landing half.
+        timeout_s: how long a ``load_remote`` request waits for its blocks.
+        send_all: send the prompt blocks of every request.
+    """
+
+    saves_on_eviction = False  # blocks are sent at publish, never at eviction
+
+    def __init__(self, block_size: int, hash_key: bytes, *, sender: BlockSender | None = None,
+                 send_slots: torch.Tensor | None = None, landing: LandingSlots | None = None,
+                 timeout_s: float = 5.0, send_all: bool = False) -> None:
+        if (sender is None) != (send_slots is None):
+            raise InvariantError("a device link's sending half needs both a sender and send slots")
+        self.block_size = block_size
+        self.hash_key = hash_key
+        self.sender = sender
+        self.send_slots = send_slots
+        self.landing = landing
+        self.timeout_s = timeout_s
+        self.send_all = send_all
+        self._stats = TierStats()
+        self._events = EventLog()
+        self._free = list(range(int(send_slots.shape[0]) - 1, -1, -1)) if send_slots is not None else []
+        self._saves: list[tuple[int, int]] = []  # (device block, send slot), not yet in a plan
+        self._saving: dict[int, bytes] = {}  # send slot -> key: saved or being saved, not yet sent
+        self._sending: dict[int, bytes] = {}  # send slot -> key: handed to the sender
+        self._sent: OrderedDict[bytes, None] = OrderedDict()
+        self._expect: dict[str, tuple[float, int]] = {}  # load_remote request -> (deadline, blocks told)
+        self._pinned: dict[str, list[int]] = {}  # request -> landing slots counted at its last match
+        self._loads: list[tuple[int, int]] = []
+        self._queued_pins: list[int] = []
+        self._round_pins: dict[int, list[int]] = {}  # step -> landing slots its loads read
+
+    # -- sending half ---------------------------------------------------------------------
+
+    def _sends(self, request: Request) -> bool:
+        kv = request.kv_params
+        if self.sender is None or (kv is not None and not kv.write):
+            return False
+        return self.send_all or (kv is not None and kv.save_prompt)
+
+    def _queue_sends(self, keys: Sequence[bytes], blocks: Sequence[int], savable: Sequence[bool] | None) -> None:
+        busy = set(self._saving.values()) | set(self._sending.values())
+        for i, (key, block) in enumerate(zip(keys, blocks)):
+            if key in busy or (savable is not None and not savable[i]):
+                continue
+            if not self._free:
+                self._stats.refused += 1
+                continue
+            slot = self._free.pop()
+            self._saves.append((block, slot))
+            self._saving[slot] = key
+            busy.add(key)
+
+    def on_device_hit(self, request: Request, keys: Sequence[bytes], blocks: Sequence[int]) -> None:
+        """At admission: ``blocks`` (device, published, held by ``request``) hold its
+        leading ``keys`` from the device cache. A sending request sends them too."""
+        if self._sends(request):
+            self._queue_sends(keys, blocks, None)
+
+    def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int],
+                     savable: Sequence[bool] | None = None) -> None:
+        """Log the device blocks; a sending request's prompt blocks are queued for sending."""
+        self._events.add("stored", "device", keys)
+        if self._sends(request):
+            usable = (request.num_prompt_tokens - 1) // self.block_size  # a reader computes the last token
+            prompt = max(0, min(len(keys), usable - start))
+            self._queue_sends(keys[:prompt], blocks[:prompt], savable[:prompt] if savable is not None else None)
+
+    def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
+        """Log the device blocks gone (nothing is saved at eviction)."""
+        self._events.add("removed", "device", keys)
+
+    def _settle_sends(self) -> None:
+        """Free the send slots of the sends that ended; remember what got across."""
+        if self.sender is None:
+            return
+        for slot, ok in self.sender.finished():
+            key = self._sending.pop(slot)
+            self._free.append(slot)
+            if ok:
+                self._sent[key] = None
+                self._sent.move_to_end(key)
+                if len(self._sent) > _SENT_MEMORY:
+                    self._sent.popitem(last=False)
+                self._stats.saved_host += 1
+            else:
+                self._sent.pop(key, None)
+                self._stats.failed_writes += 1
+
+    def keys_pending(self, keys: Sequence[bytes]) -> bool:
+        """Any of ``keys`` queued, being copied or being sent."""
+        self._settle_sends()
+        busy = set(self._saving.values()) | set(self._sending.values())
+        return any(k in busy for k in keys)
+
+    def keys_down(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys``, from the first, were sent."""
+        n = 0
+        for key in keys:
+            if key not in self._sent:
+                break
+            n += 1
+        return n
+
+    def drain(self) -> None:
+        """Wait for every send handed over to end (``transfer_idle``)."""
+        if self.sender is not None:
+            self.sender.drain()
+            self._settle_sends()
+
+    # -- landing half ---------------------------------------------------------------------
+
+    def on_arrival(self, request: Request, keys: Sequence[bytes], first: int) -> None:
+        """A ``load_remote`` request starts its wait for the blocks it was told of."""
+        kv = request.kv_params
+        if self.landing is not None and kv is not None and kv.load_remote:
+            told = len(keys) if kv.remote_blocks is None else min(len(keys), kv.remote_blocks)
+            self._expect[request.request_id] = (time.monotonic() + self.timeout_s, told)
+
+    def get_num_new_matched_tokens(self, request: Request, keys: Sequence[bytes], first: int) -> int:
+        """The landed blocks right after the device hit, pinned for the request (the
+        first attempt of a ``load_remote`` request waits for those it was told of)."""
+        self._unpin(request.request_id)
+        if self.landing is None:
+            return 0
+        deadline, told = self._expect.pop(request.request_id, (None, 0))
+        n = self.landing.ready(keys[first:], told - first, deadline)
+        if deadline is not None and first + n < told:
+            self._stats.late_reads += told - first - n
+        if n:
+            self._pinned[request.request_id] = self.landing.pin(keys[first:first + n])
+        return n
+
+    def update_state_after_alloc(self, request: Request, blocks: Sequence[int]) -> None:
+        """Queue the loads of the first ``len(blocks)`` counted slots; release the rest."""
+        slots = self._pinned.pop(request.request_id, [])
+        used = slots[:len(blocks)]
+        self._loads.extend(zip(used, blocks))
+        self._queued_pins.extend(used)
+        self._stats.host_hits += len(used)
+        self._stats.loaded_tokens += len(used) * self.block_size
+        if self.landing is not None and len(slots) > len(used):
+            self.landing.unpin(slots[len(used):])
+
+    def _unpin(self, request_id: str) -> None:
+        slots = self._pinned.pop(request_id, None)
+        if slots and self.landing is not None:
+            self.landing.unpin(slots)
+
+    def request_finished(self, request: Request) -> None:
+        """Drop the request's pins and its wait."""
+        self._unpin(request.request_id)
+        self._expect.pop(request.request_id, None)
+
+    # -- rounds ---------------------------------------------------------------------------
+
+    def build_transfers(self, step_id: int) -> TransferPlan:
+        """The sends' copies and the loads queued since the last round."""
+        plan = TransferPlan(saves=self._saves, loads=self._loads)
+        if self._queued_pins:
+            self._round_pins.setdefault(step_id, []).extend(self._queued_pins)
+        self._saves, self._loads, self._queued_pins = [], [], []
+        return plan
+
+    def update_from_output(self, step_id: int, output: TransferOutput | None) -> None:
+        """Hand the copied blocks to the sender; release the slots this round's loads read."""
+        if output is not None and self.sender is not None:
+            assert self.send_slots is not None
+            for slot in output.failed_saves:
+                if self._saving.pop(slot, None) is not None:
+                    self._free.append(slot)
+                    self._stats.failed_writes += 1
+            for slot in output.saved:
+                key = self._saving.pop(slot, None)
+                if key is not None:
+                    self._sending[slot] = key
+                    self.sender.submit(key, self.send_slots[slot], slot)
+        for step in [s for s in self._round_pins if s <= step_id or step_id < 0]:
+            if self.landing is not None:
+                self.landing.unpin(self._round_pins.pop(step))
+        self._settle_sends()
+
+    def take_events(self) -> list[KVEvent]:
+        """Device events, then the landing slots' (as ``host``)."""
+        if self.landing is not None:
+            stored, removed = self.landing.take_changes()
+            self._events.add("stored", "host", stored)
+            self._events.add("removed", "host", removed)
+        return self._events.take()
+
+    @property
+    def stats(self) -> TierStats:
+        """``host_hits`` / ``loaded_tokens``: blocks and tokens loaded from the landing
+        slots; ``saved_host``: blocks sent; ``refused``: blocks not sent for want of a
+        send slot; ``failed_writes``: copies or sends that failed; ``late_reads``: blocks
+        told of that had not landed in time."""
+        return self._stats
+
+    def reset(self) -> None:
+        """Forget the landed blocks no load pins and what was sent."""
+        if self.landing is not None:
+            self.landing.clear()
+        self._sent.clear()
+        self._events.add("cleared", "host")
+
+    def check_idle(self) -> None:
+        """Nothing pinned, queued or being sent; every send slot free.
+
+        Raises:
+            InvariantError: naming what is held.
+        """
+        self._settle_sends()
+        held = {"pinned": sum(map(len, self._pinned.values())) + sum(map(len, self._round_pins.values())),
+                "queued": len(self._saves) + len(self._loads), "saving": len(self._saving),
+                "sending": len(self._sending)}
+        if any(held.values()):
+            raise InvariantError(f"device link still holds blocks with no request live: {held}")
+        if self.send_slots is not None and len(self._free) != int(self.send_slots.shape[0]):
+            raise InvariantError(f"device link: {int(self.send_slots.shape[0]) - len(self._free)} send slots lost")
+        if self.landing is not None:
+            self.landing.check_idle()
+
+    def close(self) -> None:
+        """Finish the queued sends and stop the sender."""
+        if self.sender is not None:
+            self.sender.close()
+
+
+if TYPE_CHECKING:
+    from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler
+
+    _check: type[KVConnectorScheduler] = DeviceLinkConnector

@@ -1,0 +1,141 @@
+"""Block senders of a device link: a thread sending blocks over torch.distributed in the
+order they were submitted, and a loopback into landing slots in the same process."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from deepinfer_kit.disagg.link import _BLOCK, _send
+
+if TYPE_CHECKING:
+    from deepinfer_kit.disagg.landing import LandingSlots
+
+__all__ = ["BlockSender", "LinkSender", "LoopbackSender"]
+
+
+class BlockSender(Protocol):
+    """Sends blocks the scheduler side of a device link hands it, each named by a token
+    the caller chose (a send slot); called on the scheduler's thread."""
+
+    def submit(self, key: bytes, body: torch.Tensor, token: int) -> None:
+        """Send ``body`` (one block, on the pool's device; not written until ``token`` is
+        reported finished) as ``key``."""
+        ...
+
+    def finished(self) -> list[tuple[int, bool]]:
+        """``(token, sent)`` of the sends that ended since the last call, in order."""
+        ...
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted send ended; False at ``timeout`` seconds first."""
+        ...
+
+    def close(self) -> None:
+        """End the sends after the queued ones (the engine's close)."""
+        ...
+
+
+class LinkSender:
+    """A :class:`BlockSender` over a link end: a thread sends each block to ``peer`` (its
+    header over ``group``, gloo; its bytes over ``data_group`` when given, NCCL between
+    GPUs, else over ``group`` from host memory), tagged with ``fingerprint`` so the
+    receiver drops a block of another model or layout. Sends keep submission order and
+    share ``lock`` with :func:`~deepinfer_kit.disagg.link.send_request`, so a request sent
+    after its blocks' sends ended (:meth:`drain`) arrives after them.
+
+    A send that raises fails; so does every later one (``error`` holds the first failure:
+    the channel is broken and the peer recomputes what never came).
+    """
+
+    def __init__(self, fingerprint: bytes, peer: int, group: Any = None, *, data_group: Any = None) -> None:
+        self.fingerprint = fingerprint
+        self.peer = peer
+        self.group = group
+        self.data_group = data_group
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self._queue: queue.SimpleQueue[tuple[bytes, torch.Tensor, int] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
+        self._cv = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._loop, name="kv-link-send", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: bytes, body: torch.Tensor, token: int) -> None:
+        """Queue one block's send (see :class:`BlockSender`)."""
+        with self._cv:
+            self._pending += 1
+        self._queue.put((key, body, token))
+
+    def finished(self) -> list[tuple[int, bool]]:
+        """The sends that ended since the last call."""
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for every queued send to end."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        """Send what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            key, body, token = item
+            ok = False
+            if self.error is None:
+                try:
+                    with self.lock:
+                        _send(_BLOCK, self.fingerprint + key, body, self.peer, self.group, self.data_group)
+                    ok = True
+                except BaseException as exc:  # noqa: BLE001 - reported as a failed send; the peer recomputes
+                    self.error = exc
+            self._done.put((token, ok))
+            with self._cv:
+                self._pending -= 1
+                self._cv.notify_all()
+
+
+class LoopbackSender:
+    """A :class:`BlockSender` into ``landing`` in this process, at once (a prefill and a
+    decode side over one device, and the conformance suite's round trip)."""
+
+    def __init__(self, landing: LandingSlots) -> None:
+        self.landing = landing
+        self._done: list[tuple[int, bool]] = []
+
+    def submit(self, key: bytes, body: torch.Tensor, token: int) -> None:
+        """Put ``body`` into the landing slots now."""
+        self.landing.put(key, body)
+        self._done.append((token, True))
+
+    def finished(self) -> list[tuple[int, bool]]:
+        """The sends since the last call (every one succeeded)."""
+        out, self._done = self._done, []
+        return out
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Nothing is ever pending."""
+        return True
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+if TYPE_CHECKING:
+    _check_link: type[BlockSender] = LinkSender
+    _check_loop: type[BlockSender] = LoopbackSender

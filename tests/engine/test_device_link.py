@@ -1,0 +1,105 @@
+"""The device link in one process: a prefill engine copies its prompt blocks into a decode
+engine's landing slots (device to device, no file, no host copy); the decode engine's
+tokens are one engine's, every full prompt block loaded; faults end in recompute."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from deepinfer_kit.components import Components
+from deepinfer_kit.disagg.device_link import (build_device_disaggregated, link_connector, link_loopback,
+                                              link_receiver, link_to)
+from deepinfer_kit.engine.build import build_engine
+from deepinfer_kit.engine.config import EngineConfig
+from deepinfer_kit.errors import ConfigError
+from deepinfer_kit.sample.params import SamplingParams
+
+_RNG = random.Random(5)
+_HEADS = [[_RNG.randrange(250) for _ in range(40)] for _ in range(4)]
+_PROMPTS = [_HEADS[i % 4] + [_RNG.randrange(250) for _ in range(_RNG.randrange(1, 30))] for i in range(10)]
+_CFG = EngineConfig(num_blocks=48, block_size=8, max_num_seqs=3, max_model_len=256)
+
+
+def _params(i: int) -> SamplingParams:
+    return SamplingParams(max_tokens=5, temperature=0.0) if i % 2 else SamplingParams(max_tokens=5, temperature=1.0,
+                                                                                      seed=i)
+
+
+def _reference() -> dict[str, list[int]]:
+    engine = build_engine(_CFG)
+    for i, p in enumerate(_PROMPTS):
+        engine.add_request(str(i), p, _params(i))
+    out = {o.request_id: list(o.outputs[0].token_ids) for o in engine.run()}
+    engine.close()
+    return out
+
+
+def test_a_device_linked_pair_gives_one_engines_tokens_loading_every_prompt_block() -> None:
+    pair = build_device_disaggregated(_CFG, send_slots=32, landing_slots=128)
+    for i, p in enumerate(_PROMPTS):
+        pair.add_request(str(i), p, _params(i))
+    outputs = pair.run()
+    assert {o.request_id: list(o.outputs[0].token_ids) for o in outputs} == _reference()
+    sent, landed = link_connector(pair.prefill).stats, link_connector(pair.decode).stats
+    full = sum((len(p) - 1) // 8 for p in _PROMPTS)
+    assert pair.num_fallbacks == 0 and sent.refused == 0 and landed.late_reads == 0
+    # every usable prompt block crosses, the prefill engine's own prefix hits too (the
+    # decode side may not hold them); the decode side computes none of them
+    assert sent.saved_host == full
+    assert landed.host_hits > 0
+    assert sum(o.num_cached_tokens for o in outputs) == 8 * full
+    pair.prefill.check_idle()
+    pair.decode.check_idle()
+    pair.close()
+
+
+def test_too_few_send_slots_send_less_and_the_decode_side_does_not_wait() -> None:
+    pair = build_device_disaggregated(_CFG, send_slots=1, landing_slots=128, timeout_s=5.0)
+    for i, p in enumerate(_PROMPTS):
+        pair.add_request(str(i), p, _params(i))
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in pair.run()}
+    assert got == _reference()
+    assert link_connector(pair.prefill).stats.refused > 0
+    assert link_connector(pair.decode).stats.late_reads == 0  # told only what was sent
+    pair.prefill.check_idle()
+    pair.decode.check_idle()
+    pair.close()
+
+
+def test_blocks_that_never_come_are_recomputed_after_the_timeout() -> None:
+    key = b"t" * 32
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(key, timeout_s=0.01)))
+    for i, p in enumerate(_PROMPTS[:3]):
+        decode.add_request(str(i), p, _params(i), kv={"load_remote": True, "remote_blocks": 2})
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in decode.run()}
+    assert got == {k: v for k, v in _reference().items() if int(k) < 3}
+    assert link_connector(decode).stats.late_reads == 6  # both told blocks of each request
+    decode.check_idle()
+    decode.close()
+
+
+def test_a_loopback_link_is_a_device_tier_below_the_pool() -> None:
+    small = EngineConfig(num_blocks=16, block_size=8, max_num_seqs=1, max_model_len=128)
+    engine = build_engine(small, components=Components(kv_connector=link_loopback(b"l" * 32, landing_slots=64)))
+    for i, p in enumerate(_PROMPTS):
+        engine.add_request(str(i), p[:100], _params(i))
+        engine.run()
+    stats = link_connector(engine).stats
+    assert stats.host_hits > 0 and stats.loaded_tokens == 8 * stats.host_hits
+    engine.check_idle()
+    engine.close()
+
+
+def test_link_to_refuses_another_key_or_an_engine_without_landing_slots() -> None:
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(b"a" * 32)))
+    with pytest.raises(ConfigError, match="hash_key"):
+        link_to(decode, b"b" * 32)
+    plain = build_engine(_CFG)
+    with pytest.raises(ConfigError, match="no device link"):
+        link_to(plain, b"a" * 32)
+    with pytest.raises(ConfigError, match="hash_key"):
+        link_receiver(b"")
+    decode.close()
+    plain.close()
