@@ -17,7 +17,11 @@
 #    by an event, pinned staging for loads; overlapped, synchronous and in a worker process;
 #    added 2026-12-04 without a GPU to size them: six small engines, about 20 s more; on
 #    2026-12-05 both load modes, layerwise on a side stream and whole-round, and the tiers
-#    under the hybrid cache: eight more small engines, about 25 s more).
+#    under the hybrid cache: eight more small engines, about 25 s more); the device link
+#    (tests/engine/test_device_link_cuda.py: a prefill/decode pair moving prompt blocks
+#    device to device, one GPU, and across two GPUs where there are two; a loopback link;
+#    tests/engine/test_device_link_processes.py: two processes over NCCL, two GPUs only;
+#    added 2026-12-05 without a GPU: four small engines, about 10 s more).
 #    Only the files holding cuda tests are collected, and a collection error (a missing
 #    optional package) fails its file, not the run. pytest-xdist spreads the tests over 8
 #    workers when installed (Triton compiles on the CPU; its disk cache is shared).

@@ -103,3 +103,24 @@ def test_link_to_refuses_another_key_or_an_engine_without_landing_slots() -> Non
         link_receiver(b"")
     decode.close()
     plain.close()
+
+
+def test_a_link_whose_sends_fail_leaves_the_decode_side_computing_without_waiting() -> None:
+    from deepinfer_kit.disagg.engine import DisaggregatedEngine
+    from deepinfer_kit.disagg.device_link import link_sender
+
+    key = b"f" * 32
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(key, timeout_s=5.0)))
+    # no process group: every send raises, as over a channel whose peer died
+    prefill = build_engine(_CFG, components=Components(kv_connector=link_sender(1, key, send_slots=32)))
+    pair = DisaggregatedEngine(prefill, decode)
+    for i, p in enumerate(_PROMPTS[:4]):
+        pair.add_request(str(i), p, _params(i))
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in pair.run()}
+    assert got == {k: v for k, v in _reference().items() if int(k) < 4}
+    sent = link_connector(prefill).stats
+    assert sent.saved_host == 0 and sent.failed_writes == sum((len(p) - 1) // 8 for p in _PROMPTS[:4])
+    assert link_connector(decode).stats.late_reads == 0 and link_connector(decode).stats.host_hits == 0
+    prefill.check_idle()
+    decode.check_idle()
+    pair.close()

@@ -10,7 +10,10 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
+import pytest
+import torch
 import torch.multiprocessing as mp
 
 from deepinfer_kit.engine.build import build_engine
@@ -27,9 +30,10 @@ def _params(i: int) -> SamplingParams:
     return SamplingParams(max_tokens=6, temperature=0.0) if i % 2 else SamplingParams(max_tokens=6, temperature=1.0, seed=i)
 
 
-def _side(rank: int, folder: str, out: str) -> None:
+def _side(rank: int, folder: str, out: str, cuda: bool = False) -> None:
     import queue
 
+    import torch
     import torch.distributed as dist
 
     from deepinfer_kit.components import Components
@@ -38,9 +42,12 @@ def _side(rank: int, folder: str, out: str) -> None:
     from deepinfer_kit.disagg.link import send_close, send_request
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
-    data = dist.new_group(backend="gloo")  # NCCL between GPUs
+    if cuda:
+        torch.cuda.set_device(rank)
+    data = dist.new_group(backend="nccl" if cuda else "gloo")
+    cfg = dict(_CFG, device=f"cuda:{rank}") if cuda else _CFG
     if rank == 0:  # prefill
-        engine = build_engine(components=Components(kv_connector=link_sender(1, _KEY, data_group=data)), **_CFG)  # type: ignore[arg-type]
+        engine = build_engine(components=Components(kv_connector=link_sender(1, _KEY, data_group=data)), **cfg)  # type: ignore[arg-type]
         link = link_connector(engine)
         assert link.sender is not None
         for i, p in enumerate(_PROMPTS):
@@ -53,7 +60,7 @@ def _side(rank: int, folder: str, out: str) -> None:
         send_close(link.sender)  # type: ignore[arg-type]
         engine.check_idle()
     else:  # decode
-        engine = build_engine(components=Components(kv_connector=link_receiver(_KEY, timeout_s=10.0)), **_CFG)  # type: ignore[arg-type]
+        engine = build_engine(components=Components(kv_connector=link_receiver(_KEY, timeout_s=10.0)), **cfg)  # type: ignore[arg-type]
         arrived: queue.Queue[tuple[str, list[int], tuple[SamplingParams, int]]] = queue.Queue()
         receiver = receive_into(engine, lambda r, p, s: arrived.put((r, p, s)), 0, data_group=data)
         receiver.join(120)
@@ -72,16 +79,16 @@ def _side(rank: int, folder: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_two_processes_over_a_device_link_give_one_engines_tokens(tmp_path: Path) -> None:
-    engine = build_engine(**_CFG)  # type: ignore[arg-type]
+def _reference(**kw: object) -> dict[str, list[int]]:
+    engine = build_engine(**_CFG, **kw)  # type: ignore[arg-type]
     for i, p in enumerate(_PROMPTS):
         engine.add_request(str(i), p, _params(i))
     reference = {o.request_id: list(o.outputs[0].token_ids) for o in engine.run()}
     engine.close()
-    out = tmp_path / "decode.json"
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.start_processes(_side, args=(str(tmp_path), str(out)), nprocs=2, start_method="spawn")
-    result = json.loads(out.read_text())
+    return reference
+
+
+def _check(result: dict[str, Any], reference: dict[str, list[int]]) -> None:
     assert result["error"] == "None" and result["rejected"] == 0
     assert result["tokens"] == reference
     usable = {str(i): (len(p) - 1) // 8 for i, p in enumerate(_PROMPTS)}
@@ -90,3 +97,21 @@ def test_two_processes_over_a_device_link_give_one_engines_tokens(tmp_path: Path
     # the decode side loads what its own cache lacks: the shared head once, every other block
     head = len(_HEAD) // 8
     assert result["loaded"] == sum(usable.values()) - head * (sum(1 for i in range(6) if i % 2) - 1)
+
+
+def _run(tmp_path: Path, cuda: bool) -> dict[str, Any]:
+    out = tmp_path / "decode.json"
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.start_processes(_side, args=(str(tmp_path), str(out), cuda), nprocs=2, start_method="spawn")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def test_two_processes_over_a_device_link_give_one_engines_tokens(tmp_path: Path) -> None:
+    _check(_run(tmp_path, False), _reference())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_over_nccl_give_one_engines_tokens(tmp_path: Path) -> None:
+    """The blocks go GPU to GPU over NCCL (send slots on cuda:0, landing slots on cuda:1)."""
+    _check(_run(tmp_path, True), _reference(device="cuda:0"))

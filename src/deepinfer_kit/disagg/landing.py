@@ -48,6 +48,7 @@ class LandingSlots:
         except (RuntimeError, MemoryError) as exc:
             raise CapacityError(f"num_slots={num_slots} landing slots {shape} do not fit on {kv.device}: {exc}") from exc
         self.fingerprint = fingerprint
+        self._stream = torch.cuda.Stream(kv.device) if kv.device.type == "cuda" else None  # type: ignore[no-untyped-call]
         self._cv = threading.Condition()
         self._ready: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, least recent first
         self._free = list(range(num_slots - 1, -1, -1))
@@ -83,10 +84,7 @@ class LandingSlots:
                 self.dropped += 1
                 return  # the slot claimed is in neither the free list nor the ready map while it lands
         try:
-            self.slab[slot].view(torch.uint8).reshape(-1).copy_(body)
-            for dev in {self.slab.device, body.device}:  # a peer copy from another GPU: both sides
-                if dev.type == "cuda":
-                    torch.cuda.current_stream(dev).synchronize()
+            self._copy(slot, body)
         except BaseException:
             with self._cv:
                 self._free.append(slot)
@@ -96,6 +94,20 @@ class LandingSlots:
             self._stored.append(key)
             self.received += 1
             self._cv.notify_all()
+
+    def _copy(self, slot: int, body: torch.Tensor) -> None:
+        """Copy ``body`` into ``slot`` and return when it is there: on CUDA on a stream of
+        the slots' own (the runner's forward never waits for it), synchronised; a peer copy
+        from another GPU also waits for that GPU's side."""
+        dest = self.slab[slot].view(torch.uint8).reshape(-1)
+        if self._stream is None:
+            dest.copy_(body)
+            return
+        with torch.cuda.stream(self._stream):
+            dest.copy_(body)
+        self._stream.synchronize()
+        if body.device.type == "cuda" and body.device != self.slab.device:
+            torch.cuda.current_stream(body.device).synchronize()
 
     def _claim(self) -> int | None:
         """A slot for a new block (under the lock): a free one, else the least recent
