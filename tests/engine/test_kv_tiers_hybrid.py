@@ -5,7 +5,7 @@ lost comes back from the host or disk tier with its windows and nothing is recom
 Tokens are transformers' and each token's logprob is within 2e-4 of its log-softmax —
 inline, overlapped, speculative, static batching, in a worker process, loads layerwise or
 whole, from another engine's disk folder (one without layer groups too) and between prefill
-and decode engines; multi-turn conversations keep the device-only engine's tokens (greedy and
+and decode engines (a shared folder, or the device link); multi-turn conversations keep the device-only engine's tokens (greedy and
 seeded), for a model whose every layer slides as well."""
 
 from __future__ import annotations
@@ -229,6 +229,32 @@ def test_disaggregated_prefill_and_decode(narrow: tuple[Path, Any], oracle: Any,
         tokens = list(outs[str(i)].token_ids)
         _check(oracle[i:i + 1], [tokens], [[lp[t].logprob for lp, t in zip(outs[str(i)].logprobs, tokens)]])
     assert tiered(d.decode.cache).tier_stats.loaded_tokens == (10 + 14) * 4  # type: ignore[union-attr]  # every full block
+    assert d.decode.cache.window_stats.replays == 0  # type: ignore[attr-defined]
+    d.prefill.check_idle()
+    d.decode.check_idle()
+    d.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlap"])
+def test_a_device_linked_pair_moves_every_layer_with_its_windows(narrow: tuple[Path, Any], oracle: Any,
+                                                                  overlap: bool) -> None:
+    """The device link under the hybrid cache: the prefill engine's send slots and the decode
+    engine's landing slots hold every layer of a block (the sliding layers from their
+    groups' window blocks); the decode side loads each prompt with its windows, no replay,
+    transformers' tokens."""
+    from deepinfer_kit.disagg.device_link import build_device_disaggregated, link_connector
+    from deepinfer_kit.engine.config import EngineConfig
+
+    folder, _ = narrow
+    d = build_device_disaggregated(EngineConfig(model=str(folder), **_ENGINE, overlap=overlap), send_slots=32)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True, logprobs=0)
+    for i in (0, 1):
+        d.add_request(str(i), _PROMPTS[i], params)
+    outs = {o.request_id: o.outputs[0] for o in d.run()}
+    for i in (0, 1):
+        tokens = list(outs[str(i)].token_ids)
+        _check(oracle[i:i + 1], [tokens], [[lp[t].logprob for lp, t in zip(outs[str(i)].logprobs, tokens)]])
+    assert link_connector(d.decode).stats.loaded_tokens == (10 + 14) * 4  # every usable block
     assert d.decode.cache.window_stats.replays == 0  # type: ignore[attr-defined]
     d.prefill.check_idle()
     d.decode.check_idle()
