@@ -115,3 +115,38 @@ def test_two_processes_over_a_device_link_give_one_engines_tokens(tmp_path: Path
 def test_two_gpus_over_nccl_give_one_engines_tokens(tmp_path: Path) -> None:
     """The blocks go GPU to GPU over NCCL (send slots on cuda:0, landing slots on cuda:1)."""
     _check(_run(tmp_path, True), _reference(device="cuda:0"))
+
+
+def _stuck_peer(rank: int, folder: str, out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from deepinfer_kit.disagg.link_sender import LinkSender
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+    if rank == 1:  # joined, never receives; stays until the sender is done
+        deadline = time.monotonic() + 120
+        while not Path(out).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
+    sender = LinkSender(b"f" * 16, 1, timeout_s=1.0)
+    for i in range(24):  # 24 MiB: more than the sockets buffer
+        sender.submit(bytes([i]) * 16, torch.zeros(1 << 20, dtype=torch.uint8), i)
+    drained = sender.drain(120)
+    done = sender.finished()
+    Path(out).write_text(json.dumps({"drained": drained, "sent": [ok for _, ok in done],
+                                     "tokens": [t for t, _ in done], "error": repr(sender.error)}))
+    sender.close()
+
+
+def test_a_peer_that_stops_receiving_fails_the_sends_instead_of_hanging(tmp_path: Path) -> None:
+    out = tmp_path / "sender.json"
+    mp.start_processes(_stuck_peer, args=(str(tmp_path), str(out)), nprocs=2, start_method="spawn")
+    result = json.loads(out.read_text())
+    assert result["drained"] and result["tokens"] == list(range(24))  # every send ended, in order
+    sent = result["sent"]
+    assert not all(sent) and "Timed out" in result["error"]
+    first = sent.index(False)
+    assert not any(sent[first:])  # the channel is broken: every later send fails

@@ -60,12 +60,13 @@ def _check_key(hash_key: bytes) -> None:
 
 
 def link_sender(peer: int, hash_key: bytes, *, group: Any = None, data_group: Any = None, send_slots: int = 64,
-                send_all: bool = False) -> Factory[Pair]:
+                send_all: bool = False, send_timeout_s: float | None = 30.0) -> Factory[Pair]:
     """The prefill end: a ``components.kv_connector`` sending the prompt blocks of each
     ``save_prompt`` request (every request's with ``send_all``) to rank ``peer`` — the
     bytes over ``data_group`` (NCCL: straight from this GPU's send slots to the peer's
     GPU) or, without one, over ``group`` (gloo, from host memory). ``send_slots``: device
-    blocks a send may wait in. Hand requests over with
+    blocks a send may wait in. ``send_timeout_s``: a send not out by then breaks the link
+    (every later block is reported not sent: the decode side computes it). Hand requests over with
     :func:`~deepinfer_kit.disagg.link.send_request` on the connector's sender after
     ``push_kv_down`` (their blocks are then across).
 
@@ -78,7 +79,7 @@ def link_sender(peer: int, hash_key: bytes, *, group: Any = None, data_group: An
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)
         slots = _send_slots(pool, send_slots)
-        sender = LinkSender(_fingerprint(ctx, pool), peer, group, data_group=data_group)
+        sender = LinkSender(_fingerprint(ctx, pool), peer, group, data_group=data_group, timeout_s=send_timeout_s)
         connector = DeviceLinkConnector(ctx.block_size or 0, hash_key, sender=sender, send_slots=slots,
                                         send_all=send_all)
         return connector, DeviceSlotWorker(pool, slots, None)

@@ -3,6 +3,7 @@ blocks a prefill engine saves, then the requests they belong to, on one ordered 
 
 from __future__ import annotations
 
+import datetime
 import pickle
 import threading
 from collections.abc import Callable
@@ -16,34 +17,46 @@ from deepinfer_kit.disagg.engine import disk_tier
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
 
-__all__ = ["PushStore", "KVLinkReceiver", "LinkEnd", "BlockSink", "send_request", "send_close", "push_saved_blocks"]
+__all__ = ["PushStore", "KVLinkReceiver", "LinkEnd", "BlockSink", "send_message", "send_request", "send_close",
+           "push_saved_blocks", "MSG_BLOCK"]
 
-_BLOCK, _REQUEST, _CLOSE = 1, 2, 0
+MSG_BLOCK, _REQUEST, _CLOSE = 1, 2, 0  # message kinds on a link
 
 
-def _send(kind: int, head: bytes, body: torch.Tensor | None, peer: int, group: Any,
-          data_group: Any = None) -> None:
+def _p2p(tensor: torch.Tensor, peer: int, group: Any, timeout_s: float | None) -> None:
+    """Send ``tensor`` to ``peer``; with ``timeout_s``, raise when it is not out by then
+    (a peer that stopped receiving)."""
+    if timeout_s is None:
+        dist.send(tensor, peer, group=group)
+        return
+    work = dist.isend(tensor, peer, group=group)
+    assert work is not None  # this process is in the group
+    work.wait(datetime.timedelta(seconds=timeout_s))
+
+
+def send_message(kind: int, head: bytes, body: torch.Tensor | None, peer: int, group: Any,
+          data_group: Any = None, timeout_s: float | None = None) -> None:
     """One message: a header ``[kind, len(head), body bytes]`` and ``head`` over ``group``
     (CPU tensors), then ``body`` over ``data_group`` (NCCL: a device tensor, sent device to
     device) or, without one, over ``group`` (a device ``body`` is copied to the host first:
-    gloo sends CPU tensors)."""
+    gloo sends CPU tensors). With ``timeout_s`` each part raises when not out in time."""
     nbytes = body.numel() * body.element_size() if body is not None else 0
-    dist.send(torch.tensor([kind, len(head), nbytes], dtype=torch.int64), peer, group=group)
+    _p2p(torch.tensor([kind, len(head), nbytes], dtype=torch.int64), peer, group, timeout_s)
     if head:
-        dist.send(torch.frombuffer(bytearray(head), dtype=torch.uint8), peer, group=group)
+        _p2p(torch.frombuffer(bytearray(head), dtype=torch.uint8), peer, group, timeout_s)
     if body is None or not nbytes:
         return
     flat = body.contiguous().view(torch.uint8).reshape(-1)
     if data_group is None:
-        dist.send(flat.cpu(), peer, group=group)
+        _p2p(flat.cpu(), peer, group, timeout_s)
     elif flat.device.type == "cuda":
         stream = torch.cuda.Stream(flat.device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(flat.device))
         with torch.cuda.stream(stream):
-            dist.send(flat, peer, group=data_group)
+            _p2p(flat, peer, data_group, timeout_s)
         stream.synchronize()  # the bytes are out: the caller may overwrite ``body``
     else:
-        dist.send(flat, peer, group=data_group)
+        _p2p(flat, peer, data_group, timeout_s)
 
 
 class LinkEnd(Protocol):
@@ -76,7 +89,7 @@ class PushStore:
         """Write locally, then send ``fingerprint + key`` and the bytes to the peer."""
         self.local.put(key, payload)
         with self.lock:
-            _send(_BLOCK, self.local.fingerprint + key, payload, self.peer, self.group)
+            send_message(MSG_BLOCK, self.local.fingerprint + key, payload, self.peer, self.group)
 
     def get_into(self, key: bytes, out: Any) -> bool:
         """Read from the local folder."""
@@ -107,13 +120,13 @@ def push_saved_blocks(engine: Engine, peer: int, group: Any = None) -> PushStore
 def send_request(store: LinkEnd, request_id: str, prompt: list[int], params: Any) -> None:
     """Hand ``request_id`` to the decode process, after its blocks (same channel, in order)."""
     with store.lock:
-        _send(_REQUEST, pickle.dumps((request_id, prompt, params)), None, store.peer, store.group)
+        send_message(_REQUEST, pickle.dumps((request_id, prompt, params)), None, store.peer, store.group)
 
 
 def send_close(store: LinkEnd) -> None:
     """Tell the decode process nothing more comes."""
     with store.lock:
-        _send(_CLOSE, b"", None, store.peer, store.group)
+        send_message(_CLOSE, b"", None, store.peer, store.group)
 
 
 class BlockSink(Protocol):
@@ -184,7 +197,7 @@ class KVLinkReceiver:
                 if kind == _CLOSE:
                     return
                 head = bytes(self._recv(hlen).numpy()) if hlen else b""
-                if kind == _BLOCK:
+                if kind == MSG_BLOCK:
                     body = self._recv_body(nbytes)
                     if head[:16] == self.store.fingerprint:  # another model's K/V is never stored
                         self.store.put(head[16:], body)

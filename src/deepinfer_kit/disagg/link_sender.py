@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from deepinfer_kit.disagg.link import _BLOCK, _send
+from deepinfer_kit.disagg.link import MSG_BLOCK, send_message
 
 if TYPE_CHECKING:
     from deepinfer_kit.disagg.landing import LandingSlots
@@ -47,12 +47,16 @@ class LinkSender:
     share ``lock`` with :func:`~deepinfer_kit.disagg.link.send_request`, so a request sent
     after its blocks' sends ended (:meth:`drain`) arrives after them.
 
-    A send that raises fails; so does every later one (``error`` holds the first failure:
-    the channel is broken and the peer recomputes what never came).
+    A send that raises, or is not out within ``timeout_s`` (a peer that stopped
+    receiving), fails; so does every later one (``error`` holds the first failure: the
+    channel is broken and the peer recomputes what never came). So the prefill side never
+    waits on a stuck decode side for longer than that.
     """
 
-    def __init__(self, fingerprint: bytes, peer: int, group: Any = None, *, data_group: Any = None) -> None:
+    def __init__(self, fingerprint: bytes, peer: int, group: Any = None, *, data_group: Any = None,
+                 timeout_s: float | None = 30.0) -> None:
         self.fingerprint = fingerprint
+        self.timeout_s = timeout_s
         self.peer = peer
         self.group = group
         self.data_group = data_group
@@ -100,7 +104,8 @@ class LinkSender:
             if self.error is None:
                 try:
                     with self.lock:
-                        _send(_BLOCK, self.fingerprint + key, body, self.peer, self.group, self.data_group)
+                        send_message(MSG_BLOCK, self.fingerprint + key, body, self.peer, self.group, self.data_group,
+                              self.timeout_s)
                     ok = True
                 except BaseException as exc:  # noqa: BLE001 - reported as a failed send; the peer recomputes
                     self.error = exc

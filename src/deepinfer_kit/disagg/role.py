@@ -11,6 +11,7 @@ import attrs
 from deepinfer_kit.cache.tiers.config import KVRequestParams
 from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.disagg.engine import disk_tier, push_kv_down
+from deepinfer_kit.disagg.link_connector import DeviceLinkConnector
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.outputs import RequestOutput
@@ -23,7 +24,8 @@ KV_ROLES = ("prefill", "decode")
 
 def check_kv_role(role: str | None, engine: Engine) -> None:
     """Refuse a role the engine cannot play: both need KV tiers with a disk folder (the
-    folder the pair shares).
+    folder the pair shares), or a device link with the half the role uses
+    (:mod:`~deepinfer_kit.disagg.serve_link`).
 
     Raises:
         ConfigError: an unknown role, or an engine without a disk tier.
@@ -32,9 +34,16 @@ def check_kv_role(role: str | None, engine: Engine) -> None:
         return
     if role not in KV_ROLES:
         raise ConfigError(f"kv_role must be one of {KV_ROLES} or None, got {role!r}")
+    cache = tiered(engine.cache)
+    link = cache.connector if cache is not None else None
+    if isinstance(link, DeviceLinkConnector):  # a device link (--kv-link): the half the role uses
+        if (link.sender if role == "prefill" else link.landing) is None:
+            raise ConfigError(f"kv_role={role!r}: the engine's device link has no "
+                              f"{'sending' if role == 'prefill' else 'landing'} half")
+        return
     if disk_tier(engine) is None:
         raise ConfigError(f"kv_role={role!r} needs kv_tiers with disk_blocks and disk_path (the folder the "
-                          f"prefill and decode servers share) and the same hash_key on both")
+                          f"prefill and decode servers share) and the same hash_key on both, or a device link")
 
 
 def role_request(role: str | None, params: SamplingParams,

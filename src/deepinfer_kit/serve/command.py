@@ -50,6 +50,10 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                         "and hash_key: prefill computes a prompt's KV (one token) and answers once "
                         "it is on disk; decode loads it (docs/disaggregation.md; `deepinfer-kit "
                         "pd-proxy` routes between them)")
+    p.add_argument("--kv-link", default=None, metavar="HOST:PORT",
+                   help="with --kv-role: move the KV device to device instead of through a folder "
+                        "(NCCL on CUDA, gloo on CPU); both servers give the same address, where the "
+                        "prefill server listens (docs/disaggregation.md)")
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
@@ -94,8 +98,23 @@ def run_serve_command(args: argparse.Namespace) -> int:
         allowed_hosts=tuple(args.allowed_hosts.split(",")),
     )
     engine_options = {k: v for k, v in attrs.asdict(config, recurse=False).items() if k != "model"}
-    llm = AsyncLLM(config.model, generation_config=args.generation_config, components=components_of(args),
-                   kv_role=args.kv_role, **engine_options)
+    components, link = components_of(args), None
+    if args.kv_link is not None:
+        from deepinfer_kit.disagg.serve_link import ServeLink
+
+        if args.kv_role is None:
+            raise ConfigError("--kv-link needs --kv-role prefill or decode")
+        link = ServeLink.connect(args.kv_link, args.kv_role, config.device)
+        components = link.components(components)
+    try:
+        llm = AsyncLLM(config.model, generation_config=args.generation_config, components=components,
+                       kv_role=args.kv_role, **engine_options)
+    except BaseException:
+        if link is not None:
+            link.close()
+        raise
+    if link is not None:
+        link.start(llm.engine)
     app = build_app(llm, model_name=args.served_model_name or args.model, chat_template=template,
                     options=options, root=args.model)
     if not logging.getLogger().handlers:  # the access log and refusals, beside uvicorn's
@@ -104,4 +123,6 @@ def run_serve_command(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         llm.shutdown()
+        if link is not None:
+            link.close()
     return 0
