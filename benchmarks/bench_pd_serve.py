@@ -1,10 +1,12 @@
 """Prefill/decode servers behind the proxy against one server, on the tiny model (CPU): what
-the split costs a request — the extra hop, the prefill server's file writes and the decode
-server's reads — measured as time to first token and end-to-end latency, streamed.
+the split costs a request — the extra hop, and the KV's way between the servers: the prefill
+server's file writes and the decode server's reads through a shared folder, or a device
+link (``--kv-link``) — measured as time to first token and end-to-end latency, streamed.
 
-Both setups run as real commands (``deepinfer-kit serve`` processes; the pair with
-``--kv-role prefill|decode`` over one KV folder in /dev/shm when it exists, and
-``deepinfer-kit pd-proxy`` in front), with the same pool, one after the other. Requests are
+Every setup runs as real commands (``deepinfer-kit serve`` processes; the pairs with
+``--kv-role prefill|decode`` over one KV folder in /dev/shm when it exists, or over
+``--kv-link``, and ``deepinfer-kit pd-proxy`` in front), with the same pool, one after the
+other. Requests are
 token-id prompts (``--prompt-tokens``, no two sharing a block) with ``--max-tokens``
 outputs, greedy, sent ``--concurrency`` at a time; the first ``--warmup`` are not counted.
 Every answer is checked against the single server's: the tokens must be the same. No
@@ -35,6 +37,7 @@ from typing import Any
 import httpx
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+KINDS = ("one server", "pair, folder", "pair, link")
 
 
 def free_port() -> int:
@@ -97,12 +100,15 @@ def setup(kind: str, pool: list[str], folder: str) -> tuple[str, list[subprocess
         proc = start("serve", "--port", str(port), *pool)
         wait_up(f"http://127.0.0.1:{port}", proc)
         return f"http://127.0.0.1:{port}", [proc]
-    tiers = json.dumps({"host_blocks": 512, "disk_blocks": 16384, "disk_path": folder,
-                        "hash_key": secrets.token_hex(32), "prefetch_timeout_s": 2.0})
-    ports = [free_port() for _ in range(3)]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    procs = [start("serve", "--port", str(ports[0]), "--kv-role", "prefill", "--kv-tiers", tiers, *pool),
-             start("serve", "--port", str(ports[1]), "--kv-role", "decode", "--kv-tiers", tiers, *pool)]
+    ports = [free_port() for _ in range(4)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports[:3]]
+    if kind == "pair, link":  # the KV over a device link (gloo here; NCCL between GPUs)
+        kv = ["--kv-link", f"127.0.0.1:{ports[3]}"]
+    else:
+        kv = ["--kv-tiers", json.dumps({"host_blocks": 512, "disk_blocks": 16384, "disk_path": folder,
+                                        "hash_key": secrets.token_hex(32), "prefetch_timeout_s": 2.0})]
+    procs = [start("serve", "--port", str(ports[0]), "--kv-role", "prefill", *kv, *pool),
+             start("serve", "--port", str(ports[1]), "--kv-role", "decode", *kv, *pool)]
     for p, u in zip(procs, urls):
         wait_up(u, p)
     procs.append(start("pd-proxy", "--port", str(ports[2]), "--prefill", urls[0], "--decode", urls[1]))
@@ -126,7 +132,7 @@ def main() -> None:
           f"{args.max_tokens} output tokens, greedy, streamed; block size {P}")
     results: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    for kind in ("one server", "prefill+decode"):
+    for kind in KINDS:
         with tempfile.TemporaryDirectory(prefix="bench_pd_", dir=shm) as folder:
             url, procs = setup(kind, pool, folder)
             try:
@@ -146,7 +152,7 @@ def main() -> None:
         base = results[("one server", c)]
         b_ttft = statistics.median(r[0] for r in base)
         b_lat = statistics.median(r[1] for r in base)
-        for kind in ("one server", "prefill+decode"):
+        for kind in KINDS:
             rs = results[(kind, c)]
             ttft = sorted(r[0] * 1e3 for r in rs)
             lat = sorted(r[1] * 1e3 for r in rs)

@@ -35,13 +35,15 @@ def _p2p(tensor: torch.Tensor, peer: int, group: Any, timeout_s: float | None) -
 
 
 def send_message(kind: int, head: bytes, body: torch.Tensor | None, peer: int, group: Any,
-          data_group: Any = None, timeout_s: float | None = None) -> None:
-    """One message: a header ``[kind, len(head), body bytes]`` and ``head`` over ``group``
-    (CPU tensors), then ``body`` over ``data_group`` (NCCL: a device tensor, sent device to
-    device) or, without one, over ``group`` (a device ``body`` is copied to the host first:
-    gloo sends CPU tensors). With ``timeout_s`` each part raises when not out in time."""
+                 data_group: Any = None, timeout_s: float | None = None, count: int = 1) -> None:
+    """One message: a header ``[kind, len(head), body bytes, count]`` and ``head`` over
+    ``group`` (CPU tensors), then ``body`` over ``data_group`` (NCCL: a device tensor, sent
+    device to device) or, without one, over ``group`` (a device ``body`` is copied to the
+    host first: gloo sends CPU tensors). A block message carries ``count`` blocks: ``head``
+    is the fingerprint then their keys, ``body`` their bytes in that order. With
+    ``timeout_s`` each part raises when not out in time."""
     nbytes = body.numel() * body.element_size() if body is not None else 0
-    _p2p(torch.tensor([kind, len(head), nbytes], dtype=torch.int64), peer, group, timeout_s)
+    _p2p(torch.tensor([kind, len(head), nbytes, count], dtype=torch.int64), peer, group, timeout_s)
     if head:
         _p2p(torch.frombuffer(bytearray(head), dtype=torch.uint8), peer, group, timeout_s)
     if body is None or not nbytes:
@@ -188,21 +190,26 @@ class KVLinkReceiver:
         stream.synchronize()
         return buf
 
+    def _blocks(self, head: bytes, body: torch.Tensor, count: int) -> None:
+        """Store the ``count`` blocks of one message (``head``: fingerprint, then keys)."""
+        if head[:16] != self.store.fingerprint:  # another model's K/V is never stored
+            self.rejected += count
+            return
+        keys, size = head[16:], (len(head) - 16) // count
+        for i, chunk in enumerate(body.view(count, -1)):
+            self.store.put(keys[i * size:(i + 1) * size], chunk)
+
     def _loop(self) -> None:
         try:
             while True:
-                header = torch.empty(3, dtype=torch.int64)
+                header = torch.empty(4, dtype=torch.int64)
                 dist.recv(header, self.peer, group=self.group)
-                kind, hlen, nbytes = (int(x) for x in header.tolist())
+                kind, hlen, nbytes, count = (int(x) for x in header.tolist())
                 if kind == _CLOSE:
                     return
                 head = bytes(self._recv(hlen).numpy()) if hlen else b""
                 if kind == MSG_BLOCK:
-                    body = self._recv_body(nbytes)
-                    if head[:16] == self.store.fingerprint:  # another model's K/V is never stored
-                        self.store.put(head[16:], body)
-                    else:
-                        self.rejected += 1
+                    self._blocks(head, self._recv_body(nbytes), count)
                 elif kind == _REQUEST:
                     rid, prompt, params = pickle.loads(head)
                     self.on_request(rid, prompt, params)

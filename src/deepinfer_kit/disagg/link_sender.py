@@ -45,7 +45,9 @@ class LinkSender:
     GPUs, else over ``group`` from host memory), tagged with ``fingerprint`` so the
     receiver drops a block of another model or layout. Sends keep submission order and
     share ``lock`` with :func:`~deepinfer_kit.disagg.link.send_request`, so a request sent
-    after its blocks' sends ended (:meth:`drain`) arrives after them.
+    after its blocks' sends ended (:meth:`drain`) arrives after them. Blocks queued
+    together (up to ``batch_blocks``) go as one message: one header and one body, whose
+    bytes are stacked first (on the device: one device copy).
 
     A send that raises, or is not out within ``timeout_s`` (a peer that stopped
     receiving), fails; so does every later one (``error`` holds the first failure: the
@@ -54,9 +56,11 @@ class LinkSender:
     """
 
     def __init__(self, fingerprint: bytes, peer: int, group: Any = None, *, data_group: Any = None,
-                 timeout_s: float | None = 30.0) -> None:
+                 timeout_s: float | None = 30.0, batch_blocks: int = 256) -> None:
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
+        self.batch_blocks = batch_blocks
+        self._closing = False
         self.peer = peer
         self.group = group
         self.data_group = data_group
@@ -96,23 +100,44 @@ class LinkSender:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = self._take()
+            if not batch:
                 return
-            key, body, token = item
             ok = False
             if self.error is None:
                 try:
+                    keys = b"".join(k for k, _, _ in batch)
+                    body = batch[0][1] if len(batch) == 1 else torch.stack([b for _, b, _ in batch])
                     with self.lock:
-                        send_message(MSG_BLOCK, self.fingerprint + key, body, self.peer, self.group, self.data_group,
-                              self.timeout_s)
+                        send_message(MSG_BLOCK, self.fingerprint + keys, body, self.peer, self.group,
+                                     self.data_group, self.timeout_s, count=len(batch))
                     ok = True
-                except BaseException as exc:  # noqa: BLE001 - reported as a failed send; the peer recomputes
+                except BaseException as exc:  # noqa: BLE001 - reported as failed sends; the peer recomputes
                     self.error = exc
-            self._done.put((token, ok))
+            for _, _, token in batch:
+                self._done.put((token, ok))
             with self._cv:
-                self._pending -= 1
+                self._pending -= len(batch)
                 self._cv.notify_all()
+            if self._closing:
+                return
+
+    def _take(self) -> list[tuple[bytes, torch.Tensor, int]]:
+        """The next sends, in order: one waited for, then those already queued (up to
+        ``batch_blocks``), sent as one message. Empty at the close (after what was queued)."""
+        batch: list[tuple[bytes, torch.Tensor, int]] = []
+        item = self._queue.get()
+        while item is not None:
+            batch.append(item)
+            if len(batch) >= self.batch_blocks:
+                break
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+        else:
+            self._closing = True
+        return batch
 
 
 class LoopbackSender:
