@@ -124,3 +124,20 @@ def test_a_link_whose_sends_fail_leaves_the_decode_side_computing_without_waitin
     prefill.check_idle()
     decode.check_idle()
     pair.close()
+
+
+def test_a_receiver_that_ends_stops_the_decode_side_waiting_for_blocks() -> None:
+    from deepinfer_kit.disagg.device_link import receive_into
+
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(b"r" * 32, timeout_s=300.0)))
+    receiver = receive_into(decode, lambda *_: None, 0)  # no process group: its first receive fails
+    receiver.join(60)
+    landing = link_connector(decode).landing
+    assert receiver.error is not None and landing is not None and landing.closed
+    decode.add_request("0", _PROMPTS[0], _params(0), kv={"load_remote": True})
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in decode.run()}
+    assert got == {"0": _reference()["0"]}
+    assert landing.waits == 0  # told every block, none waited for: nothing more can land
+    assert link_connector(decode).stats.late_reads == (len(_PROMPTS[0]) - 1) // 8
+    decode.check_idle()
+    decode.close()

@@ -56,6 +56,8 @@ class LandingSlots:
         self._stored: list[bytes] = []  # keys received since take_stored
         self._removed: list[bytes] = []
         self.received = 0
+        self.closed = False
+        self.waits = 0  # ready() calls that waited for a block to land
         self.dropped = 0  # blocks that found every slot pinned
         self.evicted = 0
 
@@ -124,21 +126,33 @@ class LandingSlots:
 
     def ready(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None) -> int:
         """How many of ``keys``, from the first, are here. While fewer than ``wait_for``
-        are and ``time.monotonic()`` is before ``deadline``, waits for more to land. Called
-        on the scheduler's thread."""
+        are, ``time.monotonic()`` is before ``deadline`` and the link still delivers (not
+        :meth:`close`-d), waits for more to land (``waits`` counts the calls that did).
+        Called on the scheduler's thread."""
         with self._cv:
+            waited = False
             while True:
                 n = 0
                 for key in keys:
                     if key not in self._ready:
                         break
                     n += 1
-                if n >= min(wait_for, len(keys)) or deadline is None:
+                if n >= min(wait_for, len(keys)) or deadline is None or self.closed:
                     return n
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return n
+                if not waited:
+                    self.waits += 1
+                    waited = True
                 self._cv.wait(left)
+
+    def close(self) -> None:
+        """Nothing more will land (the link ended or failed; called by its receiver):
+        :meth:`ready` stops waiting, now and later. The blocks here stay readable."""
+        with self._cv:
+            self.closed = True
+            self._cv.notify_all()
 
     def pin(self, keys: Sequence[bytes]) -> list[int]:
         """The slots of ``keys`` (all here: see :meth:`ready`), held until :meth:`unpin`

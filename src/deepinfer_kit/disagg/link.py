@@ -151,7 +151,8 @@ class KVLinkReceiver:
     message or a failure. A block whose fingerprint is not ``store``'s (another model,
     dtype or block shape) is dropped, never stored. The channel ends at the close message
     or a failure (``error`` holds it; a dead prefill process ends the channel, and
-    requests whose blocks never came are recomputed by the decode engine).
+    requests whose blocks never came are recomputed by the decode engine); then a sink
+    with a ``close`` method is closed (landing slots stop waiting for blocks).
 
     Blocks arrive over ``data_group`` when given (NCCL between GPUs: into a buffer on
     ``device``, no host copy), else over ``group`` into host memory; headers and requests
@@ -215,6 +216,10 @@ class KVLinkReceiver:
                     self.on_request(rid, prompt, params)
         except BaseException as exc:  # noqa: BLE001 - the decode side keeps serving; the owner reads it
             self.error = exc
+        finally:
+            ended = getattr(self.store, "close", None)  # a sink that waits for blocks stops waiting
+            if ended is not None:
+                ended()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the channel to end."""
