@@ -94,6 +94,9 @@ class DeviceLinkConnector:
         return self.send_all or (kv is not None and kv.save_prompt)
 
     def _queue_sends(self, keys: Sequence[bytes], blocks: Sequence[int], savable: Sequence[bool] | None) -> None:
+        if self.sender is not None and self.sender.broken:  # nothing more gets across: copy nothing
+            self._stats.failed_writes += len(keys)
+            return
         busy = set(self._saving.values()) | set(self._sending.values())
         for i, (key, block) in enumerate(zip(keys, blocks)):
             if key in busy or (savable is not None and not savable[i]):

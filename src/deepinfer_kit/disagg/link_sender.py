@@ -38,6 +38,11 @@ class BlockSender(Protocol):
         """End the sends after the queued ones (the engine's close)."""
         ...
 
+    @property
+    def broken(self) -> bool:
+        """True once no later send can succeed (the channel failed)."""
+        ...
+
 
 class LinkSender:
     """A :class:`BlockSender` over a link end: a thread sends each block to ``peer`` (its
@@ -72,6 +77,11 @@ class LinkSender:
         self._pending = 0
         self._thread = threading.Thread(target=self._loop, name="kv-link-send", daemon=True)
         self._thread.start()
+
+    @property
+    def broken(self) -> bool:
+        """True after a send failed: every later one fails too."""
+        return self.error is not None
 
     def submit(self, key: bytes, body: torch.Tensor, token: int) -> None:
         """Queue one block's send (see :class:`BlockSender`)."""
@@ -147,6 +157,8 @@ class LoopbackSender:
     def __init__(self, landing: LandingSlots) -> None:
         self.landing = landing
         self._done: list[tuple[int, bool]] = []
+
+    broken = False  # a copy in this process cannot fail but by raising
 
     def submit(self, key: bytes, body: torch.Tensor, token: int) -> None:
         """Put ``body`` into the landing slots now."""
