@@ -92,7 +92,7 @@ def test_a_loopback_link_is_a_device_tier_below_the_pool() -> None:
     engine.close()
 
 
-def test_link_to_refuses_another_key_or_an_engine_without_landing_slots() -> None:
+def test_bad_link_arguments_are_refused_naming_the_field() -> None:
     decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(b"a" * 32)))
     with pytest.raises(ConfigError, match="hash_key"):
         link_to(decode, b"b" * 32)
@@ -101,6 +101,16 @@ def test_link_to_refuses_another_key_or_an_engine_without_landing_slots() -> Non
         link_to(plain, b"a" * 32)
     with pytest.raises(ConfigError, match="hash_key"):
         link_receiver(b"")
+    from deepinfer_kit.disagg.device_link import link_sender
+
+    for bad, match in ((lambda: link_receiver(b"a", landing_slots=0), "landing_slots"),
+                       (lambda: link_receiver(b"a", timeout_s=float("nan")), "timeout_s"),
+                       (lambda: link_sender(1, b"a", send_slots=True), "send_slots"),  # type: ignore[arg-type]
+                       (lambda: link_sender(-1, b"a"), "peer"),
+                       (lambda: link_sender(1, b"a", send_timeout_s=0), "send_timeout_s"),
+                       (lambda: link_loopback(b"a", landing_slots=-2), "landing_slots")):
+        with pytest.raises(ConfigError, match=match):
+            bad()
     decode.close()
     plain.close()
 

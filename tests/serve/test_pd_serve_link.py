@@ -60,3 +60,16 @@ def test_servers_over_a_device_link_give_one_servers_tokens() -> None:
             proc.terminate()
         for proc in procs:
             proc.wait(30)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--kv-link", "127.0.0.1:1"], "--kv-link needs --kv-role"),
+    (["--kv-role", "decode", "--kv-link", "127.0.0.1:1", "--kv-tiers", '{"host_blocks": 4}'], "without --kv-tiers"),
+    (["--kv-role", "decode", "--kv-link", "no-port"], "HOST:PORT"),
+])
+def test_a_bad_kv_link_is_refused_before_any_connection(argv: list[str], said: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from deepinfer_kit.cli import main
+
+    assert main(["serve", "--model", "tiny", *argv]) == 2
+    assert said in capsys.readouterr().err

@@ -25,6 +25,7 @@ from deepinfer_kit.disagg.link_sender import LinkSender, LoopbackSender
 from deepinfer_kit.disagg.link_worker import DeviceSlotWorker
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
+from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import CapacityError, ConfigError
 
 __all__ = ["link_sender", "link_receiver", "link_to", "link_loopback", "link_connector", "receive_into",
@@ -46,17 +47,20 @@ def _fingerprint(ctx: BuildContext, pool: KVStorage) -> bytes:
 
 
 def _send_slots(pool: KVStorage, n: int) -> torch.Tensor:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise CapacityError(f"send_slots must be an int >= 1, got {n!r}")
     try:
         return torch.zeros((n, *pool.block_shape), dtype=pool.dtype, device=pool.device)
     except (RuntimeError, MemoryError) as exc:
         raise CapacityError(f"send_slots={n} blocks do not fit on {pool.device}: {exc}") from exc
 
 
-def _check_key(hash_key: bytes) -> None:
+def _check(hash_key: bytes, *, timeouts: dict[str, float | None] | None = None, **slots: int) -> None:
+    """Refuse bad arguments at the call, naming the field and value."""
     if not isinstance(hash_key, bytes) or not 1 <= len(hash_key) <= 64:
         raise ConfigError(f"a device link needs hash_key: 1..64 bytes both sides share, got {hash_key!r}")
+    require_ints_at_least(1, **slots)
+    for name, value in (timeouts or {}).items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigError(f"{name} must be a number > 0, got {value!r}")
 
 
 def link_sender(peer: int, hash_key: bytes, *, group: Any = None, data_group: Any = None, send_slots: int = 64,
@@ -66,15 +70,16 @@ def link_sender(peer: int, hash_key: bytes, *, group: Any = None, data_group: An
     bytes over ``data_group`` (NCCL: straight from this GPU's send slots to the peer's
     GPU) or, without one, over ``group`` (gloo, from host memory). ``send_slots``: device
     blocks a send may wait in. ``send_timeout_s``: a send not out by then breaks the link
-    (every later block is reported not sent: the decode side computes it). Hand requests over with
-    :func:`~deepinfer_kit.disagg.link.send_request` on the connector's sender after
-    ``push_kv_down`` (their blocks are then across).
+    (every later block is reported not sent: the decode side computes it). Hand requests
+    over with :func:`~deepinfer_kit.disagg.link.send_request` on the connector's sender
+    after ``push_kv_down`` (their blocks are then across).
 
-    Raises (at build):
-        ConfigError: no shared ``hash_key``.
-        CapacityError: the send slots do not fit on the device.
+    Raises:
+        ConfigError: no shared ``hash_key``, a bad slot count, timeout or ``peer``.
+        CapacityError: (at build) the send slots do not fit on the device.
     """
-    _check_key(hash_key)
+    _check(hash_key, send_slots=send_slots, timeouts={"send_timeout_s": send_timeout_s})
+    require_ints_at_least(0, peer=peer)
 
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)
@@ -92,11 +97,11 @@ def link_receiver(hash_key: bytes, *, landing_slots: int = 256, timeout_s: float
     their prompt blocks from ``landing_slots`` device blocks the link fills
     (:func:`receive_into`), waiting up to ``timeout_s`` for each they were told of.
 
-    Raises (at build):
-        ConfigError: no shared ``hash_key``.
-        CapacityError: the landing slots do not fit on the device.
+    Raises:
+        ConfigError: no shared ``hash_key``, a bad slot count or timeout.
+        CapacityError: (at build) the landing slots do not fit on the device.
     """
-    _check_key(hash_key)
+    _check(hash_key, landing_slots=landing_slots, timeouts={"timeout_s": timeout_s})
 
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)
@@ -112,10 +117,11 @@ def link_to(decode: Engine, hash_key: bytes, *, send_slots: int = 64, send_all: 
     :func:`link_receiver` and the same ``hash_key``): blocks go straight into its landing
     slots, device to device (another GPU of this host: a peer copy).
 
-    Raises (at build):
-        ConfigError: ``decode`` has no landing slots, or its blocks mean something else
-            (another model, shape or dtype).
+    Raises:
+        ConfigError: ``decode`` has no landing slots or another key, a bad slot count;
+            (at build) its blocks mean something else (another model, shape or dtype).
     """
+    _check(hash_key, send_slots=send_slots)
     landing = link_connector(decode).landing
     if landing is None:
         raise ConfigError("link_to needs a decode engine built with link_receiver(...)")
@@ -138,8 +144,12 @@ def link_loopback(hash_key: bytes, *, send_slots: int = 64, landing_slots: int =
                   send_all: bool = True) -> Factory[Pair]:
     """Both ends over one pool in one process: published prompt blocks go, device to
     device, into landing slots the same engine loads from (a device-resident tier below
-    the pool; the conformance suite's round trip)."""
-    _check_key(hash_key)
+    the pool; the conformance suite's round trip).
+
+    Raises:
+        ConfigError: no ``hash_key``, a bad slot count.
+    """
+    _check(hash_key, send_slots=send_slots, landing_slots=landing_slots)
 
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)

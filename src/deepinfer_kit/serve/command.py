@@ -104,6 +104,9 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
         if args.kv_role is None:
             raise ConfigError("--kv-link needs --kv-role prefill or decode")
+        if config.kv_tiers is not None:
+            raise ConfigError("--kv-link moves the KV itself: give it without --kv-tiers (a pair shares a folder "
+                              "or a link, not both)")
         link = ServeLink.connect(args.kv_link, args.kv_role, config.device)
         components = link.components(components)
     try:
