@@ -151,3 +151,22 @@ def test_a_receiver_that_ends_stops_the_decode_side_waiting_for_blocks() -> None
     assert link_connector(decode).stats.late_reads == (len(_PROMPTS[0]) - 1) // 8
     decode.check_idle()
     decode.close()
+
+
+def test_sends_still_queued_are_no_leak_and_go_at_the_push() -> None:
+    from deepinfer_kit.disagg import push_kv_down
+
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(b"q" * 32)))
+    prefill = build_engine(_CFG, components=Components(kv_connector=link_to(decode, b"q" * 32, send_slots=32)))
+    prefill.add_request("0", _PROMPTS[0], SamplingParams(max_tokens=1), kv={"save_prompt": True})
+    prefill.run()
+    link = link_connector(prefill)
+    usable = (len(_PROMPTS[0]) - 1) // 8
+    assert link.stats.saved_host == 0  # queued for the next round's plan
+    prefill.check_idle()  # a queued send holds a send slot, no request's block
+    push_kv_down(prefill)
+    assert link.stats.saved_host == usable and link_connector(decode).landing.received == usable  # type: ignore[union-attr]
+    prefill.check_idle()
+    decode.check_idle()
+    prefill.close()
+    decode.close()
