@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.tiers.disk_store import layout_fingerprint
 from deepinfer_kit.cache.tiers.manager import tiered
@@ -25,7 +26,6 @@ from deepinfer_kit.disagg.link_sender import LinkSender, LoopbackSender
 from deepinfer_kit.disagg.link_worker import DeviceSlotWorker
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
-from deepinfer_kit._validators import require_ints_at_least
 from deepinfer_kit.errors import CapacityError, ConfigError
 
 __all__ = ["link_sender", "link_receiver", "link_to", "link_loopback", "link_connector", "receive_into",
