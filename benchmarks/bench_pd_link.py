@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from deepinfer_kit.disagg import engine as disagg_engine
-from deepinfer_kit.disagg.device_link import build_device_disaggregated
+from deepinfer_kit.disagg import build_device_disaggregated
 from deepinfer_kit.disagg.engine import DisaggregatedEngine, build_disaggregated
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from deepinfer_kit.components import Components
-from deepinfer_kit.disagg.device_link import (build_device_disaggregated, link_connector, link_loopback,
-                                              link_receiver, link_to)
+from deepinfer_kit.disagg import build_device_disaggregated
+from deepinfer_kit.disagg.device_link import link_connector, link_loopback, link_receiver, link_to
 from deepinfer_kit.engine.build import build_engine
 from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.errors import ConfigError

@@ -242,7 +242,8 @@ def test_a_device_linked_pair_moves_every_layer_with_its_windows(narrow: tuple[P
     engine's landing slots hold every layer of a block (the sliding layers from their
     groups' window blocks); the decode side loads each prompt with its windows, no replay,
     transformers' tokens."""
-    from deepinfer_kit.disagg.device_link import build_device_disaggregated, link_connector
+    from deepinfer_kit.disagg import build_device_disaggregated
+    from deepinfer_kit.disagg.device_link import link_connector
     from deepinfer_kit.engine.config import EngineConfig
 
     folder, _ = narrow

@@ -6,7 +6,6 @@ in one process."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -17,19 +16,16 @@ from deepinfer_kit.cache.hybrid_kv import KVStorage
 from deepinfer_kit.cache.tiers.disk_store import layout_fingerprint
 from deepinfer_kit.cache.tiers.manager import tiered
 from deepinfer_kit.cache.tiers.protocols import KVConnectorScheduler, KVConnectorWorker
-from deepinfer_kit.components import BuildContext, Components, Factory
-from deepinfer_kit.disagg.engine import DisaggregatedEngine
+from deepinfer_kit.components import BuildContext, Factory
 from deepinfer_kit.disagg.landing import LandingSlots
 from deepinfer_kit.disagg.link import KVLinkReceiver
 from deepinfer_kit.disagg.link_connector import DeviceLinkConnector
 from deepinfer_kit.disagg.link_sender import LinkSender, LoopbackSender
 from deepinfer_kit.disagg.link_worker import DeviceSlotWorker
-from deepinfer_kit.engine.config import EngineConfig
 from deepinfer_kit.engine.engine import Engine
 from deepinfer_kit.errors import CapacityError, ConfigError
 
-__all__ = ["link_sender", "link_receiver", "link_to", "link_loopback", "link_connector", "receive_into",
-           "build_device_disaggregated"]
+__all__ = ["link_sender", "link_receiver", "link_to", "link_loopback", "link_connector", "receive_into"]
 
 Pair = tuple[KVConnectorScheduler, KVConnectorWorker]
 
@@ -189,30 +185,3 @@ def receive_into(engine: Engine, on_request: Callable[[str, list[int], Any], Non
     if landing is None:
         raise ConfigError("receive_into needs an engine built with link_receiver(...): it has no landing slots")
     return KVLinkReceiver(landing, on_request, peer, group, data_group=data_group, device=landing.slab.device)
-
-
-def build_device_disaggregated(config: EngineConfig, *, send_slots: int = 64, landing_slots: int = 256,
-                               timeout_s: float = 5.0, prefill: dict[str, Any] | None = None,
-                               decode: dict[str, Any] | None = None) -> DisaggregatedEngine:
-    """A prefill engine and a decode engine of ``config`` in this process whose KV moves
-    device to device (:func:`link_to`; ``prefill`` / ``decode``: field overrides per side,
-    e.g. ``{"device": "cuda:1"}`` for a decode engine on another GPU), under one fresh
-    hash key. No file and no host copy: the prefill engine copies each prompt block into
-    a send slot, then into the decode engine's landing slots.
-
-    Raises:
-        ConfigError: as :func:`build_engine`.
-    """
-    from deepinfer_kit.engine.build import build_engine
-
-    key = secrets.token_bytes(32)
-    d = build_engine(config, components=Components(kv_connector=link_receiver(key, landing_slots=landing_slots,
-                                                                                timeout_s=timeout_s)),
-                     **(decode or {}))
-    try:
-        p = build_engine(config, components=Components(kv_connector=link_to(d, key, send_slots=send_slots)),
-                         **(prefill or {}))
-    except BaseException:
-        d.close()
-        raise
-    return DisaggregatedEngine(p, d)
