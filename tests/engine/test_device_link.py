@@ -5,6 +5,7 @@ tokens are one engine's, every full prompt block loaded; faults end in recompute
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -36,8 +37,15 @@ def _reference() -> dict[str, list[int]]:
     return out
 
 
-def test_a_device_linked_pair_gives_one_engines_tokens_loading_every_prompt_block() -> None:
-    pair = build_device_disaggregated(_CFG, send_slots=32, landing_slots=128)
+@pytest.mark.parametrize("sides", [
+    pytest.param({}, id="plain"),
+    pytest.param({"overlap": True}, id="overlap"),
+    pytest.param({"max_num_batched_tokens": 24}, id="chunked-prefill"),  # prompts published across rounds
+    pytest.param({"speculative": {"drafter": "ngram", "num_draft": 3}}, id="speculative"),
+    pytest.param({"scheduler": "static"}, id="static"),
+])
+def test_a_device_linked_pair_gives_one_engines_tokens_loading_every_prompt_block(sides: dict[str, Any]) -> None:
+    pair = build_device_disaggregated(_CFG, send_slots=32, landing_slots=128, prefill=sides, decode=sides)
     for i, p in enumerate(_PROMPTS):
         pair.add_request(str(i), p, _params(i))
     outputs = pair.run()
