@@ -178,3 +178,21 @@ def test_sends_still_queued_are_no_leak_and_go_at_the_push() -> None:
     decode.check_idle()
     prefill.close()
     decode.close()
+
+
+def test_blocks_told_of_on_another_link_are_not_waited_for() -> None:
+    from deepinfer_kit.disagg.link_connector import link_id
+
+    key = b"m" * 32
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(key, timeout_s=300.0)))
+    link = link_connector(decode)
+    assert link.link_id == link_id(key) != link_id(b"n" * 32)
+    decode.add_request("0", _PROMPTS[0], _params(0),
+                       kv={"load_remote": True, "remote_blocks": 3, "remote_link": link_id(b"n" * 32)})
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in decode.run()}
+    assert got == {"0": _reference()["0"]}
+    assert link.foreign == 1 and link.landing.waits == 0 and link.stats.late_reads == 0  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="remote_link"):
+        decode.add_request("1", _PROMPTS[1], _params(1), kv={"load_remote": True, "remote_link": "XYZ"})
+    decode.check_idle()
+    decode.close()

@@ -236,6 +236,10 @@ def test_the_decode_server_is_told_what_the_prefill_server_wrote() -> None:
     assert _decode_kv(httpx.Response(200, json={"kv_transfer_params": {"remote_blocks": True}})) == {"load_remote": True}
     assert _decode_kv(httpx.Response(200, content=b"not json")) == {"load_remote": True}
     assert _decode_kv(None) == {"load_remote": False}
+    linked = httpx.Response(200, json={"kv_transfer_params": {"remote_blocks": 2, "remote_link": "0f" * 8}})
+    assert _decode_kv(linked) == {"load_remote": True, "remote_blocks": 2, "remote_link": "0f" * 8}
+    odd = httpx.Response(200, json={"kv_transfer_params": {"remote_blocks": 2, "remote_link": "not hex"}})
+    assert _decode_kv(odd) == {"load_remote": True, "remote_blocks": 2}
 
 
 def _command(*args: str) -> Any:

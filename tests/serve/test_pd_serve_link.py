@@ -55,6 +55,8 @@ def test_servers_over_a_device_link_give_one_servers_tokens() -> None:
                             timeout=60).json()
         assert direct["usage"]["completion_tokens"] == 1
         assert direct["kv_transfer_params"]["remote_blocks"] == (len(PROMPTS[3]) - 1) // 8
+        link = direct["kv_transfer_params"]["remote_link"]  # the proxy forwards it; the decode server checks it
+        assert isinstance(link, str) and len(link) == 16
     finally:
         for proc in procs:
             proc.terminate()

@@ -4,6 +4,7 @@ device; the blocks never pass through host memory when the link runs over NCCL."
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -17,9 +18,15 @@ from deepinfer_kit.disagg.link_sender import BlockSender
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request
 
-__all__ = ["DeviceLinkConnector"]
+__all__ = ["DeviceLinkConnector", "link_id"]
 
 _SENT_MEMORY = 1 << 16  # keys remembered as sent (keys_down)
+
+
+def link_id(hash_key: bytes) -> str:
+    """The name both ends of a link give it: 16 hex digits derived from the hash key they
+    share (says nothing about the key). Pure."""
+    return hashlib.blake2b(hash_key, digest_size=8, person=b"kv-link").hexdigest()
 
 
 class DeviceLinkConnector:
@@ -40,7 +47,9 @@ class DeviceLinkConnector:
       device-to-device copy before the round's forward. A request with
       ``load_remote`` waits at its first admission attempt, up to ``timeout_s`` after
       its arrival, for the blocks it was told of (``remote_blocks``; every prompt block
-      when unset); one still missing then is recomputed (``stats.late_reads``).
+      when unset); one still missing then is recomputed (``stats.late_reads``). A
+      request told of blocks sent on another link (``remote_link`` not this
+      :attr:`link_id`) waits for none (``foreign`` counts them).
 
     ``keys_pending`` / ``keys_down`` let the prefill side answer once a prompt is
     across (``TieredKVCacheManager.settled_saves``); ``drain`` waits for the sends.
@@ -67,6 +76,8 @@ class DeviceLinkConnector:
             raise InvariantError("a device link's sending half needs both a sender and send slots")
         self.block_size = block_size
         self.hash_key = hash_key
+        self.link_id = link_id(hash_key)
+        self.foreign = 0  # load_remote requests told of blocks sent on another link (none waited for)
         self.sender = sender
         self.send_slots = send_slots
         self.landing = landing
@@ -172,6 +183,9 @@ class DeviceLinkConnector:
         """A ``load_remote`` request starts its wait for the blocks it was told of."""
         kv = request.kv_params
         if self.landing is not None and kv is not None and kv.load_remote:
+            if kv.remote_link is not None and kv.remote_link != self.link_id:
+                self.foreign += 1  # sent elsewhere: nothing will land here for it
+                return
             told = len(keys) if kv.remote_blocks is None else min(len(keys), kv.remote_blocks)
             self._expect[request.request_id] = (time.monotonic() + self.timeout_s, told)
 

@@ -71,7 +71,8 @@ class PromptSaves:
     prompt's blocks down (``TieredKVCacheManager.settled_saves``): a prefill server
     answers only when the decode server can read the whole prompt, and says how much of
     it (``RequestOutput.kv_transfer_params = {"remote_blocks": n}``, for the decode side's
-    ``KVRequestParams.remote_blocks``: it waits for no block that will not come). Driven by the engine's
+    ``KVRequestParams.remote_blocks``: it waits for no block that will not come; over a
+    device link also ``"remote_link"``, the link's id). Driven by the engine's
     thread (``AsyncLLM``): :meth:`watch` after queueing, :meth:`hold` on each output,
     :meth:`release` after each round; with the engine idle, :meth:`release` pushes the
     tiers' queued copies and disk writes (``push_kv_down``), so nothing is held past an
@@ -114,6 +115,9 @@ class PromptSaves:
             if down is not None:
                 del self._held[rid]
                 out.kv_transfer_params = {"remote_blocks": down}
+                link = getattr(cache.connector, "link_id", None)
+                if isinstance(link, str):  # over a device link: which one
+                    out.kv_transfer_params["remote_link"] = link
                 dispatch(out)
 
     @property

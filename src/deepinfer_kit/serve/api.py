@@ -206,7 +206,11 @@ def build_app(llm: AsyncLLM, *, model_name: str, chat_template: str | None = Non
             answer = {**envelope(kind, model_name, rid), "choices": choices, "usage": usage(outs)}
             kv = [o.kv_transfer_params for o in outs]
             if kv and all(k is not None for k in kv):  # a prefill server's: how much of the prompts is down
-                answer["kv_transfer_params"] = {"remote_blocks": min(int(k["remote_blocks"]) for k in kv if k)}
+                said: dict[str, Any] = {"remote_blocks": min(int(k["remote_blocks"]) for k in kv if k)}
+                links = {k.get("remote_link") for k in kv if k}
+                if len(links) == 1 and None not in links:
+                    said["remote_link"] = links.pop()
+                answer["kv_transfer_params"] = said
             return JSONResponse(answer)
 
         async def events() -> AsyncIterator[str]:

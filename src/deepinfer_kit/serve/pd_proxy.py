@@ -66,18 +66,23 @@ def _prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def _decode_kv(prefill: httpx.Response | None) -> dict[str, Any]:
     """The decode server's ``kv_transfer_params``: load what the prefill server says it
-    wrote (its answer's ``remote_blocks``; all prompt blocks when it does not say), or
-    nothing when it failed."""
+    wrote (its answer's ``remote_blocks``; all prompt blocks when it does not say; over a
+    device link, its ``remote_link``), or nothing when it failed."""
     if prefill is None:
         return {"load_remote": False}
     try:
         said = prefill.json().get("kv_transfer_params")
     except (ValueError, AttributeError):
         said = None
-    blocks = said.get("remote_blocks") if isinstance(said, dict) else None
+    if not isinstance(said, dict):
+        return {"load_remote": True}
+    out: dict[str, Any] = {"load_remote": True}
+    blocks, link = said.get("remote_blocks"), said.get("remote_link")
     if isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 0:
-        return {"load_remote": True, "remote_blocks": blocks}
-    return {"load_remote": True}
+        out["remote_blocks"] = blocks
+    if isinstance(link, str) and 0 < len(link) <= 64 and all(c in "0123456789abcdef" for c in link):
+        out["remote_link"] = link  # the decode server waits only when it is on that link
+    return out
 
 
 def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s: float = 600.0,

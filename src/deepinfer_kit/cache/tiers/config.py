@@ -123,6 +123,13 @@ class TierConfig:
         return config_from(cls, value, "kv_tiers")
 
 
+def _link_id(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A link id: 1..64 hex digits."""
+    ok = isinstance(value, str) and 0 < len(value) <= 64 and all(c in "0123456789abcdef" for c in value)
+    if not ok:
+        raise ConfigError(f"{attribute.name} must be 1..64 lowercase hex digits, got {value!r}")
+
+
 @attrs.frozen(slots=True)
 class KVRequestParams:
     """What one request does with the KV tiers (``Engine.add_request(kv=...)``).
@@ -140,12 +147,17 @@ class KVRequestParams:
         remote_blocks: with ``load_remote``, how many leading prompt blocks the other
             engine wrote (its answer's ``kv_transfer_params``): only those are waited
             for, the rest computed at once. ``None``: wait for every prompt block.
+        remote_link: with ``load_remote`` over a device link, the link the blocks were
+            sent on (a prefill server's answer names it): an engine on another link
+            waits for none of them (a proxy that paired servers not linked costs a
+            recompute, not a stall). ``None``: not said. Ignored by the disk tiers.
     """
 
     write: bool = attrs.field(default=True, validator=_flag)
     save_prompt: bool = attrs.field(default=False, validator=_flag)
     load_remote: bool = attrs.field(default=False, validator=_flag)
     remote_blocks: int | None = attrs.field(default=None, validator=attrs.validators.optional(int_at_least(0)))
+    remote_link: str | None = attrs.field(default=None, validator=attrs.validators.optional(_link_id))
 
     def __attrs_post_init__(self) -> None:
         if self.save_prompt and not self.write:
