@@ -96,3 +96,19 @@ def test_a_waiting_reader_wakes_when_its_block_lands() -> None:
     reader.join(30)
     assert got == [1]
     assert landing.ready([b"y"], 1, 0.0) == 0  # a deadline passed: no wait
+
+
+def test_a_message_of_several_blocks_lands_in_one_copy_keeping_each_key_once() -> None:
+    landing, kv = _landing(3)
+    block = torch.ones(kv.block_shape)
+    landing.put(b"a", block)
+    rows = torch.stack([2 * block, 3 * block, 4 * block, 5 * block]).view(torch.uint8).reshape(4, -1)
+    landing.pin([b"a"])
+    landing.put_many([b"a", b"b", b"b", b"c"], rows)  # "a" is here, "b" twice: the first kept
+    assert landing.received == 3 and landing.ready([b"a", b"b", b"c"]) == 3
+    slots = landing.pin([b"a", b"b", b"c"])
+    assert [float(landing.slab[s].flatten()[0]) for s in slots] == [1.0, 3.0, 5.0]
+    landing.put_many([b"d"], rows[:1])  # every slot pinned: dropped
+    assert landing.dropped == 1 and landing.ready([b"d"]) == 0
+    with pytest.raises(InvariantError, match="bytes"):
+        landing.put_many([b"e", b"f"], rows[:2, :8])

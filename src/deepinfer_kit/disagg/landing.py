@@ -68,48 +68,70 @@ class LandingSlots:
 
     def put(self, key: bytes, payload: torch.Tensor) -> None:
         """Receive ``key``'s bytes (``payload``: the block, or its bytes flat as uint8, on
-        any device). Called on the link's receiving thread; blocks only for the copy.
+        any device): :meth:`put_many` of one.
 
         Raises:
             InvariantError: ``payload`` is not one block's bytes.
         """
-        dest = self.slab[0].view(torch.uint8).reshape(-1)
-        body = payload.contiguous().view(torch.uint8).reshape(-1)
-        if body.numel() != dest.numel():
-            raise InvariantError(f"a received block of {body.numel()} bytes; a slot holds {dest.numel()}")
+        self.put_many([key], payload.contiguous().view(torch.uint8).reshape(1, -1))
+
+    def put_many(self, keys: Sequence[bytes], payload: torch.Tensor) -> None:
+        """Receive the blocks ``keys`` (``payload``: ``[len(keys), block bytes]`` uint8, on
+        any device, in that order) with one copy (on CUDA, one synchronisation). Called on
+        the link's receiving thread; blocks only for the copy. A key here already is kept
+        (its first bytes); one that finds every slot pinned is dropped.
+
+        Raises:
+            InvariantError: ``payload`` is not ``len(keys)`` blocks' bytes.
+        """
+        per = self.slab[0].numel() * self.slab.element_size()
+        rows = payload.contiguous().view(torch.uint8).reshape(len(keys), -1) if keys else payload
+        if not keys or rows.shape[1] != per:
+            if keys:
+                raise InvariantError(f"received blocks of {rows.shape[1]} bytes; a slot holds {per}")
+            return
+        taken: list[tuple[int, int, bytes]] = []  # (row, slot, key)
         with self._cv:
-            if key in self._ready:
-                self._ready.move_to_end(key)
-                return
-            slot = self._claim()
-            if slot is None:
-                self.dropped += 1
-                return  # the slot claimed is in neither the free list nor the ready map while it lands
+            for row, key in enumerate(keys):
+                if key in self._ready or any(k == key for _, _, k in taken):
+                    if key in self._ready:
+                        self._ready.move_to_end(key)
+                    continue
+                slot = self._claim()  # in neither the free list nor the ready map while it lands
+                if slot is None:
+                    self.dropped += 1
+                    continue
+                taken.append((row, slot, key))
+        if not taken:
+            return
         try:
-            self._copy(slot, body)
+            self._copy([s for _, s, _ in taken], rows, [r for r, _, _ in taken])
         except BaseException:
             with self._cv:
-                self._free.append(slot)
+                self._free.extend(s for _, s, _ in taken)
             raise
         with self._cv:
-            self._ready[key] = slot
-            self._stored.append(key)
-            self.received += 1
+            for _, slot, key in taken:
+                self._ready[key] = slot
+                self._stored.append(key)
+            self.received += len(taken)
             self._cv.notify_all()
 
-    def _copy(self, slot: int, body: torch.Tensor) -> None:
-        """Copy ``body`` into ``slot`` and return when it is there: on CUDA on a stream of
-        the slots' own (the runner's forward never waits for it), synchronised; a peer copy
-        from another GPU also waits for that GPU's side."""
-        dest = self.slab[slot].view(torch.uint8).reshape(-1)
+    def _copy(self, slots: list[int], rows: torch.Tensor, picked: list[int]) -> None:
+        """Copy ``rows[picked]`` into ``slots`` and return when they are there: on CUDA on
+        a stream of the slots' own (the runner's forward never waits for it), synchronised;
+        a peer copy from another GPU also waits for that GPU's side."""
+        flat = self.slab.view(self.num_slots, -1).view(torch.uint8)
+        src = rows if len(picked) == rows.shape[0] else rows[picked]
+        index = torch.tensor(slots, dtype=torch.int64, device=self.slab.device)
         if self._stream is None:
-            dest.copy_(body)
+            flat.index_copy_(0, index, src.to(self.slab.device))
             return
         with torch.cuda.stream(self._stream):
-            dest.copy_(body)
+            flat.index_copy_(0, index, src.to(self.slab.device, non_blocking=False))
         self._stream.synchronize()
-        if body.device.type == "cuda" and body.device != self.slab.device:
-            torch.cuda.current_stream(body.device).synchronize()
+        if rows.device.type == "cuda" and rows.device != self.slab.device:
+            torch.cuda.current_stream(rows.device).synchronize()
 
     def _claim(self) -> int | None:
         """A slot for a new block (under the lock): a free one, else the least recent

@@ -197,8 +197,13 @@ class KVLinkReceiver:
             self.rejected += count
             return
         keys, size = head[16:], (len(head) - 16) // count
-        for i, chunk in enumerate(body.view(count, -1)):
-            self.store.put(keys[i * size:(i + 1) * size], chunk)
+        names = [keys[i * size:(i + 1) * size] for i in range(count)]
+        many = getattr(self.store, "put_many", None)  # landing slots: one copy for the message
+        if many is not None:
+            many(names, body.view(count, -1))
+            return
+        for name, chunk in zip(names, body.view(count, -1)):
+            self.store.put(name, chunk)
 
     def _loop(self) -> None:
         try:
