@@ -30,9 +30,10 @@ class ServeLink:
 
     :meth:`connect` joins a two-rank ``torch.distributed`` group at ``address`` (the
     prefill server rank 0, the decode server rank 1; each waits for the other up to
-    ``connect_timeout_s``), with the block bytes on an NCCL group when the engine runs on
-    CUDA and on the gloo group otherwise; the prefill server draws the hash key the
-    block identities share and sends it over. :meth:`components` adds the link's
+    ``connect_timeout_s``), with the block bytes on an NCCL group when both engines run
+    on CUDA and on the gloo group otherwise (a GPU side then sends from host memory);
+    the prefill server draws the hash key the block identities share and sends it over.
+    A link does not reconnect: a server that restarts needs its peer restarted too. :meth:`components` adds the link's
     connector to the engine's components, :meth:`start` starts the decode server's
     receiver once its engine is built, :meth:`close` ends the channel (the prefill side
     tells the decode side nothing more comes) after the engine closed.
@@ -75,8 +76,11 @@ class ServeLink:
         key = torch.frombuffer(bytearray(secrets.token_bytes(32)), dtype=torch.uint8) if rank == 0 \
             else torch.empty(32, dtype=torch.uint8)
         dist.broadcast(key, 0)
+        cuda = torch.device(device).type == "cuda"
+        sides = [torch.zeros(1, dtype=torch.int64) for _ in range(2)]
+        dist.all_gather(sides, torch.tensor([int(cuda)]))
         data = None
-        if torch.device(device).type == "cuda":
+        if all(int(t) for t in sides):  # both on GPUs: the bytes go GPU to GPU
             torch.cuda.set_device(torch.device(device))
             data = dist.new_group(backend="nccl")
         for_idle = dist.new_group(backend="gloo", timeout=_IDLE)  # headers: a wait between requests is no failure
