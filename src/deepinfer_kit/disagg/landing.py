@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from deepinfer_kit.cache.hybrid_kv import KVStorage
-from deepinfer_kit.errors import CapacityError, InvariantError
+from deepinfer_kit.errors import CapacityError, ConfigError, InvariantError
 
 __all__ = ["LandingSlots"]
 
@@ -36,12 +36,13 @@ class LandingSlots:
             with another.
 
     Raises:
-        CapacityError: the device cannot hold the slots (names the bytes).
+        ConfigError: ``num_slots`` not an int >= 1.
+        CapacityError: the device cannot hold the slots (names their count and shape).
     """
 
     def __init__(self, kv: KVStorage, num_slots: int, fingerprint: bytes) -> None:
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-            raise CapacityError(f"landing slots must be an int >= 1, got num_slots={num_slots!r}")
+            raise ConfigError(f"landing slots must be an int >= 1, got num_slots={num_slots!r}")
         shape = (num_slots, *kv.block_shape)
         try:
             self.slab = torch.zeros(shape, dtype=kv.dtype, device=kv.device)
@@ -52,8 +53,8 @@ class LandingSlots:
         self._cv = threading.Condition()
         self._ready: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, least recent first
         self._free = list(range(num_slots - 1, -1, -1))
-        self._pins: dict[int, int] = {}  # slot -> loads (or a receive) holding it
-        self._stored: list[bytes] = []  # keys received since take_stored
+        self._pins: dict[int, int] = {}  # slot -> loads holding it
+        self._stored: list[bytes] = []  # keys received since take_changes
         self._removed: list[bytes] = []
         self.received = 0
         self.closed = False

@@ -1,5 +1,7 @@
 """KVLink: prefill -> decode across processes or hosts over torch.distributed — the KV
-blocks a prefill engine saves, then the requests they belong to, on one ordered channel."""
+blocks a prefill engine saves, then the requests they belong to, on one ordered channel:
+the message format and the receiving thread (both links use them: the disk tier's
+:class:`PushStore` here, the device link's sender in :mod:`~deepinfer_kit.disagg.link_sender`)."""
 
 from __future__ import annotations
 

@@ -56,8 +56,9 @@ class LinkSender:
 
     A send that raises, or is not out within ``timeout_s`` (a peer that stopped
     receiving), fails; so does every later one (``error`` holds the first failure: the
-    channel is broken and the peer recomputes what never came). So the prefill side never
-    waits on a stuck decode side for longer than that.
+    channel is broken and the peer recomputes what never came). So a stuck decode side holds
+    the prefill side up for a bounded time (each of a message's three parts has the
+    timeout), never for good.
     """
 
     def __init__(self, fingerprint: bytes, peer: int, group: Any = None, *, data_group: Any = None,
