@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deepinfer_kit.cache.kv_cache import PagedKVCache
-from deepinfer_kit.cache.tiers.records import TransferPlan
+from deepinfer_kit.cache.tiers.records import TransferOutput, TransferPlan
 from deepinfer_kit.disagg.landing import LandingSlots
 from deepinfer_kit.disagg.link_connector import DeviceLinkConnector
 from deepinfer_kit.disagg.link_sender import LoopbackSender
@@ -112,3 +112,19 @@ def test_a_message_of_several_blocks_lands_in_one_copy_keeping_each_key_once() -
     assert landing.dropped == 1 and landing.ready([b"d"]) == 0
     with pytest.raises(InvariantError, match="bytes"):
         landing.put_many([b"e", b"f"], rows[:2, :8])
+
+
+def test_a_block_that_cannot_be_sent_again_is_no_longer_told_of() -> None:
+    from deepinfer_kit.request import Request
+
+    kv = PagedKVCache(2, 8, 4, 1, 4, impl="ref")
+    connector, _ = _loopback(kv, "")
+    req = Request("r", list(range(13)), kv_params=None)
+    keys = [b"k0", b"k1", b"k2"]
+    connector.on_published(req, 0, keys, [0, 1, 2])
+    for (_, slot), key in zip(connector.build_transfers(1).saves, keys):
+        assert connector._saving[slot] == key  # noqa: SLF001
+    connector.update_from_output(1, TransferOutput(saved=[s for s, _ in connector._saving.items()]))  # noqa: SLF001
+    assert connector.keys_down(keys) == 3
+    connector.on_device_hit(req, keys[:2], [0, 1], [True, False])  # block 1's window is gone
+    assert connector.keys_down(keys) == 1 and connector.stats.saved_host == 3

@@ -260,3 +260,35 @@ def test_a_device_linked_pair_moves_every_layer_with_its_windows(narrow: tuple[P
     d.prefill.check_idle()
     d.decode.check_idle()
     d.close()
+
+
+def test_a_linked_prefill_engine_resends_its_own_prefix_hits_with_their_windows(narrow: tuple[Path, Any]) -> None:
+    """The second prompt on the prefill engine takes the shared 40-token prefix (10 blocks)
+    from its own cache; the sliding groups still hold those blocks' windows, so the blocks
+    are sent again, every layer (the decode side may no longer hold them), and the decode
+    side is told of every usable block of both prompts."""
+    from deepinfer_kit.components import Components
+    from deepinfer_kit.disagg import push_kv_down as push
+    from deepinfer_kit.disagg.device_link import link_connector, link_receiver, link_to
+
+    folder, _ = narrow
+    key = b"w" * 32
+    decode = build_engine(model=str(folder), **_ENGINE, components=Components(kv_connector=link_receiver(key)))
+    prefill = build_engine(model=str(folder), **_ENGINE,
+                           components=Components(kv_connector=link_to(decode, key, send_slots=32)))
+    manager = prefill.cache.inner  # type: ignore[attr-defined]  # the full group's tiered manager
+    told = []
+    for i in (0, 4):
+        prefill.add_request(str(i), _PROMPTS[i], SamplingParams(max_tokens=1), kv={"save_prompt": True})
+        manager.watch_saves(str(i))
+        prefill.run()
+        push(prefill)
+        told.append(manager.settled_saves(str(i)))
+    usable = [(len(_PROMPTS[i]) - 1) // 4 for i in (0, 4)]
+    assert told == usable
+    assert link_connector(prefill).stats.saved_host == sum(usable)  # the 10 hit blocks went again
+    assert prefill.cache.refused_saves == 0  # type: ignore[attr-defined]
+    prefill.check_idle()
+    decode.check_idle()
+    prefill.close()
+    decode.close()

@@ -110,7 +110,10 @@ class DeviceLinkConnector:
             return
         busy = set(self._saving.values()) | set(self._sending.values())
         for i, (key, block) in enumerate(zip(keys, blocks)):
-            if key in busy or (savable is not None and not savable[i]):
+            if savable is not None and not savable[i]:  # cannot go now: not claimed as down either
+                self._sent.pop(key, None)
+                continue
+            if key in busy:
                 continue
             if not self._free:
                 self._stats.refused += 1
@@ -120,11 +123,14 @@ class DeviceLinkConnector:
             self._saving[slot] = key
             busy.add(key)
 
-    def on_device_hit(self, request: Request, keys: Sequence[bytes], blocks: Sequence[int]) -> None:
+    def on_device_hit(self, request: Request, keys: Sequence[bytes], blocks: Sequence[int],
+                      savable: Sequence[bool] | None = None) -> None:
         """At admission: ``blocks`` (device, published, held by ``request``) hold its
-        leading ``keys`` from the device cache. A sending request sends them too."""
+        leading ``keys`` from the device cache. A sending request sends them too, but for
+        those not ``savable`` (a hybrid cache without their windows), which no longer
+        count as sent: the decode side is told only of blocks that come."""
         if self._sends(request):
-            self._queue_sends(keys, blocks, None)
+            self._queue_sends(keys, blocks, savable)
 
     def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int],
                      savable: Sequence[bool] | None = None) -> None:

@@ -151,9 +151,13 @@ class TieredKVCacheManager(BlockKVCacheManager):
             first = device // self._P
             self._connector.update_state_after_alloc(request, request.block_table[first:first + tier])
         hit = getattr(self._connector, "on_device_hit", None)  # optional (docs/kv_connector.md)
-        if fresh and hit is not None and device >= self._P and self.save_filter is None:
+        if fresh and hit is not None and device >= self._P:
             first = device // self._P
-            hit(request, self._request_keys(request, first)[:first], request.block_table[:first])
+            keys, blocks = self._request_keys(request, first)[:first], request.block_table[:first]
+            if self.save_filter is None:
+                hit(request, keys, blocks)
+            else:  # a hybrid cache: a block whose window is gone cannot be saved now
+                hit(request, keys, blocks, [self.save_filter(b) for b in blocks])
         return copies
 
     def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
