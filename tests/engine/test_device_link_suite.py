@@ -128,3 +128,19 @@ def test_a_block_that_cannot_be_sent_again_is_no_longer_told_of() -> None:
     assert connector.keys_down(keys) == 3
     connector.on_device_hit(req, keys[:2], [0, 1], [True, False])  # block 1's window is gone
     assert connector.keys_down(keys) == 1 and connector.stats.saved_host == 3
+
+
+def test_a_block_refused_a_send_slot_is_no_longer_told_of() -> None:
+    from deepinfer_kit.request import Request
+
+    kv = PagedKVCache(2, 8, 4, 1, 4, impl="ref")
+    landing = LandingSlots(kv, 4, b"f" * 16)
+    connector = DeviceLinkConnector(4, b"k" * 32, sender=LoopbackSender(landing), landing=landing,
+                                    send_slots=torch.zeros((1, *kv.block_shape)), send_all=True)
+    req = Request("r", list(range(13)), kv_params=None)
+    connector.on_published(req, 0, [b"k0"], [0])
+    connector.update_from_output(1, TransferOutput(saved=[s for _, s in connector.build_transfers(1).saves]))
+    assert connector.keys_down([b"k0"]) == 1
+    connector.on_published(req, 1, [b"k1"], [1])  # takes the one send slot
+    connector.on_device_hit(req, [b"k0"], [0])  # k0 again, no slot free: refused
+    assert connector.stats.refused == 1 and connector.keys_down([b"k0"]) == 0

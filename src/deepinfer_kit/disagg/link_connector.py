@@ -107,6 +107,8 @@ class DeviceLinkConnector:
     def _queue_sends(self, keys: Sequence[bytes], blocks: Sequence[int], savable: Sequence[bool] | None) -> None:
         if self.sender is not None and self.sender.broken:  # nothing more gets across: copy nothing
             self._stats.failed_writes += len(keys)
+            for key in keys:
+                self._sent.pop(key, None)
             return
         busy = set(self._saving.values()) | set(self._sending.values())
         for i, (key, block) in enumerate(zip(keys, blocks)):
@@ -117,6 +119,7 @@ class DeviceLinkConnector:
                 continue
             if not self._free:
                 self._stats.refused += 1
+                self._sent.pop(key, None)  # not sent now: an earlier send no longer vouches for it
                 continue
             slot = self._free.pop()
             self._saves.append((block, slot))
