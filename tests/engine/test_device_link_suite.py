@@ -5,6 +5,7 @@ slots' own rules."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 import time
 
 import pytest
@@ -144,3 +145,26 @@ def test_a_block_refused_a_send_slot_is_no_longer_told_of() -> None:
     connector.on_published(req, 1, [b"k1"], [1])  # takes the one send slot
     connector.on_device_hit(req, [b"k0"], [0])  # k0 again, no slot free: refused
     assert connector.stats.refused == 1 and connector.keys_down([b"k0"]) == 0
+
+
+def test_blocks_are_counted_and_pinned_at_once_so_a_block_landing_in_between_cannot_take_them() -> None:
+    from deepinfer_kit.request import Request
+
+    class Busy(LandingSlots):
+        """Another block lands right after every count the lock does not cover: it takes
+        the least recent unpinned slot."""
+
+        def ready(self, keys: Any, wait_for: int = 0, deadline: float | None = None) -> int:
+            n = super().ready(keys, wait_for, deadline)
+            self.put(b"late%d" % self.received, torch.zeros(self.slab.shape[1:]))
+            return n
+
+    kv = PagedKVCache(2, 8, 4, 1, 4, impl="ref")
+    landing = Busy(kv, 2, b"f" * 16)
+    landing.put(b"k0", torch.ones(kv.block_shape))
+    landing.put(b"k1", torch.ones(kv.block_shape))  # full: the next block takes "k0"'s slot
+    connector = DeviceLinkConnector(4, b"k" * 32, landing=landing)
+    req = Request("r", list(range(13)), kv_params=None)
+    assert connector.get_num_new_matched_tokens(req, [b"k0", b"k1"], 0) == 2
+    connector.request_finished(req)
+    landing.check_idle()

@@ -153,22 +153,33 @@ class LandingSlots:
         :meth:`close`-d), waits for more to land (``waits`` counts the calls that did).
         Called on the scheduler's thread."""
         with self._cv:
-            waited = False
-            while True:
-                n = 0
-                for key in keys:
-                    if key not in self._ready:
-                        break
-                    n += 1
-                if n >= min(wait_for, len(keys)) or deadline is None or self.closed:
-                    return n
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return n
-                if not waited:
-                    self.waits += 1
-                    waited = True
-                self._cv.wait(left)
+            return self._count(keys, wait_for, deadline)
+
+    def take(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None) -> list[int]:
+        """:meth:`ready`, and the slots of the keys found, pinned in the same hold of the
+        lock (a block landing meanwhile cannot evict one of them in between), made the most
+        recent. Release them with :meth:`unpin`."""
+        with self._cv:
+            return self._pin(keys[:self._count(keys, wait_for, deadline)])
+
+    def _count(self, keys: Sequence[bytes], wait_for: int, deadline: float | None) -> int:
+        """:meth:`ready` under the lock (waiting releases it)."""
+        waited = False
+        while True:
+            n = 0
+            for key in keys:
+                if key not in self._ready:
+                    break
+                n += 1
+            if n >= min(wait_for, len(keys)) or deadline is None or self.closed:
+                return n
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return n
+            if not waited:
+                self.waits += 1
+                waited = True
+            self._cv.wait(left)
 
     def close(self) -> None:
         """Nothing more will land (the link ended or failed; called by its receiver):
@@ -185,15 +196,19 @@ class LandingSlots:
             InvariantError: a key not here.
         """
         with self._cv:
-            slots = []
-            for key in keys:
-                slot = self._ready.get(key)
-                if slot is None:
-                    raise InvariantError(f"landing key {key.hex()} pinned but not here")
-                self._ready.move_to_end(key)
-                self._pins[slot] = self._pins.get(slot, 0) + 1
-                slots.append(slot)
-            return slots
+            return self._pin(keys)
+
+    def _pin(self, keys: Sequence[bytes]) -> list[int]:
+        """:meth:`pin` under the lock."""
+        slots = []
+        for key in keys:
+            slot = self._ready.get(key)
+            if slot is None:
+                raise InvariantError(f"landing key {key.hex()} pinned but not here")
+            self._ready.move_to_end(key)
+            self._pins[slot] = self._pins.get(slot, 0) + 1
+            slots.append(slot)
+        return slots
 
     def unpin(self, slots: Sequence[int]) -> None:
         """Release one hold of each of ``slots`` (from :meth:`pin`)."""

@@ -205,11 +205,12 @@ class DeviceLinkConnector:
         if self.landing is None:
             return 0
         deadline, told = self._expect.pop(request.request_id, (None, 0))
-        n = self.landing.ready(keys[first:], told - first, deadline)
+        slots = self.landing.take(keys[first:], told - first, deadline)  # counted and pinned at once
+        n = len(slots)
         if deadline is not None and first + n < told:
             self._stats.late_reads += told - first - n
         if n:
-            self._pinned[request.request_id] = self.landing.pin(keys[first:first + n])
+            self._pinned[request.request_id] = slots
         return n
 
     def update_state_after_alloc(self, request: Request, blocks: Sequence[int]) -> None:
