@@ -124,8 +124,8 @@ def test_a_block_that_cannot_be_sent_again_is_no_longer_told_of() -> None:
     keys = [b"k0", b"k1", b"k2"]
     connector.on_published(req, 0, keys, [0, 1, 2])
     for (_, slot), key in zip(connector.build_transfers(1).saves, keys):
-        assert connector._saving[slot] == key  # noqa: SLF001
-    connector.update_from_output(1, TransferOutput(saved=[s for s, _ in connector._saving.items()]))  # noqa: SLF001
+        assert connector.sends._saving[slot] == key  # noqa: SLF001
+    connector.update_from_output(1, TransferOutput(saved=[s for s, _ in connector.sends._saving.items()]))  # noqa: SLF001
     assert connector.keys_down(keys) == 3
     connector.on_device_hit(req, keys[:2], [0, 1], [True, False])  # block 1's window is gone
     assert connector.keys_down(keys) == 1 and connector.stats.saved_host == 3

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -15,13 +14,11 @@ import torch
 from deepinfer_kit.cache.tiers.records import EventLog, KVEvent, TierStats, TransferOutput, TransferPlan
 from deepinfer_kit.disagg.landing import LandingSlots
 from deepinfer_kit.disagg.link_sender import BlockSender
+from deepinfer_kit.disagg.send_ledger import SendLedger
 from deepinfer_kit.errors import InvariantError
 from deepinfer_kit.request import Request
 
 __all__ = ["DeviceLinkConnector", "link_id"]
-
-_SENT_MEMORY = 1 << 16  # keys remembered as sent (keys_down)
-
 
 def link_id(hash_key: bytes) -> str:
     """The name both ends of a link give it: 16 hex digits derived from the hash key they
@@ -85,11 +82,8 @@ class DeviceLinkConnector:
         self.send_all = send_all
         self._stats = TierStats()
         self._events = EventLog()
-        self._free = list(range(int(send_slots.shape[0]) - 1, -1, -1)) if send_slots is not None else []
-        self._saves: list[tuple[int, int]] = []  # (device block, send slot), not yet in a plan
-        self._saving: dict[int, bytes] = {}  # send slot -> key: saved or being saved, not yet sent
-        self._sending: dict[int, bytes] = {}  # send slot -> key: handed to the sender
-        self._sent: OrderedDict[bytes, None] = OrderedDict()
+        self.sends = SendLedger(sender, send_slots, self._stats) if sender is not None and send_slots is not None \
+            else None
         self._expect: dict[str, tuple[float, int]] = {}  # load_remote request -> (deadline, blocks told)
         self._pinned: dict[str, list[int]] = {}  # request -> landing slots counted at its last match
         self._loads: list[tuple[int, int]] = []
@@ -104,87 +98,40 @@ class DeviceLinkConnector:
             return False
         return self.send_all or (kv is not None and kv.save_prompt)
 
-    def _queue_sends(self, keys: Sequence[bytes], blocks: Sequence[int], savable: Sequence[bool] | None) -> None:
-        if self.sender is not None and self.sender.broken:  # nothing more gets across: copy nothing
-            self._stats.failed_writes += len(keys)
-            for key in keys:
-                self._sent.pop(key, None)
-            return
-        busy = set(self._saving.values()) | set(self._sending.values())
-        for i, (key, block) in enumerate(zip(keys, blocks)):
-            if savable is not None and not savable[i]:  # cannot go now: not claimed as down either
-                self._sent.pop(key, None)
-                continue
-            if key in busy:
-                continue
-            if not self._free:
-                self._stats.refused += 1
-                self._sent.pop(key, None)  # not sent now: an earlier send no longer vouches for it
-                continue
-            slot = self._free.pop()
-            self._saves.append((block, slot))
-            self._saving[slot] = key
-            busy.add(key)
-
     def on_device_hit(self, request: Request, keys: Sequence[bytes], blocks: Sequence[int],
                       savable: Sequence[bool] | None = None) -> None:
         """At admission: ``blocks`` (device, published, held by ``request``) hold its
         leading ``keys`` from the device cache. A sending request sends them too, but for
         those not ``savable`` (a hybrid cache without their windows), which no longer
         count as sent: the decode side is told only of blocks that come."""
-        if self._sends(request):
-            self._queue_sends(keys, blocks, savable)
+        if self.sends is not None and self._sends(request):
+            self.sends.queue(keys, blocks, savable)
 
     def on_published(self, request: Request, start: int, keys: Sequence[bytes], blocks: Sequence[int],
                      savable: Sequence[bool] | None = None) -> None:
         """Log the device blocks; a sending request's prompt blocks are queued for sending."""
         self._events.add("stored", "device", keys)
-        if self._sends(request):
+        if self.sends is not None and self._sends(request):
             usable = (request.num_prompt_tokens - 1) // self.block_size  # a reader computes the last token
             prompt = max(0, min(len(keys), usable - start))
-            self._queue_sends(keys[:prompt], blocks[:prompt], savable[:prompt] if savable is not None else None)
+            self.sends.queue(keys[:prompt], blocks[:prompt], savable[:prompt] if savable is not None else None)
 
     def on_evicted(self, keys: Sequence[bytes], blocks: Sequence[int], writable: Sequence[bool]) -> None:
         """Log the device blocks gone (nothing is saved at eviction)."""
         self._events.add("removed", "device", keys)
 
-    def _settle_sends(self) -> None:
-        """Free the send slots of the sends that ended; remember what got across."""
-        if self.sender is None:
-            return
-        for slot, ok in self.sender.finished():
-            key = self._sending.pop(slot)
-            self._free.append(slot)
-            if ok:
-                self._sent[key] = None
-                self._sent.move_to_end(key)
-                if len(self._sent) > _SENT_MEMORY:
-                    self._sent.popitem(last=False)
-                self._stats.saved_host += 1
-            else:
-                self._sent.pop(key, None)
-                self._stats.failed_writes += 1
-
     def keys_pending(self, keys: Sequence[bytes]) -> bool:
         """Any of ``keys`` queued, being copied or being sent."""
-        self._settle_sends()
-        busy = set(self._saving.values()) | set(self._sending.values())
-        return any(k in busy for k in keys)
+        return self.sends is not None and self.sends.pending(keys)
 
     def keys_down(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys``, from the first, were sent."""
-        n = 0
-        for key in keys:
-            if key not in self._sent:
-                break
-            n += 1
-        return n
+        """How many of ``keys``, from the first, were sent (and count as sent still)."""
+        return self.sends.down(keys) if self.sends is not None else 0
 
     def drain(self) -> None:
         """Wait for every send handed over to end (``transfer_idle``)."""
-        if self.sender is not None:
-            self.sender.drain()
-            self._settle_sends()
+        if self.sends is not None:
+            self.sends.drain()
 
     # -- landing half ---------------------------------------------------------------------
 
@@ -238,29 +185,21 @@ class DeviceLinkConnector:
 
     def build_transfers(self, step_id: int) -> TransferPlan:
         """The sends' copies and the loads queued since the last round."""
-        plan = TransferPlan(saves=self._saves, loads=self._loads)
+        plan = TransferPlan(saves=self.sends.take_saves() if self.sends is not None else [], loads=self._loads)
         if self._queued_pins:
             self._round_pins.setdefault(step_id, []).extend(self._queued_pins)
-        self._saves, self._loads, self._queued_pins = [], [], []
+        self._loads, self._queued_pins = [], []
         return plan
 
     def update_from_output(self, step_id: int, output: TransferOutput | None) -> None:
         """Hand the copied blocks to the sender; release the slots this round's loads read."""
-        if output is not None and self.sender is not None:
-            assert self.send_slots is not None
-            for slot in output.failed_saves:
-                if self._saving.pop(slot, None) is not None:
-                    self._free.append(slot)
-                    self._stats.failed_writes += 1
-            for slot in output.saved:
-                key = self._saving.pop(slot, None)
-                if key is not None:
-                    self._sending[slot] = key
-                    self.sender.submit(key, self.send_slots[slot], slot)
+        if self.sends is not None:
+            if output is not None:
+                self.sends.copied(output)
+            self.sends.settle()
         for step in [s for s in self._round_pins if s <= step_id or step_id < 0]:
             if self.landing is not None:
                 self.landing.unpin(self._round_pins.pop(step))
-        self._settle_sends()
 
     def take_events(self) -> list[KVEvent]:
         """Device events, then the landing slots' (as ``host``)."""
@@ -282,7 +221,8 @@ class DeviceLinkConnector:
         """Forget the landed blocks no load pins and what was sent."""
         if self.landing is not None:
             self.landing.clear()
-        self._sent.clear()
+        if self.sends is not None:
+            self.sends.forget()
         self._events.add("cleared", "host")
 
     def check_idle(self) -> None:
@@ -293,16 +233,12 @@ class DeviceLinkConnector:
         Raises:
             InvariantError: naming what is held or lost.
         """
-        self._settle_sends()
         pinned = sum(map(len, self._pinned.values())) + sum(map(len, self._round_pins.values()))
         if pinned or self._loads or self._expect:
             raise InvariantError(f"device link holds {pinned} landing pins, {len(self._loads)} queued loads and "
                                  f"{len(self._expect)} waits with no request live")
-        if self.send_slots is not None:
-            held = len(self._free) + len(self._saving) + len(self._sending)
-            if held != int(self.send_slots.shape[0]) or len(self._saves) > len(self._saving):
-                raise InvariantError(f"device link: send slots {len(self._free)} free + {len(self._saving)} "
-                                     f"saving + {len(self._sending)} sending of {int(self.send_slots.shape[0])}")
+        if self.sends is not None:
+            self.sends.check_idle()
         if self.landing is not None:
             self.landing.check_idle()
 
