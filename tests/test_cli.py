@@ -222,3 +222,11 @@ def test_pd_proxy_refuses_a_bad_server_url(capsys: pytest.CaptureFixture[str]) -
     pytest.importorskip("httpx")
     assert main(["pd-proxy", "--prefill", "localhost:8100", "--decode", "http://127.0.0.1:8200"]) == 2
     assert "must start with http" in capsys.readouterr().err
+
+
+def test_pd_proxy_servers_add_up_whether_listed_or_repeated() -> None:
+    from deepinfer_kit.cli import build_parser
+
+    args = build_parser().parse_args(["pd-proxy", "--prefill", "http://a", "--prefill", "http://b", "http://c",
+                                      "--decode", "http://d", "--decode", "http://e"])
+    assert args.prefill == ["http://a", "http://b", "http://c"] and args.decode == ["http://d", "http://e"]

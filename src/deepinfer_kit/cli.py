@@ -78,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_options(serve)
     proxy = sub.add_parser("pd-proxy", help="route each completion to a prefill server, then a decode server "
                                             "(`serve --kv-role`; needs the 'serve' extra)")
-    proxy.add_argument("--prefill", nargs="+", required=True, metavar="URL", help="prefill servers (round robin)")
-    proxy.add_argument("--decode", nargs="+", required=True, metavar="URL", help="decode servers (round robin)")
+    proxy.add_argument("--prefill", nargs="+", action="extend", required=True, metavar="URL",
+                       help="prefill servers (round robin; repeat the flag or list several)")
+    proxy.add_argument("--decode", nargs="+", action="extend", required=True, metavar="URL",
+                       help="decode servers (round robin, or the one on the link a prefill answer names)")
     proxy.add_argument("--host", default="127.0.0.1")
     proxy.add_argument("--port", type=int, default=8000)
     return parser

@@ -24,7 +24,7 @@ def _metric(url: str, name: str, medium: str) -> float:
 
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for s in family.samples:
-            if s.name == name and s.labels.get("medium") == medium:
+            if s.name == name and s.labels.get("medium", s.labels.get("kind")) == medium:
                 return float(s.value)
     raise AssertionError(f"{name}{{medium={medium}}} not on {url}/metrics")
 
@@ -75,3 +75,68 @@ def test_a_bad_kv_link_is_refused_before_any_connection(argv: list[str], said: s
 
     assert main(["serve", "--model", "tiny", *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.slow  # five processes: the one-pair test above covers the default tier's link path
+def test_two_linked_pairs_behind_one_proxy_each_decode_the_prompts_their_prefill_sent() -> None:
+    reference = LLM("tiny", **POOL)  # type: ignore[arg-type]
+    pool = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
+            "--max-num-seqs", "16"]
+    ports = [free_port() for _ in range(7)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports[:5]]
+    links = [f"127.0.0.1:{ports[5]}", f"127.0.0.1:{ports[6]}"]
+    procs = [_command("serve", "--port", str(ports[0]), "--kv-role", "prefill", "--kv-link", links[0], *pool),
+             _command("serve", "--port", str(ports[1]), "--kv-role", "prefill", "--kv-link", links[1], *pool),
+             _command("serve", "--port", str(ports[2]), "--kv-role", "decode", "--kv-link", links[1], *pool),
+             _command("serve", "--port", str(ports[3]), "--kv-role", "decode", "--kv-link", links[0], *pool),
+             _command("pd-proxy", "--port", str(ports[4]), "--prefill", urls[0], "--prefill", urls[1],
+                      "--decode", urls[2], "--decode", urls[3])]
+    try:
+        for proc, url in zip(procs, urls):
+            _up(proc, url)
+        own = {httpx.get(u + "/kv_link").json()["link"] for u in urls[:4]}
+        assert len(own) == 2 and None not in own  # two links, each known to both its servers
+        for i in range(4):  # prefill servers in turn: each answer names its own link
+            r = httpx.post(urls[4] + "/v1/completions", json=_body(i, False), timeout=60)
+            assert r.status_code == 200 and _text(r, False) == _want(reference, i)
+        usable = [(len(PROMPTS[i]) - 1) // 8 for i in range(4)]
+        # the pair on links[0] served prompts 0 and 2, the other 1 and 3: every block loaded, none waited for
+        assert _metric(urls[3], "deepinfer_kv_tier_hits_total", "host") == usable[0] + usable[2]
+        assert _metric(urls[2], "deepinfer_kv_tier_hits_total", "host") == usable[1] + usable[3]
+        for url in urls[2:4]:
+            assert _metric(url, "deepinfer_kv_tier_failures_total", "late_read") == 0
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+
+
+def test_the_proxy_sends_a_prefill_answer_to_a_decode_server_on_the_link_it_names() -> None:
+    import asyncio
+    import itertools
+
+    from deepinfer_kit.serve.pd_proxy import DecodeLinks
+
+    asked: list[str] = []
+    said = {"http://a": {"role": "decode", "link": "aa"}, "http://b": {"role": "decode", "link": "bb"},
+            "http://c": {"role": "decode", "link": None}}
+
+    def answer(request: Any) -> Any:
+        url = f"{request.url.scheme}://{request.url.host}"
+        asked.append(url)
+        if url == "http://d" and asked.count(url) == 1:
+            return httpx.Response(503)  # starting: asked again next time
+        return httpx.Response(200, json=said.get(url, {"role": "decode", "link": "dd"}))
+
+    async def run() -> list[str]:
+        urls = ["http://a", "http://b", "http://c", "http://d"]
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            links = DecodeLinks(client, urls, itertools.cycle(urls))
+            return [await links.decode_for(x) for x in ("bb", "aa", "bb", None, "zz", "dd", "dd")]
+
+    got = asyncio.run(run())
+    assert got[:3] == ["http://b", "http://a", "http://b"]
+    assert got[3:5] == ["http://a", "http://b"]  # no link named, or one no server is on: round robin
+    assert got[5:] == ["http://d", "http://d"]  # d answered 503 first, and was asked again at the next answer
+    assert asked.count("http://a") == 1 and asked.count("http://d") == 2  # a link, once read, is kept

@@ -1,6 +1,8 @@
 """A small HTTP proxy in front of prefill and decode servers (``deepinfer-kit serve
---kv-role prefill|decode``, sharing a KV folder): each completion goes to a prefill server
-for its prompt's KV, then to a decode server that loads it (``deepinfer-kit pd-proxy``).
+--kv-role prefill|decode``, sharing a KV folder or joined in pairs by device links): each
+completion goes to a prefill server for its prompt's KV, then to a decode server that loads
+it (``deepinfer-kit pd-proxy``) — over a device link, one on the link the prefill answer
+names (:class:`DecodeLinks`).
 
 The prefill server answers once the prompt's blocks are on disk (``PromptSaves``), so the
 decode server's loads find them at once; its answer's ``kv_transfer_params`` says how many
@@ -18,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -85,6 +87,39 @@ def _decode_kv(prefill: httpx.Response | None) -> dict[str, Any]:
     return out
 
 
+class DecodeLinks:
+    """Which decode server a prefill answer goes to: one on the device link the answer
+    names (``remote_link``; each server's link read once from its ``GET /kv_link``),
+    round robin among those; else any, round robin (a shared folder, or no link named)."""
+
+    def __init__(self, client: httpx.AsyncClient, urls: Sequence[str], rotation: Iterator[str]) -> None:
+        self._client = client
+        self._urls = list(urls)
+        self._rotation = rotation
+        self._link_of: dict[str, str | None] = {}
+        self._turns: dict[str, Iterator[str]] = {}
+
+    async def _link(self, url: str) -> str | None:
+        if url not in self._link_of:
+            try:
+                said = (await self._client.get(url + "/kv_link")).json()
+            except (httpx.HTTPError, ValueError):
+                return None  # asked again next time: the server may be starting
+            link = said.get("link") if isinstance(said, dict) else None
+            self._link_of[url] = link if isinstance(link, str) else None
+        return self._link_of[url]
+
+    async def decode_for(self, link: object) -> str:
+        """The decode server for an answer naming ``link`` (``None``: any)."""
+        if isinstance(link, str):
+            on = [u for u in self._urls if await self._link(u) == link]
+            if on:
+                if link not in self._turns:
+                    self._turns[link] = itertools.cycle(on)
+                return next(self._turns[link])
+        return next(self._rotation)
+
+
 def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s: float = 600.0,
                     options: ServeOptions | None = None,
                     transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
@@ -112,6 +147,7 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
     next_pre, next_dec = itertools.cycle(pre_urls), itertools.cycle(dec_urls)
     client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
     stats = ProxyStats()
+    links = DecodeLinks(client, dec_urls, next_dec)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -145,8 +181,12 @@ def build_proxy_app(prefill: Sequence[str], decode: Sequence[str], *, timeout_s:
             remote = pre is not None and pre.status_code == 200
             stats.prefilled += remote
             stats.fallbacks += not remote
-            raw = json.dumps({**body, "kv_transfer_params": _decode_kv(pre if remote else None)}).encode()
-        upstream = client.build_request("POST", next(next_dec) + path, content=raw,
+            kv = _decode_kv(pre if remote else None)
+            raw = json.dumps({**body, "kv_transfer_params": kv}).encode()
+            target = await links.decode_for(kv.get("remote_link"))
+        else:
+            target = next(next_dec)
+        upstream = client.build_request("POST", target + path, content=raw,
                                         headers={**headers(request), "content-type": "application/json"})
         try:
             answer = await client.send(upstream, stream=True)

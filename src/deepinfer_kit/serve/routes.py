@@ -100,7 +100,7 @@ def _permission(created: int) -> dict[str, Any]:
 
 def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, options: ServeOptions,
                     metrics: ServerMetrics, render: Render, chat_template: str | None) -> None:
-    """Register /health, /version, /metrics, /v1/models, /v1/kv_events, /tokenize and
+    """Register /health, /version, /metrics, /v1/models, /v1/kv_events, /kv_link, /tokenize and
     /detokenize on ``app``."""
     from deepinfer_kit import __version__
 
@@ -148,6 +148,15 @@ def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, 
                                            kind="NotFoundError", code=404), status_code=404)
         feed.extend(await llm.call(take))
         return JSONResponse({**feed.since(after), "block_size": llm.engine.cache.block_size})
+
+    @app.get("/kv_link")
+    async def kv_link() -> dict[str, Any]:
+        """This server's part in a prefill/decode pair and the id of its device link
+        (``serve --kv-link``; ``None`` without one): a proxy sends a prefill answer naming
+        a link to a decode server on it."""
+        cache = tiered(llm.engine.cache)
+        link = getattr(cache.connector, "link_id", None) if cache is not None else None
+        return {"role": llm.kv_role, "link": link if isinstance(link, str) else None}
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
