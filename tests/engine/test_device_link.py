@@ -196,3 +196,19 @@ def test_blocks_told_of_on_another_link_are_not_waited_for() -> None:
         decode.add_request("1", _PROMPTS[1], _params(1), kv={"load_remote": True, "remote_link": "XYZ"})
     decode.check_idle()
     decode.close()
+
+
+def test_blocks_that_landed_and_were_evicted_are_not_waited_for() -> None:
+    """Landing slots far fewer than a prompt's blocks: the first blocks are evicted by the
+    later ones before the decode request comes; it waits for none of them (they will not
+    land again), computes them, and loads what is still there."""
+    pair = build_device_disaggregated(_CFG, send_slots=32, landing_slots=3, timeout_s=3.0)
+    for i, p in enumerate(_PROMPTS[:4]):
+        pair.add_request(str(i), p, _params(i))
+    got = {o.request_id: list(o.outputs[0].token_ids) for o in pair.run()}
+    assert got == {k: v for k, v in _reference().items() if int(k) < 4}
+    landing = link_connector(pair.decode).landing
+    assert landing is not None and landing.evicted > 0 and landing.waits == 0
+    pair.prefill.check_idle()
+    pair.decode.check_idle()
+    pair.close()

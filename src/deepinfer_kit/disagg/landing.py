@@ -56,6 +56,7 @@ class LandingSlots:
         self._pins: dict[int, int] = {}  # slot -> loads holding it
         self._stored: list[bytes] = []  # keys received since take_changes
         self._removed: list[bytes] = []
+        self._gone: OrderedDict[bytes, None] = OrderedDict()  # keys evicted or dropped (bounded)
         self.received = 0
         self.closed = False
         self.waits = 0  # ready() calls that waited for a block to land
@@ -101,6 +102,7 @@ class LandingSlots:
                 slot = self._claim()  # in neither the free list nor the ready map while it lands
                 if slot is None:
                     self.dropped += 1
+                    self._lost(key)
                     continue
                 taken.append((row, slot, key))
         if not taken:
@@ -114,6 +116,7 @@ class LandingSlots:
         with self._cv:
             for _, slot, key in taken:
                 self._ready[key] = slot
+                self._gone.pop(key, None)
                 self._stored.append(key)
             self.received += len(taken)
             self._cv.notify_all()
@@ -143,14 +146,24 @@ class LandingSlots:
             if slot not in self._pins:
                 del self._ready[key]
                 self._removed.append(key)
+                self._lost(key)
                 self.evicted += 1
                 return slot
         return None
 
+    def _lost(self, key: bytes) -> None:
+        """Remember (under the lock, a bounded number) that ``key`` came and is gone: a
+        reader waiting for it would wait for nothing."""
+        self._gone[key] = None
+        if len(self._gone) > max(4 * self.num_slots, 1 << 14):
+            self._gone.popitem(last=False)
+
     def ready(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None) -> int:
         """How many of ``keys``, from the first, are here. While fewer than ``wait_for``
-        are, ``time.monotonic()`` is before ``deadline`` and the link still delivers (not
-        :meth:`close`-d), waits for more to land (``waits`` counts the calls that did).
+        are, ``time.monotonic()`` is before ``deadline``, the link still delivers (not
+        :meth:`close`-d) and the next key has not landed and gone already (evicted for
+        room, or dropped: it will not come again), waits for more to land (``waits``
+        counts the calls that did).
         Called on the scheduler's thread."""
         with self._cv:
             return self._count(keys, wait_for, deadline)
@@ -171,8 +184,8 @@ class LandingSlots:
                 if key not in self._ready:
                     break
                 n += 1
-            if n >= min(wait_for, len(keys)) or deadline is None or self.closed:
-                return n
+            if n >= min(wait_for, len(keys)) or deadline is None or self.closed or keys[n] in self._gone:
+                return n  # enough; no wait asked; nothing more lands; or the next one came and went
             left = deadline - time.monotonic()
             if left <= 0:
                 return n
@@ -236,6 +249,7 @@ class LandingSlots:
                 if slot not in self._pins:
                     del self._ready[key]
                     self._removed.append(key)
+                    self._lost(key)
                     self._free.append(slot)
 
     def check_idle(self) -> None:
