@@ -212,3 +212,38 @@ def test_blocks_that_landed_and_were_evicted_are_not_waited_for() -> None:
     pair.prefill.check_idle()
     pair.decode.check_idle()
     pair.close()
+
+
+def test_two_prefill_engines_feed_one_decode_engine_each_on_its_own_link() -> None:
+    from deepinfer_kit.disagg import push_kv_down
+
+    key = b"s" * 32
+    decode = build_engine(_CFG, components=Components(kv_connector=link_receiver(key, sources=2, timeout_s=300.0)))
+    prefills = [build_engine(_CFG, components=Components(kv_connector=link_to(decode, key, send_slots=32, source=s)))
+                for s in (0, 1)]
+    ids = [link_connector(p).link_id for p in prefills]
+    assert len(set(ids)) == 2 and set(ids) == set(link_connector(decode).accepts)
+    with pytest.raises(ConfigError, match="source=2"):
+        link_to(decode, key, source=2)
+    want, got = _reference(), {}
+    for i, prompt in enumerate(_PROMPTS[:4]):
+        prefill = prefills[i % 2]
+        prefill.add_request(str(i), prompt, SamplingParams(max_tokens=1), kv={"save_prompt": True})
+        prefill.cache.watch_saves(str(i))  # type: ignore[attr-defined]
+        prefill.run()
+        push_kv_down(prefill)
+        told = prefill.cache.settled_saves(str(i))  # type: ignore[attr-defined]
+        decode.add_request(str(i), prompt, _params(i),
+                           kv={"load_remote": True, "remote_blocks": told, "remote_link": ids[i % 2]})
+        got.update({o.request_id: list(o.outputs[0].token_ids) for o in decode.run()})
+    assert got == {k: v for k, v in want.items() if int(k) < 4}
+    landing = link_connector(decode).landing
+    assert landing is not None
+    landing.close(1)  # the second prefill engine's link ends; the first still delivers
+    assert not landing.closed
+    decode.add_request("late", _PROMPTS[5], _params(5), kv={"load_remote": True, "remote_link": ids[1]})
+    decode.run()
+    assert landing.waits == 0  # nothing more comes on that link: no wait
+    for engine in (*prefills, decode):
+        engine.check_idle()
+        engine.close()

@@ -68,6 +68,10 @@ def test_servers_over_a_device_link_give_one_servers_tokens() -> None:
     (["--kv-link", "127.0.0.1:1"], "--kv-link needs --kv-role"),
     (["--kv-role", "decode", "--kv-link", "127.0.0.1:1", "--kv-tiers", '{"host_blocks": 4}'], "without --kv-tiers"),
     (["--kv-role", "decode", "--kv-link", "no-port"], "HOST:PORT"),
+    (["--kv-role", "decode", "--kv-link", "127.0.0.1:1", "--kv-link-size", "1"], "--kv-link-size"),
+    (["--kv-role", "decode", "--kv-link", "127.0.0.1:1", "--kv-link-rank", "0"], "the decode server is rank 1"),
+    (["--kv-role", "prefill", "--kv-link", "127.0.0.1:1", "--kv-link-size", "3", "--kv-link-rank", "2"],
+     "prefill servers ranks 0..1"),
 ])
 def test_a_bad_kv_link_is_refused_before_any_connection(argv: list[str], said: str,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,3 +144,35 @@ def test_the_proxy_sends_a_prefill_answer_to_a_decode_server_on_the_link_it_name
     assert got[3:5] == ["http://a", "http://b"]  # no link named, or one no server is on: round robin
     assert got[5:] == ["http://d", "http://d"]  # d answered 503 first, and was asked again at the next answer
     assert asked.count("http://a") == 1 and asked.count("http://d") == 2  # a link, once read, is kept
+
+
+@pytest.mark.slow  # four processes
+def test_two_prefill_servers_feed_one_decode_server_on_one_link_group() -> None:
+    reference = LLM("tiny", **POOL)  # type: ignore[arg-type]
+    pool = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
+            "--max-num-seqs", "16"]
+    ports = [free_port() for _ in range(5)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports[:4]]
+    group = ["--kv-link", f"127.0.0.1:{ports[4]}", "--kv-link-size", "3"]
+    procs = [_command("serve", "--port", str(ports[0]), "--kv-role", "prefill", *group, "--kv-link-rank", "0", *pool),
+             _command("serve", "--port", str(ports[1]), "--kv-role", "prefill", *group, "--kv-link-rank", "1", *pool),
+             _command("serve", "--port", str(ports[2]), "--kv-role", "decode", *group, *pool),
+             _command("pd-proxy", "--port", str(ports[3]), "--prefill", urls[0], urls[1], "--decode", urls[2])]
+    try:
+        for proc, url in zip(procs, urls):
+            _up(proc, url)
+        said = [httpx.get(u + "/kv_link").json() for u in urls[:3]]
+        assert said[2]["role"] == "decode" and sorted(said[2]["links"]) == sorted([said[0]["link"], said[1]["link"]])
+        for i in range(4):  # the prefill servers in turn
+            r = httpx.post(urls[3] + "/v1/completions", json=_body(i, False), timeout=60)
+            assert r.status_code == 200 and _text(r, False) == _want(reference, i)
+        usable = sum((len(PROMPTS[i]) - 1) // 8 for i in range(4))
+        assert _metric(urls[2], "deepinfer_kv_tier_hits_total", "host") == usable  # from both links
+        assert _metric(urls[2], "deepinfer_kv_tier_failures_total", "late_read") == 0
+        for url in urls[:2]:
+            assert _metric(url, "deepinfer_kv_tier_saved_total", "host") > 0  # each prefill server sent some
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)

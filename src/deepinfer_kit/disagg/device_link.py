@@ -60,14 +60,15 @@ def _check(hash_key: bytes, *, timeouts: dict[str, float | None] | None = None, 
 
 
 def link_sender(peer: int, hash_key: bytes, *, group: Any = None, data_group: Any = None, send_slots: int = 64,
-                send_all: bool = False, send_timeout_s: float | None = 30.0) -> Factory[Pair]:
+                send_all: bool = False, send_timeout_s: float | None = 30.0, source: int = 0) -> Factory[Pair]:
     """The prefill end: a ``components.kv_connector`` sending the prompt blocks of each
     ``save_prompt`` request (every request's with ``send_all``) to rank ``peer`` — the
     bytes over ``data_group`` (NCCL: straight from this GPU's send slots to the peer's
     GPU) or, without one, over ``group`` (gloo, from host memory). ``send_slots``: device
     blocks a send may wait in. ``send_timeout_s``: a send not out by then breaks the link
-    (every later block is reported not sent: the decode side computes it). Hand requests
-    over with :func:`~deepinfer_kit.disagg.link.send_request` on the connector's sender
+    (every later block is reported not sent: the decode side computes it). ``source``:
+    this engine's number among those sending to one decode engine (its link's id). Hand
+    requests over with :func:`~deepinfer_kit.disagg.link.send_request` on the connector's sender
     after ``push_kv_down`` (their blocks are then across).
 
     Raises:
@@ -75,54 +76,64 @@ def link_sender(peer: int, hash_key: bytes, *, group: Any = None, data_group: An
         CapacityError: (at build) the send slots do not fit on the device.
     """
     _check(hash_key, send_slots=send_slots, timeouts={"send_timeout_s": send_timeout_s})
-    require_ints_at_least(0, peer=peer)
+    require_ints_at_least(0, peer=peer, source=source)
 
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)
         slots = _send_slots(pool, send_slots)
         sender = LinkSender(_fingerprint(ctx, pool), peer, group, data_group=data_group, timeout_s=send_timeout_s)
         connector = DeviceLinkConnector(ctx.block_size or 0, hash_key, sender=sender, send_slots=slots,
-                                        send_all=send_all)
+                                        send_all=send_all, source=source)
         return connector, DeviceSlotWorker(pool, slots, None)
 
     return Factory(build)
 
 
-def link_receiver(hash_key: bytes, *, landing_slots: int = 256, timeout_s: float = 5.0) -> Factory[Pair]:
+def link_receiver(hash_key: bytes, *, landing_slots: int = 256, timeout_s: float = 5.0,
+                  sources: int = 1) -> Factory[Pair]:
     """The decode end: a ``components.kv_connector`` whose ``load_remote`` requests load
-    their prompt blocks from ``landing_slots`` device blocks the link fills
-    (:func:`receive_into`), waiting up to ``timeout_s`` for each they were told of.
+    their prompt blocks from ``landing_slots`` device blocks the links fill
+    (:func:`receive_into`, one per sender: ``sources`` of them, numbered from 0),
+    waiting up to ``timeout_s`` for each they were told of.
 
     Raises:
         ConfigError: no shared ``hash_key``, a bad slot count or timeout.
         CapacityError: (at build) the landing slots do not fit on the device.
     """
-    _check(hash_key, landing_slots=landing_slots, timeouts={"timeout_s": timeout_s})
+    _check(hash_key, landing_slots=landing_slots, sources=sources, timeouts={"timeout_s": timeout_s})
 
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)
         landing = LandingSlots(pool, landing_slots, _fingerprint(ctx, pool))
-        connector = DeviceLinkConnector(ctx.block_size or 0, hash_key, landing=landing, timeout_s=timeout_s)
+        landing.open_sources(range(sources))
+        connector = DeviceLinkConnector(ctx.block_size or 0, hash_key, landing=landing, timeout_s=timeout_s,
+                                        sources=range(sources))
         return connector, DeviceSlotWorker(pool, None, landing.slab)
 
     return Factory(build)
 
 
-def link_to(decode: Engine, hash_key: bytes, *, send_slots: int = 64, send_all: bool = False) -> Factory[Pair]:
+def link_to(decode: Engine, hash_key: bytes, *, send_slots: int = 64, send_all: bool = False,
+            source: int = 0) -> Factory[Pair]:
     """The prefill end for a decode engine in this process (built with
     :func:`link_receiver` and the same ``hash_key``): blocks go straight into its landing
-    slots, device to device (another GPU of this host: a peer copy).
+    slots, device to device (another GPU of this host: a peer copy). ``source``: this
+    engine's number among the decode engine's ``sources``.
 
     Raises:
-        ConfigError: ``decode`` has no landing slots or another key, a bad slot count;
-            (at build) its blocks mean something else (another model, shape or dtype).
+        ConfigError: ``decode`` has no landing slots, another key or no such source, a
+            bad slot count; (at build) its blocks mean something else (another model,
+            shape or dtype).
     """
     _check(hash_key, send_slots=send_slots)
+    require_ints_at_least(0, source=source)
     landing = link_connector(decode).landing
     if landing is None:
         raise ConfigError("link_to needs a decode engine built with link_receiver(...)")
     if link_connector(decode).hash_key != hash_key:
         raise ConfigError("link_to: the decode engine's link has another hash_key")
+    if source not in link_connector(decode).accepts.values():
+        raise ConfigError(f"link_to: source={source} is not one of the decode engine's link_receiver sources")
 
     def build(ctx: BuildContext) -> Pair:
         pool = _pool(ctx)
@@ -130,7 +141,7 @@ def link_to(decode: Engine, hash_key: bytes, *, send_slots: int = 64, send_all: 
             raise ConfigError("link_to: the decode engine's blocks are of another model, shape or dtype")
         slots = _send_slots(pool, send_slots)
         connector = DeviceLinkConnector(ctx.block_size or 0, hash_key, sender=LoopbackSender(landing),
-                                        send_slots=slots, send_all=send_all)
+                                        send_slots=slots, send_all=send_all, source=source)
         return connector, DeviceSlotWorker(pool, slots, None)
 
     return Factory(build)
@@ -173,10 +184,11 @@ def link_connector(engine: Engine) -> DeviceLinkConnector:
 
 
 def receive_into(engine: Engine, on_request: Callable[[str, list[int], Any], None], peer: int, *,
-                 group: Any = None, data_group: Any = None) -> KVLinkReceiver:
+                 group: Any = None, data_group: Any = None, source: int = 0) -> KVLinkReceiver:
     """Start receiving from rank ``peer`` into ``engine``'s landing slots (an engine built
     with :func:`link_receiver`); requests go to ``on_request``. ``data_group`` must match
-    the sender's (NCCL: the blocks land on the engine's GPU without a host copy).
+    the sender's (NCCL: the blocks land on the engine's GPU without a host copy);
+    ``source``: that sender's number (its ``link_sender(source=...)``).
 
     Raises:
         ConfigError: the engine has no landing slots.
@@ -184,4 +196,5 @@ def receive_into(engine: Engine, on_request: Callable[[str, list[int], Any], Non
     landing = link_connector(engine).landing
     if landing is None:
         raise ConfigError("receive_into needs an engine built with link_receiver(...): it has no landing slots")
-    return KVLinkReceiver(landing, on_request, peer, group, data_group=data_group, device=landing.slab.device)
+    return KVLinkReceiver(landing, on_request, peer, group, data_group=data_group, device=landing.slab.device,
+                          source=source)

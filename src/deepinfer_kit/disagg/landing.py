@@ -47,9 +47,11 @@ class LandingSlots:
         try:
             self.slab = torch.zeros(shape, dtype=kv.dtype, device=kv.device)
         except (RuntimeError, MemoryError) as exc:
-            raise CapacityError(f"num_slots={num_slots} landing slots {shape} do not fit on {kv.device}: {exc}") from exc
+            raise CapacityError(f"num_slots={num_slots} landing slots {shape} do not fit on {kv.device}: "
+                                f"{exc}") from exc
         self.fingerprint = fingerprint
-        self._stream = torch.cuda.Stream(kv.device) if kv.device.type == "cuda" else None  # type: ignore[no-untyped-call]
+        cuda = kv.device.type == "cuda"
+        self._stream = torch.cuda.Stream(kv.device) if cuda else None  # type: ignore[no-untyped-call]
         self._cv = threading.Condition()
         self._ready: OrderedDict[bytes, int] = OrderedDict()  # key -> slot, least recent first
         self._free = list(range(num_slots - 1, -1, -1))
@@ -58,7 +60,7 @@ class LandingSlots:
         self._removed: list[bytes] = []
         self._gone: OrderedDict[bytes, None] = OrderedDict()  # keys evicted or dropped (bounded)
         self.received = 0
-        self.closed = False
+        self._open: set[int] = {0}  # the senders still delivering (source numbers)
         self.waits = 0  # ready() calls that waited for a block to land
         self.dropped = 0  # blocks that found every slot pinned
         self.evicted = 0
@@ -158,6 +160,17 @@ class LandingSlots:
         if len(self._gone) > max(4 * self.num_slots, 1 << 14):
             self._gone.popitem(last=False)
 
+    @property
+    def closed(self) -> bool:
+        """True once every sender's link ended (:meth:`close`): nothing more lands."""
+        return not self._open
+
+    def open_sources(self, sources: Sequence[int]) -> None:
+        """The senders this slots' links receive from (default: one, source 0). Called
+        before any receiver starts."""
+        with self._cv:
+            self._open = set(sources)
+
     def ready(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None) -> int:
         """How many of ``keys``, from the first, are here. While fewer than ``wait_for``
         are, ``time.monotonic()`` is before ``deadline``, the link still delivers (not
@@ -166,16 +179,18 @@ class LandingSlots:
         counts the calls that did).
         Called on the scheduler's thread."""
         with self._cv:
-            return self._count(keys, wait_for, deadline)
+            return self._count(keys, wait_for, deadline, None)
 
-    def take(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None) -> list[int]:
+    def take(self, keys: Sequence[bytes], wait_for: int = 0, deadline: float | None = None,
+             source: int | None = None) -> list[int]:
         """:meth:`ready`, and the slots of the keys found, pinned in the same hold of the
         lock (a block landing meanwhile cannot evict one of them in between), made the most
-        recent. Release them with :meth:`unpin`."""
+        recent. Release them with :meth:`unpin`. ``source``: the sender the blocks come
+        from; once its link ended, no wait."""
         with self._cv:
-            return self._pin(keys[:self._count(keys, wait_for, deadline)])
+            return self._pin(keys[:self._count(keys, wait_for, deadline, source)])
 
-    def _count(self, keys: Sequence[bytes], wait_for: int, deadline: float | None) -> int:
+    def _count(self, keys: Sequence[bytes], wait_for: int, deadline: float | None, source: int | None) -> int:
         """:meth:`ready` under the lock (waiting releases it)."""
         waited = False
         while True:
@@ -184,7 +199,8 @@ class LandingSlots:
                 if key not in self._ready:
                     break
                 n += 1
-            if n >= min(wait_for, len(keys)) or deadline is None or self.closed or keys[n] in self._gone:
+            ended = not self._open or (source is not None and source not in self._open)
+            if n >= min(wait_for, len(keys)) or deadline is None or ended or keys[n] in self._gone:
                 return n  # enough; no wait asked; nothing more lands; or the next one came and went
             left = deadline - time.monotonic()
             if left <= 0:
@@ -194,11 +210,12 @@ class LandingSlots:
                 waited = True
             self._cv.wait(left)
 
-    def close(self) -> None:
-        """Nothing more will land (the link ended or failed; called by its receiver):
-        :meth:`ready` stops waiting, now and later. The blocks here stay readable."""
+    def close(self, source: int = 0) -> None:
+        """Nothing more will land from ``source`` (its link ended or failed; called by its
+        receiver): waits for its blocks stop, now and later, and all waits once every
+        source is closed. The blocks here stay readable."""
         with self._cv:
-            self.closed = True
+            self._open.discard(source)
             self._cv.notify_all()
 
     def pin(self, keys: Sequence[bytes]) -> list[int]:

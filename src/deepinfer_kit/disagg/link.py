@@ -158,12 +158,15 @@ class KVLinkReceiver:
 
     Blocks arrive over ``data_group`` when given (NCCL between GPUs: into a buffer on
     ``device``, no host copy), else over ``group`` into host memory; headers and requests
-    always over ``group`` (gloo).
+    always over ``group`` (gloo). ``source``: this sender's number at the sink (a sink fed
+    by several links closes each on its own).
     """
 
     def __init__(self, store: BlockSink, on_request: Callable[[str, list[int], Any], None], peer: int,
-                 group: Any = None, *, data_group: Any = None, device: torch.device | str | None = None) -> None:
+                 group: Any = None, *, data_group: Any = None, device: torch.device | str | None = None,
+                 source: int = 0) -> None:
         self.store = store
+        self.source = source
         self.on_request = on_request
         self.peer = peer
         self.group = group
@@ -226,7 +229,7 @@ class KVLinkReceiver:
         finally:
             ended = getattr(self.store, "close", None)  # a sink that waits for blocks stops waiting
             if ended is not None:
-                ended()
+                ended(self.source)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the channel to end."""

@@ -20,10 +20,11 @@ from deepinfer_kit.request import Request
 
 __all__ = ["DeviceLinkConnector", "link_id"]
 
-def link_id(hash_key: bytes) -> str:
+def link_id(hash_key: bytes, source: int = 0) -> str:
     """The name both ends of a link give it: 16 hex digits derived from the hash key they
-    share (says nothing about the key). Pure."""
-    return hashlib.blake2b(hash_key, digest_size=8, person=b"kv-link").hexdigest()
+    share and the sender's number (``source``: which prefill engine of those feeding one
+    decode engine); says nothing about the key. Pure."""
+    return hashlib.blake2b(hash_key + source.to_bytes(4, "little"), digest_size=8, person=b"kv-link").hexdigest()
 
 
 class DeviceLinkConnector:
@@ -45,8 +46,9 @@ class DeviceLinkConnector:
       ``load_remote`` waits at its first admission attempt, up to ``timeout_s`` after
       its arrival, for the blocks it was told of (``remote_blocks``; every prompt block
       when unset); one still missing then is recomputed (``stats.late_reads``). A
-      request told of blocks sent on another link (``remote_link`` not this
-      :attr:`link_id`) waits for none (``foreign`` counts them).
+      request told of blocks sent on a link it does not receive on (``remote_link`` not
+      one of :attr:`accepts`) waits for none (``foreign`` counts them), nor one whose
+      sender's link ended.
 
     ``keys_pending`` / ``keys_down`` let the prefill side answer once a prompt is
     across (``TieredKVCacheManager.settled_saves``); ``drain`` waits for the sends.
@@ -62,18 +64,22 @@ class DeviceLinkConnector:
         landing: the landing half.
         timeout_s: how long a ``load_remote`` request waits for its blocks.
         send_all: send the prompt blocks of every request.
+        source: this sending half's number (its :attr:`link_id`).
+        sources: the senders the landing half receives from (:attr:`accepts`).
     """
 
     saves_on_eviction = False  # blocks are sent at publish, never at eviction
 
     def __init__(self, block_size: int, hash_key: bytes, *, sender: BlockSender | None = None,
                  send_slots: torch.Tensor | None = None, landing: LandingSlots | None = None,
-                 timeout_s: float = 5.0, send_all: bool = False) -> None:
+                 timeout_s: float = 5.0, send_all: bool = False, source: int = 0,
+                 sources: Sequence[int] = (0,)) -> None:
         if (sender is None) != (send_slots is None):
             raise InvariantError("a device link's sending half needs both a sender and send slots")
         self.block_size = block_size
         self.hash_key = hash_key
-        self.link_id = link_id(hash_key)
+        self.accepts = {link_id(hash_key, s): s for s in sources}  # the links the landing half receives on
+        self.link_id = link_id(hash_key, source) if sender is not None else next(iter(self.accepts))
         self.foreign = 0  # load_remote requests told of blocks sent on another link (none waited for)
         self.sender = sender
         self.send_slots = send_slots
@@ -84,7 +90,7 @@ class DeviceLinkConnector:
         self._events = EventLog()
         self.sends = SendLedger(sender, send_slots, self._stats) if sender is not None and send_slots is not None \
             else None
-        self._expect: dict[str, tuple[float, int]] = {}  # load_remote request -> (deadline, blocks told)
+        self._expect: dict[str, tuple[float, int, int | None]] = {}  # load_remote request -> (deadline, told, source)
         self._pinned: dict[str, list[int]] = {}  # request -> landing slots counted at its last match
         self._loads: list[tuple[int, int]] = []
         self._queued_pins: list[int] = []
@@ -139,11 +145,12 @@ class DeviceLinkConnector:
         """A ``load_remote`` request starts its wait for the blocks it was told of."""
         kv = request.kv_params
         if self.landing is not None and kv is not None and kv.load_remote:
-            if kv.remote_link is not None and kv.remote_link != self.link_id:
+            source = self.accepts.get(kv.remote_link) if kv.remote_link is not None else None
+            if kv.remote_link is not None and source is None:
                 self.foreign += 1  # sent elsewhere: nothing will land here for it
                 return
             told = len(keys) if kv.remote_blocks is None else min(len(keys), kv.remote_blocks)
-            self._expect[request.request_id] = (time.monotonic() + self.timeout_s, told)
+            self._expect[request.request_id] = (time.monotonic() + self.timeout_s, told, source)
 
     def get_num_new_matched_tokens(self, request: Request, keys: Sequence[bytes], first: int) -> int:
         """The landed blocks right after the device hit, pinned for the request (the
@@ -151,8 +158,8 @@ class DeviceLinkConnector:
         self._unpin(request.request_id)
         if self.landing is None:
             return 0
-        deadline, told = self._expect.pop(request.request_id, (None, 0))
-        slots = self.landing.take(keys[first:], told - first, deadline)  # counted and pinned at once
+        deadline, told, source = self._expect.pop(request.request_id, (None, 0, None))
+        slots = self.landing.take(keys[first:], told - first, deadline, source)  # counted and pinned at once
         n = len(slots)
         if deadline is not None and first + n < told:
             self._stats.late_reads += told - first - n

@@ -52,8 +52,13 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                         "pd-proxy` routes between them)")
     p.add_argument("--kv-link", default=None, metavar="HOST:PORT",
                    help="with --kv-role: move the KV device to device instead of through a folder "
-                        "(NCCL on CUDA, gloo on CPU); both servers give the same address, where the "
-                        "prefill server listens (docs/disaggregation.md)")
+                        "(NCCL on CUDA, gloo on CPU); every server of the link gives the same address, "
+                        "where rank 0 listens (docs/disaggregation.md)")
+    p.add_argument("--kv-link-size", type=int, default=2, metavar="N",
+                   help="servers on the --kv-link: N - 1 prefill servers and one decode server")
+    p.add_argument("--kv-link-rank", type=int, default=None, metavar="R",
+                   help="this server's rank on the --kv-link: 0..N-2 for a prefill server (default 0), "
+                        "N-1 for the decode server")
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
@@ -107,7 +112,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         if config.kv_tiers is not None:
             raise ConfigError("--kv-link moves the KV itself: give it without --kv-tiers (a pair shares a folder "
                               "or a link, not both)")
-        link = ServeLink.connect(args.kv_link, args.kv_role, config.device)
+        link = ServeLink.connect(args.kv_link, args.kv_role, config.device, size=args.kv_link_size,
+                                 rank=args.kv_link_rank)
         components = link.components(components)
     try:
         llm = AsyncLLM(config.model, generation_config=args.generation_config, components=components,

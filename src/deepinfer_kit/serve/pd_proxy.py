@@ -89,30 +89,32 @@ def _decode_kv(prefill: httpx.Response | None) -> dict[str, Any]:
 
 class DecodeLinks:
     """Which decode server a prefill answer goes to: one on the device link the answer
-    names (``remote_link``; each server's link read once from its ``GET /kv_link``),
+    names (``remote_link``; each server's links read once from its ``GET /kv_link``),
     round robin among those; else any, round robin (a shared folder, or no link named)."""
 
     def __init__(self, client: httpx.AsyncClient, urls: Sequence[str], rotation: Iterator[str]) -> None:
         self._client = client
         self._urls = list(urls)
         self._rotation = rotation
-        self._link_of: dict[str, str | None] = {}
+        self._links_of: dict[str, frozenset[str]] = {}
         self._turns: dict[str, Iterator[str]] = {}
 
-    async def _link(self, url: str) -> str | None:
-        if url not in self._link_of:
+    async def _links(self, url: str) -> frozenset[str]:
+        """The links the decode server at ``url`` receives on (read once)."""
+        if url not in self._links_of:
             try:
                 said = (await self._client.get(url + "/kv_link")).json()
             except (httpx.HTTPError, ValueError):
-                return None  # asked again next time: the server may be starting
-            link = said.get("link") if isinstance(said, dict) else None
-            self._link_of[url] = link if isinstance(link, str) else None
-        return self._link_of[url]
+                return frozenset()  # asked again next time: the server may be starting
+            said = said if isinstance(said, dict) else {}
+            links = [said.get("link"), *(said.get("links") or [])]
+            self._links_of[url] = frozenset(x for x in links if isinstance(x, str))
+        return self._links_of[url]
 
     async def decode_for(self, link: object) -> str:
         """The decode server for an answer naming ``link`` (``None``: any)."""
         if isinstance(link, str):
-            on = [u for u in self._urls if await self._link(u) == link]
+            on = [u for u in self._urls if link in await self._links(u)]
             if on:
                 if link not in self._turns:
                     self._turns[link] = itertools.cycle(on)

@@ -152,11 +152,15 @@ def add_info_routes(app: FastAPI, llm: AsyncLLM, *, model_name: str, root: str, 
     @app.get("/kv_link")
     async def kv_link() -> dict[str, Any]:
         """This server's part in a prefill/decode pair and the id of its device link
-        (``serve --kv-link``; ``None`` without one): a proxy sends a prefill answer naming
-        a link to a decode server on it."""
+        (``serve --kv-link``; ``None`` without one), and for a decode server every link it
+        receives on (one per prefill server): a proxy sends a prefill answer naming a link
+        to a decode server on it."""
         cache = tiered(llm.engine.cache)
-        link = getattr(cache.connector, "link_id", None) if cache is not None else None
-        return {"role": llm.kv_role, "link": link if isinstance(link, str) else None}
+        connector = cache.connector if cache is not None else None
+        link = getattr(connector, "link_id", None)
+        links = getattr(connector, "accepts", {}) if llm.kv_role == "decode" else {}
+        return {"role": llm.kv_role, "link": link if isinstance(link, str) else None,
+                "links": sorted(links) if isinstance(links, dict) else []}
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
