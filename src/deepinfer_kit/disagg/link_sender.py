@@ -152,31 +152,42 @@ class LinkSender:
 
 
 class LoopbackSender:
-    """A :class:`BlockSender` into ``landing`` in this process, at once (a prefill and a
-    decode side over one device, and the conformance suite's round trip)."""
-
-    def __init__(self, landing: LandingSlots) -> None:
-        self.landing = landing
-        self._done: list[tuple[int, bool]] = []
+    """A :class:`BlockSender` into ``landing`` in this process (a prefill and a decode
+    side over one device, and the conformance suite's round trip): the blocks submitted
+    land together, with one copy, when :meth:`finished` or :meth:`drain` is next called."""
 
     broken = False  # a copy in this process cannot fail but by raising
 
+    def __init__(self, landing: LandingSlots) -> None:
+        self.landing = landing
+        self._queued: list[tuple[bytes, torch.Tensor, int]] = []
+        self._done: list[tuple[int, bool]] = []
+
     def submit(self, key: bytes, body: torch.Tensor, token: int) -> None:
-        """Put ``body`` into the landing slots now."""
-        self.landing.put(key, body)
-        self._done.append((token, True))
+        """Queue ``body`` for the next landing (the caller leaves it untouched till then)."""
+        self._queued.append((key, body, token))
+
+    def _land(self) -> list[tuple[int, bool]]:
+        queued, self._queued = self._queued, []
+        if queued:
+            rows = torch.stack([b.contiguous().view(torch.uint8).reshape(-1) for _, b, _ in queued])
+            self.landing.put_many([k for k, _, _ in queued], rows)
+        return [(t, True) for _, _, t in queued]
 
     def finished(self) -> list[tuple[int, bool]]:
-        """The sends since the last call (every one succeeded)."""
+        """Land what was submitted; those sends, every one succeeded."""
+        self._done.extend(self._land())
         out, self._done = self._done, []
         return out
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Nothing is ever pending."""
+        """Land what was submitted (reported at :meth:`finished`)."""
+        self._done.extend(self._land())
         return True
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """Land what was submitted."""
+        self._done.extend(self._land())
 
 
 if TYPE_CHECKING:
