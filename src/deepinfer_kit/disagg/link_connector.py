@@ -81,8 +81,6 @@ class DeviceLinkConnector:
         self.accepts = {link_id(hash_key, s): s for s in sources}  # the links the landing half receives on
         self.link_id = link_id(hash_key, source) if sender is not None else next(iter(self.accepts))
         self.foreign = 0  # load_remote requests told of blocks sent on another link (none waited for)
-        self.sender = sender
-        self.send_slots = send_slots
         self.landing = landing
         self.timeout_s = timeout_s
         self.send_all = send_all
@@ -97,6 +95,11 @@ class DeviceLinkConnector:
         self._round_pins: dict[int, list[int]] = {}  # step -> landing slots its loads read
 
     # -- sending half ---------------------------------------------------------------------
+
+    @property
+    def sender(self) -> BlockSender | None:
+        """The sending half's sender (None on a side that only lands)."""
+        return self.sends.sender if self.sends is not None else None
 
     def _sends(self, request: Request) -> bool:
         kv = request.kv_params

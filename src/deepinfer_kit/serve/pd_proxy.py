@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from deepinfer_kit.cache.tiers.config import is_link_id
 from deepinfer_kit.errors import ConfigError
 from deepinfer_kit.serve.http import read_json
 from deepinfer_kit.serve.options import ServeOptions
@@ -82,7 +83,7 @@ def _decode_kv(prefill: httpx.Response | None) -> dict[str, Any]:
     blocks, link = said.get("remote_blocks"), said.get("remote_link")
     if isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 0:
         out["remote_blocks"] = blocks
-    if isinstance(link, str) and 0 < len(link) <= 64 and all(c in "0123456789abcdef" for c in link):
+    if is_link_id(link):
         out["remote_link"] = link  # the decode server waits only when it is on that link
     return out
 

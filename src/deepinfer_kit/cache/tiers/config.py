@@ -123,10 +123,14 @@ class TierConfig:
         return config_from(cls, value, "kv_tiers")
 
 
+def is_link_id(value: object) -> bool:
+    """Whether ``value`` can name a device link: 1..64 lowercase hex digits. Pure."""
+    return isinstance(value, str) and 0 < len(value) <= 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def _link_id(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    """A link id: 1..64 hex digits."""
-    ok = isinstance(value, str) and 0 < len(value) <= 64 and all(c in "0123456789abcdef" for c in value)
-    if not ok:
+    """A link id (:func:`is_link_id`)."""
+    if not is_link_id(value):
         raise ConfigError(f"{attribute.name} must be 1..64 lowercase hex digits, got {value!r}")
 
 
