@@ -5,6 +5,8 @@ decode server loads every usable prompt block from the link."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +19,23 @@ from test_pd_serve import PROMPTS, _body, _command, _text, _up, _want  # noqa: E
 from deepinfer_kit import LLM  # noqa: E402
 
 POOL = dict(num_blocks=256, block_size=8, max_model_len=256, max_num_seqs=16)
+POOL_ARGS = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
+             "--max-num-seqs", "16"]
+
+
+@contextlib.contextmanager
+def _running(commands: list[list[str]], urls: list[str]) -> Iterator[None]:
+    """The commands as processes, each up at its URL, for the block; then stopped."""
+    procs = [_command(*c) for c in commands]
+    try:
+        for proc, url in zip(procs, urls):
+            _up(proc, url)
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
 
 
 def _metric(url: str, name: str, medium: str) -> float:
@@ -31,17 +50,13 @@ def _metric(url: str, name: str, medium: str) -> float:
 
 def test_servers_over_a_device_link_give_one_servers_tokens() -> None:
     reference = LLM("tiny", **POOL)  # type: ignore[arg-type]
-    pool = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
-            "--max-num-seqs", "16"]
     ports = [free_port() for _ in range(4)]
     urls = [f"http://127.0.0.1:{p}" for p in ports[:3]]
     link = f"127.0.0.1:{ports[3]}"
-    procs = [_command("serve", "--port", str(ports[0]), "--kv-role", "prefill", "--kv-link", link, *pool),
-             _command("serve", "--port", str(ports[1]), "--kv-role", "decode", "--kv-link", link, *pool),
-             _command("pd-proxy", "--port", str(ports[2]), "--prefill", urls[0], "--decode", urls[1])]
-    try:
-        for proc, url in zip(procs, urls):
-            _up(proc, url)
+    commands = [["serve", "--port", str(ports[0]), "--kv-role", "prefill", "--kv-link", link, *POOL_ARGS],
+                ["serve", "--port", str(ports[1]), "--kv-role", "decode", "--kv-link", link, *POOL_ARGS],
+                ["pd-proxy", "--port", str(ports[2]), "--prefill", urls[0], "--decode", urls[1]]]
+    with _running(commands, urls):
         for i in (1, 2, 4):
             for stream in (False, True):
                 r = httpx.post(urls[2] + "/v1/completions", json=_body(i, stream), timeout=60)
@@ -57,11 +72,6 @@ def test_servers_over_a_device_link_give_one_servers_tokens() -> None:
         assert direct["kv_transfer_params"]["remote_blocks"] == (len(PROMPTS[3]) - 1) // 8
         link = direct["kv_transfer_params"]["remote_link"]  # the proxy forwards it; the decode server checks it
         assert isinstance(link, str) and len(link) == 16
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -84,20 +94,16 @@ def test_a_bad_kv_link_is_refused_before_any_connection(argv: list[str], said: s
 @pytest.mark.slow  # five processes: the one-pair test above covers the default tier's link path
 def test_two_linked_pairs_behind_one_proxy_each_decode_the_prompts_their_prefill_sent() -> None:
     reference = LLM("tiny", **POOL)  # type: ignore[arg-type]
-    pool = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
-            "--max-num-seqs", "16"]
     ports = [free_port() for _ in range(7)]
     urls = [f"http://127.0.0.1:{p}" for p in ports[:5]]
     links = [f"127.0.0.1:{ports[5]}", f"127.0.0.1:{ports[6]}"]
-    procs = [_command("serve", "--port", str(ports[0]), "--kv-role", "prefill", "--kv-link", links[0], *pool),
-             _command("serve", "--port", str(ports[1]), "--kv-role", "prefill", "--kv-link", links[1], *pool),
-             _command("serve", "--port", str(ports[2]), "--kv-role", "decode", "--kv-link", links[1], *pool),
-             _command("serve", "--port", str(ports[3]), "--kv-role", "decode", "--kv-link", links[0], *pool),
-             _command("pd-proxy", "--port", str(ports[4]), "--prefill", urls[0], "--prefill", urls[1],
-                      "--decode", urls[2], "--decode", urls[3])]
-    try:
-        for proc, url in zip(procs, urls):
-            _up(proc, url)
+    commands = [["serve", "--port", str(ports[0]), "--kv-role", "prefill", "--kv-link", links[0], *POOL_ARGS],
+                ["serve", "--port", str(ports[1]), "--kv-role", "prefill", "--kv-link", links[1], *POOL_ARGS],
+                ["serve", "--port", str(ports[2]), "--kv-role", "decode", "--kv-link", links[1], *POOL_ARGS],
+                ["serve", "--port", str(ports[3]), "--kv-role", "decode", "--kv-link", links[0], *POOL_ARGS],
+                ["pd-proxy", "--port", str(ports[4]), "--prefill", urls[0], "--prefill", urls[1],
+                 "--decode", urls[2], "--decode", urls[3]]]
+    with _running(commands, urls):
         own = {httpx.get(u + "/kv_link").json()["link"] for u in urls[:4]}
         assert len(own) == 2 and None not in own  # two links, each known to both its servers
         for i in range(4):  # prefill servers in turn: each answer names its own link
@@ -109,11 +115,6 @@ def test_two_linked_pairs_behind_one_proxy_each_decode_the_prompts_their_prefill
         assert _metric(urls[2], "deepinfer_kv_tier_hits_total", "host") == usable[1] + usable[3]
         for url in urls[2:4]:
             assert _metric(url, "deepinfer_kv_tier_failures_total", "late_read") == 0
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
 
 
 def test_the_proxy_sends_a_prefill_answer_to_a_decode_server_on_the_link_it_names() -> None:
@@ -149,18 +150,14 @@ def test_the_proxy_sends_a_prefill_answer_to_a_decode_server_on_the_link_it_name
 @pytest.mark.slow  # four processes
 def test_two_prefill_servers_feed_one_decode_server_on_one_link_group() -> None:
     reference = LLM("tiny", **POOL)  # type: ignore[arg-type]
-    pool = ["--model", "tiny", "--num-blocks", "256", "--block-size", "8", "--max-model-len", "256",
-            "--max-num-seqs", "16"]
     ports = [free_port() for _ in range(5)]
     urls = [f"http://127.0.0.1:{p}" for p in ports[:4]]
     group = ["--kv-link", f"127.0.0.1:{ports[4]}", "--kv-link-size", "3"]
-    procs = [_command("serve", "--port", str(ports[0]), "--kv-role", "prefill", *group, "--kv-link-rank", "0", *pool),
-             _command("serve", "--port", str(ports[1]), "--kv-role", "prefill", *group, "--kv-link-rank", "1", *pool),
-             _command("serve", "--port", str(ports[2]), "--kv-role", "decode", *group, *pool),
-             _command("pd-proxy", "--port", str(ports[3]), "--prefill", urls[0], urls[1], "--decode", urls[2])]
-    try:
-        for proc, url in zip(procs, urls):
-            _up(proc, url)
+    commands = [["serve", "--port", str(ports[0]), "--kv-role", "prefill", *group, "--kv-link-rank", "0", *POOL_ARGS],
+                ["serve", "--port", str(ports[1]), "--kv-role", "prefill", *group, "--kv-link-rank", "1", *POOL_ARGS],
+                ["serve", "--port", str(ports[2]), "--kv-role", "decode", *group, *POOL_ARGS],
+                ["pd-proxy", "--port", str(ports[3]), "--prefill", urls[0], urls[1], "--decode", urls[2]]]
+    with _running(commands, urls):
         said = [httpx.get(u + "/kv_link").json() for u in urls[:3]]
         assert said[2]["role"] == "decode" and sorted(said[2]["links"]) == sorted([said[0]["link"], said[1]["link"]])
         for i in range(4):  # the prefill servers in turn
@@ -171,8 +168,3 @@ def test_two_prefill_servers_feed_one_decode_server_on_one_link_group() -> None:
         assert _metric(urls[2], "deepinfer_kv_tier_failures_total", "late_read") == 0
         for url in urls[:2]:
             assert _metric(url, "deepinfer_kv_tier_saved_total", "host") > 0  # each prefill server sent some
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
